@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what dmuon needs and is missing: Debian packages through apt-get, PyPI packages through
+# pip (pinned). Idempotent and fast when everything is present. Run by `make setup` / `make test`.
+set -euo pipefail
+
+APT_PACKAGES=(
+  g++ make pkg-config ccache ninja-build cmake
+  libopenblas-dev liblapacke-dev          # BLAS (loaded at run time) and LAPACKE (test oracle)
+  libopenmpi-dev openmpi-bin              # mpi communicator backend, mpirun for tests
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
+)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""
+  [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# CMake >= 3.24 is required; Debian bookworm ships 3.25.
+if ! cmake --version >/dev/null 2>&1; then
+  echo "setup: cmake not usable after install" >&2
+  exit 1
+fi
+
+PY=${PYTHON:-python3}
+if [[ -f scripts/requirements.txt ]] && command -v "$PY" >/dev/null 2>&1; then
+  if ! "$PY" scripts/check_requirements.py scripts/requirements.txt >/dev/null 2>&1; then
+    echo "setup: installing PyPI packages from scripts/requirements.txt"
+    "$PY" -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
+  fi
+fi
+echo "setup: ok"

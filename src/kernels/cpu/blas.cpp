@@ -1,0 +1,108 @@
+// Run-time BLAS loading. dlopen (rather than link-time) lets libdmuon set OPENBLAS_CORETYPE before
+// OpenBLAS initializes, so C++, CLI and Python users all get the fast kernels without doing anything.
+#include "kernels/cpu/blas.h"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <cctype>
+#include <string>
+
+#include "core/cpu_features.h"
+#include "dmuon/blas.h"
+#include "dmuon/error.h"
+
+namespace dmuon::cpu {
+namespace {
+
+template <class F>
+void bind(void* handle, const char* name, F& fn) {
+  fn = reinterpret_cast<F>(dlsym(handle, name));
+}
+
+BlasApi load() {
+  detail::prepare_blas_environment();  // in case the load-time constructor did not run (static link)
+  std::string tried;
+  const char* user = std::getenv("DMUON_BLAS_LIBRARY");
+  const char* candidates[] = {user, "libopenblas.so.0", "libopenblas.so", "libcblas.so.3"};
+  for (const char* name : candidates) {
+    if (name == nullptr || *name == '\0') continue;
+    void* handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      tried += detail::concat(tried.empty() ? "" : ", ", name, " (", dlerror(), ")");
+      continue;
+    }
+    BlasApi api;
+    bind(handle, "cblas_sgemm", api.sgemm);
+    bind(handle, "cblas_ssyrk", api.ssyrk);
+    if (api.sgemm == nullptr || api.ssyrk == nullptr) {
+      tried += detail::concat(tried.empty() ? "" : ", ", name, " (no cblas_sgemm/cblas_ssyrk)");
+      dlclose(handle);
+      continue;
+    }
+    bind(handle, "openblas_set_num_threads", api.set_num_threads);
+    bind(handle, "openblas_get_num_threads", api.get_num_threads);
+    bind(handle, "openblas_get_corename", api.get_corename);
+    bind(handle, "openblas_get_config", api.get_config);
+    api.library = name;
+    return api;
+  }
+  detail::throw_error(detail::concat("[blas] could not load a CBLAS library; tried ", tried,
+                                     ". Install OpenBLAS (apt-get install libopenblas0) or set "
+                                     "DMUON_BLAS_LIBRARY to a library exporting cblas_sgemm"));
+}
+
+}  // namespace
+
+const BlasApi& blas() {
+  static const BlasApi api = load();
+  return api;
+}
+
+void sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+           const float* b, int ldb, float beta, float* c, int ldc) {
+  if (m == 0 || n == 0) return;
+  blas().sgemm(kRowMajor, trans_a ? kTrans : kNoTrans, trans_b ? kTrans : kNoTrans, m, n, k, alpha, a,
+               lda, b, ldb, beta, c, ldc);
+}
+
+void ssyrk_lower(bool trans, int n, int k, float alpha, const float* a, int lda, float beta, float* c,
+                 int ldc) {
+  if (n == 0) return;
+  blas().ssyrk(kRowMajor, kLower, trans ? kTrans : kNoTrans, n, k, alpha, a, lda, beta, c, ldc);
+}
+
+}  // namespace dmuon::cpu
+
+namespace dmuon {
+
+BlasInfo blas_info() {
+  const cpu::BlasApi& api = cpu::blas();
+  BlasInfo info;
+  info.library = api.library;
+  if (api.get_corename) info.corename = api.get_corename();
+  if (api.get_config) info.config = api.get_config();
+  if (const char* env = std::getenv("OPENBLAS_CORETYPE")) info.coretype_env = env;
+  info.recommended = detail::recommended_openblas_coretype();
+  // OpenBLAS names its cores in lower case in get_corename ("skylakex").
+  auto lower = [](std::string s) {
+    for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return s;
+  };
+  info.coretype_ok = info.recommended.empty() || info.corename.empty() ||
+                     lower(info.corename) == lower(info.recommended) ||
+                     lower(info.corename) == "cooperlake" || lower(info.corename) == "sapphirerapids";
+  info.threads = blas_get_num_threads();
+  return info;
+}
+
+void blas_set_num_threads(int n) {
+  DMUON_CHECK(n >= 1, "[blas] thread count must be >= 1, got ", n);
+  if (cpu::blas().set_num_threads) cpu::blas().set_num_threads(n);
+}
+
+int blas_get_num_threads() {
+  return cpu::blas().get_num_threads ? cpu::blas().get_num_threads() : 1;
+}
+
+}  // namespace dmuon

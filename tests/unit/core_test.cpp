@@ -1,0 +1,135 @@
+// Core: bf16 conversion (exhaustive, against PyTorch's rule written independently here), shapes,
+// tensor views, dtype names, the BLAS loader. Run: build/bin/core_test
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "dmuon/bf16.h"
+#include "dmuon/blas.h"
+#include "dmuon/tensor.h"
+
+namespace {
+
+// Reference fp32 -> bf16 by arithmetic on the exact value (not bit tricks): pick the nearer of the
+// two neighbouring bf16 values, ties to the even mantissa; NaN -> 0x7FC0 as PyTorch does.
+uint16_t reference_to_bf16(float f) {
+  if (std::isnan(f)) return 0x7FC0;
+  if (std::isinf(f) || f == 0.0f) return static_cast<uint16_t>(std::bit_cast<uint32_t>(f) >> 16);
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint16_t down = static_cast<uint16_t>(u >> 16);  // truncation toward zero in magnitude
+  const uint16_t up = static_cast<uint16_t>(down + 1);    // next magnitude (may become inf)
+  const double x = std::fabs(static_cast<double>(f));
+  const double lo = std::fabs(static_cast<double>(std::bit_cast<float>(static_cast<uint32_t>(down) << 16)));
+  const double hi_f = std::fabs(static_cast<double>(std::bit_cast<float>(static_cast<uint32_t>(up) << 16)));
+  // When `up` is infinity, its "value" for rounding is the next power of two, 2^128.
+  const double hi = std::isinf(hi_f) ? std::ldexp(1.0, 128) : hi_f;
+  if (x - lo < hi - x) return down;
+  if (x - lo > hi - x) return up;
+  return (down & 1) ? up : down;
+}
+
+TEST(Bf16, ExhaustiveRoundTripOfEveryBf16Value) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const dmuon::BFloat16 x{static_cast<uint16_t>(b)};
+    const float f = dmuon::bf16_to_float(x);
+    ASSERT_EQ(std::bit_cast<uint32_t>(f), b << 16);
+    const uint16_t back = dmuon::float_to_bf16(f).bits;
+    if (std::isnan(f)) {
+      ASSERT_EQ(back, 0x7FC0) << "bits " << b;
+    } else {
+      ASSERT_EQ(back, b) << "bits " << b;
+    }
+  }
+}
+
+TEST(Bf16, EveryBf16NeighbourhoodMatchesReference) {
+  // For every bf16 value, the fp32 values just above, at the midpoint and just below the midpoint to
+  // the next value, and the extremes of the fp32 interval it covers.
+  const uint32_t offsets[] = {0x0000, 0x0001, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x4000, 0xC000};
+  for (uint32_t b = 0; b < 65536; ++b) {
+    for (uint32_t off : offsets) {
+      const uint32_t u = (b << 16) | off;
+      const float f = std::bit_cast<float>(u);
+      ASSERT_EQ(dmuon::float_to_bf16(f).bits, reference_to_bf16(f)) << std::hex << "fp32 bits 0x" << u;
+    }
+  }
+}
+
+TEST(Bf16, SpecialValues) {
+  using L = std::numeric_limits<float>;
+  EXPECT_EQ(dmuon::float_to_bf16(0.0f).bits, 0x0000);
+  EXPECT_EQ(dmuon::float_to_bf16(-0.0f).bits, 0x8000);
+  EXPECT_EQ(dmuon::float_to_bf16(L::infinity()).bits, 0x7F80);
+  EXPECT_EQ(dmuon::float_to_bf16(-L::infinity()).bits, 0xFF80);
+  EXPECT_EQ(dmuon::float_to_bf16(L::quiet_NaN()).bits, 0x7FC0);
+  EXPECT_EQ(dmuon::float_to_bf16(-L::quiet_NaN()).bits, 0x7FC0);
+  EXPECT_EQ(dmuon::float_to_bf16(std::bit_cast<float>(0x7F800001u)).bits, 0x7FC0);  // signalling NaN
+  EXPECT_EQ(dmuon::float_to_bf16(L::max()).bits, 0x7F80);                            // rounds to inf
+  EXPECT_EQ(dmuon::float_to_bf16(L::denorm_min()).bits, 0x0000);
+  EXPECT_EQ(dmuon::float_to_bf16(L::min()).bits, 0x0080);
+  EXPECT_EQ(dmuon::float_to_bf16(1.0f).bits, 0x3F80);
+  EXPECT_EQ(dmuon::float_to_bf16(1.00390625f).bits, 0x3F80);   // tie, even stays
+  EXPECT_EQ(dmuon::float_to_bf16(1.01171875f).bits, 0x3F82);   // tie, odd rounds up
+  EXPECT_EQ(dmuon::float_to_bf16(-1.01171875f).bits, 0xBF82);
+}
+
+TEST(Bf16, ArrayFormsMatchScalar) {
+  std::vector<float> src(1000);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = std::ldexp(static_cast<float>(i) * 1.37f - 600.f, (int)(i % 40) - 20);
+  std::vector<dmuon::BFloat16> mid(src.size());
+  std::vector<float> back(src.size());
+  dmuon::float_to_bf16(src.data(), mid.data(), src.size());
+  dmuon::bf16_to_float(mid.data(), back.data(), src.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    ASSERT_EQ(mid[i].bits, dmuon::float_to_bf16(src[i]).bits);
+    ASSERT_EQ(back[i], dmuon::bf16_to_float(mid[i]));
+  }
+}
+
+TEST(Shape, BasicsAndErrors) {
+  dmuon::Shape s{2, 0, 5};
+  EXPECT_EQ(s.ndim(), 3);
+  EXPECT_EQ(s.numel(), 0);
+  EXPECT_EQ(s.to_string(), "[2, 0, 5]");
+  EXPECT_EQ(dmuon::contiguous_strides(dmuon::Shape{2, 3, 4}), (dmuon::Shape{12, 4, 1}));
+  EXPECT_THROW((dmuon::Shape{1, 2, 3, 4, 5}), std::invalid_argument);
+  EXPECT_THROW((dmuon::Shape{3, -1}), std::invalid_argument);
+}
+
+TEST(TensorView, ContiguityAndDtype) {
+  float buf[12];
+  dmuon::TensorView v(buf, dmuon::Shape{3, 4});
+  EXPECT_TRUE(v.is_contiguous());
+  EXPECT_EQ(v.nbytes(), 48u);
+  EXPECT_EQ(v.f32(), buf);
+  EXPECT_THROW(v.bf16(), std::invalid_argument);
+  dmuon::TensorView t(buf, dmuon::DType::F32, dmuon::Shape{4, 3}, dmuon::Shape{1, 4});  // transposed
+  EXPECT_FALSE(t.is_contiguous());
+  dmuon::TensorView one(buf, dmuon::DType::F32, dmuon::Shape{1, 12}, dmuon::Shape{99, 1});
+  EXPECT_TRUE(one.is_contiguous());
+}
+
+TEST(DType, Names) {
+  EXPECT_EQ(dmuon::parse_dtype("bf16"), dmuon::DType::BF16);
+  EXPECT_EQ(dmuon::parse_dtype("float32"), dmuon::DType::F32);
+  EXPECT_EQ(dmuon::to_string(dmuon::DType::BF16), "bf16");
+  try {
+    dmuon::parse_dtype("fp16", "comm_dtype");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("comm_dtype 'fp16'"), std::string::npos);
+  }
+}
+
+TEST(Blas, LoadsFastCore) {
+  const dmuon::BlasInfo info = dmuon::blas_info();
+  EXPECT_FALSE(info.library.empty());
+  // The test main re-executes with OPENBLAS_CORETYPE set, so OpenBLAS must run the recommended core.
+  EXPECT_TRUE(info.coretype_ok) << "core " << info.corename << ", recommended " << info.recommended;
+}
+
+}  // namespace

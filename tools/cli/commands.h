@@ -1,0 +1,11 @@
+// Subcommands of the `dmuon` CLI; each lives in its own <name>_command.cpp and registers itself on
+// the parent it is given. Callbacks throw; only main() turns exceptions into exit codes.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace dmuon::cli {
+
+void add_info_command(CLI::App& app);
+
+}  // namespace dmuon::cli
