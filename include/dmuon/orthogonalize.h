@@ -1,0 +1,92 @@
+// Orthogonalization: replace a matrix by (an approximation of) its polar factor U·Vᵀ with a few
+// Newton–Schulz steps, as Muon does (REFERENCE.md section 1).
+//
+// Numerics: X = G / (‖G‖_F · scale + eps) (or / max(‖G‖_F · scale, eps) with EpsMode::Clamp, as
+// torch.optim.Muon does); an all-zero matrix gives zeros. With m ≤ n each step computes
+// A = X·Xᵀ, B = b·A + c·A·A, X ← a·X + B·X; tall matrices (m > n) use the right form on XᵀX through
+// BLAS transpose flags, without copies. All arithmetic is fp32.
+// Determinism: for the same input, options and BLAS thread count the result is bitwise reproducible.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "dmuon/export.h"
+#include "dmuon/tensor.h"
+
+namespace dmuon {
+
+// Coefficient schedules (names as used in CLI, JSON, Python): "jordan", "you", "polar_express",
+// "custom".
+enum class Schedule { Jordan, You, PolarExpress, Custom };
+DMUON_API std::string_view to_string(Schedule s);
+DMUON_API Schedule parse_schedule(std::string_view name);  // throws std::invalid_argument
+
+// How the products are formed: "plain" (three GEMMs per step), "symmetric" (SYRK for X·Xᵀ and for
+// A·A), "gram" (Gram Newton–Schulz: iterate on the small Gram matrix, restart after step 2; fp32 only,
+// used only when the aspect ratio max(m,n)/min(m,n) ≥ 2, otherwise falls back to symmetric).
+enum class NsMethod { Plain, Symmetric, Gram };
+DMUON_API std::string_view to_string(NsMethod m);
+DMUON_API NsMethod parse_ns_method(std::string_view name);  // throws std::invalid_argument
+
+// Normalization: Add divides by (‖G‖·scale + eps); Clamp divides by max(‖G‖·scale, eps).
+enum class EpsMode { Add, Clamp };
+
+// One step's odd quintic p(σ) = a·σ + b·σ³ + c·σ⁵.
+struct Coefficients {
+  double a = 0, b = 0, c = 0;
+};
+
+struct NsOptions {
+  Schedule schedule = Schedule::Jordan;
+  int steps = 5;                        // ≥ 1 (the "you" schedule has exactly 5)
+  NsMethod method = NsMethod::Symmetric;
+  float scale = 1.0f;                   // s in ‖G‖_F·s; nanochat uses 1.02 with polar_express
+  float eps = 1e-7f;
+  EpsMode eps_mode = EpsMode::Add;
+  // Polar Express schedule construction (used when schedule == PolarExpress).
+  double pe_l0 = 1e-3, pe_safety = 0.02, pe_cushion = 0.02;
+  std::vector<Coefficients> custom;     // used when schedule == Custom; size must equal steps
+};
+
+// The per-step coefficients that `options` describe (length options.steps). Polar Express is
+// computed by the greedy minimax construction of arXiv 2505.16932. Throws std::invalid_argument on
+// invalid options (steps < 1, "you" with steps != 5, custom of the wrong length, non-finite values).
+DMUON_API std::vector<Coefficients> make_schedule(const NsOptions& options);
+
+// Polar Express coefficients for any step count (greedy minimax by Remez exchange).
+DMUON_API std::vector<Coefficients> polar_express_coefficients(int steps, double l0, double safety,
+                                                               double cushion);
+
+// Floating-point operations of one orthogonalization of an m×n matrix with these options (the
+// multiply-adds of the GEMM / SYRK calls, 2 flops each; SYRK counted at its useful half).
+DMUON_API double ns_flops(int64_t m, int64_t n, const NsOptions& options);
+
+// Orthogonalizes matrices. Holds the schedule (computed once at construction) and a scratch
+// workspace that grows to the largest matrix seen. Not thread-safe: use one per thread.
+class DMUON_API Orthogonalizer {
+ public:
+  explicit Orthogonalizer(NsOptions options);  // validates; throws std::invalid_argument
+  ~Orthogonalizer();
+  Orthogonalizer(Orthogonalizer&&) noexcept;
+  Orthogonalizer& operator=(Orthogonalizer&&) noexcept;
+
+  const NsOptions& options() const { return options_; }
+  const std::vector<Coefficients>& coefficients() const { return coefficients_; }
+
+  // One row-major m×n fp32 matrix. `out` may equal `in` (in place); otherwise they must not overlap.
+  void run(const float* in, float* out, int64_t m, int64_t n);
+
+  // `in`/`out`: contiguous fp32 [m, n], or [B, m, n] for a batch of same-shape matrices (an expert
+  // stack; each matrix is normalized and orthogonalized on its own). Same shapes; may alias.
+  void run(const TensorView& in, const TensorView& out);
+
+ private:
+  struct Workspace;
+  NsOptions options_;
+  std::vector<Coefficients> coefficients_;
+  Workspace* ws_ = nullptr;
+};
+
+}  // namespace dmuon
