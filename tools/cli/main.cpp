@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string(dmuon::kVersion));
   app.require_subcommand(1);
   dmuon::cli::add_info_command(app);
+  auto* bench = app.add_subcommand("bench", "Benchmarks: time, rates and ratios to a baseline measured in the same run");
+  bench->require_subcommand(1);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
