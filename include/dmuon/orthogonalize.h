@@ -2,10 +2,12 @@
 // Newton–Schulz steps, as Muon does (REFERENCE.md section 1).
 //
 // Numerics: X = G / (‖G‖_F · scale + eps) (or / max(‖G‖_F · scale, eps) with EpsMode::Clamp, as
-// torch.optim.Muon does); an all-zero matrix gives zeros. With m ≤ n each step computes
-// A = X·Xᵀ, B = b·A + c·A·A, X ← a·X + B·X; tall matrices (m > n) use the right form on XᵀX through
-// BLAS transpose flags, without copies. All arithmetic is fp32.
-// Determinism: for the same input, options and BLAS thread count the result is bitwise reproducible.
+// torch.optim.Muon does), ‖G‖_F summed in double; an all-zero matrix gives exact zeros (also with
+// eps = 0), never NaN. With m ≤ n each step computes A = X·Xᵀ, X ← (a·I + b·A + c·A·A)·X; tall
+// matrices (m > n) use the right form on XᵀX through BLAS transpose flags, without copies. All
+// matrix arithmetic is fp32 (BLAS); non-finite inputs give non-finite outputs (not checked here).
+// Determinism: for the same input, options and BLAS thread count the result is bitwise reproducible;
+// a batch gives bitwise the results of its matrices run one by one; in place equals out of place.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,9 @@ DMUON_API Schedule parse_schedule(std::string_view name);  // throws std::invali
 // A·A), "gram" (Gram Newton–Schulz: iterate on the small Gram matrix, restart after step 2; fp32 only,
 // used only when the aspect ratio max(m,n)/min(m,n) ≥ 2, otherwise falls back to symmetric).
 enum class NsMethod { Plain, Symmetric, Gram };
+// Gram Newton–Schulz re-forms X = Q·X₀ and R = X·Xᵀ after this step (0-based: after the second
+// step), which bounds the fp32 error that accumulates in the Gram products.
+inline constexpr int kGramRestartStep = 1;
 DMUON_API std::string_view to_string(NsMethod m);
 DMUON_API NsMethod parse_ns_method(std::string_view name);  // throws std::invalid_argument
 
@@ -60,7 +65,10 @@ DMUON_API std::vector<Coefficients> polar_express_coefficients(int steps, double
                                                                double cushion);
 
 // Floating-point operations of one orthogonalization of an m×n matrix with these options (the
-// multiply-adds of the GEMM / SYRK calls, 2 flops each; SYRK counted at its useful half).
+// multiply-adds of the GEMM / SYRK calls, 2 flops each; SYRK counted at its useful half). With
+// s = min(m, n), l = max(m, n) and T steps: plain T·(4s²l + 2s³), symmetric T·(3s²l + s³), gram (when
+// l ≥ 2s, else as symmetric) 6s²l + 20s³ for T = 5: s²l for R = X·Xᵀ, 3s²l at the restart, 2s²l for
+// the final X = Q·X₀; per step s³ for R², 2s³ for Q ← Z·Q (free while Q = I) and 3s³ for R ← Z²·R.
 DMUON_API double ns_flops(int64_t m, int64_t n, const NsOptions& options);
 
 // Orthogonalizes matrices. Holds the schedule (computed once at construction) and a scratch
@@ -76,10 +84,14 @@ class DMUON_API Orthogonalizer {
   const std::vector<Coefficients>& coefficients() const { return coefficients_; }
 
   // One row-major m×n fp32 matrix. `out` may equal `in` (in place); otherwise they must not overlap.
+  // m or n = 0 is a no-op. Throws std::invalid_argument (before writing anything) for negative or
+  // > INT_MAX sizes, null pointers and partially overlapping buffers.
   void run(const float* in, float* out, int64_t m, int64_t n);
 
   // `in`/`out`: contiguous fp32 [m, n], or [B, m, n] for a batch of same-shape matrices (an expert
   // stack; each matrix is normalized and orthogonalized on its own). Same shapes; may alias.
+  // Throws std::invalid_argument for another dtype, non-contiguous views, other ranks or mismatched
+  // shapes.
   void run(const TensorView& in, const TensorView& out);
 
  private:

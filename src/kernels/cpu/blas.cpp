@@ -40,6 +40,7 @@ BlasApi load() {
       dlclose(handle);
       continue;
     }
+    bind(handle, "cblas_ssymm", api.ssymm);
     bind(handle, "openblas_set_num_threads", api.set_num_threads);
     bind(handle, "openblas_get_num_threads", api.get_num_threads);
     bind(handle, "openblas_get_corename", api.get_corename);
@@ -70,6 +71,16 @@ void ssyrk_lower(bool trans, int n, int k, float alpha, const float* a, int lda,
                  int ldc) {
   if (n == 0) return;
   blas().ssyrk(kRowMajor, kLower, trans ? kTrans : kNoTrans, n, k, alpha, a, lda, beta, c, ldc);
+}
+
+void ssymm_lower(bool left, int m, int n, float alpha, const float* a, int lda, const float* b, int ldb,
+                 float beta, float* c, int ldc) {
+  if (m == 0 || n == 0) return;
+  if (blas().ssymm == nullptr) {
+    if (left) return sgemm(false, false, m, n, m, alpha, a, lda, b, ldb, beta, c, ldc);
+    return sgemm(false, false, m, n, n, alpha, b, ldb, a, lda, beta, c, ldc);
+  }
+  blas().ssymm(kRowMajor, left ? kLeft : kRight, kLower, m, n, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace dmuon::cpu

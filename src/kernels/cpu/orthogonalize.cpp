@@ -1,0 +1,112 @@
+// Orthogonalizer: validation, Frobenius normalization, buffer placement and batching around the
+// Newton–Schulz kernels in newton_schulz.cpp and gram_ns.cpp.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "dmuon/error.h"
+#include "dmuon/orthogonalize.h"
+#include "kernels/cpu/ns_kernels.h"
+
+namespace dmuon {
+
+struct Orthogonalizer::Workspace : cpu::NsScratch {};
+
+namespace {
+
+// ‖x‖_F in double with a fixed summation order (8 interleaved partial sums), so it is reproducible.
+double frobenius_norm(const float* x, int64_t count) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(x[i + k]) * x[i + k];
+  for (; i < count; ++i) acc[0] += static_cast<double>(x[i]) * x[i];
+  return std::sqrt(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
+}
+
+bool overlaps(const void* a, const void* b, size_t bytes) {
+  const auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  return pa < pb + bytes && pb < pa + bytes;
+}
+
+}  // namespace
+
+Orthogonalizer::Orthogonalizer(NsOptions options)
+    : options_(std::move(options)), coefficients_(make_schedule(options_)), ws_(new Workspace) {}
+
+Orthogonalizer::~Orthogonalizer() { delete ws_; }
+
+Orthogonalizer::Orthogonalizer(Orthogonalizer&& other) noexcept
+    : options_(std::move(other.options_)),
+      coefficients_(std::move(other.coefficients_)),
+      ws_(std::exchange(other.ws_, nullptr)) {}
+
+Orthogonalizer& Orthogonalizer::operator=(Orthogonalizer&& other) noexcept {
+  if (this != &other) {
+    delete ws_;
+    options_ = std::move(other.options_);
+    coefficients_ = std::move(other.coefficients_);
+    ws_ = std::exchange(other.ws_, nullptr);
+  }
+  return *this;
+}
+
+void Orthogonalizer::run(const float* in, float* out, int64_t m, int64_t n) {
+  DMUON_CHECK(m >= 0 && n >= 0, "[orth] matrix shape must be non-negative, got ", m, "x", n);
+  DMUON_CHECK(m <= INT_MAX && n <= INT_MAX, "[orth] matrix ", m, "x", n,
+              " exceeds the BLAS int range; split it or orthogonalize per expert");
+  if (m == 0 || n == 0) return;
+  const size_t bytes = static_cast<size_t>(m * n) * sizeof(float);
+  DMUON_CHECK(in != nullptr && out != nullptr, "[orth] null data pointer for a ", m, "x", n, " matrix");
+  DMUON_CHECK(in == out || !overlaps(in, out, bytes),
+              "[orth] 'in' and 'out' overlap without being equal; pass the same pointer for in-place");
+  if (ws_ == nullptr) ws_ = new Workspace;  // a moved-from Orthogonalizer stays usable
+
+  const double norm = frobenius_norm(in, m * n);
+  const double scaled = norm * options_.scale;
+  const double denom = options_.eps_mode == EpsMode::Add ? scaled + options_.eps
+                                                         : std::max(scaled, double(options_.eps));
+  if (norm == 0 || denom == 0) {  // all zeros: the polar factor is taken as 0 (never NaN)
+    std::memset(out, 0, bytes);
+    return;
+  }
+  const int steps = static_cast<int>(coefficients_.size());
+  const bool gram = options_.method == NsMethod::Gram && std::max(m, n) >= 2 * std::min(m, n);
+  // Place the normalized X₀ so that the last write lands in `out` without a final copy: standard NS
+  // alternates buffers every step; Gram NS writes X at its restart and once at the end.
+  float* x0 = out;
+  if (gram ? steps <= kGramRestartStep + 1 : steps % 2 == 1) x0 = ws_->ensure(ws_->x, m * n);
+  const float inv = static_cast<float>(1.0 / denom);
+  for (int64_t i = 0; i < m * n; ++i) x0[i] = in[i] * inv;
+
+  if (gram)
+    cpu::gram_newton_schulz(x0, out, m, n, coefficients_, *ws_);
+  else
+    cpu::newton_schulz(x0, out, m, n, coefficients_, options_.method != NsMethod::Plain, *ws_);
+}
+
+void Orthogonalizer::run(const TensorView& in, const TensorView& out) {
+  DMUON_CHECK(in.dtype == DType::F32 && out.dtype == DType::F32,
+              "[orth] orthogonalization is fp32 only; got in ", to_string(in.dtype), ", out ",
+              to_string(out.dtype), " (convert bf16 gradients to fp32 first)");
+  DMUON_CHECK(in.ndim() == 2 || in.ndim() == 3, "[orth] input must be [m, n] or [B, m, n], got shape ",
+              in.shape.to_string());
+  DMUON_CHECK(in.shape == out.shape, "[orth] in and out shapes differ: ", in.shape.to_string(), " vs ",
+              out.shape.to_string());
+  DMUON_CHECK(in.is_contiguous() && out.is_contiguous(),
+              "[orth] in and out must be contiguous row-major views; copy strided views first");
+  const bool batched = in.ndim() == 3;
+  const int64_t batch = batched ? in.shape[0] : 1;
+  const int64_t m = in.shape[batched ? 1 : 0], n = in.shape[batched ? 2 : 1];
+  const float* src = static_cast<const float*>(in.data);
+  float* dst = static_cast<float*>(out.data);
+  if (batch * m * n == 0) return;
+  DMUON_CHECK(src == dst || !overlaps(src, dst, in.nbytes()),
+              "[orth] 'in' and 'out' overlap without being equal; pass the same view for in-place");
+  for (int64_t b = 0; b < batch; ++b) run(src + b * m * n, dst + b * m * n, m, n);
+}
+
+}  // namespace dmuon

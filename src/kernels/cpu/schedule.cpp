@@ -1,0 +1,129 @@
+// Newton–Schulz coefficient schedules, method names, option validation and flop counts
+// (REFERENCE.md section 1).
+#include <cmath>
+#include <string>
+
+#include "dmuon/error.h"
+#include "dmuon/orthogonalize.h"
+
+namespace dmuon {
+namespace {
+
+// Keller Jordan's Muon quintic, also torch.optim.Muon's default.
+constexpr Coefficients kJordan{3.4445, -4.7750, 2.0315};
+
+// Five per-step quintics as used by Dion and Motif.
+constexpr Coefficients kYou[5] = {{4.0848, -6.8946, 2.9270},
+                                  {3.9505, -6.3029, 2.6377},
+                                  {3.7418, -5.5913, 2.3037},
+                                  {2.8769, -3.1427, 1.2046},
+                                  {2.8366, -3.0525, 1.2012}};
+
+}  // namespace
+
+std::string_view to_string(Schedule s) {
+  switch (s) {
+    case Schedule::Jordan: return "jordan";
+    case Schedule::You: return "you";
+    case Schedule::PolarExpress: return "polar_express";
+    case Schedule::Custom: return "custom";
+  }
+  return "unknown";
+}
+
+Schedule parse_schedule(std::string_view name) {
+  if (name == "jordan") return Schedule::Jordan;
+  if (name == "you") return Schedule::You;
+  if (name == "polar_express") return Schedule::PolarExpress;
+  if (name == "custom") return Schedule::Custom;
+  detail::throw_invalid_argument(detail::concat(
+      "[orth] unknown schedule '", name, "'; use jordan, you, polar_express or custom"));
+}
+
+std::string_view to_string(NsMethod m) {
+  switch (m) {
+    case NsMethod::Plain: return "plain";
+    case NsMethod::Symmetric: return "symmetric";
+    case NsMethod::Gram: return "gram";
+  }
+  return "unknown";
+}
+
+NsMethod parse_ns_method(std::string_view name) {
+  if (name == "plain") return NsMethod::Plain;
+  if (name == "symmetric") return NsMethod::Symmetric;
+  if (name == "gram") return NsMethod::Gram;
+  detail::throw_invalid_argument(
+      detail::concat("[orth] unknown method '", name, "'; use plain, symmetric or gram"));
+}
+
+std::vector<Coefficients> make_schedule(const NsOptions& o) {
+  DMUON_CHECK(o.steps >= 1, "[orth] steps must be >= 1, got ", o.steps);
+  DMUON_CHECK(std::isfinite(o.scale) && o.scale > 0,
+              "[orth] scale (normalization s in |G|_F*s) must be finite and > 0, got ", o.scale);
+  DMUON_CHECK(std::isfinite(o.eps) && o.eps >= 0, "[orth] eps must be finite and >= 0, got ", o.eps);
+  std::vector<Coefficients> out;
+  switch (o.schedule) {
+    case Schedule::Jordan:
+      out.assign(static_cast<size_t>(o.steps), kJordan);
+      break;
+    case Schedule::You:
+      DMUON_CHECK(o.steps == 5, "[orth] schedule 'you' has exactly 5 steps, got steps=", o.steps,
+                  "; set steps=5 or use polar_express for other step counts");
+      out.assign(std::begin(kYou), std::end(kYou));
+      break;
+    case Schedule::PolarExpress:
+      out = polar_express_coefficients(o.steps, o.pe_l0, o.pe_safety, o.pe_cushion);
+      break;
+    case Schedule::Custom:
+      DMUON_CHECK(static_cast<int>(o.custom.size()) == o.steps, "[orth] custom schedule has ",
+                  o.custom.size(), " coefficient triples but steps=", o.steps,
+                  "; give one (a, b, c) per step");
+      out = o.custom;
+      break;
+  }
+  for (size_t t = 0; t < out.size(); ++t) {
+    const Coefficients& c = out[t];
+    DMUON_CHECK(std::isfinite(c.a) && std::isfinite(c.b) && std::isfinite(c.c),
+                "[orth] coefficients of step ", t, " are not finite (a=", c.a, ", b=", c.b,
+                ", c=", c.c, ")");
+  }
+  return out;
+}
+
+double ns_flops(int64_t m, int64_t n, const NsOptions& options) {
+  const double s = static_cast<double>(std::min(m, n));  // Gram side
+  const double l = static_cast<double>(std::max(m, n));
+  const int steps = options.steps;
+  if (s == 0 || steps < 1) return 0;
+  const double s2l = s * s * l, s3 = s * s * s;
+  NsMethod method = options.method;
+  if (method == NsMethod::Gram && l < 2 * s) method = NsMethod::Symmetric;  // its fallback
+  switch (method) {
+    case NsMethod::Plain: return steps * (4 * s2l + 2 * s3);
+    case NsMethod::Symmetric: return steps * (3 * s2l + s3);
+    case NsMethod::Gram: {
+      // Mirrors gram_ns.cpp: R = XXᵀ (SYRK); each step R² (SYRK) and Q ← Z·Q (GEMM, free while
+      // Q = I); R ← Z²·R (SYRK + GEMM) between steps, or at the restart X = Q·X₀ and R = XXᵀ;
+      // finally X = Q·X₀.
+      double f = s2l;
+      bool q_identity = true;
+      for (int t = 0; t < steps; ++t) {
+        f += s3;
+        if (!q_identity) f += 2 * s3;
+        q_identity = false;
+        if (t == steps - 1) break;
+        if (t == kGramRestartStep) {
+          f += 2 * s2l + s2l;
+          q_identity = true;
+        } else {
+          f += 3 * s3;
+        }
+      }
+      return f + 2 * s2l;
+    }
+  }
+  return 0;
+}
+
+}  // namespace dmuon

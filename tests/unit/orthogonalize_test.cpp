@@ -1,0 +1,369 @@
+// Orthogonalization: every schedule × method × shape against the exact polar factor from LAPACK SVD
+// (double), plus zeros, batches, aliasing, determinism and argument errors.
+// Run: build/bin/orthogonalize_test   (a few seconds on one core)
+#include <gtest/gtest.h>
+#include <lapacke.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dmuon/orthogonalize.h"
+
+namespace {
+
+using dmuon::Coefficients;
+using dmuon::NsMethod;
+using dmuon::NsOptions;
+using dmuon::Orthogonalizer;
+using dmuon::Schedule;
+
+struct Svd {
+  std::vector<double> u, s, vt;  // thin: u m×r, s r, vt r×n (r = min(m, n))
+};
+
+Svd svd(std::vector<double> a, int m, int n) {
+  const int r = std::min(m, n);
+  Svd out{std::vector<double>(size_t(m) * r), std::vector<double>(size_t(r)),
+          std::vector<double>(size_t(r) * n)};
+  std::vector<double> superb(size_t(std::max(r, 2)));
+  const int info = LAPACKE_dgesvd(LAPACK_ROW_MAJOR, 'S', 'S', m, n, a.data(), n, out.s.data(),
+                                  out.u.data(), r, out.vt.data(), n, superb.data());
+  EXPECT_EQ(info, 0);
+  return out;
+}
+
+// An fp32 m×n matrix with `rank` singular values spread over [1, 4] and random singular vectors.
+std::vector<float> make_input(int m, int n, int rank, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal;
+  std::vector<double> g(size_t(m) * n);
+  for (double& v : g) v = normal(rng);
+  const Svd base = svd(g, m, n);
+  const int r = std::min(m, n);
+  std::vector<float> out(g.size());
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double v = 0;
+      for (int k = 0; k < rank; ++k)
+        v += base.u[size_t(i) * r + k] * (1.0 + 3.0 * k / std::max(rank - 1, 1)) * base.vt[size_t(k) * n + j];
+      out[size_t(i) * n + j] = static_cast<float>(v);
+    }
+  return out;
+}
+
+double compose(const std::vector<Coefficients>& cs, double x) {
+  for (const Coefficients& c : cs) x = c.a * x + c.b * x * x * x + c.c * x * x * x * x * x;
+  return x;
+}
+
+// What the output of orthogonalizing `in` should be, computed in double from the exact SVD, and how
+// far the fp32 result `out` is from it.
+struct Check {
+  double sigma_err = 0;       // max |σ_i(out) − f(σ_i(in)/norm)| over the `rank` leading values
+  double sigma_lo = 1e300, sigma_hi = 0;  // range of those output σ
+  double band_lo = 1e300, band_hi = 0;    // f over [min, max] of the normalized input σ (sampled)
+  double null_max = 0;        // largest output σ beyond `rank` (directions where G is zero)
+  double vector_err = 0;      // ‖out − U f(Σ) Vᵀ‖_F / √rank
+  double polar_dist = 0;      // ‖out − U Vᵀ‖_F / ‖U Vᵀ‖_F over the `rank` directions
+  double tol = 0;             // fp32 tolerance on σ: 5e-4 plus 1e-6 (input rounding) × |f'(σ)|
+};
+
+Check check(const std::vector<float>& in, const std::vector<float>& out, int m, int n, int rank,
+            const Orthogonalizer& orth) {
+  const NsOptions& o = orth.options();
+  double ss = 0;
+  for (float v : in) ss += double(v) * v;
+  const double denom = std::sqrt(ss) * o.scale + o.eps;
+  const Svd g = svd(std::vector<double>(in.begin(), in.end()), m, n);
+  const Svd x = svd(std::vector<double>(out.begin(), out.end()), m, n);
+  const int r = std::min(m, n);
+  Check c;
+  std::vector<double> expect(static_cast<size_t>(rank));
+  for (int k = 0; k < rank; ++k) {
+    const double sk = g.s[size_t(k)] / denom, h = 1e-7;
+    expect[size_t(k)] = compose(orth.coefficients(), sk);
+    // Near the top of an unsafeguarded schedule the composition is steep (PE paper raw: f'(1) ~ 7e4).
+    const double slope = (compose(orth.coefficients(), sk) - compose(orth.coefficients(), sk - h)) / h;
+    c.tol = std::max(c.tol, 5e-4 + 1e-6 * std::fabs(slope));
+  }
+  std::vector<double> sorted = expect;
+  std::sort(sorted.rbegin(), sorted.rend());
+  for (int k = 0; k < rank; ++k) {
+    c.sigma_err = std::max(c.sigma_err, std::fabs(x.s[size_t(k)] - sorted[size_t(k)]));
+    c.sigma_lo = std::min(c.sigma_lo, x.s[size_t(k)]);
+    c.sigma_hi = std::max(c.sigma_hi, x.s[size_t(k)]);
+  }
+  for (int k = rank; k < r; ++k) c.null_max = std::max(c.null_max, x.s[size_t(k)]);
+  const double lo = g.s[size_t(rank - 1)] / denom, hi = g.s[0] / denom;
+  for (int i = 0; i <= 2000; ++i) {
+    const double f = compose(orth.coefficients(), lo + (hi - lo) * i / 2000.0);
+    c.band_lo = std::min(c.band_lo, f);
+    c.band_hi = std::max(c.band_hi, f);
+  }
+  double ve = 0, pd = 0;
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double fx = 0, uv = 0;
+      for (int k = 0; k < rank; ++k) {
+        const double p = g.u[size_t(i) * r + k] * g.vt[size_t(k) * n + j];
+        fx += expect[size_t(k)] * p;
+        uv += p;
+      }
+      const double o_ij = out[size_t(i) * n + j];
+      ve += (o_ij - fx) * (o_ij - fx);
+      pd += (o_ij - uv) * (o_ij - uv);
+    }
+  c.vector_err = std::sqrt(ve / rank);
+  c.polar_dist = std::sqrt(pd / rank);
+  return c;
+}
+
+// Output σ bands for inputs whose normalized σ lie in [0.01, 1] (REFERENCE.md section 1; the exact
+// extremes of the composed polynomials, which the table rounds to two digits), and the table's
+// relative distance to U·Vᵀ on a Gaussian input.
+struct Band {
+  double lo, hi, polar;
+};
+Band reference_band(Schedule s) {
+  switch (s) {
+    case Schedule::Jordan: return {0.6818, 1.1344, 0.16};
+    case Schedule::You: return {0.9777, 1.0318, 0.017};
+    case Schedule::PolarExpress: return {0.8588, 1.1412, 0.10};
+    case Schedule::Custom: return {0.8764, 1.1236, 0.10};  // the PE paper raw row, given as custom
+  }
+  return {0, 0, 0};
+}
+
+std::vector<Coefficients> pe_paper_raw() {
+  return {{8.28721201814563, -23.595886519098837, 17.300387312530933},
+          {4.107059111542203, -2.9478499167379106, 0.5448431082926601},
+          {3.9486908534822946, -2.908902115962949, 0.5518191394370137},
+          {3.3184196573706015, -2.488488024314874, 0.51004894012372},
+          {2.300652019954817, -1.6689039845747493, 0.4188073119525673}};
+}
+
+NsOptions options_for(Schedule s, NsMethod method) {
+  NsOptions o;
+  o.schedule = s;
+  o.method = method;
+  if (s == Schedule::Custom) o.custom = pe_paper_raw();
+  return o;
+}
+
+struct Case {
+  int m, n, rank;
+};
+// 1×n, n×1, primes, tall, wide (aspect ≥ 2 runs Gram NS), square, rank 1 and rank k < min(m, n).
+const Case kCases[] = {{1, 64, 1},  {64, 1, 1},  {37, 53, 37}, {101, 61, 61}, {24, 96, 24},
+                       {96, 24, 24}, {48, 48, 48}, {40, 90, 1},  {90, 40, 7},   {29, 71, 11}};
+
+using Param = std::tuple<Schedule, NsMethod, Case>;
+
+class OrthogonalizeAll : public ::testing::TestWithParam<Param> {};
+
+TEST_P(OrthogonalizeAll, MatchesExactPolarFactorInBand) {
+  const auto [schedule, method, cs] = GetParam();
+  Orthogonalizer orth(options_for(schedule, method));
+  const std::vector<float> in = make_input(cs.m, cs.n, cs.rank, 1000u + cs.m * 7u + cs.n);
+  std::vector<float> out(in.size());
+  orth.run(in.data(), out.data(), cs.m, cs.n);
+  const Check c = check(in, out, cs.m, cs.n, cs.rank, orth);
+  const Band band = reference_band(schedule);
+  // The input's normalized σ lie in [0.01, 1], where the composition stays inside the table's band.
+  EXPECT_GE(c.band_lo, band.lo);
+  EXPECT_LE(c.band_hi, band.hi);
+  EXPECT_GE(c.sigma_lo, c.band_lo - c.tol);
+  EXPECT_LE(c.sigma_hi, c.band_hi + c.tol);
+  EXPECT_LT(c.sigma_err, c.tol);          // each σ where the scalar polynomial puts it
+  EXPECT_LT(c.vector_err, 1.5 * c.tol);   // and the singular vectors those of G
+  EXPECT_LT(c.null_max, 1e-3);        // zero directions stay ~0
+  // Relative distance to U·Vᵀ: bounded by the band's worst deviation from 1; with a spread spectrum
+  // (not rank 1, whose single σ may sit anywhere in the band) the table's Gaussian figure + margin.
+  EXPECT_LE(c.polar_dist, std::max(1 - band.lo, band.hi - 1) + c.tol);
+  if (cs.rank >= 7) EXPECT_LE(c.polar_dist, band.polar + 0.1);  // a spread spectrum, as in the table
+  for (float v : out) ASSERT_TRUE(std::isfinite(v));
+}
+
+std::string case_name(const ::testing::TestParamInfo<Param>& info) {
+  const auto [s, meth, cs] = info.param;
+  return std::string(dmuon::to_string(s)) + "_" + std::string(dmuon::to_string(meth)) + "_" +
+         std::to_string(cs.m) + "x" + std::to_string(cs.n) + "r" + std::to_string(cs.rank);
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, OrthogonalizeAll,
+                         ::testing::Combine(::testing::Values(Schedule::Jordan, Schedule::You,
+                                                              Schedule::PolarExpress, Schedule::Custom),
+                                            ::testing::Values(NsMethod::Plain, NsMethod::Symmetric,
+                                                              NsMethod::Gram),
+                                            ::testing::ValuesIn(kCases)),
+                         case_name);
+
+// Negative control: the checker rejects an input that was not orthogonalized, and a result whose
+// singular vectors are wrong (rows permuted) although its singular values are right.
+TEST(Orthogonalize, CheckerCanFail) {
+  Orthogonalizer orth(options_for(Schedule::PolarExpress, NsMethod::Symmetric));
+  const int m = 37, n = 53;
+  const std::vector<float> in = make_input(m, n, m, 7);
+  const Check raw = check(in, in, m, n, m, orth);
+  EXPECT_GT(raw.sigma_err, 0.5);
+  std::vector<float> out(in.size());
+  orth.run(in.data(), out.data(), m, n);
+  std::rotate(out.begin(), out.begin() + n, out.end());  // move row 0 to the bottom
+  const Check c = check(in, out, m, n, m, orth);
+  EXPECT_LT(c.sigma_err, c.tol);
+  EXPECT_GT(c.vector_err, 0.5);
+}
+
+std::vector<float> run_once(const NsOptions& o, const std::vector<float>& in, int m, int n) {
+  Orthogonalizer orth(o);
+  std::vector<float> out(in.size());
+  orth.run(in.data(), out.data(), m, n);
+  return out;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(double(a[i]) - b[i]));
+  return d;
+}
+
+const NsMethod kMethods[] = {NsMethod::Plain, NsMethod::Symmetric, NsMethod::Gram};
+
+TEST(Orthogonalize, ZeroMatrixGivesExactZeros) {
+  for (NsMethod method : kMethods)
+    for (float eps : {0.0f, 1e-7f})
+      for (dmuon::EpsMode mode : {dmuon::EpsMode::Add, dmuon::EpsMode::Clamp}) {
+        NsOptions o = options_for(Schedule::PolarExpress, method);
+        o.eps = eps;
+        o.eps_mode = mode;
+        const std::vector<float> out = run_once(o, std::vector<float>(24 * 96, 0.0f), 24, 96);
+        for (float v : out) ASSERT_EQ(v, 0.0f) << "eps " << eps;
+      }
+}
+
+TEST(Orthogonalize, BatchEqualsSeparateRunsBitwise) {
+  const int b = 3, m = 24, n = 61;  // aspect > 2: Gram NS runs too
+  for (NsMethod method : kMethods) {
+    Orthogonalizer orth(options_for(Schedule::PolarExpress, method));
+    std::vector<float> in;
+    for (int i = 0; i < b; ++i) {
+      const std::vector<float> one = make_input(m, n, m - i, 50u + i);
+      in.insert(in.end(), one.begin(), one.end());
+    }
+    std::vector<float> out(in.size());
+    orth.run(dmuon::TensorView(in.data(), {b, m, n}), dmuon::TensorView(out.data(), {b, m, n}));
+    for (int i = 0; i < b; ++i) {
+      std::vector<float> one(in.begin() + i * m * n, in.begin() + (i + 1) * m * n);
+      const std::vector<float> sep = run_once(orth.options(), one, m, n);
+      ASSERT_TRUE(std::equal(sep.begin(), sep.end(), out.begin() + i * m * n)) << "matrix " << i;
+    }
+  }
+}
+
+TEST(Orthogonalize, InPlaceEqualsOutOfPlaceAndRepeatsBitwise) {
+  // Step counts of both parities and with / without the Gram restart move X₀ between buffers.
+  for (NsMethod method : kMethods)
+    for (int steps : {1, 2, 3, 4, 5})
+      for (auto [m, n] : {std::pair{30, 70}, std::pair{70, 30}, std::pair{192, 160}}) {
+        NsOptions o = options_for(Schedule::Jordan, method);
+        o.steps = steps;
+        const std::vector<float> in = make_input(m, n, std::min(m, n), 3);
+        const std::vector<float> a = run_once(o, in, m, n);
+        Orthogonalizer orth(o);
+        std::vector<float> b(in.size());
+        orth.run(in.data(), b.data(), m, n);
+        std::vector<float> c(in.size());
+        orth.run(in.data(), c.data(), m, n);  // reused workspace
+        std::vector<float> inplace = in;
+        orth.run(dmuon::TensorView(inplace.data(), {m, n}), dmuon::TensorView(inplace.data(), {m, n}));
+        ASSERT_EQ(a, b);
+        ASSERT_EQ(a, c);
+        ASSERT_EQ(a, inplace) << dmuon::to_string(method) << " steps " << steps;
+      }
+}
+
+TEST(Orthogonalize, MethodsAgreeAndTallIsTransposeOfWide) {
+  const int m = 40, n = 100;
+  const std::vector<float> in = make_input(m, n, m, 11);
+  std::vector<float> in_t(in.size());
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) in_t[size_t(j) * m + i] = in[size_t(i) * n + j];
+  const std::vector<float> ref = run_once(options_for(Schedule::PolarExpress, NsMethod::Plain), in, m, n);
+  for (NsMethod method : kMethods) {
+    const NsOptions o = options_for(Schedule::PolarExpress, method);
+    EXPECT_LT(max_abs_diff(run_once(o, in, m, n), ref), 2e-4) << dmuon::to_string(method);
+    const std::vector<float> t = run_once(o, in_t, n, m);
+    std::vector<float> back(t.size());
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) back[size_t(i) * n + j] = t[size_t(j) * m + i];
+    EXPECT_LT(max_abs_diff(back, ref), 2e-4) << dmuon::to_string(method);
+  }
+  // Negative control: a different schedule is visibly different at this tolerance.
+  EXPECT_GT(max_abs_diff(run_once(options_for(Schedule::Jordan, NsMethod::Plain), in, m, n), ref), 1e-2);
+}
+
+TEST(Orthogonalize, CustomCoefficientsAreUsedAsGiven) {
+  NsOptions jordan = options_for(Schedule::Jordan, NsMethod::Symmetric);
+  NsOptions custom = jordan;
+  custom.schedule = Schedule::Custom;
+  custom.custom.assign(5, Coefficients{3.4445, -4.7750, 2.0315});
+  const std::vector<float> in = make_input(33, 47, 33, 5);
+  EXPECT_EQ(run_once(jordan, in, 33, 47), run_once(custom, in, 33, 47));
+  custom.custom[4].a = 3.0;
+  EXPECT_NE(run_once(jordan, in, 33, 47), run_once(custom, in, 33, 47));
+}
+
+TEST(Orthogonalize, ScaleAndClampFollowTheFormula) {
+  // X₀ = G / max(‖G‖·s, eps) with eps above ‖G‖·s: σ are then tiny and 1 step multiplies them by a.
+  NsOptions o = options_for(Schedule::Jordan, NsMethod::Symmetric);
+  o.steps = 1;
+  o.scale = 1.02f;
+  o.eps_mode = dmuon::EpsMode::Clamp;
+  o.eps = 1e6f;
+  const std::vector<float> in = make_input(8, 20, 8, 9);
+  const std::vector<float> out = run_once(o, in, 8, 20);
+  for (size_t i = 0; i < in.size(); ++i) EXPECT_NEAR(out[i], 3.4445 * in[i] / 1e6, 1e-9);
+}
+
+template <class F>
+void expect_invalid(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected one mentioning '" << needle << "'";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("[orth]", 0), 0u) << e.what();
+  }
+}
+
+TEST(Orthogonalize, BadArgumentsThrowClearly) {
+  Orthogonalizer orth(NsOptions{});
+  std::vector<float> a(6 * 10), b(6 * 10);
+  std::vector<dmuon::BFloat16> h(6 * 10);
+  expect_invalid([&] { orth.run(dmuon::TensorView(h.data(), {6, 10}), dmuon::TensorView(b.data(), {6, 10})); },
+                 "fp32");
+  expect_invalid([&] { orth.run(dmuon::TensorView(a.data(), {6, 10}), dmuon::TensorView(b.data(), {10, 6})); },
+                 "shapes differ");
+  expect_invalid([&] { orth.run(dmuon::TensorView(a.data(), {60}), dmuon::TensorView(b.data(), {60})); },
+                 "[m, n]");
+  const dmuon::TensorView strided(a.data(), dmuon::DType::F32, {6, 5}, {10, 1});
+  expect_invalid([&] { orth.run(strided, dmuon::TensorView(b.data(), {6, 5})); }, "contiguous");
+  expect_invalid([&] { orth.run(a.data(), a.data() + 1, 6, 9); }, "overlap");
+  expect_invalid([&] { orth.run(a.data(), b.data(), -1, 10); }, "non-negative");
+  // Nothing was written by the failed calls.
+  for (float v : b) ASSERT_EQ(v, 0.0f);
+}
+
+TEST(Orthogonalize, EmptyMatrixIsANoOp) {
+  Orthogonalizer orth(NsOptions{});
+  std::vector<float> a(4, 1.0f);
+  orth.run(a.data(), a.data(), 0, 4);
+  orth.run(dmuon::TensorView(a.data(), {0, 3, 4}), dmuon::TensorView(a.data(), {0, 3, 4}));
+  EXPECT_EQ(a, std::vector<float>(4, 1.0f));
+}
+
+}  // namespace

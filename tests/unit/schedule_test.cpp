@@ -1,0 +1,182 @@
+// Newton–Schulz coefficient schedules: Polar Express against both published lists (REFERENCE.md
+// section 1) to 1e-12, other step counts through their composed polynomial, names, validation, flops.
+// Run: build/bin/schedule_test
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dmuon/orthogonalize.h"
+
+namespace {
+
+using dmuon::Coefficients;
+using dmuon::NsMethod;
+using dmuon::NsOptions;
+using dmuon::Schedule;
+
+// nanochat / modded-nanogpt: l0 = 1e-3, safety = 0.02, cushion = 0.02.
+const std::vector<Coefficients> kNanochat = {
+    {8.156554524902461, -22.48329292557795, 15.878769915207462},
+    {4.042929935166739, -2.808917465908714, 0.5000178451051316},
+    {3.8916678022926607, -2.772484153217685, 0.5060648178503393},
+    {3.285753657755655, -2.3681294933425376, 0.46449024233003106},
+    {2.3465413258596377, -1.7097828382687081, 0.42323551169305323}};
+
+// arXiv 2505.16932 as published: safety = 0, cushion = 0.02407327424182761.
+const std::vector<Coefficients> kPaperRaw = {
+    {8.28721201814563, -23.595886519098837, 17.300387312530933},
+    {4.107059111542203, -2.9478499167379106, 0.5448431082926601},
+    {3.9486908534822946, -2.908902115962949, 0.5518191394370137},
+    {3.3184196573706015, -2.488488024314874, 0.51004894012372},
+    {2.300652019954817, -1.6689039845747493, 0.4188073119525673}};
+
+void expect_same(const std::vector<Coefficients>& got, const std::vector<Coefficients>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t t = 0; t < got.size(); ++t) {
+    EXPECT_NEAR(got[t].a, want[t].a, tol) << "step " << t;
+    EXPECT_NEAR(got[t].b, want[t].b, tol) << "step " << t;
+    EXPECT_NEAR(got[t].c, want[t].c, tol) << "step " << t;
+  }
+}
+
+TEST(PolarExpress, MatchesNanochatList) {
+  expect_same(dmuon::polar_express_coefficients(5, 1e-3, 0.02, 0.02), kNanochat, 1e-12);
+  NsOptions o;
+  o.schedule = Schedule::PolarExpress;
+  expect_same(dmuon::make_schedule(o), kNanochat, 1e-12);  // the option defaults are nanochat's
+}
+
+TEST(PolarExpress, MatchesPaperList) {
+  expect_same(dmuon::polar_express_coefficients(5, 1e-3, 0.0, 0.02407327424182761), kPaperRaw, 1e-12);
+}
+
+TEST(PolarExpress, ComparisonCanFail) {
+  // Negative control: the two lists differ by far more than the tolerance.
+  const auto got = dmuon::polar_express_coefficients(5, 1e-3, 0.02, 0.02);
+  EXPECT_GT(std::fabs(got[0].c - kPaperRaw[0].c), 1.0);
+  EXPECT_GT(std::fabs(got[4].a - kPaperRaw[4].a), 1e-3);
+}
+
+// The composed polynomial over [l0, 1], sampled densely in double (log-spaced near l0).
+std::pair<double, double> composed_range(const std::vector<Coefficients>& cs, double l0) {
+  double lo = 1e300, hi = -1e300;
+  const int kSamples = 20000;
+  for (int i = 0; i <= kSamples; ++i) {
+    double x = l0 * std::pow(1.0 / l0, double(i) / kSamples);
+    for (const Coefficients& c : cs) x = c.a * x + c.b * x * x * x + c.c * x * x * x * x * x;
+    lo = std::min(lo, x);
+    hi = std::max(hi, x);
+  }
+  return {lo, hi};
+}
+
+TEST(PolarExpress, OtherStepCountsMapIntoTheirBand) {
+  double previous_err = 1.0;
+  for (int steps : {1, 2, 3, 5, 8, 10}) {
+    const auto cs = dmuon::polar_express_coefficients(steps, 1e-3, 0.02, 0.02);
+    ASSERT_EQ(cs.size(), size_t(steps));
+    for (const Coefficients& c : cs) ASSERT_TRUE(std::isfinite(c.a) && std::isfinite(c.b) && std::isfinite(c.c));
+    const auto [lo, hi] = composed_range(cs, 1e-3);
+    // Positive on [l0, 1], below 2, centred on 1 (the last step equioscillates around 1), and each
+    // extra step tightens the band.
+    EXPECT_GT(lo, 0.0) << steps;
+    EXPECT_LT(hi, 2.0) << steps;
+    EXPECT_NEAR(1 - lo, hi - 1, 1e-6) << steps;
+    EXPECT_LT(hi - 1, previous_err) << steps;
+    previous_err = hi - 1;
+  }
+  // REFERENCE.md: 5 steps give 0.86 – 1.14; 8 steps converge far tighter.
+  const auto [lo5, hi5] = composed_range(dmuon::polar_express_coefficients(5, 1e-3, 0.02, 0.02), 1e-3);
+  EXPECT_NEAR(lo5, 0.8589, 1e-3);
+  EXPECT_NEAR(hi5, 1.1411, 1e-3);
+  const auto [lo8, hi8] = composed_range(dmuon::polar_express_coefficients(8, 1e-3, 0.02, 0.02), 1e-3);
+  EXPECT_GT(lo8, 0.99);
+  EXPECT_LT(hi8, 1.01);
+}
+
+TEST(Schedule, NamedSchedulesAndCustom) {
+  NsOptions o;
+  o.schedule = Schedule::Jordan;
+  o.steps = 3;
+  const auto j = dmuon::make_schedule(o);
+  ASSERT_EQ(j.size(), 3u);
+  EXPECT_EQ(j[2].a, 3.4445);
+  EXPECT_EQ(j[2].b, -4.7750);
+  EXPECT_EQ(j[2].c, 2.0315);
+  o.schedule = Schedule::You;
+  o.steps = 5;
+  const auto y = dmuon::make_schedule(o);
+  EXPECT_EQ(y[0].a, 4.0848);
+  EXPECT_EQ(y[4].c, 1.2012);
+  o.schedule = Schedule::Custom;
+  o.steps = 2;
+  o.custom = {{1.5, -0.5, 0.0}, {2.0, -1.0, 0.25}};
+  const auto c = dmuon::make_schedule(o);
+  EXPECT_EQ(c[1].c, 0.25);
+  EXPECT_EQ(c[0].a, 1.5);
+}
+
+TEST(Schedule, NamesRoundTrip) {
+  for (Schedule s : {Schedule::Jordan, Schedule::You, Schedule::PolarExpress, Schedule::Custom})
+    EXPECT_EQ(dmuon::parse_schedule(dmuon::to_string(s)), s);
+  for (NsMethod m : {NsMethod::Plain, NsMethod::Symmetric, NsMethod::Gram})
+    EXPECT_EQ(dmuon::parse_ns_method(dmuon::to_string(m)), m);
+  EXPECT_EQ(dmuon::to_string(Schedule::PolarExpress), "polar_express");
+}
+
+template <class F>
+void expect_invalid(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected one mentioning '" << needle << "'";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("[orth]", 0), 0u) << e.what();
+  }
+}
+
+TEST(Schedule, BadOptionsThrowClearly) {
+  auto with = [](auto edit) {
+    NsOptions o;
+    edit(o);
+    return [o] { dmuon::Orthogonalizer orth(o); };
+  };
+  expect_invalid(with([](NsOptions& o) { o.steps = 0; }), "steps must be >= 1");
+  expect_invalid(with([](NsOptions& o) { o.schedule = Schedule::You; o.steps = 4; }), "exactly 5 steps");
+  expect_invalid(with([](NsOptions& o) { o.schedule = Schedule::Custom; o.custom = {{1, 0, 0}}; }),
+                 "custom schedule has 1");
+  expect_invalid(with([](NsOptions& o) {
+                   o.schedule = Schedule::Custom;
+                   o.steps = 1;
+                   o.custom = {{1, std::numeric_limits<double>::quiet_NaN(), 0}};
+                 }),
+                 "not finite");
+  expect_invalid(with([](NsOptions& o) { o.scale = 0; }), "scale");
+  expect_invalid(with([](NsOptions& o) { o.eps = -1; }), "eps");
+  expect_invalid(with([](NsOptions& o) { o.schedule = Schedule::PolarExpress; o.pe_l0 = 0; }), "l0");
+  expect_invalid([] { dmuon::parse_schedule("muon"); }, "unknown schedule 'muon'");
+  expect_invalid([] { dmuon::parse_ns_method("fast"); }, "unknown method 'fast'");
+}
+
+TEST(Schedule, FlopCounts) {
+  NsOptions o;
+  const double m = 1024, n = 4096;
+  o.method = NsMethod::Plain;
+  EXPECT_EQ(dmuon::ns_flops(1024, 4096, o), 20 * m * m * n + 10 * m * m * m);
+  EXPECT_EQ(dmuon::ns_flops(4096, 1024, o), 20 * m * m * n + 10 * m * m * m);  // tall: same
+  o.method = NsMethod::Symmetric;
+  EXPECT_EQ(dmuon::ns_flops(1024, 4096, o), 15 * m * m * n + 5 * m * m * m);
+  o.steps = 10;
+  EXPECT_EQ(dmuon::ns_flops(1024, 4096, o), 30 * m * m * n + 10 * m * m * m);
+  o.steps = 5;
+  o.method = NsMethod::Gram;
+  // 6m²n for the products with X; 20m³ on the Gram side (see gram_ns.cpp).
+  EXPECT_EQ(dmuon::ns_flops(1024, 4096, o), 6 * m * m * n + 20 * m * m * m);
+  EXPECT_EQ(dmuon::ns_flops(1024, 1024, o), 15 * m * m * m + 5 * m * m * m);  // square: symmetric
+  EXPECT_EQ(dmuon::ns_flops(0, 4096, o), 0.0);
+}
+
+}  // namespace

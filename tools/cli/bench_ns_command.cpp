@@ -1,0 +1,214 @@
+// `dmuon bench ns`: times one orthogonalization (median of --repeats after a warm-up) next to a plain
+// SGEMM of the same sizes measured in the same run, and reports the result's singular values.
+// Example: dmuon bench ns --shape 1024x4096 --schedule polar_express --steps 5 --compare
+#include <lapacke.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "dmuon/blas.h"
+#include "dmuon/error.h"
+#include "dmuon/orthogonalize.h"
+#include "kernels/cpu/blas.h"
+
+namespace dmuon::cli {
+namespace {
+
+struct BenchNsArgs {
+  std::string shape = "1024x4096", schedule = "polar_express", method = "symmetric";
+  int steps = 5, repeats = 5, warmup = 1, threads = 0;
+  float scale = 1.0f;
+  bool json = false, compare = false;
+};
+
+struct Result {
+  NsMethod method;
+  std::vector<double> times;
+  double seconds = 0, flops = 0, sigma_min = 0, sigma_max = 0, sigma_diff = 0;
+  std::vector<double> sigmas;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t k = v.size() / 2;
+  return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
+}
+
+template <class F>
+double time_once(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::pair<int64_t, int64_t> parse_shape(const std::string& s) {
+  const size_t x = s.find('x');
+  int64_t m = -1, n = -1;
+  try {
+    if (x != std::string::npos) m = std::stoll(s.substr(0, x)), n = std::stoll(s.substr(x + 1));
+  } catch (const std::exception&) {
+  }
+  DMUON_CHECK(m > 0 && n > 0, "[bench] --shape must be MxN with positive sizes (e.g. 1024x4096), got '", s, "'");
+  return {m, n};
+}
+
+// Singular values of x (m×n) from the eigenvalues of its small Gram matrix (SYRK in fp32, dsyevd in
+// double), sorted descending.
+std::vector<double> singular_values(const std::vector<float>& x, int64_t m, int64_t n) {
+  const int s = static_cast<int>(std::min(m, n));
+  std::vector<float> g(size_t(s) * s);
+  cpu::ssyrk_lower(m > n, s, static_cast<int>(std::max(m, n)), 1.0f, x.data(), static_cast<int>(n), 0.0f,
+                   g.data(), s);
+  std::vector<double> gd(g.begin(), g.end()), w(static_cast<size_t>(s));
+  const int info = LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'N', 'L', s, gd.data(), s, w.data());
+  DMUON_CHECK_RUNTIME(info == 0, "[bench] LAPACKE_dsyevd failed with info=", info);
+  std::vector<double> sv(w.size());
+  for (size_t i = 0; i < w.size(); ++i) sv[i] = std::sqrt(std::max(0.0, w[w.size() - 1 - i]));
+  return sv;
+}
+
+void run_bench(const BenchNsArgs& a) {
+  const auto [m, n] = parse_shape(a.shape);
+  DMUON_CHECK(a.repeats >= 1, "[bench] --repeats must be >= 1, got ", a.repeats);
+  DMUON_CHECK(a.warmup >= 0, "[bench] --warmup must be >= 0, got ", a.warmup);
+  if (a.threads > 0) blas_set_num_threads(a.threads);
+  NsOptions base;
+  base.schedule = parse_schedule(a.schedule);
+  DMUON_CHECK(base.schedule != Schedule::Custom, "[bench] --schedule custom needs coefficients; use jordan, you or polar_express");
+  base.steps = a.steps;
+  base.scale = a.scale;
+  std::vector<NsMethod> methods;
+  if (a.compare)
+    methods = {NsMethod::Plain, NsMethod::Symmetric, NsMethod::Gram};
+  else
+    methods = {parse_ns_method(a.method)};
+
+  std::mt19937_64 rng(12345);
+  std::normal_distribution<float> normal;
+  std::vector<float> g(size_t(m * n));
+  for (float& v : g) v = normal(rng);
+  std::vector<float> out(g.size());
+
+  std::vector<Orthogonalizer> orths;
+  std::vector<Result> results;
+  for (NsMethod meth : methods) {
+    NsOptions o = base;
+    o.method = meth;
+    orths.emplace_back(o);
+    results.push_back({meth, {}, 0, ns_flops(m, n, o)});
+  }
+  // SGEMM baseline of the sizes involved: s×l·l×s (the Gram matrix) and s×s·s×l (the update).
+  const int s = static_cast<int>(std::min(m, n)), l = static_cast<int>(std::max(m, n));
+  std::vector<float> gs(size_t(s) * s, 0.01f), ys(size_t(s) * l);
+  auto sgemm_gram = [&] { cpu::sgemm(false, true, s, s, l, 1.0f, g.data(), l, g.data(), l, 0.0f, gs.data(), s); };
+  auto sgemm_apply = [&] { cpu::sgemm(false, false, s, l, s, 1.0f, gs.data(), s, g.data(), l, 0.0f, ys.data(), l); };
+  const double gemm_flops = 2.0 * s * s * double(l);
+  std::vector<double> gram_times, apply_times;
+
+  // Round-robin over methods and the baseline so that machine noise hits all of them alike.
+  for (int r = 0; r < a.warmup + a.repeats; ++r) {
+    for (size_t i = 0; i < orths.size(); ++i) {
+      const double t = time_once([&] { orths[i].run(g.data(), out.data(), m, n); });
+      if (r >= a.warmup) results[i].times.push_back(t);
+    }
+    const double tg = time_once(sgemm_gram), ta = time_once(sgemm_apply);
+    if (r >= a.warmup) gram_times.push_back(tg), apply_times.push_back(ta);
+  }
+  // The baseline is the pair (X·Xᵀ as NT, Z·X as NN) the plain path runs; both rates are reported.
+  const double sgemm_gflops = 2 * gemm_flops / (median(gram_times) + median(apply_times)) / 1e9;
+  const double sgemm_nt_gflops = gemm_flops / median(gram_times) / 1e9;
+  const double sgemm_nn_gflops = gemm_flops / median(apply_times) / 1e9;
+  for (size_t i = 0; i < orths.size(); ++i) {
+    Result& res = results[i];
+    res.seconds = median(res.times);
+    orths[i].run(g.data(), out.data(), m, n);
+    res.sigmas = singular_values(out, m, n);
+    res.sigma_max = res.sigmas.front();
+    res.sigma_min = res.sigmas.back();
+  }
+  const Result* sym = nullptr;
+  for (const Result& r : results)
+    if (r.method == NsMethod::Symmetric) sym = &r;
+  for (Result& r : results)
+    if (sym)
+      for (size_t k = 0; k < r.sigmas.size(); ++k)
+        r.sigma_diff = std::max(r.sigma_diff, std::fabs(r.sigmas[k] - sym->sigmas[k]));
+
+  const BlasInfo info = blas_info();
+  const std::string shape = std::to_string(m) + "x" + std::to_string(n);
+  auto to_json = [&](const Result& r) {
+    nlohmann::json j = {{"method", std::string(to_string(r.method))}, {"seconds", r.seconds},
+                        {"times", r.times}, {"flops", r.flops}, {"gflops", r.flops / r.seconds / 1e9},
+                        {"sgemm_gflops", sgemm_gflops}, {"sgemm_nt_gflops", sgemm_nt_gflops},
+                        {"sgemm_nn_gflops", sgemm_nn_gflops},
+                        {"efficiency_vs_sgemm", r.flops / r.seconds / 1e9 / sgemm_gflops},
+                        {"sigma_min", r.sigma_min}, {"sigma_max", r.sigma_max},
+                        {"threads", info.threads}, {"shape", shape}, {"schedule", a.schedule},
+                        {"steps", a.steps}, {"repeats", a.repeats}, {"blas_core", info.corename}};
+    if (r.method == NsMethod::Gram && l < 2 * s) j["note"] = "aspect ratio < 2: ran the symmetric path";
+    if (sym && &r != sym) j["sigma_maxdiff_vs_symmetric"] = r.sigma_diff;
+    return j;
+  };
+  if (a.json) {
+    if (!a.compare) {
+      std::cout << to_json(results[0]).dump(2) << "\n";
+    } else {
+      nlohmann::json j = {{"shape", shape}, {"schedule", a.schedule}, {"steps", a.steps},
+                          {"threads", info.threads}, {"sgemm_gflops", sgemm_gflops},
+                          {"sgemm_nt_gflops", sgemm_nt_gflops}, {"sgemm_nn_gflops", sgemm_nn_gflops},
+                          {"methods", nlohmann::json::array()}};
+      for (const Result& r : results) j["methods"].push_back(to_json(r));
+      std::cout << j.dump(2) << "\n";
+    }
+    return;
+  }
+  std::printf("dmuon bench ns: %s, %s, %d steps, %d BLAS threads (%s), median of %d after %d warm-up\n",
+              shape.c_str(), a.schedule.c_str(), a.steps, info.threads, info.corename.c_str(), a.repeats,
+              a.warmup);
+  std::printf("SGEMM baseline: %.1f GFLOP/s (X·Xᵀ %dx%dx%d NT %.1f, Z·X %dx%dx%d NN %.1f)\n", sgemm_gflops, s,
+              s, l, sgemm_nt_gflops, s, l, s, sgemm_nn_gflops);
+  std::printf("%-10s %10s %8s %8s %9s %10s %10s %10s %10s\n", "method", "ms", "GFLOP", "GFLOP/s",
+              "vs SGEMM", "vs plain", "sigma_min", "sigma_max", "dsigma/sym");
+  const double plain_t = results[0].method == NsMethod::Plain ? results[0].seconds : 0;
+  for (const Result& r : results) {
+    const double gf = r.flops / r.seconds / 1e9;
+    std::printf("%-10s %10.3f %8.2f %8.1f %8.2fx ", std::string(to_string(r.method)).c_str(), r.seconds * 1e3,
+                r.flops / 1e9, gf, gf / sgemm_gflops);
+    if (plain_t > 0) std::printf("%9.2fx ", plain_t / r.seconds); else std::printf("%10s ", "-");
+    std::printf("%10.4f %10.4f ", r.sigma_min, r.sigma_max);
+    if (sym && &r != sym) std::printf("%10.1e\n", r.sigma_diff); else std::printf("%10s\n", "-");
+  }
+  if (a.compare) std::printf("vs plain = speed-up over plain (time ratio); dsigma/sym = max |sigma_i - sigma_i(symmetric)|\n");
+  if (l < 2 * s && std::find(methods.begin(), methods.end(), NsMethod::Gram) != methods.end())
+    std::printf("note: gram needs aspect ratio >= 2; it ran the symmetric path here\n");
+}
+
+}  // namespace
+
+void add_bench_ns_command(CLI::App& bench) {
+  auto args = std::make_shared<BenchNsArgs>();
+  auto* cmd = bench.add_subcommand("ns", "Time Newton–Schulz orthogonalization against SGEMM in the same run");
+  cmd->add_option("--shape", args->shape, "Matrix shape MxN")->capture_default_str();
+  cmd->add_option("--schedule", args->schedule, "jordan | you | polar_express")->capture_default_str();
+  cmd->add_option("--steps", args->steps, "Newton–Schulz steps")->capture_default_str();
+  cmd->add_option("--method", args->method, "plain | symmetric | gram")->capture_default_str();
+  cmd->add_option("--repeats", args->repeats, "Timed runs (the median is reported)")->capture_default_str();
+  cmd->add_option("--warmup", args->warmup, "Untimed warm-up runs")->capture_default_str();
+  cmd->add_option("--threads", args->threads, "BLAS threads (0: leave as is)")->capture_default_str();
+  cmd->add_option("--scale", args->scale, "Normalization s in |G|_F*s")->capture_default_str();
+  cmd->add_flag("--compare", args->compare, "Run plain, symmetric and gram in one run and compare");
+  cmd->add_flag("--json", args->json, "Print JSON");
+  cmd->callback([args] { run_bench(*args); });
+}
+
+}  // namespace dmuon::cli
