@@ -1,0 +1,90 @@
+// LocalOptimizer: one optimizer step over whole (unsharded) parameters in one process. It is the
+// numerical reference the distributed engine matches bitwise, and a usable optimizer on its own.
+//
+// Muon group, per parameter: momentum (update.h) → orthogonalize the full matrix (each expert of a
+// stack [E, A, B] on its own) → NorMuon if enabled → weight decay (plain or cautious) and update with
+// the LR rule on the GLOBAL matrix shape A×B → QK-clip if the group's threshold > 0 and the
+// parameter is QK-tagged. AdamW group: fused AdamW (any shape, 1-D included).
+// Determinism: same inputs, options and BLAS thread count → bitwise the same results.
+// Not thread-safe: one step at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dmuon/export.h"
+#include "dmuon/optim_options.h"
+#include "dmuon/qk_clip.h"
+#include "dmuon/tensor.h"
+
+namespace dmuon {
+
+struct ParamInfo {
+  std::string name;
+  Shape shape;                 // global shape
+  bool expert_stack = false;   // 3-D [E, A, B]: E independent A×B matrices
+  std::optional<QkTag> qk;     // QK-clip tag (used by Muon groups with qk_clip_threshold > 0)
+};
+
+struct ParamGroup {
+  GroupOptions options;
+  std::vector<size_t> params;  // indices into the ParamInfo list
+};
+
+class DMUON_API LocalOptimizer {
+ public:
+  // Validates (throws std::invalid_argument naming the parameter or group): every parameter in
+  // exactly one group, Muon parameters 2-D or expert stacks (1-D / 3-D without expert_stack: route
+  // to AdamW), QK tags consistent with the shape, hyperparameters in range. Creates all state
+  // eagerly (zeros, shaped like each parameter; NorMuon's per-row / per-column state shaped [A, 1] /
+  // [1, B], or [E, A, 1] / [E, 1, B] for a stack) and per-parameter step counters at 0.
+  LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamGroup> groups,
+                 NonFinitePolicy policy = NonFinitePolicy::Raise);
+  ~LocalOptimizer();
+  LocalOptimizer(LocalOptimizer&&) noexcept;
+  LocalOptimizer& operator=(LocalOptimizer&&) noexcept;
+
+  const std::vector<ParamInfo>& params() const { return params_; }
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+  // Mutable hyperparameters of group g (LR schedules write lr here between steps). Membership is
+  // fixed at construction. A Muon group's `algorithm` and `normuon` may not change (their state
+  // exists only for the choice made at construction); step() rejects such a change.
+  GroupOptions& options(size_t group);
+  NonFinitePolicy policy() const { return policy_; }
+  void set_policy(NonFinitePolicy policy) { policy_ = policy; }
+
+  // One step. params[i]: fp32, contiguous, shape == params()[i].shape (updated in place).
+  // grads[i]: fp32 or bf16, contiguous, same shape (read only). qk_logits: layer → per-query-head
+  // max logits, required for every layer tagged on a parameter of a group with qk_clip_threshold > 0.
+  // Everything is validated before anything is modified: caller mistakes throw
+  // std::invalid_argument naming the parameter; a non-finite gradient throws dmuon::Error naming it
+  // (NonFinitePolicy::Raise) or returns false (Skip). After a throw or a skip, parameters, state
+  // and step counters are bitwise unchanged. Returns true when the step was applied.
+  bool step(std::span<const TensorView> params, std::span<const TensorView> grads,
+            const std::map<int, std::vector<float>>& qk_logits = {});
+
+  // fp32 state views (read-write; e.g. to load a checkpoint). Keys: Muon "momentum_buffer" (+
+  // "normuon_v" when NorMuon is on); AdamW "exp_avg", "exp_avg_sq". Throws std::invalid_argument
+  // naming the parameter and its keys for an unknown key or index.
+  TensorView state(size_t param, std::string_view key);
+  std::vector<std::string> state_keys(size_t param) const;
+  // Steps taken by a parameter (AdamW's t is step_count + 1 during a step).
+  int64_t step_count(size_t param) const;
+  void set_step_count(size_t param, int64_t count);  // checkpoint loading; count ≥ 0
+
+ private:
+  struct Impl;
+  std::vector<ParamInfo> params_;
+  std::vector<ParamGroup> groups_;
+  NonFinitePolicy policy_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dmuon

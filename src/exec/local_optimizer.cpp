@@ -1,0 +1,290 @@
+// LocalOptimizer: the whole single-process step (validation, momentum, orthogonalization, NorMuon,
+// weight decay and update, QK-clip, AdamW) over unsharded parameters.
+#include "dmuon/local_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "dmuon/bf16.h"
+#include "dmuon/orthogonalize.h"
+#include "dmuon/update.h"
+#include "kernels/cpu/blas.h"
+
+namespace dmuon {
+namespace {
+
+struct ParamState {
+  std::vector<float> momentum, exp_avg, exp_avg_sq, normuon_v;
+  Shape normuon_shape;
+  int64_t steps = 0;
+};
+
+bool same_ns(const NsOptions& a, const NsOptions& b) {
+  if (a.custom.size() != b.custom.size()) return false;
+  for (size_t i = 0; i < a.custom.size(); ++i)
+    if (a.custom[i].a != b.custom[i].a || a.custom[i].b != b.custom[i].b || a.custom[i].c != b.custom[i].c)
+      return false;
+  return a.schedule == b.schedule && a.steps == b.steps && a.method == b.method && a.scale == b.scale &&
+         a.eps == b.eps && a.eps_mode == b.eps_mode && a.pe_l0 == b.pe_l0 &&
+         a.pe_safety == b.pe_safety && a.pe_cushion == b.pe_cushion;
+}
+
+// NorMuon state: the parameter's shape with the reduced dim set to 1 (torch keepdim).
+Shape normuon_shape(const Shape& s, bool expert_stack) {
+  const MatrixDims d = matrix_dims(s, expert_stack);
+  const bool per_row = d.rows >= d.cols;
+  if (expert_stack) return per_row ? Shape{d.batch, d.rows, 1} : Shape{d.batch, 1, d.cols};
+  return per_row ? Shape{d.rows, 1} : Shape{1, d.cols};
+}
+
+// Index of the first non-finite element, or -1.
+int64_t first_non_finite(const TensorView& g) {
+  const int64_t n = g.numel();
+  if (g.dtype == DType::BF16) {
+    const BFloat16* x = static_cast<const BFloat16*>(g.data);
+    for (int64_t i = 0; i < n; ++i)
+      if ((x[i].bits & 0x7F80u) == 0x7F80u) return i;
+    return -1;
+  }
+  const float* x = static_cast<const float*>(g.data);
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return i;
+  return -1;
+}
+
+}  // namespace
+
+struct LocalOptimizer::Impl {
+  std::vector<Algorithm> algorithm;  // per group, fixed at construction
+  std::vector<bool> normuon;         // per group, fixed at construction (its state exists or not)
+  std::vector<ParamState> state;
+  std::vector<std::unique_ptr<Orthogonalizer>> orth;  // per Muon group, for orth[g]->options()
+  std::vector<float> update, v_mean;                  // scratch, grown to the largest parameter
+};
+
+LocalOptimizer::LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamGroup> groups,
+                               NonFinitePolicy policy)
+    : params_(std::move(params)), groups_(std::move(groups)), policy_(policy),
+      impl_(std::make_unique<Impl>()) {
+  const size_t n = params_.size();
+  DMUON_CHECK(policy == NonFinitePolicy::Raise || policy == NonFinitePolicy::Skip,
+              "[optim] invalid non-finite policy");
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < i; ++j)
+      DMUON_CHECK(params_[i].name != params_[j].name, "[optim] parameter name '", params_[i].name,
+                  "' is used by parameters ", j, " and ", i, "; names must be unique");
+  std::vector<int64_t> group_of(n, -1);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    validate_group_options(groups_[g].options, g);
+    for (size_t i : groups_[g].params) {
+      DMUON_CHECK(i < n, "[optim] group ", g, " lists parameter index ", i, " but there are ", n,
+                  " parameters");
+      DMUON_CHECK(group_of[i] < 0, "[optim] parameter '", params_[i].name, "' is in groups ",
+                  group_of[i], " and ", g, "; put each parameter in exactly one group");
+      group_of[i] = static_cast<int64_t>(g);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const ParamInfo& p = params_[i];
+    DMUON_CHECK(group_of[i] >= 0, "[optim] parameter '", p.name,
+                "' is in no group; add it to a Muon or AdamW group");
+    const Algorithm algo = groups_[static_cast<size_t>(group_of[i])].options.algorithm;
+    if (algo == Algorithm::Muon) {
+      DMUON_CHECK(p.shape.ndim() != 3 || p.expert_stack, "[optim] parameter '", p.name, "' has shape ",
+                  p.shape.to_string(), " (3 dims) in Muon group ", group_of[i],
+                  "; mark it expert_stack ([E, A, B]) or route it to an AdamW group");
+      DMUON_CHECK((p.shape.ndim() == 2 && !p.expert_stack) || (p.shape.ndim() == 3 && p.expert_stack),
+                  "[optim] parameter '", p.name, "' has shape ", p.shape.to_string(), " (",
+                  p.shape.ndim(), " dims", p.expert_stack ? ", expert_stack" : "", ") in Muon group ",
+                  group_of[i], "; Muon takes 2-D matrices and 3-D expert stacks: route it to an AdamW group");
+    }
+    if (p.qk) {
+      DMUON_CHECK(p.shape.ndim() == 2 && !p.expert_stack, "[optim] parameter '", p.name,
+                  "' has a QK-clip tag but shape ", p.shape.to_string(), "; QK tags need a 2-D weight");
+      validate_qk_tag(*p.qk, p.name, p.shape[0]);
+    }
+  }
+
+  // Eager state: everything a checkpoint holds exists from the start.
+  Impl& s = *impl_;
+  s.state.resize(n);
+  s.orth.resize(groups_.size());
+  size_t largest = 0, largest_v = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const GroupOptions& o = groups_[g].options;
+    s.algorithm.push_back(o.algorithm);
+    s.normuon.push_back(o.algorithm == Algorithm::Muon && o.normuon);
+    if (o.algorithm == Algorithm::Muon) s.orth[g] = std::make_unique<Orthogonalizer>(o.ns);
+    for (size_t i : groups_[g].params) {
+      const auto numel = static_cast<size_t>(params_[i].shape.numel());
+      ParamState& st = s.state[i];
+      if (o.algorithm == Algorithm::AdamW) {
+        st.exp_avg.assign(numel, 0.0f);
+        st.exp_avg_sq.assign(numel, 0.0f);
+        continue;
+      }
+      st.momentum.assign(numel, 0.0f);
+      largest = std::max(largest, numel);
+      if (o.normuon) {
+        st.normuon_shape = normuon_shape(params_[i].shape, params_[i].expert_stack);
+        st.normuon_v.assign(static_cast<size_t>(st.normuon_shape.numel()), 0.0f);
+        largest_v = std::max(largest_v, st.normuon_v.size());
+      }
+    }
+  }
+  s.update.resize(largest);
+  s.v_mean.resize(largest_v);
+}
+
+LocalOptimizer::~LocalOptimizer() = default;
+LocalOptimizer::LocalOptimizer(LocalOptimizer&&) noexcept = default;
+LocalOptimizer& LocalOptimizer::operator=(LocalOptimizer&&) noexcept = default;
+
+GroupOptions& LocalOptimizer::options(size_t g) {
+  DMUON_CHECK(g < groups_.size(), "[optim] group ", g, " does not exist (", groups_.size(), " groups)");
+  return groups_[g].options;
+}
+
+bool LocalOptimizer::step(std::span<const TensorView> params, std::span<const TensorView> grads,
+                          const std::map<int, std::vector<float>>& qk_logits) {
+  Impl& s = *impl_;
+  const size_t n = params_.size();
+  // pass 1: validate everything (options, views, QK logits) before touching any memory.
+  DMUON_CHECK(params.size() == n && grads.size() == n, "[optim] step got ", params.size(),
+              " parameters and ", grads.size(), " gradients; expected ", n, " of each");
+  std::vector<std::unique_ptr<Orthogonalizer>> fresh(groups_.size());
+  bool any_muon = false;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const GroupOptions& o = groups_[g].options;
+    validate_group_options(o, g);
+    DMUON_CHECK(o.algorithm == s.algorithm[g], "[optim] group ", g, ": algorithm changed from ",
+                to_string(s.algorithm[g]), " to ", to_string(o.algorithm),
+                " after construction; build a new optimizer");
+    if (o.algorithm != Algorithm::Muon) continue;
+    DMUON_CHECK(!o.normuon || s.normuon[g], "[optim] group ", g,
+                ": normuon was off at construction, so its state does not exist; enable it before "
+                "constructing the optimizer");
+    if (!same_ns(o.ns, s.orth[g]->options())) fresh[g] = std::make_unique<Orthogonalizer>(o.ns);
+    any_muon = any_muon || !groups_[g].params.empty();
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const GroupOptions& o = groups_[g].options;
+    for (size_t i : groups_[g].params) {
+      const ParamInfo& info = params_[i];
+      const TensorView& p = params[i];
+      const TensorView& gr = grads[i];
+      DMUON_CHECK(p.shape == info.shape, "[optim] parameter '", info.name, "': expected shape ",
+                  info.shape.to_string(), ", got ", p.shape.to_string());
+      DMUON_CHECK(gr.shape == info.shape, "[optim] gradient of '", info.name, "': expected shape ",
+                  info.shape.to_string(), ", got ", gr.shape.to_string());
+      DMUON_CHECK(p.dtype == DType::F32, "[optim] parameter '", info.name, "' is ", to_string(p.dtype),
+                  "; master parameters must be fp32");
+      DMUON_CHECK(gr.dtype == DType::F32 || gr.dtype == DType::BF16, "[optim] gradient of '",
+                  info.name, "' is ", to_string(gr.dtype), "; gradients must be fp32 or bf16");
+      DMUON_CHECK(p.is_contiguous() && gr.is_contiguous(), "[optim] ",
+                  p.is_contiguous() ? "gradient" : "parameter", " of '", info.name,
+                  "' is not contiguous; pass a contiguous copy");
+      DMUON_CHECK(info.shape.numel() == 0 || (p.data && gr.data), "[optim] parameter '", info.name,
+                  "': null data pointer");
+      if (o.algorithm != Algorithm::Muon || o.qk_clip_threshold <= 0 || !info.qk) continue;
+      const auto it = qk_logits.find(info.qk->layer);
+      DMUON_CHECK(it != qk_logits.end(), "[optim] parameter '", info.name, "' is QK-tagged (layer ",
+                  info.qk->layer, ") and group ", g,
+                  " has qk_clip_threshold > 0, but no logits were given for layer ", info.qk->layer);
+      validate_qk_logits(*info.qk, it->second, info.name);
+    }
+  }
+  if (any_muon) (void)cpu::blas();  // a missing BLAS fails here, before anything is modified
+
+  // pass 2: non-finite gradients (raise or skip; nothing modified either way).
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t bad = first_non_finite(grads[i]);
+    if (bad < 0) continue;
+    if (policy_ == NonFinitePolicy::Skip) return false;
+    detail::throw_error(detail::concat("[optim] gradient of parameter '", params_[i].name,
+                                       "' is not finite (element ", bad,
+                                       "); nothing was modified (policy raise; use skip to skip steps)"));
+  }
+
+  // pass 3: apply, group by group in order (deterministic).
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (fresh[g]) s.orth[g] = std::move(fresh[g]);
+    const GroupOptions& o = groups_[g].options;
+    for (size_t i : groups_[g].params) {
+      const ParamInfo& info = params_[i];
+      ParamState& st = s.state[i];
+      float* p = params[i].f32();
+      const int64_t numel = info.shape.numel();
+      ++st.steps;
+      if (o.algorithm == Algorithm::AdamW) {
+        adamw_step({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, st.steps}, p, grads[i],
+                   st.exp_avg.data(), st.exp_avg_sq.data());
+        continue;
+      }
+      if (numel == 0) continue;
+      float* u = s.update.data();
+      momentum_step({o.momentum_kind, o.momentum, o.nesterov}, st.momentum.data(), grads[i], u);
+      const TensorView u_view(u, info.shape);
+      s.orth[g]->run(u_view, u_view);
+      const MatrixDims d = matrix_dims(info.shape, info.expert_stack);
+      if (o.normuon) {
+        const int64_t len = normuon_state_size(d.rows, d.cols);
+        for (int64_t e = 0; e < d.batch; ++e) {
+          float* ue = u + e * d.rows * d.cols;
+          normuon_mean_square(ue, d.rows, d.cols, s.v_mean.data());
+          normuon_finish(ue, d.rows, d.cols, s.v_mean.data(), st.normuon_v.data() + e * len,
+                         o.normuon_beta2);
+        }
+      }
+      apply_update({o.lr, adjusted_lr(o.lr, o.lr_rule, d.rows, d.cols), o.weight_decay, o.cautious_wd},
+                   p, u, numel);
+      if (o.qk_clip_threshold > 0 && info.qk) {
+        qk_clip_rows(*info.qk, qk_logits.at(info.qk->layer), o.qk_clip_threshold, p, 0, d.rows, d.cols);
+      }
+    }
+  }
+  return true;
+}
+
+TensorView LocalOptimizer::state(size_t param, std::string_view key) {
+  DMUON_CHECK(param < params_.size(), "[optim] parameter index ", param, " out of range (",
+              params_.size(), " parameters)");
+  ParamState& st = impl_->state[param];
+  const Shape& shape = params_[param].shape;
+  for (const std::string& k : state_keys(param)) {
+    if (k != key) continue;
+    if (k == "momentum_buffer") return TensorView(st.momentum.data(), shape);
+    if (k == "exp_avg") return TensorView(st.exp_avg.data(), shape);
+    if (k == "exp_avg_sq") return TensorView(st.exp_avg_sq.data(), shape);
+    if (k == "normuon_v") return TensorView(st.normuon_v.data(), st.normuon_shape);
+  }
+  std::string keys;
+  for (const std::string& k : state_keys(param)) keys += (keys.empty() ? "" : ", ") + k;
+  detail::throw_invalid_argument(detail::concat("[optim] parameter '", params_[param].name,
+                                                "' has no state '", key, "'; its keys are: ", keys));
+}
+
+std::vector<std::string> LocalOptimizer::state_keys(size_t param) const {
+  DMUON_CHECK(param < params_.size(), "[optim] parameter index ", param, " out of range");
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const auto& ps = groups_[g].params;
+    if (std::find(ps.begin(), ps.end(), param) == ps.end()) continue;
+    if (impl_->algorithm[g] == Algorithm::AdamW) return {"exp_avg", "exp_avg_sq"};
+    if (impl_->normuon[g]) return {"momentum_buffer", "normuon_v"};
+    return {"momentum_buffer"};
+  }
+  return {};
+}
+
+int64_t LocalOptimizer::step_count(size_t param) const {
+  DMUON_CHECK(param < params_.size(), "[optim] parameter index ", param, " out of range");
+  return impl_->state[param].steps;
+}
+
+void LocalOptimizer::set_step_count(size_t param, int64_t count) {
+  DMUON_CHECK(param < params_.size(), "[optim] parameter index ", param, " out of range");
+  DMUON_CHECK(count >= 0, "[optim] step count ", count, " of '", params_[param].name, "' is negative");
+  impl_->state[param].steps = count;
+}
+
+}  // namespace dmuon

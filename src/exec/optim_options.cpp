@@ -1,0 +1,87 @@
+// Names of the optimizer enums (CLI / JSON / Python spellings) and group hyperparameter validation.
+#include "dmuon/optim_options.h"
+
+#include <cmath>
+#include <exception>
+#include <stdexcept>
+#include <string>
+
+#include "dmuon/error.h"
+
+namespace dmuon {
+namespace {
+
+template <class E, size_t N>
+std::string_view name_of(const std::pair<E, std::string_view> (&table)[N], E value) {
+  for (const auto& [v, name] : table)
+    if (v == value) return name;
+  return "?";
+}
+
+template <class E, size_t N>
+E parse_name(const std::pair<E, std::string_view> (&table)[N], std::string_view name,
+             std::string_view what) {
+  std::string choices;
+  for (const auto& [v, n] : table) {
+    if (n == name) return v;
+    choices += choices.empty() ? "" : ", ";
+    choices += n;
+  }
+  detail::throw_invalid_argument(detail::concat("[optim] unknown ", what, " '", name, "'; use ", choices));
+}
+
+constexpr std::pair<Algorithm, std::string_view> kAlgorithms[] = {{Algorithm::Muon, "muon"},
+                                                                  {Algorithm::AdamW, "adamw"}};
+constexpr std::pair<MomentumKind, std::string_view> kMomentumKinds[] = {
+    {MomentumKind::Ema, "ema"}, {MomentumKind::HeavyBall, "heavy_ball"}};
+constexpr std::pair<LrRule, std::string_view> kLrRules[] = {
+    {LrRule::Original, "original"}, {LrRule::MatchRmsAdamw, "match_rms_adamw"}, {LrRule::None, "none"}};
+constexpr std::pair<NonFinitePolicy, std::string_view> kPolicies[] = {
+    {NonFinitePolicy::Raise, "raise"}, {NonFinitePolicy::Skip, "skip"}};
+
+}  // namespace
+
+std::string_view to_string(Algorithm a) { return name_of(kAlgorithms, a); }
+Algorithm parse_algorithm(std::string_view n) { return parse_name(kAlgorithms, n, "algorithm"); }
+std::string_view to_string(MomentumKind k) { return name_of(kMomentumKinds, k); }
+MomentumKind parse_momentum_kind(std::string_view n) {
+  return parse_name(kMomentumKinds, n, "momentum kind");
+}
+std::string_view to_string(LrRule r) { return name_of(kLrRules, r); }
+LrRule parse_lr_rule(std::string_view n) { return parse_name(kLrRules, n, "lr rule"); }
+std::string_view to_string(NonFinitePolicy p) { return name_of(kPolicies, p); }
+NonFinitePolicy parse_non_finite_policy(std::string_view n) {
+  return parse_name(kPolicies, n, "non-finite policy");
+}
+
+void validate_group_options(const GroupOptions& o, size_t g) {
+  auto in_unit = [&](double x, const char* field) {
+    DMUON_CHECK(std::isfinite(x) && x >= 0 && x < 1, "[optim] group ", g, ": ", field, " ", x,
+                " is outside [0, 1)");
+  };
+  DMUON_CHECK(to_string(o.algorithm) != "?", "[optim] group ", g, ": invalid algorithm");
+  DMUON_CHECK(std::isfinite(o.lr) && o.lr >= 0, "[optim] group ", g, ": lr ", o.lr,
+              " must be finite and >= 0");
+  DMUON_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "[optim] group ", g,
+              ": weight_decay ", o.weight_decay, " must be finite and >= 0");
+  if (o.algorithm == Algorithm::AdamW) {
+    in_unit(o.beta1, "beta1");
+    in_unit(o.beta2, "beta2");
+    DMUON_CHECK(std::isfinite(o.eps) && o.eps > 0, "[optim] group ", g, ": eps ", o.eps,
+                " must be finite and > 0");
+    return;
+  }
+  in_unit(o.momentum, "momentum");
+  in_unit(o.normuon_beta2, "normuon_beta2");
+  DMUON_CHECK(to_string(o.momentum_kind) != "?", "[optim] group ", g, ": invalid momentum_kind");
+  DMUON_CHECK(to_string(o.lr_rule) != "?", "[optim] group ", g, ": invalid lr_rule");
+  DMUON_CHECK(std::isfinite(o.qk_clip_threshold) && o.qk_clip_threshold >= 0, "[optim] group ", g,
+              ": qk_clip_threshold ", o.qk_clip_threshold, " must be finite and >= 0 (0 = off)");
+  try {
+    (void)make_schedule(o.ns);
+  } catch (const std::invalid_argument& e) {
+    detail::throw_invalid_argument(detail::concat("[optim] group ", g, ": ns options: ", e.what()));
+  }
+}
+
+}  // namespace dmuon

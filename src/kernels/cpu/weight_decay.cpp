@@ -1,0 +1,73 @@
+// LR rules on the global matrix shape, and the final parameter update with decoupled or cautious
+// weight decay.
+#include <algorithm>
+#include <functional>
+
+#include "dmuon/update.h"
+#include "kernels/cpu/elementwise.h"
+
+namespace dmuon {
+namespace {
+
+DMUON_SIMD_CLONES void decoupled_loop(float* p, const float* u, int64_t n, float keep, float neg_lr) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float decayed = p[i] * keep;       // param.mul_(1 - lr*wd)
+    p[i] = std::fma(u[i], neg_lr, decayed);  // param.add_(U, alpha=-adjusted_lr)
+  }
+}
+
+DMUON_SIMD_CLONES void cautious_loop(float* p, const float* u, int64_t n, float lr_adj, float lr_wd) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = p[i];
+    const bool keep_decay = u[i] * x >= 0.0f;  // the fp32 product, as nanochat's (g * p) >= 0
+    const float decay = keep_decay ? lr_wd * x : 0.0f;
+    const float step = lr_adj * u[i];
+    p[i] = x - (step + decay);
+  }
+}
+
+}  // namespace
+
+double adjusted_lr(double lr, LrRule rule, int64_t rows, int64_t cols) {
+  DMUON_CHECK(rows > 0 && cols > 0, "[update] LR rule needs a non-empty matrix shape, got ", rows,
+              "x", cols);
+  const double a = static_cast<double>(rows), b = static_cast<double>(cols);
+  switch (rule) {
+    case LrRule::Original: return lr * std::sqrt(std::max(1.0, a / b));
+    case LrRule::MatchRmsAdamw: return lr * (0.2 * std::sqrt(std::max(a, b)));
+    case LrRule::None: return lr;
+  }
+  return lr;
+}
+
+MatrixDims matrix_dims(const Shape& shape, bool expert_stack) {
+  if (shape.ndim() == 2 && !expert_stack) return {shape[0], shape[1], 1};
+  if (shape.ndim() == 3 && expert_stack) return {shape[1], shape[2], shape[0]};
+  DMUON_CHECK(false, "[update] shape ", shape.to_string(),
+              expert_stack ? " is not a 3-D expert stack [E, A, B]" : " is not a 2-D matrix",
+              "; Muon takes matrices and expert stacks, route other shapes to AdamW");
+  return {};
+}
+
+void apply_update(const ApplyOptions& o, float* param, const float* update, int64_t n) {
+  DMUON_CHECK(std::isfinite(o.lr) && o.lr >= 0, "[update] lr ", o.lr, " must be finite and >= 0");
+  DMUON_CHECK(std::isfinite(o.adjusted_lr) && o.adjusted_lr >= 0, "[update] adjusted_lr ",
+              o.adjusted_lr, " must be finite and >= 0");
+  DMUON_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "[update] weight_decay ",
+              o.weight_decay, " must be finite and >= 0");
+  cpu::check_buffer(param, n, "update", "param");
+  cpu::check_buffer(update, n, "update", "update");
+  if (n == 0) return;
+  const std::less<const float*> before;
+  DMUON_CHECK(!before(update, param + n) || !before(param, update + n),
+              "[update] update overlaps the parameter; give a separate buffer");
+  if (o.cautious) {
+    cautious_loop(param, update, n, cpu::to_scalar(o.adjusted_lr),
+                  cpu::to_scalar(o.lr * o.weight_decay));
+  } else {
+    decoupled_loop(param, update, n, cpu::to_scalar(1.0 - o.lr * o.weight_decay),
+                   cpu::to_scalar(-o.adjusted_lr));
+  }
+}
+
+}  // namespace dmuon

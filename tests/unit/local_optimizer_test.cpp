@@ -1,0 +1,458 @@
+// LocalOptimizer: a 5-step run over Muon matrices (tall, wide, QK-tagged), an expert stack and AdamW
+// parameters against a step-by-step double reference written here (its own Newton–Schulz), then
+// bad inputs (each must throw or skip and leave parameters, state and counters bitwise unchanged).
+// Run: build/bin/local_optimizer_test
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dmuon/bf16.h"
+#include "dmuon/local_optimizer.h"
+
+namespace {
+
+using dmuon::Algorithm;
+using dmuon::GroupOptions;
+using dmuon::ParamGroup;
+using dmuon::ParamInfo;
+using dmuon::Shape;
+using dmuon::TensorView;
+
+using Mat = std::vector<double>;
+
+// ---- double reference ------------------------------------------------------------------------
+
+struct Coef { double a, b, c; };
+const std::vector<Coef> kJordan(5, Coef{3.4445, -4.7750, 2.0315});
+const std::vector<Coef> kPolarExpress = {  // REFERENCE.md section 1, `polar_express` row
+    {8.156554524902461, -22.48329292557795, 15.878769915207462},
+    {4.042929935166739, -2.808917465908714, 0.5000178451051316},
+    {3.8916678022926607, -2.772484153217685, 0.5060648178503393},
+    {3.285753657755655, -2.3681294933425376, 0.46449024233003106},
+    {2.3465413258596377, -1.7097828382687081, 0.42323551169305323}};
+
+Mat matmul(const Mat& x, const Mat& y, int m, int k, int n) {  // (m×k)(k×n)
+  Mat z(static_cast<size_t>(m) * n, 0.0);
+  for (int i = 0; i < m; ++i)
+    for (int l = 0; l < k; ++l)
+      for (int j = 0; j < n; ++j) z[i * n + j] += x[i * k + l] * y[l * n + j];
+  return z;
+}
+
+Mat transpose(const Mat& x, int m, int n) {
+  Mat t(x.size());
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) t[j * m + i] = x[i * n + j];
+  return t;
+}
+
+// X = G / (‖G‖_F + 1e-7); on the wide side: A = XXᵀ, X ← aX + (bA + cA²)X.
+Mat newton_schulz(Mat g, int m, int n, const std::vector<Coef>& coefs) {
+  if (m > n) return transpose(newton_schulz(transpose(g, m, n), n, m, coefs), n, m);
+  double norm = 0;
+  for (double v : g) norm += v * v;
+  norm = std::sqrt(norm);
+  for (double& v : g) v /= norm + 1e-7;
+  for (const Coef& c : coefs) {
+    const Mat a = matmul(g, transpose(g, m, n), m, n, m);
+    const Mat aa = matmul(a, a, m, m, m);
+    Mat b(a.size());
+    for (size_t i = 0; i < a.size(); ++i) b[i] = c.b * a[i] + c.c * aa[i];
+    const Mat bx = matmul(b, g, m, m, n);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = c.a * g[i] + bx[i];
+  }
+  return g;
+}
+
+void normuon_ref(Mat& u, int m, int n, double* v, double beta2) {
+  const bool per_row = m >= n;
+  const int len = per_row ? m : n, k = per_row ? n : m;
+  std::vector<double> mean(len, 0.0), step(len);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) mean[per_row ? i : j] += u[i * n + j] * u[i * n + j] / k;
+  double before = 0, after = 0;
+  for (int r = 0; r < len; ++r) {
+    before += mean[r] * k;
+    v[r] = beta2 * v[r] + (1 - beta2) * mean[r];
+    step[r] = 1 / std::sqrt(std::max(v[r], 1e-10));
+    after += mean[r] * k * step[r] * step[r];
+  }
+  const double ratio = std::sqrt(before) / std::max(std::sqrt(after), 1e-10);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) u[i * n + j] *= step[per_row ? i : j] * ratio;
+}
+
+// ---- the model -------------------------------------------------------------------------------
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<ParamInfo> model_params() {
+  std::vector<ParamInfo> p = {{"w_tall", {24, 10}},        {"w_wide", {10, 24}},
+                              {"experts", {3, 12, 8}, true}, {"wq", {8, 12}},
+                              {"bias", {16}},              {"embed", {20, 6}}};
+  p[3].qk = dmuon::QkTag{0, dmuon::QkKind::Q, 2, 4};
+  return p;
+}
+
+std::vector<ParamGroup> model_groups() {
+  GroupOptions g0;  // Muon, EMA Nesterov, original LR rule, NorMuon + cautious, Jordan NS
+  g0.lr = 0.02;
+  g0.weight_decay = 0.1;
+  g0.normuon = true;
+  g0.cautious_wd = true;
+  GroupOptions g1;  // Muon, heavy ball, match_rms_adamw, Polar Express, QK-clip
+  g1.lr = 0.01;
+  g1.weight_decay = 0.05;
+  g1.momentum = 0.9;
+  g1.nesterov = false;
+  g1.momentum_kind = dmuon::MomentumKind::HeavyBall;
+  g1.lr_rule = dmuon::LrRule::MatchRmsAdamw;
+  g1.ns.schedule = dmuon::Schedule::PolarExpress;
+  g1.qk_clip_threshold = 5.0;
+  GroupOptions g2;  // AdamW
+  g2.algorithm = Algorithm::AdamW;
+  g2.lr = 3e-3;
+  g2.weight_decay = 0.01;
+  return {{g0, {0, 1}}, {g1, {2, 3}}, {g2, {4, 5}}};
+}
+
+struct Tensors {
+  std::vector<std::vector<float>> params, grads;
+  std::vector<std::vector<dmuon::BFloat16>> grads_bf16;
+  std::vector<TensorView> pv, gv;
+
+  Tensors(const std::vector<ParamInfo>& info, uint32_t seed) {
+    for (size_t i = 0; i < info.size(); ++i)
+      params.push_back(randn(static_cast<size_t>(info[i].shape.numel()), seed + 17 * i, 0.5f));
+    grads.resize(info.size());
+    grads_bf16.resize(info.size());
+  }
+  // Gradients of step t; parameter 0's gradient is passed as bf16.
+  void make_grads(const std::vector<ParamInfo>& info, int t) {
+    pv.clear();
+    gv.clear();
+    for (size_t i = 0; i < info.size(); ++i) {
+      grads[i] = randn(params[i].size(), 1000 * t + i, 1.0f);
+      pv.emplace_back(params[i].data(), info[i].shape);
+      if (i == 0) {
+        grads_bf16[i].resize(grads[i].size());
+        for (size_t j = 0; j < grads[i].size(); ++j) {
+          grads_bf16[i][j] = dmuon::float_to_bf16(grads[i][j]);
+          grads[i][j] = dmuon::bf16_to_float(grads_bf16[i][j]);
+        }
+        gv.emplace_back(grads_bf16[i].data(), info[i].shape);
+      } else {
+        gv.emplace_back(grads[i].data(), info[i].shape);
+      }
+    }
+  }
+};
+
+// Per-query-head max logits of layer 0 at step t: head 1 above τ = 5 on odd steps.
+std::map<int, std::vector<float>> logits_at(int t) {
+  return {{0, {3.0f, t % 2 ? 8.0f + t : 4.0f}}};
+}
+
+TEST(LocalOptimizer, FiveStepsMatchDoubleReference) {
+  const auto info = model_params();
+  dmuon::LocalOptimizer opt(info, model_groups());
+  Tensors x(info, 1);
+  const auto groups = model_groups();
+
+  // Reference state.
+  std::vector<Mat> p_ref, buf, m1, m2, nv;
+  std::vector<std::vector<bool>> ambiguous;  // cautious mask too close to call (see below)
+  for (size_t i = 0; i < info.size(); ++i) {
+    p_ref.emplace_back(x.params[i].begin(), x.params[i].end());
+    buf.emplace_back(x.params[i].size(), 0.0);
+    m1.emplace_back(x.params[i].size(), 0.0);
+    m2.emplace_back(x.params[i].size(), 0.0);
+    nv.emplace_back(64, 0.0);
+    ambiguous.emplace_back(x.params[i].size(), false);
+  }
+  std::vector<GroupOptions> go = {groups[0].options, groups[1].options, groups[2].options};
+  for (int t = 1; t <= 5; ++t) {
+    if (t == 3) {  // an LR schedule changes lr between steps
+      go[0].lr = opt.options(0).lr = 0.01;
+      go[2].lr = opt.options(2).lr = 1e-3;
+    }
+    x.make_grads(info, t);
+    const auto logits = logits_at(t);
+    ASSERT_TRUE(opt.step(x.pv, x.gv, logits));
+
+    for (size_t g = 0; g < 3; ++g) {
+      const GroupOptions& o = go[g];
+      for (size_t i : groups[g].params) {
+        Mat& p = p_ref[i];
+        const std::vector<float>& gr = x.grads[i];
+        if (o.algorithm == Algorithm::AdamW) {
+          const double bc1 = 1 - std::pow(o.beta1, t), bc2 = 1 - std::pow(o.beta2, t);
+          for (size_t j = 0; j < p.size(); ++j) {
+            p[j] *= 1 - o.lr * o.weight_decay;
+            m1[i][j] = o.beta1 * m1[i][j] + (1 - o.beta1) * gr[j];
+            m2[i][j] = o.beta2 * m2[i][j] + (1 - o.beta2) * gr[j] * gr[j];
+            p[j] -= o.lr / bc1 * m1[i][j] / (std::sqrt(m2[i][j] / bc2) + o.eps);
+          }
+          continue;
+        }
+        const Shape& s = info[i].shape;
+        const int e = info[i].expert_stack ? static_cast<int>(s[0]) : 1;
+        const int rows = static_cast<int>(info[i].expert_stack ? s[1] : s[0]);
+        const int cols = static_cast<int>(info[i].expert_stack ? s[2] : s[1]);
+        const double mu = o.momentum;
+        Mat u(p.size());
+        for (size_t j = 0; j < p.size(); ++j) {
+          if (o.momentum_kind == dmuon::MomentumKind::Ema) {
+            buf[i][j] = mu * buf[i][j] + (1 - mu) * gr[j];
+            u[j] = o.nesterov ? (1 - mu) * gr[j] + mu * buf[i][j] : buf[i][j];
+          } else {
+            buf[i][j] = mu * buf[i][j] + gr[j];
+            u[j] = o.nesterov ? gr[j] + mu * buf[i][j] : buf[i][j];
+          }
+        }
+        const auto& coefs = o.ns.schedule == dmuon::Schedule::PolarExpress ? kPolarExpress : kJordan;
+        const size_t mat = static_cast<size_t>(rows) * cols;
+        const int len = rows >= cols ? rows : cols;
+        for (int k = 0; k < e; ++k) {
+          Mat one(u.begin() + k * mat, u.begin() + (k + 1) * mat);
+          one = newton_schulz(one, rows, cols, coefs);
+          if (o.normuon) normuon_ref(one, rows, cols, nv[i].data() + k * len, o.normuon_beta2);
+          std::copy(one.begin(), one.end(), u.begin() + k * mat);
+        }
+        const double lr_adj = o.lr_rule == dmuon::LrRule::Original
+                                   ? o.lr * std::sqrt(std::max(1.0, double(rows) / cols))
+                                   : o.lr * 0.2 * std::sqrt(double(std::max(rows, cols)));
+        for (size_t j = 0; j < p.size(); ++j) {
+          if (o.cautious_wd) {
+            // fp32 NS differs from this double one by ~1e-5 relative: where U·p is that close to
+            // 0 the mask may legitimately differ (a jump of lr·wd·|p|), so such elements are marked.
+            if (std::fabs(u[j]) < 1e-3 || std::fabs(p[j]) < 1e-5) ambiguous[i][j] = true;
+            const bool decay = u[j] * p[j] >= 0;
+            p[j] = p[j] - lr_adj * u[j] - (decay ? o.lr * o.weight_decay * p[j] : 0.0);
+          } else {
+            p[j] = p[j] * (1 - o.lr * o.weight_decay) - lr_adj * u[j];
+          }
+        }
+        if (o.qk_clip_threshold > 0 && info[i].qk) {
+          const auto& tag = *info[i].qk;
+          for (int r = 0; r < rows; ++r) {
+            const double sh = logits.at(0)[r / tag.head_dim];
+            const double gamma = sh > o.qk_clip_threshold ? o.qk_clip_threshold / sh : 1.0;
+            for (int c = 0; c < cols; ++c) p[r * cols + c] *= std::sqrt(gamma);
+          }
+        }
+      }
+    }
+  }
+
+  // Tolerance: fp32 BLAS Newton–Schulz agrees with this double one to ~1e-5 relative; updates are
+  // lr-scaled (|lr_adj·U| ≲ 0.01), and fp32 parameter roundings add ~6e-8 per step. Observed
+  // worst difference 4e-7; 5e-6 leaves margin and still catches a 1% lr error (4e-5).
+  int ambiguous_count = 0;
+  for (size_t i = 0; i < info.size(); ++i) {
+    EXPECT_EQ(opt.step_count(i), 5);
+    for (size_t j = 0; j < p_ref[i].size(); ++j) {
+      const double tol = 5e-6 + (ambiguous[i][j] ? 5 * 0.02 * 0.1 * std::fabs(p_ref[i][j]) : 0.0);
+      ambiguous_count += ambiguous[i][j];
+      ASSERT_NEAR(x.params[i][j], p_ref[i][j], tol) << info[i].name << " element " << j;
+    }
+  }
+  EXPECT_LT(ambiguous_count, 40);
+  // State: momentum buffers, NorMuon second moments and Adam moments.
+  for (size_t i : {0u, 1u, 2u, 3u}) {
+    const TensorView b = opt.state(i, "momentum_buffer");
+    for (size_t j = 0; j < buf[i].size(); ++j)
+      ASSERT_NEAR(b.f32()[j], buf[i][j], 1e-5 * std::max(1.0, std::fabs(buf[i][j])));
+  }
+  for (size_t i : {0u, 1u}) {
+    const TensorView v = opt.state(i, "normuon_v");
+    EXPECT_EQ(v.shape, i == 0 ? Shape({24, 1}) : Shape({1, 24}));
+    for (int64_t j = 0; j < v.numel(); ++j) ASSERT_NEAR(v.f32()[j], nv[i][j], 1e-4 * nv[i][j]);
+  }
+  for (size_t i : {4u, 5u}) {
+    const TensorView a = opt.state(i, "exp_avg"), b = opt.state(i, "exp_avg_sq");
+    for (size_t j = 0; j < m1[i].size(); ++j) {
+      ASSERT_NEAR(a.f32()[j], m1[i][j], 1e-5);
+      ASSERT_NEAR(b.f32()[j], m2[i][j], 1e-5 * m2[i][j] + 1e-9);
+    }
+  }
+  EXPECT_THROW(opt.state(4, "momentum_buffer"), std::invalid_argument);
+  EXPECT_EQ(opt.state_keys(2), (std::vector<std::string>{"momentum_buffer"}));
+}
+
+TEST(LocalOptimizer, DeterministicAndEagerState) {
+  const auto info = model_params();
+  dmuon::LocalOptimizer a(info, model_groups()), b(info, model_groups());
+  for (size_t i = 0; i < info.size(); ++i) {  // all state exists, zero, before any step
+    for (const std::string& k : a.state_keys(i)) {
+      const TensorView v = a.state(i, k);
+      for (int64_t j = 0; j < v.numel(); ++j) ASSERT_EQ(v.f32()[j], 0.0f);
+    }
+    EXPECT_EQ(a.step_count(i), 0);
+  }
+  Tensors xa(info, 5), xb(info, 5);
+  for (int t = 1; t <= 2; ++t) {
+    xa.make_grads(info, t);
+    xb.make_grads(info, t);
+    a.step(xa.pv, xa.gv, logits_at(t));
+    b.step(xb.pv, xb.gv, logits_at(t));
+  }
+  for (size_t i = 0; i < info.size(); ++i)
+    ASSERT_EQ(std::memcmp(xa.params[i].data(), xb.params[i].data(), xa.params[i].size() * 4), 0);
+}
+
+// ---- bad inputs ------------------------------------------------------------------------------
+
+struct Snapshot {
+  std::vector<std::vector<float>> params, state;
+  std::vector<int64_t> counts;
+};
+
+Snapshot snapshot(dmuon::LocalOptimizer& opt, const Tensors& x) {
+  Snapshot s{x.params, {}, {}};
+  for (size_t i = 0; i < opt.params().size(); ++i) {
+    for (const std::string& k : opt.state_keys(i)) {
+      const TensorView v = opt.state(i, k);
+      s.state.emplace_back(v.f32(), v.f32() + v.numel());
+    }
+    s.counts.push_back(opt.step_count(i));
+  }
+  return s;
+}
+
+void expect_unchanged(dmuon::LocalOptimizer& opt, const Tensors& x, const Snapshot& before) {
+  const Snapshot now = snapshot(opt, x);
+  ASSERT_EQ(now.params.size(), before.params.size());
+  for (size_t i = 0; i < now.params.size(); ++i)
+    ASSERT_EQ(std::memcmp(now.params[i].data(), before.params[i].data(), now.params[i].size() * 4), 0)
+        << "parameter " << i << " changed";
+  for (size_t i = 0; i < now.state.size(); ++i)
+    ASSERT_EQ(std::memcmp(now.state[i].data(), before.state[i].data(), now.state[i].size() * 4), 0)
+        << "state " << i << " changed";
+  EXPECT_EQ(now.counts, before.counts);
+}
+
+template <class E, class F>
+void expect_throw_naming(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected one naming '" << needle << "'";
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+class BadInput : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    x_.make_grads(info_, 1);
+    ASSERT_TRUE(opt_.step(x_.pv, x_.gv, logits_at(1)));  // non-zero state to protect
+    x_.make_grads(info_, 2);
+    before_ = snapshot(opt_, x_);
+  }
+  std::vector<ParamInfo> info_ = model_params();
+  dmuon::LocalOptimizer opt_{info_, model_groups()};
+  Tensors x_{info_, 3};
+  Snapshot before_;
+};
+
+TEST_F(BadInput, NonFiniteGradientRaisesNamingTheParameter) {
+  x_.grads[5][7] = NAN;  // "embed" (AdamW)
+  expect_throw_naming<dmuon::Error>([&] { opt_.step(x_.pv, x_.gv, logits_at(2)); }, "'embed'");
+  expect_unchanged(opt_, x_, before_);
+  x_.grads[5][7] = 0.0f;
+  x_.grads_bf16[0][3] = dmuon::float_to_bf16(INFINITY);  // "w_tall" (Muon, bf16 gradient)
+  expect_throw_naming<dmuon::Error>([&] { opt_.step(x_.pv, x_.gv, logits_at(2)); }, "'w_tall'");
+  expect_unchanged(opt_, x_, before_);
+}
+
+TEST_F(BadInput, NonFiniteGradientSkipReturnsFalse) {
+  opt_.set_policy(dmuon::NonFinitePolicy::Skip);
+  x_.grads[2][0] = -INFINITY;
+  EXPECT_FALSE(opt_.step(x_.pv, x_.gv, logits_at(2)));
+  expect_unchanged(opt_, x_, before_);
+  x_.grads[2][0] = 0.0f;  // negative control: a finite step does change things
+  EXPECT_TRUE(opt_.step(x_.pv, x_.gv, logits_at(2)));
+  EXPECT_NE(std::memcmp(x_.params[2].data(), before_.params[2].data(), x_.params[2].size() * 4), 0);
+  EXPECT_EQ(opt_.step_count(2), 2);
+}
+
+TEST_F(BadInput, ShapeDtypeContiguityLogitsAndOptions) {
+  const auto logits = logits_at(2);
+  auto pv = x_.pv, gv = x_.gv;
+  pv[1] = TensorView(x_.params[1].data(), Shape{24, 10});  // transposed shape
+  expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, logits); }, "'w_wide'");
+  pv = x_.pv;
+  gv[3] = TensorView(x_.grads[3].data(), Shape{96});
+  expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, logits); }, "'wq'");
+  gv = x_.gv;
+  pv[4] = TensorView(x_.params[4].data(), dmuon::DType::BF16, Shape{16});
+  expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, logits); }, "'bias'");
+  pv = x_.pv;
+  pv[5] = TensorView(x_.params[5].data(), dmuon::DType::F32, Shape{20, 6}, Shape{1, 20});
+  expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, logits); }, "'embed'");
+  pv = x_.pv;
+  expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, {}); }, "'wq'");
+  expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, {{0, {1.0f, 2.0f, 3.0f}}}); },
+                                             "'wq'");
+  opt_.options(1).momentum = 1.5;
+  expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, logits); }, "momentum");
+  opt_.options(1).momentum = 0.9;
+  opt_.options(2).eps = 0.0;
+  expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, logits); }, "eps");
+  opt_.options(2).eps = 1e-8;
+  opt_.options(0).lr = -1.0;
+  expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, logits); }, "lr");
+  opt_.options(0).lr = 0.02;
+  opt_.options(0).ns.steps = 0;
+  EXPECT_THROW(opt_.step(pv, gv, logits), std::invalid_argument);
+  opt_.options(0).ns.steps = 5;
+  opt_.options(1).normuon = true;  // its state was not created at construction
+  expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, logits); }, "normuon");
+  opt_.options(1).normuon = false;
+  EXPECT_THROW(opt_.step(std::span<const TensorView>(pv).first(5), gv, logits), std::invalid_argument);
+  expect_unchanged(opt_, x_, before_);
+  EXPECT_TRUE(opt_.step(pv, gv, logits));  // negative control: the restored inputs are accepted
+}
+
+TEST(LocalOptimizerSetup, RejectsBadGroupingNamingTheParameter) {
+  auto info = model_params();
+  auto groups = model_groups();
+  groups[0].params.push_back(4);  // "bias" (1-D) into a Muon group and into AdamW group 2
+  expect_throw_naming<std::invalid_argument>([&] { dmuon::LocalOptimizer(info, groups); },
+                                             "'bias' is in groups 0 and 2");
+  groups = model_groups();
+  groups[2].params = {5};
+  groups[0].params.push_back(4);  // 1-D in Muon only
+  expect_throw_naming<std::invalid_argument>([&] { dmuon::LocalOptimizer(info, groups); }, "AdamW");
+  expect_throw_naming<std::invalid_argument>([&] { dmuon::LocalOptimizer(info, groups); }, "'bias'");
+  groups = model_groups();
+  info[2].expert_stack = false;  // 3-D without expert_stack in Muon
+  expect_throw_naming<std::invalid_argument>([&] { dmuon::LocalOptimizer(info, groups); }, "'experts'");
+  info = model_params();
+  groups[2].params = {4};  // "embed" in no group
+  expect_throw_naming<std::invalid_argument>([&] { dmuon::LocalOptimizer(info, groups); }, "'embed'");
+  groups = model_groups();
+  info[3].qk->heads = 3;  // tag describes 12 rows, the weight has 8
+  expect_throw_naming<std::invalid_argument>([&] { dmuon::LocalOptimizer(info, groups); }, "'wq'");
+  info = model_params();
+  groups[2].options.beta2 = 1.0;
+  expect_throw_naming<std::invalid_argument>([&] { dmuon::LocalOptimizer(info, groups); }, "beta2");
+  EXPECT_NO_THROW(dmuon::LocalOptimizer(model_params(), model_groups()));  // negative control
+  EXPECT_EQ(dmuon::parse_algorithm("adamw"), Algorithm::AdamW);
+  EXPECT_EQ(dmuon::to_string(dmuon::MomentumKind::HeavyBall), "heavy_ball");
+  EXPECT_EQ(dmuon::parse_non_finite_policy("skip"), dmuon::NonFinitePolicy::Skip);
+  EXPECT_THROW(dmuon::parse_momentum_kind("nesterov"), std::invalid_argument);
+}
+
+}  // namespace
