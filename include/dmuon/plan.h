@@ -1,0 +1,158 @@
+// The planner: a pure function from (inventory, options) to a Plan that says, for every Muon
+// parameter, how its orthogonalization is distributed, and predicts what that costs.
+//
+// Contract: make_plan is local and deterministic: it never communicates, never allocates tensors,
+// never reads the environment (callers pass DMUON_STRATEGY in options.env_override), and every rank
+// computes the same Plan from the same inputs (fingerprint() proves it). The executor runs a Plan
+// without re-deciding anything: per entry it reads the strategy, the mesh and the mesh dims of the
+// collective group, the owner of every matrix, the chunk, and any rank's local box. Throws
+// std::invalid_argument (naming the parameter and field) on bad input or an impossible pin.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dmuon/box.h"
+#include "dmuon/dtype.h"
+#include "dmuon/export.h"
+#include "dmuon/inventory.h"
+#include "dmuon/orthogonalize.h"
+#include "dmuon/strategy.h"
+
+namespace dmuon {
+
+// Machine constants of the cost model. Defaults: an H100-class GPU cluster (400 Gb/s per rank,
+// 20 µs per collective step, 400 TFLOP/s bf16 Newton–Schulz). `cpu` is this project's 2-core box.
+struct MachineProfile {
+  std::string name = "h100";
+  double bandwidth_Bps = 50e9;            // per rank, inside a shard group (bytes / s)
+  double replicate_bandwidth_Bps = 50e9;  // per rank, across replicate (HSDP) dims
+  double latency_s = 20e-6;               // per step of a collective (log2(group) steps)
+  double flops_per_s = 400e12;            // orthogonalization throughput per rank
+  DMUON_API static MachineProfile named(std::string_view name);  // "h100", "cpu"; throws otherwise
+  // A measured profile: JSON object with any of the fields above; throws naming the field.
+  DMUON_API static MachineProfile from_json(std::string_view text);
+};
+
+// How HSDP replicas (replicate mesh dims) share the work of owner-based strategies:
+// duplicate: every replica group runs the same plan (compute ×replicas, no extra traffic);
+// split: matrices are owned across all replicas; the result is scattered to every replica;
+// auto: the one the cost model predicts faster (plan-wide).
+enum class ReplicaMode : uint8_t { Auto, Duplicate, Split };
+DMUON_API std::string_view to_string(ReplicaMode m);
+DMUON_API ReplicaMode parse_replica_mode(std::string_view name);
+
+struct PlanOptions {
+  NsOptions ns;                       // flops model (ns_flops) and what the executor runs
+  DType comm_dtype = DType::F32;      // what shards travel as
+  MachineProfile machine;
+  StrategyRules pins;                 // user pins: highest precedence
+  StrategyRules env_override;         // DMUON_STRATEGY (strategy_rules_from_env())
+  bool exact = true;                  // cost model never picks gram_allreduce (pins still may)
+  ReplicaMode replica = ReplicaMode::Auto;
+  int64_t chunk_bytes = int64_t{1} << 30;  // cap on a chunk's mean buffer bytes per rank
+  int window = 2;                     // chunks in flight (≥ 2 overlaps communication and compute)
+};
+
+// Why an entry has its strategy.
+enum class Decision : uint8_t { Pin, Env, Cost, Fallback };
+DMUON_API std::string_view to_string(Decision d);
+
+struct PlanEntry {
+  int param = -1;              // index into Plan::inventory().params
+  Strategy strategy = Strategy::Local;
+  Decision decision = Decision::Cost;
+  int mesh = 0;                // inventory mesh the collectives run on
+  DimMask group_dims = 0;      // shard dims: the gather / scatter group (all-gather, a2a, all-reduce)
+  DimMask replica_dims = 0;    // replicate dims
+  bool replica_split = false;  // owners spread over replicas; the result scatter spans group|replica
+  int chunk = -1;
+  double unit_flops = 0;       // one matrix's (one expert's) orthogonalization flops
+  // owner_a2a / agrs: per matrix (per expert) the owner's index inside the group over group_dims,
+  // and, when replica_split, the index of the owning replica group (inside the group over
+  // replica_dims). Empty for other strategies. Use Plan::owner_rank for world ranks.
+  std::vector<int32_t> owner_index;
+  std::vector<int32_t> owner_replica;
+  uint64_t hash = 0;           // inputs and decisions of this entry (fingerprint item)
+};
+
+struct Chunk {
+  int first_entry = 0, end_entry = 0;  // entries [first, end)
+  double buffer_bytes_max = 0;         // on the busiest rank
+  double comm_seconds = 0, compute_seconds = 0;
+};
+
+// Per-rank figures, reduced over ranks.
+struct CostSummary {
+  int params = 0;
+  int64_t matrices = 0;  // orthogonalized matrices (experts counted one by one), per replica
+  double bytes_sent_max = 0, bytes_sent_mean = 0, bytes_recv_max = 0, bytes_recv_mean = 0;
+  double flops_max = 0, flops_mean = 0;
+  double peak_buffer_bytes_max = 0;
+  int64_t collectives = 0;     // collective calls per step (all chunks)
+  double comm_seconds = 0, compute_seconds = 0, predicted_seconds = 0;
+};
+
+// A whole-model single-strategy baseline (what a peer does): the strategy as `default:` for every
+// parameter it can run, the cost model for the rest.
+struct Baseline {
+  Strategy strategy = Strategy::OwnerA2A;
+  CostSummary total;
+  int applied = 0, fell_back = 0;  // parameters run with the strategy / by the cost model instead
+};
+
+class DMUON_API Plan {
+ public:
+  const Inventory& inventory() const { return inventory_; }
+  const PlanOptions& options() const { return options_; }
+  const std::vector<PlanEntry>& entries() const { return entries_; }
+  const std::vector<Chunk>& chunks() const { return chunks_; }
+  // The entry of inventory parameter `param`, or nullptr for AdamW parameters.
+  const PlanEntry* entry_of(int param) const;
+
+  // The world rank that owns matrix `unit` of `entry` for the replica group `rank` belongs to
+  // (owner strategies only; throws std::invalid_argument otherwise).
+  int owner_rank(const PlanEntry& entry, int64_t unit, int rank) const;
+  // Any rank's local box of an inventory parameter (computed on demand; O(mesh dims)).
+  Box local_box(int param, int rank) const;
+
+  const CostSummary& total() const { return total_; }
+  const CostSummary& by_strategy(Strategy s) const { return by_strategy_[static_cast<size_t>(s)]; }
+  std::array<int, kNumStrategies> strategy_counts() const;
+  uint64_t fingerprint() const { return fingerprint_; }
+  int world_size() const { return inventory_.world_size(); }
+
+  // Per-strategy table, totals and, when given, baselines side by side (docs/plan.md explains
+  // every column). to_json: the same, machine-readable, plus every entry's decision.
+  std::string to_string(std::span<const Baseline> baselines = {}) const;
+  std::string to_json(std::span<const Baseline> baselines = {}) const;
+
+ private:
+  friend DMUON_API Plan make_plan(const Inventory&, const PlanOptions&);
+  Inventory inventory_;
+  PlanOptions options_;
+  std::vector<PlanEntry> entries_;
+  std::vector<int> entry_of_param_;
+  std::vector<Chunk> chunks_;
+  CostSummary total_;
+  std::array<CostSummary, kNumStrategies> by_strategy_{};
+  uint64_t fingerprint_ = 0;
+};
+
+// Validates the inventory, then decides per Muon parameter: user pin > env override > cost model
+// (a `default:` rule whose strategy does not apply to a parameter falls back to the cost model; a
+// pattern that names a parameter with a strategy that cannot apply throws). Owners are assigned
+// longest-processing-time first on flops; chunks close at options.chunk_bytes.
+DMUON_API Plan make_plan(const Inventory& inventory, const PlanOptions& options);
+
+// Baselines for `strategies` (pins and env cleared, exact off, other options as given).
+DMUON_API std::vector<Baseline> plan_baselines(const Inventory& inventory, const PlanOptions& options,
+                                               std::span<const Strategy> strategies);
+
+// Whether `s` can run parameter `param` of `inventory` (see strategy.h for the conditions).
+DMUON_API bool strategy_applies(Strategy s, const Inventory& inventory, int param);
+
+}  // namespace dmuon

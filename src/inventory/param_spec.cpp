@@ -1,0 +1,58 @@
+// ParamSpec names (role, tp style) and validation against its mesh.
+#include "dmuon/param_spec.h"
+
+#include "dmuon/box.h"
+#include "dmuon/error.h"
+
+namespace dmuon {
+
+std::string_view to_string(Role r) { return r == Role::Muon ? "muon" : "adamw"; }
+
+Role parse_role(std::string_view name, std::string_view what) {
+  if (name == "muon") return Role::Muon;
+  if (name == "adamw") return Role::AdamW;
+  detail::throw_invalid_argument(
+      detail::concat("[inventory] ", what, ": unknown role '", name, "'; use muon or adamw"));
+}
+
+std::string_view to_string(TpStyle t) {
+  switch (t) {
+    case TpStyle::None: return "none";
+    case TpStyle::Colwise: return "colwise";
+    case TpStyle::Rowwise: return "rowwise";
+  }
+  return "?";
+}
+
+TpStyle parse_tp_style(std::string_view name, std::string_view what) {
+  if (name == "none") return TpStyle::None;
+  if (name == "colwise") return TpStyle::Colwise;
+  if (name == "rowwise") return TpStyle::Rowwise;
+  detail::throw_invalid_argument(detail::concat("[inventory] ", what, ": unknown tp style '", name,
+                                                "'; use none, colwise or rowwise"));
+}
+
+void validate_param(const ParamSpec& p, const Mesh& mesh) {
+  DMUON_CHECK(!p.name.empty(), "[inventory] a parameter has no name");
+  const std::string what = "parameter '" + p.name + "'";
+  DMUON_CHECK(p.shape.ndim() >= 1, "[inventory] ", what, ": field 'shape' is empty");
+  for (int d = 0; d < p.shape.ndim(); ++d)
+    DMUON_CHECK(p.shape[d] >= 0, "[inventory] ", what, ": field 'shape' has a negative extent");
+  if (p.expert)
+    DMUON_CHECK(p.shape.ndim() == 3, "[inventory] ", what, " is marked 'expert' but has ", p.shape.ndim(),
+                " dims ", p.shape.to_string(), "; expert stacks are [E, out, in]");
+  if (p.role == Role::Muon) {
+    DMUON_CHECK(p.shape.ndim() != 3 || p.expert, "[inventory] ", what, " has 3 dims ", p.shape.to_string(),
+                "; give its expert dim (\"expert\": true for [E, out, in]) or route it to AdamW");
+    DMUON_CHECK(p.shape.ndim() == 2 || p.shape.ndim() == 3, "[inventory] ", what, " has ", p.shape.ndim(),
+                " dims ", p.shape.to_string(), "; Muon takes 2-D matrices and 3-D expert stacks, route it to AdamW");
+  }
+  check_placements(p.shape, p.placements, mesh, what + " (field 'placements')");
+  if (p.qk) {
+    DMUON_CHECK(p.role == Role::Muon, "[inventory] ", what, ": field 'qk' is set on an AdamW parameter");
+    DMUON_CHECK(!p.expert, "[inventory] ", what, ": field 'qk' is set on an expert stack");
+    validate_qk_tag(*p.qk, p.name, p.shape[0]);
+  }
+}
+
+}  // namespace dmuon

@@ -1,0 +1,35 @@
+// Internal: the cost model. For one plan entry it lists what every rank it touches sends, receives,
+// computes and buffers (`visit`), and what collectives a chunk of such entries issues.
+#pragma once
+
+#include <functional>
+
+#include "dmuon/plan.h"
+#include "plan/shard_table.h"
+
+namespace dmuon::detail {
+
+// One rank's share of one entry. *_rep: the part that crosses replicate dims (HSDP split scatter).
+struct Contribution {
+  double sent = 0, recv = 0, sent_rep = 0, recv_rep = 0, flops = 0, buffer = 0;
+};
+
+using Visitor = std::function<void(int rank, const Contribution&)>;
+
+// Calls `fn` for every (rank, contribution) of `entry` (owners must be set for owner strategies).
+// A rank may be visited several times.
+void visit(const PlanEntry& entry, const ShardTable& t, const ParamSpec& p, const PlanOptions& o,
+           const Visitor& fn);
+
+bool applies(Strategy s, const ParamSpec& p, const ShardTable& t);
+
+// Collective calls a chunk issues for the entries of strategy `s`, and their latency for a group
+// of `g` ranks (log2 steps per call; an all-reduce is two passes).
+int collectives_per_chunk(Strategy s, const PlanOptions& o);
+double collective_latency(Strategy s, int g, bool split_scatter, int g_split, const PlanOptions& o);
+
+// Amortized per-rank seconds (bandwidth and compute, no latency) of running `p` with `s` (means over
+// ranks, so owner placement does not matter): what the per-parameter choice compares.
+double amortized_seconds(Strategy s, const ParamSpec& p, const ShardTable& t, bool split, const PlanOptions& o);
+
+}  // namespace dmuon::detail

@@ -1,0 +1,74 @@
+// Internal: owner assignment, longest-processing-time first on orthogonalization flops.
+#include <algorithm>
+#include <limits>
+
+#include "plan/planner_steps.h"
+
+namespace dmuon::detail {
+
+void assign_owners(std::vector<PlanEntry>& entries, ShardTables& tables, const Inventory& inv) {
+  struct Job {
+    int chunk;
+    double flops;
+    int entry;
+    int64_t unit;
+  };
+  std::vector<Job> jobs;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    PlanEntry& e = entries[i];
+    if (e.strategy != Strategy::OwnerA2A && e.strategy != Strategy::Agrs) continue;
+    const ShardTable& t = tables.get(e.param);
+    e.owner_index.assign(static_cast<size_t>(t.units), 0);
+    if (e.replica_split) e.owner_replica.assign(static_cast<size_t>(t.units), 0);
+    for (int64_t u = 0; u < t.units; ++u) jobs.push_back({e.chunk, e.unit_flops, static_cast<int>(i), u});
+  }
+  // pass 1: by chunk, largest first; equal flops keep model order so every rank gets the same result
+  std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) {
+    if (a.chunk != b.chunk) return a.chunk < b.chunk;
+    if (a.flops != b.flops) return a.flops > b.flops;
+    if (a.entry != b.entry) return a.entry < b.entry;
+    return a.unit < b.unit;
+  });
+  // pass 2: each to the least-loaded candidate (loads are per world rank)
+  std::vector<double> load(static_cast<size_t>(inv.world_size()), 0.0), chunk_load(load.size(), 0.0);
+  std::vector<int> touched;
+  int chunk = -1;
+  for (const Job& job : jobs) {
+    if (job.chunk != chunk) {
+      for (int r : touched) chunk_load[static_cast<size_t>(r)] = 0;
+      touched.clear();
+      chunk = job.chunk;
+    }
+    PlanEntry& e = entries[static_cast<size_t>(job.entry)];
+    const ShardTable& t = tables.get(e.param);
+    const int replicas = e.replica_split ? t.r : 1;
+    int best_k = 0, best_j = 0;
+    double best = std::numeric_limits<double>::infinity(), best_all = best;
+    const auto consider = [&](int k) {
+      for (int j = 0; j < replicas; ++j) {
+        const size_t r = static_cast<size_t>(t.rank(j, k));
+        if (chunk_load[r] < best || (chunk_load[r] == best && load[r] < best_all))
+          best = chunk_load[r], best_all = load[r], best_k = k, best_j = j;
+      }
+    };
+    const bool stack = inv.params[static_cast<size_t>(e.param)].expert;
+    const int32_t h0 = t.holder_offsets[static_cast<size_t>(job.unit)], h1 = t.holder_offsets[static_cast<size_t>(job.unit) + 1];
+    if (stack && h1 > h0) {
+      for (int32_t h = h0; h < h1; ++h) consider(t.holders[static_cast<size_t>(h)]);
+    } else {
+      for (int k = 0; k < t.g; ++k) consider(k);
+    }
+    e.owner_index[static_cast<size_t>(job.unit)] = best_k;
+    if (e.replica_split) e.owner_replica[static_cast<size_t>(job.unit)] = best_j;
+    // without a split every replica group's rank at this position computes it
+    const int copies = e.replica_split ? 1 : t.r;
+    for (int j = 0; j < copies; ++j) {
+      const size_t r = static_cast<size_t>(t.rank(e.replica_split ? best_j : j, best_k));
+      if (chunk_load[r] == 0) touched.push_back(static_cast<int>(r));
+      load[r] += job.flops;
+      chunk_load[r] += job.flops;
+    }
+  }
+}
+
+}  // namespace dmuon::detail

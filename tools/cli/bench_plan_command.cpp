@@ -1,0 +1,84 @@
+// `dmuon bench plan`: planning speed and memory at scale (target: deepseek-v3 at 1,024 ranks in
+// < 1 s and < 1 GiB), with the same model at 8 ranks timed in the same run as the baseline.
+// Example: dmuon bench plan --model deepseek-v3 --parallel dp_shard=1024 --repeat 5 [--json]
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "plan_options.h"
+
+namespace dmuon::cli {
+namespace {
+
+double max_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // Linux reports KiB
+}
+
+// Best and median seconds of `repeat` make_plan calls.
+std::pair<double, double> time_plans(const Inventory& inv, const PlanOptions& o, int repeat, uint64_t& fp) {
+  std::vector<double> t;
+  for (int i = 0; i < repeat; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    const Plan plan = make_plan(inv, o);
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    fp = plan.fingerprint();
+  }
+  std::sort(t.begin(), t.end());
+  return {t.front(), t[t.size() / 2]};
+}
+
+}  // namespace
+
+void add_bench_plan_command(CLI::App& bench) {
+  auto* cmd = bench.add_subcommand("plan", "Time make_plan (and its peak memory) at a given scale");
+  auto args = std::make_shared<PlanArgs>();
+  args->model = "deepseek-v3";
+  args->parallel = "dp_shard=1024";
+  auto repeat = std::make_shared<int>(5);
+  auto as_json = std::make_shared<bool>(false);
+  add_plan_args(*cmd, *args);
+  cmd->add_option("--repeat", *repeat, "Plans timed (best and median reported)")->capture_default_str();
+  cmd->add_flag("--json", *as_json, "Print JSON");
+  cmd->callback([args, repeat, as_json] {
+    const double rss0 = max_rss_mib();
+    const PlanOptions options = make_plan_options(*args);
+    PlanArgs small = *args;
+    small.parallel = "dp_shard=8";
+    const Inventory base_inv = make_inventory(small);
+    uint64_t fp_base = 0, fp = 0;
+    const auto [base_best, base_median] = time_plans(base_inv, options, std::max(1, *repeat), fp_base);
+    const Inventory inv = make_inventory(*args);
+    const auto [best, median] = time_plans(inv, options, std::max(1, *repeat), fp);
+    const double rss = max_rss_mib();
+    const Plan plan = make_plan(inv, options);
+    const bool ok = median < 1.0 && rss < 1024.0;
+    if (*as_json) {
+      nlohmann::ordered_json j = {{"model", inv.model}, {"world_size", inv.world_size()},
+                                  {"num_params", inv.params.size()}, {"plan_seconds_best", best},
+                                  {"plan_seconds_median", median}, {"baseline_world_size", base_inv.world_size()},
+                                  {"baseline_plan_seconds_median", base_median},
+                                  {"ratio_to_baseline", base_median > 0 ? median / base_median : 0.0},
+                                  {"max_rss_mib", rss}, {"max_rss_mib_before", rss0},
+                                  {"num_chunks", plan.chunks().size()}, {"target_met", ok}};
+      std::cout << j.dump(2) << "\n";
+      return;
+    }
+    std::printf("bench plan: %s, %zu parameters\n", inv.model.c_str(), inv.params.size());
+    std::printf("  %5d ranks (baseline): best %8.2f ms  median %8.2f ms\n", base_inv.world_size(), base_best * 1e3, base_median * 1e3);
+    std::printf("  %5d ranks           : best %8.2f ms  median %8.2f ms  (%.1fx the baseline)\n", inv.world_size(),
+                best * 1e3, median * 1e3, base_median > 0 ? median / base_median : 0.0);
+    std::printf("  peak RSS %.1f MiB (%.1f MiB before planning); %zu chunks\n", rss, rss0, plan.chunks().size());
+    std::printf("  target (< 1 s, < 1 GiB): %s\n", ok ? "met" : "NOT met");
+  });
+}
+
+}  // namespace dmuon::cli

@@ -1,0 +1,64 @@
+// Options shared by `dmuon plan` and `dmuon bench plan` (docs/plan.md lists them).
+#include "plan_options.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "dmuon/error.h"
+
+namespace dmuon::cli {
+
+void add_plan_args(CLI::App& cmd, PlanArgs& a) {
+  cmd.add_option("--model", a.model, "Preset: gpt2-124m, nanochat-d20, llama3-8b, llama3-70b, qwen3-30b-a3b, deepseek-v3")
+      ->capture_default_str();
+  cmd.add_option("--model-file", a.model_file, "Model JSON file (docs/model-format.md); overrides --model");
+  cmd.add_option("--parallel", a.parallel, "dp_replicate=R,dp_shard=S,tp=T,ep=E")->capture_default_str();
+  cmd.add_option("--strategy", a.strategy, "auto (cost model) or a strategy for every parameter it can run")
+      ->capture_default_str();
+  cmd.add_option("--pin", a.pins, "PATTERN:STRATEGY user pin (repeatable; highest precedence)");
+  cmd.add_option("--comm-dtype", a.comm_dtype, "fp32 or bf16")->capture_default_str();
+  cmd.add_option("--machine", a.machine, "h100, cpu or a JSON file of measured constants")->capture_default_str();
+  cmd.add_option("--replica", a.replica, "HSDP replicas: auto, duplicate or split")->capture_default_str();
+  cmd.add_option("--schedule", a.schedule, "jordan, you, polar_express")->capture_default_str();
+  cmd.add_option("--method", a.method, "plain, symmetric, gram")->capture_default_str();
+  cmd.add_option("--ns-steps", a.ns_steps, "Newton–Schulz steps")->capture_default_str();
+  cmd.add_option("--chunk-mib", a.chunk_mib, "Cap on a chunk's buffer MiB per rank")->capture_default_str();
+  cmd.add_option("--window", a.window, "Chunks in flight")->capture_default_str();
+  cmd.add_flag("--allow-inexact", a.allow_inexact, "Let the cost model pick gram_allreduce (not bitwise layout-invariant)");
+}
+
+Inventory make_inventory(const PlanArgs& a) {
+  const ParallelConfig config = parse_parallel(a.parallel);
+  if (!a.model_file.empty()) return load_inventory_file(a.model_file, &config);
+  return apply_parallel(preset_model(a.model), config);
+}
+
+PlanOptions make_plan_options(const PlanArgs& a) {
+  PlanOptions o;
+  o.comm_dtype = parse_dtype(a.comm_dtype, "--comm-dtype");
+  if (a.machine.size() > 5 && a.machine.substr(a.machine.size() - 5) == ".json") {
+    std::ifstream in(a.machine);
+    DMUON_CHECK(in.good(), "[plan] cannot read machine profile '", a.machine, "'");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    o.machine = MachineProfile::from_json(ss.str());
+  } else {
+    o.machine = MachineProfile::named(a.machine);
+  }
+  o.replica = parse_replica_mode(a.replica);
+  o.ns.schedule = parse_schedule(a.schedule);
+  o.ns.method = parse_ns_method(a.method);
+  o.ns.steps = a.ns_steps;
+  DMUON_CHECK(a.chunk_mib > 0, "[plan] --chunk-mib must be positive");
+  o.chunk_bytes = static_cast<int64_t>(a.chunk_mib * 1024 * 1024);
+  o.window = a.window;
+  o.exact = !a.allow_inexact;
+  std::string rules;
+  if (a.strategy != "auto") rules = "default:" + a.strategy;
+  for (const std::string& p : a.pins) rules += (rules.empty() ? "" : ";") + p;
+  o.pins = StrategyRules::parse(rules, "--strategy / --pin");
+  o.env_override = strategy_rules_from_env();
+  return o;
+}
+
+}  // namespace dmuon::cli

@@ -1,0 +1,28 @@
+// Options shared by `dmuon plan` and `dmuon bench plan`: model, parallel layout and planner options.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "dmuon/inventory.h"
+#include "dmuon/plan.h"
+
+namespace dmuon::cli {
+
+struct PlanArgs {
+  std::string model = "llama3-8b", model_file, parallel = "dp_shard=8", strategy = "auto";
+  std::vector<std::string> pins;
+  std::string comm_dtype = "fp32", machine = "h100", replica = "auto", schedule = "jordan", method = "symmetric";
+  int ns_steps = 5, window = 2;
+  double chunk_mib = 1024;
+  bool allow_inexact = false;
+};
+
+void add_plan_args(CLI::App& cmd, PlanArgs& a);
+Inventory make_inventory(const PlanArgs& a);
+PlanOptions make_plan_options(const PlanArgs& a);  // reads DMUON_STRATEGY
+
+}  // namespace dmuon::cli
