@@ -1,0 +1,288 @@
+// Communicator: asynchronous collectives over a group of ranks, returning Work handles with deadlines.
+// Backends: `single` (size 1, always built) and `mpi` (Open MPI non-blocking collectives; a build
+// without MPI throws from make_mpi_communicator). Layers above never see MPI.
+//
+// Contract for every collective below (unless it says otherwise):
+// - COLLECTIVE: all ranks of this communicator must call it, in the same order, with matching
+//   counts (what rank i sends to j equals what j expects from i). Mismatches are the caller's bug
+//   and cannot be detected locally: a rank that skips a collective makes the others time out; j
+//   expecting fewer elements than i sends is an MPI error (dmuon::Error); expecting more leaves the
+//   tail of that block unwritten. Receive blocks must not overlap each other.
+// - BUFFERS: the caller keeps send and receive buffers alive and untouched until the returned Work
+//   completes (wait() returned or test() returned true). Send and receive buffers must not overlap,
+//   except all_reduce, where send == recv exactly means in place. Counts and displacements are in
+//   ELEMENTS of the buffer type; the arrays passed in may be freed right after the call (copied).
+// - VALIDATION: wrong-sized count arrays, negative counts, a count past the end of a buffer, type
+//   mismatch between send and receive, overlap, or a self-block that does not match (rank r sends
+//   to itself a different count than it expects from itself) throw std::invalid_argument before
+//   any communication is posted.
+// - THREADS: one thread at a time may call a communicator and its Works (MPI_THREAD_SERIALIZED).
+//   Intended use: the thread that drives the step makes every call, compute threads never do.
+//   Open MPI progresses non-blocking collectives only inside MPI calls, so for overlap the driving
+//   thread calls test() on outstanding Works between compute slices. wait() spins ~50 us, then
+//   yields, then sleeps at most 200 us between polls (oversubscribed ranks leave the core to peers).
+// - DEADLINES: every wait has one. wait() uses the communicator's default timeout, counted from the
+//   call to wait(); it is DMUON_TIMEOUT_S (seconds, default 300) when the communicator was made.
+//   On timeout wait() throws dmuon::Error naming the world rank, collective, label and communicator:
+//   "[mpi] rank 2: all_to_all 'chunk 3 gather' timed out after 30 s on communicator 'world' ...".
+//   After a timeout the MPI state of the process is unusable: later collectives on any mpi
+//   communicator throw dmuon::Error. The job must end through dmuon::abort_all (the CLI does).
+// - COUNTERS: see CommCounters and the comm_bytes_* predictors (the planner uses the same ones).
+// - REDUCTIONS: max and min are exact. Integer sums are exact (wrap on overflow). fp32/bf16 sums
+//   are exact while every partial sum is representable (integer-valued data in tests); otherwise
+//   the summation order is the MPI library's and may change with rank count and message size.
+//   bf16 sums round to bf16 after each addition. For bitwise layout-invariance use data movement
+//   (all_to_all, all_gather) and reduce locally in a fixed order.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "dmuon/dtype.h"
+#include "dmuon/export.h"
+#include "dmuon/tensor.h"
+
+namespace dmuon {
+
+// Element types a collective moves. F32 / BF16 are the DType values; integers for flags, counts
+// and fingerprints; U8 for raw bytes.
+enum class CommType : uint8_t { F32, BF16, I32, I64, U64, U8 };
+DMUON_API std::string_view to_string(CommType t);  // "fp32", "bf16", "int32", "int64", "uint64", "uint8"
+DMUON_API size_t comm_type_size(CommType t);
+constexpr CommType comm_type(DType t) { return t == DType::F32 ? CommType::F32 : CommType::BF16; }
+
+template <class T> struct CommTypeOf;
+template <> struct CommTypeOf<float> { static constexpr CommType value = CommType::F32; };
+template <> struct CommTypeOf<BFloat16> { static constexpr CommType value = CommType::BF16; };
+template <> struct CommTypeOf<int32_t> { static constexpr CommType value = CommType::I32; };
+template <> struct CommTypeOf<int64_t> { static constexpr CommType value = CommType::I64; };
+template <> struct CommTypeOf<uint64_t> { static constexpr CommType value = CommType::U64; };
+template <> struct CommTypeOf<uint8_t> { static constexpr CommType value = CommType::U8; };
+template <> struct CommTypeOf<std::byte> { static constexpr CommType value = CommType::U8; };
+
+// Sum, Max, Min. "any" of boolean flags is Max over 0/1 integers; "all" is Min.
+enum class ReduceOp : uint8_t { Sum, Max, Min };
+DMUON_API std::string_view to_string(ReduceOp op);  // "sum", "max", "min"
+
+// A buffer a collective reads: pointer, element type, element count. Does not own memory.
+struct DMUON_API InBuffer {
+  const void* data = nullptr;
+  CommType type = CommType::F32;
+  size_t count = 0;
+
+  InBuffer() = default;
+  InBuffer(const void* d, CommType t, size_t n) : data(d), type(t), count(n) {}
+  template <class T>
+  InBuffer(std::span<T> s) : InBuffer(s.data(), CommTypeOf<std::remove_const_t<T>>::value, s.size()) {}
+  template <class T> InBuffer(const std::vector<T>& v) : InBuffer(v.data(), CommTypeOf<T>::value, v.size()) {}
+  // Throws std::invalid_argument unless the view is contiguous.
+  explicit InBuffer(const TensorView& view);
+  size_t nbytes() const { return count * comm_type_size(type); }
+};
+
+// A buffer a collective writes. Does not own memory.
+struct DMUON_API OutBuffer {
+  void* data = nullptr;
+  CommType type = CommType::F32;
+  size_t count = 0;
+
+  OutBuffer() = default;
+  OutBuffer(void* d, CommType t, size_t n) : data(d), type(t), count(n) {}
+  template <class T> OutBuffer(std::span<T> s) : OutBuffer(s.data(), CommTypeOf<T>::value, s.size()) {}
+  template <class T> OutBuffer(std::vector<T>& v) : OutBuffer(v.data(), CommTypeOf<T>::value, v.size()) {}
+  explicit OutBuffer(const TensorView& view);
+  size_t nbytes() const { return count * comm_type_size(type); }
+  InBuffer as_input() const { return InBuffer(data, type, count); }
+};
+
+using CommClock = std::chrono::steady_clock;
+using Deadline = CommClock::time_point;
+
+namespace detail {
+class WorkImpl;  // backend state of one posted collective (src/comm/work_impl.h)
+}
+
+// Handle to one posted collective (c10d style). Move-only; collectives return it [[nodiscard]]. A default-constructed Work is complete.
+// Destroying an unfinished Work waits for it with the default timeout (buffers stay valid for MPI);
+// after a timeout anywhere in the process it does not wait (the job must be aborted anyway).
+class DMUON_API Work {
+ public:
+  Work();
+  explicit Work(std::unique_ptr<detail::WorkImpl> impl);
+  Work(Work&&) noexcept;
+  Work& operator=(Work&&) noexcept;
+  ~Work();
+
+  // Non-blocking: drives progress once; true when the collective has completed (then buffers are
+  // free). Never times out. Throws dmuon::Error on an MPI failure.
+  bool test();
+  // Blocks until complete or until the deadline, then throws dmuon::Error (message above).
+  // A Work that timed out may be waited again (it stays posted), but the process stays marked
+  // as broken for new collectives.
+  void wait();                                // communicator's default timeout, from now
+  void wait(std::chrono::milliseconds timeout);
+  void wait(Deadline deadline);
+
+  bool completed() const;          // true after test()/wait() saw completion (or default-constructed)
+  std::string_view op() const;     // "all_to_all", ..., "" for a default-constructed Work
+  std::string_view label() const;
+
+ private:
+  void wait_until(Deadline deadline, std::chrono::milliseconds budget);  // budget: for the message
+  std::unique_ptr<detail::WorkImpl> impl_;
+};
+
+// Payload this rank exchanges with OTHER ranks (self-copies excluded), in bytes, as defined by the
+// collective's logical data movement, not by the wire algorithm MPI picks:
+// - all_to_all_v: sent = sum over peers j != r of send_counts[j]; recv = sum over j != r of recv_counts[j].
+// - all_gather_v: sent = counts[r] * (size - 1); recv = sum over j != r of counts[j].
+// - reduce_scatter_v: sent = sum over j != r of counts[j]; recv = counts[r] * (size - 1).
+// - all_reduce of n elements = reduce_scatter_v then all_gather_v over the balanced split
+//   (block j has n / size elements, plus one for j < n % size): sent = recv = (n - b_r) + (size - 1) * b_r.
+// - broadcast of n elements: the root sends n * (size - 1); every other rank receives n.
+// - barrier and split: 0 bytes.
+// All multiplied by the element size. A size-1 communicator always counts 0 bytes.
+struct ByteCount {
+  uint64_t sent = 0;
+  uint64_t recv = 0;
+};
+DMUON_API ByteCount comm_bytes_all_to_all_v(int rank, std::span<const int64_t> send_counts,
+                                            std::span<const int64_t> recv_counts, size_t elem_size);
+DMUON_API ByteCount comm_bytes_all_gather_v(int rank, std::span<const int64_t> counts, size_t elem_size);
+DMUON_API ByteCount comm_bytes_reduce_scatter_v(int rank, std::span<const int64_t> counts, size_t elem_size);
+DMUON_API ByteCount comm_bytes_all_reduce(int rank, int size, int64_t count, size_t elem_size);
+DMUON_API ByteCount comm_bytes_broadcast(int rank, int size, int root, int64_t count, size_t elem_size);
+// The balanced split used by all_reduce accounting: block sizes for `count` elements over `size`.
+DMUON_API std::vector<int64_t> balanced_counts(int64_t count, int size);
+// Exclusive prefix sums: displacements of blocks packed back to back.
+DMUON_API std::vector<int64_t> packed_displs(std::span<const int64_t> counts);
+
+// Per communicator, summed over the collectives posted on it since creation or reset_counters()
+// (counted when posted). Sub-communicators count separately; split() itself is not counted.
+struct CommCounters {
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_recv = 0;
+  uint64_t collectives = 0;
+};
+
+class DMUON_API Communicator {
+ public:
+  virtual ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string_view backend() const = 0;  // "single" | "mpi"
+  const std::string& name() const { return name_; }  // "world", or the name given to split()
+
+  // Variable all-to-all: block j of send (send_displs[j], send_counts[j]) goes to rank j and lands
+  // in rank j's recv at recv_displs[r]. All four arrays have size() entries.
+  [[nodiscard]] Work all_to_all_v(InBuffer send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
+                    OutBuffer recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                    std::string_view label);
+  // Equal blocks: send.count == recv.count, a multiple of size(); block j of send goes to rank j.
+  [[nodiscard]] Work all_to_all(InBuffer send, OutBuffer recv, std::string_view label);
+
+  // Variable all-gather: rank j's send (send.count == recv_counts[j]) lands at recv_displs[j].
+  [[nodiscard]] Work all_gather_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts,
+                    std::span<const int64_t> recv_displs, std::string_view label);
+  // Same, blocks packed back to back in rank order.
+  [[nodiscard]] Work all_gather_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts, std::string_view label);
+  // Equal blocks: recv.count == size() * send.count.
+  [[nodiscard]] Work all_gather(InBuffer send, OutBuffer recv, std::string_view label);
+
+  // send holds size() blocks packed in rank order (block j has recv_counts[j] elements); rank r
+  // receives the reduction over ranks of block r (recv.count >= recv_counts[r]).
+  [[nodiscard]] Work reduce_scatter_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts, ReduceOp op,
+                        std::string_view label);
+  // Equal blocks: send.count == size() * recv.count.
+  [[nodiscard]] Work reduce_scatter(InBuffer send, OutBuffer recv, ReduceOp op, std::string_view label);
+
+  // Element-wise reduction over ranks; send.count == recv.count; send.data == recv.data is in place.
+  [[nodiscard]] Work all_reduce(InBuffer send, OutBuffer recv, ReduceOp op, std::string_view label);
+  [[nodiscard]] Work all_reduce(OutBuffer inout, ReduceOp op, std::string_view label);
+
+  // buf on `root` is copied into buf on every rank (same count everywhere).
+  [[nodiscard]] Work broadcast(OutBuffer buf, int root, std::string_view label);
+  [[nodiscard]] Work barrier(std::string_view label);
+
+  // COLLECTIVE and blocking (bounded by the default timeout): ranks with the same color form a new
+  // communicator, ordered by (key, rank). color < 0: this rank joins none and gets nullptr.
+  // `name` is used in error messages (default "<parent>/<color>").
+  std::unique_ptr<Communicator> split(int color, int key, std::string_view name = {});
+  // COLLECTIVE over this communicator: every rank passes the same list of distinct ranks; listed
+  // ranks get a communicator ordered as the list, the others nullptr.
+  std::unique_ptr<Communicator> subgroup(std::span<const int> ranks, std::string_view name = {});
+  // COLLECTIVE: ranks laid out on a mesh (row-major extents `mesh_shape`, product == size(); this
+  // rank at `coords`) form one communicator per combination of the OTHER dims; new rank = row-major
+  // index over `dims` (in the order given). E.g. a 2x2 grid, dims {1}: the row communicators.
+  // Throws dmuon::Error when ranks disagree on the layout (groups of the wrong size).
+  std::unique_ptr<Communicator> split_mesh_dims(std::span<const int64_t> mesh_shape,
+                                                std::span<const int64_t> coords, std::span<const int> dims,
+                                                std::string_view name = {});
+
+  CommCounters counters() const { return counters_; }
+  void reset_counters() { counters_ = {}; }
+
+  std::chrono::milliseconds default_timeout() const { return default_timeout_; }
+  void set_default_timeout(std::chrono::milliseconds timeout);  // > 0, else std::invalid_argument
+
+ protected:
+  Communicator(int rank, int size, std::string name);
+
+  // Backends post already-validated operations (counts fit in int, arrays sized size()).
+  virtual Work post_all_to_all_v(InBuffer send, std::span<const int64_t> send_counts,
+                                 std::span<const int64_t> send_displs, OutBuffer recv,
+                                 std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                                 std::string_view label) = 0;
+  virtual Work post_all_gather_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts,
+                                 std::span<const int64_t> recv_displs, std::string_view label) = 0;
+  virtual Work post_reduce_scatter_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts,
+                                     ReduceOp op, std::string_view label) = 0;
+  virtual Work post_all_reduce(InBuffer send, OutBuffer recv, ReduceOp op, std::string_view label) = 0;
+  virtual Work post_broadcast(OutBuffer buf, int root, std::string_view label) = 0;
+  virtual Work post_barrier(std::string_view label) = 0;
+  virtual std::unique_ptr<Communicator> do_split(int color, int key, std::string name) = 0;
+
+ private:
+  void count(ByteCount b);
+
+  int rank_;
+  int size_;
+  std::string name_;
+  std::chrono::milliseconds default_timeout_;
+  CommCounters counters_;
+};
+
+// The size-1 communicator: every collective is a local copy (or nothing), complete when posted.
+DMUON_API std::unique_ptr<Communicator> make_single_communicator();
+
+// COLLECTIVE over MPI_COMM_WORLD (bounded by the default timeout): a communicator on a duplicate
+// of MPI_COMM_WORLD (traffic separate from the application's), named "world"; each call makes a
+// new one. Initializes MPI if nobody has (MPI_Init_thread asking MPI_THREAD_SERIALIZED) and then
+// finalizes it at exit, unless a collective is still stuck after a timeout. If the application
+// initialized MPI, finalizing stays its job (after destroying dmuon's communicators); at
+// MPI_THREAD_FUNNELED every dmuon call must then come from the main thread; below that it throws.
+// Throws dmuon::Error in a build without MPI ("[mpi] dmuon was built without MPI").
+DMUON_API std::unique_ptr<Communicator> make_mpi_communicator();
+
+// "single" or "mpi"; anything else throws std::invalid_argument naming the choices.
+DMUON_API std::unique_ptr<Communicator> make_communicator(std::string_view backend);
+
+// True when this build has the mpi backend.
+DMUON_API bool mpi_available();
+
+// Ends the whole job: MPI_Abort(MPI_COMM_WORLD, code) when MPI is running, else _Exit(code).
+// The ONLY way the CLI may end a job after a communication error (a timeout leaves collectives
+// posted, so MPI_Finalize could hang). Library code never calls it.
+[[noreturn]] DMUON_API void abort_all(int code);
+
+}  // namespace dmuon

@@ -1,0 +1,111 @@
+// Work: the handle of one posted collective; the wait loop with its deadline lives here, shared
+// by every backend, so every backend times out and words the error the same way.
+#include <fmt/format.h>
+
+#include <thread>
+
+#include "comm/work_impl.h"
+#include "dmuon/error.h"
+
+namespace dmuon {
+namespace detail {
+namespace {
+
+class CompletedWork final : public WorkImpl {
+ public:
+  explicit CompletedWork(WorkInfo info) : WorkImpl(std::move(info)) { done = true; }
+  bool poll() override { return true; }
+};
+
+std::string timeout_message(const WorkInfo& w, std::chrono::milliseconds waited) {
+  return fmt::format(
+      "[{}] rank {}: {} '{}' timed out after {:g} s on communicator '{}' (rank {} of {}); a peer "
+      "died or did not post this collective; communication is now unusable: end the job "
+      "(dmuon::abort_all)",
+      w.backend, w.world_rank, w.op, w.label, static_cast<double>(waited.count()) / 1000.0, w.comm_name,
+      w.comm_rank, w.comm_size);
+}
+
+}  // namespace
+
+Work make_completed_work(WorkInfo info) { return Work(std::make_unique<CompletedWork>(std::move(info))); }
+
+}  // namespace detail
+
+Work::Work() = default;
+Work::Work(std::unique_ptr<detail::WorkImpl> impl) : impl_(std::move(impl)) {}
+Work::Work(Work&&) noexcept = default;
+
+Work& Work::operator=(Work&& other) noexcept {
+  if (this != &other) {
+    Work old(std::move(*this));  // finishes (or abandons) what this handle held
+    impl_ = std::move(other.impl_);
+  }
+  return *this;
+}
+
+Work::~Work() {
+  if (!impl_ || impl_->done) return;
+  if (impl_->destructor_may_wait()) {
+    try {
+      wait();
+      return;
+    } catch (...) {
+      // Destructors never throw; the timeout already marked the process broken.
+    }
+  }
+  // The backend may still read or write through this state (MPI requests cannot be freed while a
+  // collective is active): leak it on purpose. The job is going to be aborted.
+  (void)impl_.release();
+}
+
+bool Work::completed() const { return !impl_ || impl_->done; }
+std::string_view Work::op() const { return impl_ ? impl_->info().op : std::string_view{}; }
+std::string_view Work::label() const { return impl_ ? std::string_view(impl_->info().label) : std::string_view{}; }
+
+bool Work::test() {
+  if (!impl_ || impl_->done) return true;
+  impl_->done = impl_->poll();
+  return impl_->done;
+}
+
+void Work::wait() {
+  if (!impl_ || impl_->done) return;
+  wait(impl_->info().default_timeout);
+}
+
+void Work::wait(std::chrono::milliseconds timeout) {
+  if (!impl_ || impl_->done) return;
+  wait_until(CommClock::now() + timeout, timeout);
+}
+
+void Work::wait(Deadline deadline) {
+  if (!impl_ || impl_->done) return;
+  wait_until(deadline, std::chrono::round<std::chrono::milliseconds>(deadline - CommClock::now()));
+}
+
+void Work::wait_until(Deadline deadline, std::chrono::milliseconds budget) {
+  // Spin first (small collectives finish in microseconds), then yield, then sleep with backoff:
+  // ranks are often oversubscribed on few cores, and a waiter that gives up its core lets the peer
+  // it waits for run. Open MPI progresses non-blocking collectives only inside MPI calls, so the
+  // sleep is capped to keep multi-round algorithms moving.
+  const auto start = CommClock::now();
+  auto nap = std::chrono::microseconds(20);
+  while (!test()) {
+    const auto now = CommClock::now();
+    if (now >= deadline) {
+      impl_->on_timeout();
+      detail::throw_error(detail::timeout_message(impl_->info(), std::max(budget, std::chrono::milliseconds(0))));
+    }
+    const auto spent = now - start;
+    if (spent < std::chrono::microseconds(50)) continue;
+    if (spent < std::chrono::milliseconds(2)) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::this_thread::sleep_for(std::min<CommClock::duration>(nap, deadline - now));
+    nap = std::min(nap * 2, std::chrono::microseconds(200));
+  }
+}
+
+}  // namespace dmuon
