@@ -7,5 +7,8 @@
 namespace dmuon::cli {
 
 void add_info_command(CLI::App& app);
+void add_bench_ns_command(CLI::App& bench);
+void add_plan_command(CLI::App& app);
+void add_bench_plan_command(CLI::App& bench);
 
 }  // namespace dmuon::cli

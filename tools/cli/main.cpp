@@ -18,6 +18,9 @@ int main(int argc, char** argv) {
   dmuon::cli::add_info_command(app);
   auto* bench = app.add_subcommand("bench", "Benchmarks: time, rates and ratios to a baseline measured in the same run");
   bench->require_subcommand(1);
+  dmuon::cli::add_bench_ns_command(*bench);
+  dmuon::cli::add_plan_command(app);
+  dmuon::cli::add_bench_plan_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
