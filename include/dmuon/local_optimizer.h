@@ -38,6 +38,15 @@ struct ParamGroup {
   std::vector<size_t> params;  // indices into the ParamInfo list
 };
 
+struct LocalOptimizerOptions {
+  NonFinitePolicy policy = NonFinitePolicy::Raise;
+  // The distributed engine's communication dtype. bf16: the orthogonalization input (the momentum
+  // output) is rounded to bf16 and back before Newton–Schulz, and its output (after NorMuon) is
+  // rounded to bf16 and back before the update, exactly where dmuon::Optimizer sends them, so a
+  // distributed run with that comm dtype matches this reference bitwise. fp32: no rounding.
+  DType comm_dtype = DType::F32;
+};
+
 class DMUON_API LocalOptimizer {
  public:
   // Validates (throws std::invalid_argument naming the parameter or group): every parameter in
@@ -47,6 +56,9 @@ class DMUON_API LocalOptimizer {
   // [1, B], or [E, A, 1] / [E, 1, B] for a stack) and per-parameter step counters at 0.
   LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamGroup> groups,
                  NonFinitePolicy policy = NonFinitePolicy::Raise);
+  LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamGroup> groups,
+                 LocalOptimizerOptions options);
+  DType comm_dtype() const { return comm_dtype_; }
   ~LocalOptimizer();
   LocalOptimizer(LocalOptimizer&&) noexcept;
   LocalOptimizer& operator=(LocalOptimizer&&) noexcept;
@@ -84,6 +96,7 @@ class DMUON_API LocalOptimizer {
   std::vector<ParamInfo> params_;
   std::vector<ParamGroup> groups_;
   NonFinitePolicy policy_;
+  DType comm_dtype_ = DType::F32;
   std::unique_ptr<Impl> impl_;
 };
 

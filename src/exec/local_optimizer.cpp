@@ -8,6 +8,7 @@
 #include "dmuon/bf16.h"
 #include "dmuon/orthogonalize.h"
 #include "dmuon/update.h"
+#include "exec/muon_math.h"
 #include "kernels/cpu/blas.h"
 
 namespace dmuon {
@@ -26,15 +27,7 @@ bool same_ns(const NsOptions& a, const NsOptions& b) {
       return false;
   return a.schedule == b.schedule && a.steps == b.steps && a.method == b.method && a.scale == b.scale &&
          a.eps == b.eps && a.eps_mode == b.eps_mode && a.pe_l0 == b.pe_l0 &&
-         a.pe_safety == b.pe_safety && a.pe_cushion == b.pe_cushion;
-}
-
-// NorMuon state: the parameter's shape with the reduced dim set to 1 (torch keepdim).
-Shape normuon_shape(const Shape& s, bool expert_stack) {
-  const MatrixDims d = matrix_dims(s, expert_stack);
-  const bool per_row = d.rows >= d.cols;
-  if (expert_stack) return per_row ? Shape{d.batch, d.rows, 1} : Shape{d.batch, 1, d.cols};
-  return per_row ? Shape{d.rows, 1} : Shape{1, d.cols};
+         a.pe_safety == b.pe_safety && a.pe_cushion == b.pe_cushion && a.bf16_rounding == b.bf16_rounding;
 }
 
 // Index of the first non-finite element, or -1.
@@ -64,8 +57,15 @@ struct LocalOptimizer::Impl {
 
 LocalOptimizer::LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamGroup> groups,
                                NonFinitePolicy policy)
-    : params_(std::move(params)), groups_(std::move(groups)), policy_(policy),
-      impl_(std::make_unique<Impl>()) {
+    : LocalOptimizer(std::move(params), std::move(groups), LocalOptimizerOptions{policy, DType::F32}) {}
+
+LocalOptimizer::LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamGroup> groups,
+                               LocalOptimizerOptions options)
+    : params_(std::move(params)), groups_(std::move(groups)), policy_(options.policy),
+      comm_dtype_(options.comm_dtype), impl_(std::make_unique<Impl>()) {
+  const NonFinitePolicy policy = options.policy;
+  DMUON_CHECK(comm_dtype_ == DType::F32 || comm_dtype_ == DType::BF16,
+              "[optim] comm_dtype must be fp32 or bf16");
   const size_t n = params_.size();
   DMUON_CHECK(policy == NonFinitePolicy::Raise || policy == NonFinitePolicy::Skip,
               "[optim] invalid non-finite policy");
@@ -126,7 +126,7 @@ LocalOptimizer::LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamG
       st.momentum.assign(numel, 0.0f);
       largest = std::max(largest, numel);
       if (o.normuon) {
-        st.normuon_shape = normuon_shape(params_[i].shape, params_[i].expert_stack);
+        st.normuon_shape = detail::normuon_shape(params_[i].shape, params_[i].expert_stack);
         st.normuon_v.assign(static_cast<size_t>(st.normuon_shape.numel()), 0.0f);
         largest_v = std::max(largest_v, st.normuon_v.size());
       }
@@ -224,18 +224,14 @@ bool LocalOptimizer::step(std::span<const TensorView> params, std::span<const Te
       if (numel == 0) continue;
       float* u = s.update.data();
       momentum_step({o.momentum_kind, o.momentum, o.nesterov}, st.momentum.data(), grads[i], u);
-      const TensorView u_view(u, info.shape);
-      s.orth[g]->run(u_view, u_view);
+      // the same per-matrix code as the distributed executor (exec/muon_math.h)
+      detail::round_to_comm(u, numel, comm_dtype_);
       const MatrixDims d = matrix_dims(info.shape, info.expert_stack);
-      if (o.normuon) {
-        const int64_t len = normuon_state_size(d.rows, d.cols);
-        for (int64_t e = 0; e < d.batch; ++e) {
-          float* ue = u + e * d.rows * d.cols;
-          normuon_mean_square(ue, d.rows, d.cols, s.v_mean.data());
-          normuon_finish(ue, d.rows, d.cols, s.v_mean.data(), st.normuon_v.data() + e * len,
-                         o.normuon_beta2);
-        }
-      }
+      const int64_t len = normuon_state_size(d.rows, d.cols);
+      for (int64_t e = 0; e < d.batch; ++e)
+        detail::muon_unit(*s.orth[g], u + e * d.rows * d.cols, d.rows, d.cols,
+                          o.normuon ? st.normuon_v.data() + e * len : nullptr, s.v_mean.data(),
+                          o.normuon_beta2, comm_dtype_);
       apply_update({o.lr, adjusted_lr(o.lr, o.lr_rule, d.rows, d.cols), o.weight_decay, o.cautious_wd},
                    p, u, numel);
       if (o.qk_clip_threshold > 0 && info.qk) {

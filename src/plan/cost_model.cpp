@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "dmuon/comm.h"
+
 namespace dmuon::detail {
 namespace {
 
@@ -64,22 +66,26 @@ void visit(const PlanEntry& e, const ShardTable& t, const ParamSpec& p, const Pl
     case Strategy::AllGather: {
       const double P = U * static_cast<double>(t.units);
       for (int k = 0; k < t.g; ++k) {
-        const double moved = (P - static_cast<double>(t.numel[static_cast<size_t>(k)])) * B;
-        for (int j = 0; j < t.r; ++j) fn(t.rank(j, k), {moved, moved, 0, 0, f * static_cast<double>(t.units), P * (F + B)});
+        // all-gather: a rank sends its shard to each of the g−1 others and receives what it lacks
+        const double n = static_cast<double>(t.numel[static_cast<size_t>(k)]);
+        const double sent = n * (t.g - 1) * B, recv = (P - n) * B;
+        for (int j = 0; j < t.r; ++j) fn(t.rank(j, k), {sent, recv, 0, 0, f * static_cast<double>(t.units), P * (F + B)});
       }
       return;
     }
     case Strategy::ExpertSubgroup:
-      for (int64_t u = 0; u < t.units; ++u)
-        holders(u, [&](int k, double n) {
-          const double moved = (U - n) * B;
-          for (int j = 0; j < t.r; ++j) fn(t.rank(j, k), {moved, moved, 0, 0, f, U * (F + B)});
+      for (int64_t u = 0; u < t.units; ++u) {
+        const double h = t.holder_offsets[static_cast<size_t>(u) + 1] - t.holder_offsets[static_cast<size_t>(u)];
+        holders(u, [&](int k, double n) {  // each holder sends its part to the h−1 other holders
+          for (int j = 0; j < t.r; ++j) fn(t.rank(j, k), {n * (h - 1) * B, (U - n) * B, 0, 0, f, U * (F + B)});
         });
+      }
       return;
     case Strategy::GramAllReduce: {
       const double s = static_cast<double>(std::min(p.rows(), p.cols()));
-      const double ar = o.ns.steps * 2.0 * s * s * F * (t.g - 1) / t.g;
       for (int k = 0; k < t.g; ++k) {
+        // one all-reduce of the s×s fp32 Gram matrix per step (comm's all-reduce accounting)
+        const double ar = o.ns.steps * static_cast<double>(comm_bytes_all_reduce(k, t.g, static_cast<int64_t>(s * s), 4).sent);
         const int64_t local_long = t.numel[static_cast<size_t>(k)] / std::max<int64_t>(1, std::min(p.rows(), p.cols()));
         const double flops = ns_flops(std::min(p.rows(), p.cols()), local_long, o.ns);
         const double buf = 2 * s * s * F + static_cast<double>(t.numel[static_cast<size_t>(k)]) * F;
@@ -91,8 +97,9 @@ void visit(const PlanEntry& e, const ShardTable& t, const ParamSpec& p, const Pl
       for (int64_t u = 0; u < t.units; ++u) {
         const int o_k = e.owner_index[static_cast<size_t>(u)];
         for (int k = 0; k < t.g; ++k) {
-          // all-gather in, reduce-scatter out: each moves what the rank does not hold
-          const double moved = 2 * (U - static_cast<double>(t.numel[static_cast<size_t>(k)])) * B;
+          // all-gather in (sent n·(g−1), received U−n), reduce-scatter out (sent U−n, received n·(g−1))
+          const double n = static_cast<double>(t.numel[static_cast<size_t>(k)]);
+          const double moved = (n * (t.g - 1) + (U - n)) * B;
           for (int j = 0; j < t.r; ++j)
             fn(t.rank(j, k), {moved, moved, 0, 0, k == o_k ? f : 0, 2 * U * B + (k == o_k ? U * F : 0)});
         }

@@ -1,0 +1,131 @@
+// dmuon::Optimizer: the distributed optimizer step. Runs a Plan (plan.h) every step over a
+// Communicator (comm.h): momentum on local shards, pipelined gather -> orthogonalize (+ NorMuon) ->
+// scatter per chunk, update on local shards (+ QK-clip), AdamW locally. docs/executor.md explains it.
+//
+// Numerics: for a given configuration the results are BITWISE those of LocalOptimizer (built with the
+// same groups and LocalOptimizerOptions::comm_dtype) whatever the world size, mesh or strategy, with
+// the same BLAS thread count, except `gram_allreduce` (sum order; documented tolerance).
+//
+// Contract:
+// - COLLECTIVE: the constructor and step() must be called by every rank of the communicator, in the
+//   same order, with the same inventory, groups and options (the constructor checks this: it agrees on
+//   the plan fingerprint before any other collective and throws the same dmuon::Error on every rank,
+//   naming the first differing parameter, when ranks disagree). Hyperparameters changed through
+//   options(g) between steps must change identically on every rank (not checked).
+// - THREADS: one thread calls step(); it drives every collective. step() runs orthogonalization on one
+//   internal compute thread (OptimizerOptions::compute_thread) while it drives communication.
+// - BUFFERS: step() reads gradients and updates parameters in the caller's buffers in place
+//   (zero-copy). State lives inside the optimizer shaped like each parameter's LOCAL shard.
+// - ERRORS: caller mistakes throw std::invalid_argument naming the parameter; every rank throws (ranks
+//   whose inputs were fine name the rank that rejected its inputs). Communication failures and
+//   timeouts throw dmuon::Error (the job must then end through dmuon::abort_all). Nothing is modified
+//   when a step throws before its first data collective (all validation and the non-finite check).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dmuon/comm.h"
+#include "dmuon/export.h"
+#include "dmuon/inventory.h"
+#include "dmuon/local_optimizer.h"
+#include "dmuon/optim_options.h"
+#include "dmuon/plan.h"
+#include "dmuon/tensor.h"
+
+namespace dmuon {
+
+struct OptimizerOptions {
+  DType comm_dtype = DType::F32;       // what update inputs and results travel as (fp32 or bf16)
+  StrategyRules pins;                  // per-parameter strategy pins (highest precedence)
+  bool env_override = true;            // read DMUON_STRATEGY (strategy_rules_from_env())
+  bool exact = true;                   // the cost model never picks gram_allreduce
+  ReplicaMode replica = ReplicaMode::Auto;
+  MachineProfile machine;              // cost model constants (plan.h)
+  int64_t chunk_bytes = int64_t{32} << 20;  // chunk cap (PlanOptions::chunk_bytes)
+  int window = 2;                      // chunks in flight; 1 disables overlap
+  NonFinitePolicy non_finite = NonFinitePolicy::Raise;
+  std::chrono::milliseconds timeout{0};  // per wait; 0 = the communicator's default timeout
+  // BLAS threads while a step runs: 0 = 1 when the communicator has > 1 rank, else unchanged.
+  int blas_threads = 0;
+  bool compute_thread = true;          // orthogonalize on a worker thread (false: on the caller's)
+};
+
+// The counters of the last step() (this rank). Seconds are wall-clock.
+struct StepStats {
+  bool applied = false;                // false when skipped (non-finite gradient, policy skip)
+  double step_seconds = 0;
+  double pack_seconds = 0;             // momentum, pack, unpack, assemble (driving thread)
+  double comm_wait_seconds = 0;        // driving thread idle, waiting for collectives
+  double orthogonalize_seconds = 0;    // NS + NorMuon (compute thread, and gram_allreduce)
+  double update_seconds = 0;           // weight decay, update, QK-clip, AdamW
+  double comm_seconds = 0;             // wall time with at least one collective in flight
+  double overlap = 0;                  // fraction of comm_seconds during which compute ran
+  // Measured payload of the step's data collectives (comm counters; the control all-reduce
+  // excluded). The NorMuon state part is counted separately as well (the plan does not model it).
+  uint64_t bytes_sent = 0, bytes_recv = 0;
+  uint64_t bytes_sent_state = 0, bytes_recv_state = 0;
+  // The plan's prediction for this rank (bytes_sent - bytes_sent_state must equal it exactly).
+  uint64_t bytes_sent_predicted = 0, bytes_recv_predicted = 0;
+  uint64_t peak_buffer_bytes = 0;      // largest sum of transient buffers alive at once
+  int chunks = 0;
+  int64_t collectives = 0;
+};
+
+class DMUON_API Optimizer {
+ public:
+  // COLLECTIVE. `inventory` places every parameter on meshes spanning comm->size() ranks; `groups`
+  // index inventory.params (each parameter in exactly one group; Muon-role parameters in Muon groups,
+  // AdamW-role ones in AdamW groups). Builds the plan (make_plan), agrees on it with every rank,
+  // creates the sub-communicators it needs and all state (zeros, eagerly). Throws
+  // std::invalid_argument on bad inputs (before any collective), dmuon::Error on disagreement.
+  Optimizer(std::shared_ptr<Communicator> comm, Inventory inventory, std::vector<ParamGroup> groups,
+            OptimizerOptions options = {});
+  ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // COLLECTIVE. params[i] / grads[i]: this rank's local shard of inventory parameter i, contiguous,
+  // shape == local_shape(i) (params fp32, updated in place; grads fp32 or bf16, read only).
+  // qk_logits: layer -> per-head max logits (same on every rank), needed for QK-tagged parameters of
+  // groups with qk_clip_threshold > 0. Returns false when skipped (non-finite gradient under
+  // NonFinitePolicy::Skip: nothing changed on any rank).
+  bool step(std::span<const TensorView> params, std::span<const TensorView> grads,
+            const std::map<int, std::vector<float>>& qk_logits = {});
+
+  // Hyperparameters of group g, read at every step (LR schedules write here). As LocalOptimizer:
+  // a Muon group's algorithm and normuon may not change.
+  GroupOptions& options(size_t group);
+  const std::vector<ParamGroup>& groups() const;
+  const Plan& plan() const;
+  const Inventory& inventory() const;
+  int rank() const;
+  Box local_box(size_t param) const;
+  Shape local_shape(size_t param) const;
+
+  // fp32 state of this rank's shard (read-write). Keys as LocalOptimizer: "momentum_buffer" (+
+  // "normuon_v", shaped like the local box of [A,1] / [1,B] / [E,A,1] / [E,1,B] under the parameter's
+  // placements), "exp_avg", "exp_avg_sq". Throws std::invalid_argument naming the keys otherwise.
+  TensorView state(size_t param, std::string_view key);
+  std::vector<std::string> state_keys(size_t param) const;
+  int64_t step_count(size_t param) const;
+  void set_step_count(size_t param, int64_t count);
+
+  const StepStats& last_stats() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// The NorMuon state shape of a parameter: the global shape with the reduced dim set to 1.
+DMUON_API Shape normuon_state_shape(const Shape& global_shape, bool expert_stack);
+
+}  // namespace dmuon

@@ -1,0 +1,77 @@
+// Internal: the state of dmuon::Optimizer (Optimizer::Impl) and the passes of one step, one file
+// each: agreement.cpp (fingerprint and per-step flags), pipeline.cpp (chunks: gather ->
+// orthogonalize -> scatter -> update), gram_allreduce.cpp, optimizer.cpp (API, validation, AdamW).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dmuon/optimizer.h"
+#include "exec/routes.h"
+
+namespace dmuon {
+
+struct ParamState {
+  std::vector<float> momentum, exp_avg, exp_avg_sq, normuon_v;  // local shard shapes
+  int64_t steps = 0;
+};
+
+struct Optimizer::Impl {
+  std::shared_ptr<Communicator> user_comm;
+  std::unique_ptr<Communicator> comm;  // the optimizer's own split of the user's communicator
+  std::vector<ParamGroup> groups;
+  OptimizerOptions options;
+  Plan plan;
+  int rank = 0;
+  std::vector<int> group_of;            // per parameter
+  std::vector<Algorithm> algorithm;     // per group, fixed at construction
+  std::vector<bool> normuon;            // per group, fixed at construction
+  std::vector<bool> param_normuon;      // per parameter
+  detail::Routes routes;
+  std::vector<std::unique_ptr<Communicator>> group_comms;  // parallel to routes.group_keys
+  std::vector<ParamState> state;
+  std::vector<std::unique_ptr<Orthogonalizer>> orth;       // per Muon group (compute thread)
+  uint64_t predicted_sent = 0, predicted_recv = 0;          // the plan's figures for this rank
+  StepStats stats;
+};
+
+namespace detail {
+
+// What one step reads: the caller's buffers and a snapshot of the group options.
+struct StepInputs {
+  std::span<const TensorView> params, grads;
+  const std::map<int, std::vector<float>>* qk_logits = nullptr;
+  std::vector<GroupOptions> options;  // per group, read at the start of the step
+};
+
+// COLLECTIVE (constructor): every rank's fingerprint, per-parameter hashes and local status are
+// compared; throws the same error on every rank on disagreement. `local_error` is this rank's
+// construction error ("" when fine).
+void agree_on_plan(Communicator& comm, const Optimizer::Impl& s, const std::string& local_error,
+                   const std::vector<uint64_t>& param_hashes, uint64_t fingerprint,
+                   const std::vector<std::string>& param_descriptions, const std::string& options_description);
+
+// COLLECTIVE (step): one all-reduce of (input-error rank, first non-finite param·W + rank). Returns
+// false when the step must be skipped; throws when it must fail on every rank.
+bool agree_on_step(Communicator& comm, const Optimizer::Impl& s, const std::string& local_error,
+                   int64_t bad_param, NonFinitePolicy policy);
+
+// Runs every chunk of the plan (pipelined) and the gram_allreduce entries; updates Muon parameters.
+void run_pipeline(Optimizer::Impl& s, const StepInputs& in);
+
+// gram_allreduce entries of one chunk: blocking, on the driving thread.
+void run_gram(Optimizer::Impl& s, const StepInputs& in, int entry, std::vector<float>& update);
+
+// Momentum of one parameter's local shard into `update`, rounded to the comm dtype.
+void local_momentum(Optimizer::Impl& s, const StepInputs& in, int param, std::vector<float>& update);
+// Weight decay + update + QK-clip on one parameter's local shard.
+void local_apply(Optimizer::Impl& s, const StepInputs& in, int param, const float* update);
+
+// Waits for `w` with the optimizer's timeout (options.timeout, else the communicator's default).
+void wait_work(const Optimizer::Impl& s, Work& w);
+std::chrono::milliseconds work_timeout(const Optimizer::Impl& s, const Communicator& c);
+
+}  // namespace detail
+}  // namespace dmuon

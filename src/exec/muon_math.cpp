@@ -1,0 +1,41 @@
+// Internal: per-matrix Muon math shared by LocalOptimizer and the distributed executor.
+#include "exec/muon_math.h"
+
+#include <vector>
+
+#include "dmuon/bf16.h"
+#include "dmuon/optimizer.h"
+#include "dmuon/update.h"
+
+namespace dmuon::detail {
+
+void round_to_comm(float* x, int64_t n, DType comm) {
+  if (comm == DType::F32) return;
+  for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_float(float_to_bf16(x[i]));
+}
+
+void muon_unit(Orthogonalizer& orth, float* u, int64_t rows, int64_t cols, float* v, float* v_mean,
+               double beta2, DType comm) {
+  if (rows == 0 || cols == 0) return;
+  orth.run(u, u, rows, cols);
+  if (v != nullptr) {
+    normuon_mean_square(u, rows, cols, v_mean);
+    normuon_finish(u, rows, cols, v_mean, v, beta2);
+  }
+  round_to_comm(u, rows * cols, comm);
+}
+
+Shape normuon_shape(const Shape& s, bool expert_stack) {
+  const MatrixDims d = matrix_dims(s, expert_stack);
+  const bool per_row = d.rows >= d.cols;
+  if (expert_stack) return per_row ? Shape{d.batch, d.rows, 1} : Shape{d.batch, 1, d.cols};
+  return per_row ? Shape{d.rows, 1} : Shape{1, d.cols};
+}
+
+}  // namespace dmuon::detail
+
+namespace dmuon {
+Shape normuon_state_shape(const Shape& global_shape, bool expert_stack) {
+  return detail::normuon_shape(global_shape, expert_stack);
+}
+}  // namespace dmuon

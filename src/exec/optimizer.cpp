@@ -1,0 +1,389 @@
+// dmuon::Optimizer: construction (validation, plan, agreement, sub-communicators, eager state), the
+// step's validation and non-finite agreement, the local update passes and AdamW, and state access.
+#include "dmuon/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "dmuon/blas.h"
+#include "dmuon/error.h"
+#include "dmuon/update.h"
+#include "exec/executor.h"
+#include "exec/muon_math.h"
+#include "plan/cost_model.h"
+#include "plan/shard_table.h"
+
+namespace dmuon {
+namespace {
+
+using detail::ParamLayout;
+
+struct Hasher {
+  uint64_t h = 0xcbf29ce484222325ull;
+  void bytes(const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  }
+  template <class T> void pod(const T& v) { bytes(&v, sizeof(v)); }
+  void str(std::string_view s) { pod(s.size()), bytes(s.data(), s.size()); }
+};
+
+bool same_ns(const NsOptions& a, const NsOptions& b) {
+  if (a.custom.size() != b.custom.size()) return false;
+  for (size_t i = 0; i < a.custom.size(); ++i)
+    if (a.custom[i].a != b.custom[i].a || a.custom[i].b != b.custom[i].b || a.custom[i].c != b.custom[i].c) return false;
+  return a.schedule == b.schedule && a.steps == b.steps && a.method == b.method && a.scale == b.scale && a.eps == b.eps &&
+         a.eps_mode == b.eps_mode && a.pe_l0 == b.pe_l0 && a.pe_safety == b.pe_safety && a.pe_cushion == b.pe_cushion;
+}
+
+int64_t first_non_finite(const TensorView& g) {
+  const int64_t n = g.numel();
+  if (g.dtype == DType::BF16) {
+    const BFloat16* x = static_cast<const BFloat16*>(g.data);
+    for (int64_t i = 0; i < n; ++i)
+      if ((x[i].bits & 0x7F80u) == 0x7F80u) return i;
+    return -1;
+  }
+  const float* x = static_cast<const float*>(g.data);
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return i;
+  return -1;
+}
+
+std::string placements_text(const ParamSpec& p) {
+  std::string t;
+  for (const Placement& pl : p.placements) t += (t.empty() ? "" : ",") + to_string(pl);
+  return "(" + t + ")";
+}
+
+// pass: everything a rank can check alone, before any collective
+void validate_construction(const Optimizer::Impl& s, const Inventory& inv, const std::vector<ParamGroup>& groups,
+                           std::vector<int>& group_of) {
+  inv.validate();
+  DMUON_CHECK(inv.world_size() == s.user_comm->size(), "[optim] the inventory's meshes span ", inv.world_size(),
+              " ranks but the communicator has ", s.user_comm->size(), "; build the mesh for this world");
+  const OptimizerOptions& o = s.options;
+  DMUON_CHECK(o.comm_dtype == DType::F32 || o.comm_dtype == DType::BF16, "[optim] comm_dtype must be fp32 or bf16");
+  DMUON_CHECK(o.window >= 1, "[optim] option 'window' must be ≥ 1 (got ", o.window, ")");
+  DMUON_CHECK(o.blas_threads >= 0, "[optim] option 'blas_threads' must be ≥ 0");
+  DMUON_CHECK(o.timeout.count() >= 0, "[optim] option 'timeout' must be ≥ 0");
+  const size_t n = inv.params.size();
+  group_of.assign(n, -1);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    validate_group_options(groups[g].options, g);
+    for (size_t i : groups[g].params) {
+      DMUON_CHECK(i < n, "[optim] group ", g, " lists parameter index ", i, " but there are ", n, " parameters");
+      DMUON_CHECK(group_of[i] < 0, "[optim] parameter '", inv.params[i].name, "' is in groups ", group_of[i], " and ", g,
+                  "; put each parameter in exactly one group");
+      group_of[i] = static_cast<int>(g);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const ParamSpec& p = inv.params[i];
+    DMUON_CHECK(group_of[i] >= 0, "[optim] parameter '", p.name, "' is in no group; add it to a Muon or AdamW group");
+    const Algorithm a = groups[static_cast<size_t>(group_of[i])].options.algorithm;
+    const bool ok = (a == Algorithm::Muon) == (p.role == Role::Muon);
+    DMUON_CHECK(ok, "[optim] parameter '", p.name, "' has role ", to_string(p.role), " in the inventory but is in ",
+                to_string(a), " group ", group_of[i], "; move it to a group of its role (the plan follows the role)");
+    DMUON_CHECK(p.dtype == DType::F32, "[optim] parameter '", p.name, "' is ", to_string(p.dtype),
+                "; master parameters must be fp32");
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+std::chrono::milliseconds work_timeout(const Optimizer::Impl& s, const Communicator& c) {
+  return s.options.timeout.count() > 0 ? s.options.timeout : c.default_timeout();
+}
+
+void wait_work(const Optimizer::Impl& s, Work& w) { w.wait(work_timeout(s, s.comm ? *s.comm : *s.user_comm)); }
+
+void local_momentum(Optimizer::Impl& s, const StepInputs& in, int param, std::vector<float>& update) {
+  const ParamLayout& L = s.routes.layouts[static_cast<size_t>(param)];
+  update.resize(static_cast<size_t>(L.local_numel));
+  if (L.local_numel == 0) return;
+  const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(param)])];
+  momentum_step({o.momentum_kind, o.momentum, o.nesterov}, s.state[static_cast<size_t>(param)].momentum.data(),
+                in.grads[static_cast<size_t>(param)], update.data());
+  round_to_comm(update.data(), L.local_numel, s.options.comm_dtype);
+}
+
+void local_apply(Optimizer::Impl& s, const StepInputs& in, int param, const float* update) {
+  const ParamLayout& L = s.routes.layouts[static_cast<size_t>(param)];
+  if (L.local_numel == 0) return;
+  const ParamSpec& p = s.plan.inventory().params[static_cast<size_t>(param)];
+  const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(param)])];
+  float* w = in.params[static_cast<size_t>(param)].f32();
+  apply_update({o.lr, adjusted_lr(o.lr, o.lr_rule, L.rows, L.cols), o.weight_decay, o.cautious_wd}, w, update, L.local_numel);
+  if (o.qk_clip_threshold <= 0 || !p.qk) return;
+  // QK-clip scales whole rows: each contiguous range of local rows on its own (StridedShard has several)
+  const int64_t lc = L.box.dims[1].size();
+  int64_t pos = 0;
+  for (const Range& r : L.box.dims[0].ranges()) {
+    qk_clip_rows(*p.qk, in.qk_logits->at(p.qk->layer), o.qk_clip_threshold, w + pos * lc, r.begin, r.end, lc);
+    pos += r.size();
+  }
+}
+
+}  // namespace detail
+
+Optimizer::Optimizer(std::shared_ptr<Communicator> comm, Inventory inventory, std::vector<ParamGroup> groups,
+                     OptimizerOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  DMUON_CHECK(comm != nullptr, "[optim] the communicator is null; pass make_mpi_communicator() or make_single_communicator()");
+  Impl& s = *impl_;
+  s.user_comm = std::move(comm);
+  s.options = std::move(options);
+  s.groups = std::move(groups);
+  s.rank = s.user_comm->rank();
+  std::string local_error, options_text;
+  std::vector<uint64_t> hashes;
+  std::vector<std::string> descriptions;
+  uint64_t fingerprint = 0;
+  try {  // pass 1: local checks and the plan; an error here is shared with every rank below
+    validate_construction(s, inventory, s.groups, s.group_of);
+    PlanOptions po;
+    for (const ParamGroup& g : s.groups)
+      if (g.options.algorithm == Algorithm::Muon) {
+        po.ns = g.options.ns;
+        break;
+      }
+    po.comm_dtype = s.options.comm_dtype;
+    po.machine = s.options.machine;
+    po.pins = s.options.pins;
+    if (s.options.env_override) po.env_override = strategy_rules_from_env();
+    po.exact = s.options.exact;
+    po.replica = s.options.replica;
+    po.chunk_bytes = s.options.chunk_bytes;
+    po.window = s.options.window;
+    s.plan = make_plan(inventory, po);
+    for (const ParamGroup& g : s.groups) {
+      s.algorithm.push_back(g.options.algorithm);
+      s.normuon.push_back(g.options.algorithm == Algorithm::Muon && g.options.normuon);
+    }
+    const auto& params = s.plan.inventory().params;
+    s.param_normuon.assign(params.size(), false);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const size_t g = static_cast<size_t>(s.group_of[i]);
+      s.param_normuon[i] = s.normuon[g];
+      const PlanEntry* e = s.plan.entry_of(static_cast<int>(i));
+      DMUON_CHECK(!(e && e->strategy == Strategy::GramAllReduce && s.normuon[g]), "[optim] parameter '", params[i].name,
+                  "' uses gram_allreduce, which does not support NorMuon; pin another strategy or turn NorMuon off");
+      Hasher h;
+      h.str(params[i].name);
+      for (int64_t d : params[i].shape) h.pod(d);
+      h.pod(params[i].role), h.pod(params[i].expert), h.pod(g), h.pod(s.algorithm[g]), h.pod(static_cast<bool>(s.normuon[g]));
+      h.pod(e ? e->hash : 0);
+      for (const Placement& pl : params[i].placements) h.pod(pl.kind), h.pod(pl.dim), h.pod(pl.split_factor);
+      hashes.push_back(h.h);
+      descriptions.push_back(detail::concat("'", params[i].name, "' ", params[i].shape.to_string(), " ",
+                                            placements_text(params[i]), " ", to_string(params[i].role), " group ", g,
+                                            e ? detail::concat(" ", to_string(e->strategy)) : std::string()));
+    }
+    Hasher f;
+    f.pod(s.plan.fingerprint());
+    for (uint64_t x : hashes) f.pod(x);
+    fingerprint = f.h;
+    char hex[24];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(s.plan.fingerprint()));
+    std::string meshes;
+    for (const Mesh& m : s.plan.inventory().meshes) meshes += (meshes.empty() ? "" : " / ") + m.to_string();
+    options_text = detail::concat("plan ", hex, ", meshes ", meshes, ", comm ", to_string(s.options.comm_dtype), ", chunk ",
+                                  s.options.chunk_bytes, " B, window ", s.options.window);
+  } catch (const std::exception& e) {
+    local_error = e.what();
+  }
+  // pass 2: agree (collective; the same error everywhere on disagreement)
+  detail::agree_on_plan(*s.user_comm, s, local_error, hashes, fingerprint, descriptions, options_text);
+
+  // pass 3: communicators (collective, in plan order), routes, eager state
+  s.comm = s.user_comm->split(0, s.rank, "dmuon.optimizer");
+  s.routes = detail::build_routes(s.plan, s.rank, s.param_normuon);
+  const Inventory& inv = s.plan.inventory();
+  for (const detail::GroupKey& k : s.routes.group_keys) {
+    const Mesh& mesh = inv.meshes[static_cast<size_t>(k.mesh)];
+    std::vector<int64_t> shape, coords;
+    std::vector<int> dims;
+    for (int d = 0; d < mesh.ndim(); ++d) {
+      shape.push_back(mesh.dim(d).size);
+      coords.push_back(mesh.coord(s.rank, d));
+      if (k.dims & (DimMask{1} << d)) dims.push_back(d);
+    }
+    s.group_comms.push_back(s.comm->split_mesh_dims(shape, coords, dims, detail::concat("dmuon.group.", k.mesh, ".", k.dims)));
+  }
+  s.state.resize(inv.params.size());
+  s.orth.resize(s.groups.size());
+  for (size_t g = 0; g < s.groups.size(); ++g)
+    if (s.algorithm[g] == Algorithm::Muon) s.orth[g] = std::make_unique<Orthogonalizer>(s.groups[g].options.ns);
+  for (size_t i = 0; i < inv.params.size(); ++i) {
+    const ParamLayout& L = s.routes.layouts[i];
+    ParamState& st = s.state[i];
+    if (s.algorithm[static_cast<size_t>(s.group_of[i])] == Algorithm::AdamW) {
+      st.exp_avg.assign(static_cast<size_t>(L.local_numel), 0.0f);
+      st.exp_avg_sq.assign(static_cast<size_t>(L.local_numel), 0.0f);
+      continue;
+    }
+    st.momentum.assign(static_cast<size_t>(L.local_numel), 0.0f);
+    if (s.param_normuon[i]) st.normuon_v.assign(static_cast<size_t>(L.local_v), 0.0f);
+  }
+  // the plan's byte prediction for this rank (what StepStats compares the counters with)
+  detail::ShardTables tables(inv);
+  double sent = 0, recv = 0;
+  for (const PlanEntry& e : s.plan.entries())
+    detail::visit(e, tables.get(e.param), inv.params[static_cast<size_t>(e.param)], s.plan.options(),
+                  [&](int r, const detail::Contribution& c) {
+                    if (r == s.rank) sent += c.sent, recv += c.recv;
+                  });
+  s.predicted_sent = static_cast<uint64_t>(std::llround(sent));
+  s.predicted_recv = static_cast<uint64_t>(std::llround(recv));
+}
+
+Optimizer::~Optimizer() = default;
+
+bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorView> grads,
+                     const std::map<int, std::vector<float>>& qk_logits) {
+  Impl& s = *impl_;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Inventory& inv = s.plan.inventory();
+  const size_t n = inv.params.size();
+  detail::StepInputs in{params, grads, &qk_logits, {}};
+  for (const ParamGroup& g : s.groups) in.options.push_back(g.options);
+  std::string error;
+  int64_t bad = -1;
+  std::vector<std::unique_ptr<Orthogonalizer>> fresh(s.groups.size());
+  try {  // pass 1: validate everything locally
+    DMUON_CHECK(params.size() == n && grads.size() == n, "[optim] step got ", params.size(), " parameters and ",
+                grads.size(), " gradients; expected ", n, " of each (one local shard per inventory parameter)");
+    for (size_t g = 0; g < s.groups.size(); ++g) {
+      const GroupOptions& o = in.options[g];
+      validate_group_options(o, g);
+      DMUON_CHECK(o.algorithm == s.algorithm[g], "[optim] group ", g, ": algorithm changed after construction; build a new optimizer");
+      if (o.algorithm != Algorithm::Muon) continue;
+      DMUON_CHECK(!o.normuon || s.normuon[g], "[optim] group ", g,
+                  ": normuon was off at construction, so its state does not exist; enable it before constructing");
+      DMUON_CHECK(o.normuon || !s.normuon[g], "[optim] group ", g, ": normuon may not be turned off after construction");
+      if (!same_ns(o.ns, s.orth[g]->options())) fresh[g] = std::make_unique<Orthogonalizer>(o.ns);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const ParamSpec& p = inv.params[i];
+      const Shape local = s.routes.layouts[i].box.shape();
+      const TensorView& w = params[i];
+      const TensorView& gr = grads[i];
+      DMUON_CHECK(w.shape == local, "[optim] parameter '", p.name, "': this rank's shard should have shape ",
+                  local.to_string(), " (its local box ", s.routes.layouts[i].box.to_string(), "), got ", w.shape.to_string());
+      DMUON_CHECK(gr.shape == local, "[optim] gradient of '", p.name, "': expected local shape ", local.to_string(), ", got ",
+                  gr.shape.to_string());
+      DMUON_CHECK(w.dtype == DType::F32, "[optim] parameter '", p.name, "' is ", to_string(w.dtype), "; master parameters must be fp32");
+      DMUON_CHECK(gr.dtype == DType::F32 || gr.dtype == DType::BF16, "[optim] gradient of '", p.name, "' is ",
+                  to_string(gr.dtype), "; gradients must be fp32 or bf16");
+      DMUON_CHECK(w.is_contiguous() && gr.is_contiguous(), "[optim] ", w.is_contiguous() ? "gradient" : "parameter", " of '",
+                  p.name, "' is not contiguous; pass a contiguous copy");
+      DMUON_CHECK(local.numel() == 0 || (w.data && gr.data), "[optim] parameter '", p.name, "': null data pointer");
+      const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[i])];
+      if (o.algorithm != Algorithm::Muon || o.qk_clip_threshold <= 0 || !p.qk) continue;
+      const auto it = qk_logits.find(p.qk->layer);
+      DMUON_CHECK(it != qk_logits.end(), "[optim] parameter '", p.name, "' is QK-tagged (layer ", p.qk->layer,
+                  ") and its group has qk_clip_threshold > 0, but no logits were given for that layer");
+      validate_qk_logits(*p.qk, it->second, p.name);
+    }
+    const int threads = s.options.blas_threads > 0 ? s.options.blas_threads : (s.comm->size() > 1 ? 1 : 0);
+    if (threads > 0) blas_set_num_threads(threads);  // also loads the BLAS: a missing one fails here
+    for (size_t i = 0; i < n && bad < 0; ++i)
+      if (first_non_finite(grads[i]) >= 0) bad = static_cast<int64_t>(i);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // pass 2: one all-reduce decides for every rank (inputs rejected somewhere / non-finite)
+  s.stats = StepStats{};
+  if (!detail::agree_on_step(*s.comm, s, error, bad, s.options.non_finite)) {
+    s.stats.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return false;
+  }
+  for (size_t g = 0; g < s.groups.size(); ++g)
+    if (fresh[g]) s.orth[g] = std::move(fresh[g]);
+
+  // pass 3: Muon through the pipeline, AdamW locally
+  const auto counters = [&] {
+    CommCounters c = s.comm->counters();
+    for (const auto& gc : s.group_comms) c.bytes_sent += gc->counters().bytes_sent, c.bytes_recv += gc->counters().bytes_recv,
+                                         c.collectives += gc->counters().collectives;
+    return c;
+  };
+  const CommCounters before = counters();
+  for (ParamState& st : s.state) ++st.steps;
+  detail::run_pipeline(s, in);
+  const auto ta = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < n; ++i) {
+    const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[i])];
+    if (o.algorithm != Algorithm::AdamW || s.routes.layouts[i].local_numel == 0) continue;
+    ParamState& st = s.state[i];
+    adamw_step({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, st.steps}, params[i].f32(), grads[i], st.exp_avg.data(),
+               st.exp_avg_sq.data());
+  }
+  s.stats.update_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();
+  const CommCounters after = counters();
+  s.stats.applied = true;
+  s.stats.bytes_sent = after.bytes_sent - before.bytes_sent;
+  s.stats.bytes_recv = after.bytes_recv - before.bytes_recv;
+  s.stats.collectives = static_cast<int64_t>(after.collectives - before.collectives);
+  s.stats.bytes_sent_predicted = s.predicted_sent;
+  s.stats.bytes_recv_predicted = s.predicted_recv;
+  s.stats.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return true;
+}
+
+GroupOptions& Optimizer::options(size_t g) {
+  DMUON_CHECK(g < impl_->groups.size(), "[optim] group ", g, " does not exist (", impl_->groups.size(), " groups)");
+  return impl_->groups[g].options;
+}
+const std::vector<ParamGroup>& Optimizer::groups() const { return impl_->groups; }
+const Plan& Optimizer::plan() const { return impl_->plan; }
+const Inventory& Optimizer::inventory() const { return impl_->plan.inventory(); }
+int Optimizer::rank() const { return impl_->rank; }
+const StepStats& Optimizer::last_stats() const { return impl_->stats; }
+
+Box Optimizer::local_box(size_t param) const {
+  DMUON_CHECK(param < impl_->routes.layouts.size(), "[optim] parameter index ", param, " out of range");
+  return impl_->routes.layouts[param].box;
+}
+Shape Optimizer::local_shape(size_t param) const { return local_box(param).shape(); }
+
+std::vector<std::string> Optimizer::state_keys(size_t param) const {
+  DMUON_CHECK(param < impl_->state.size(), "[optim] parameter index ", param, " out of range");
+  const size_t g = static_cast<size_t>(impl_->group_of[param]);
+  if (impl_->algorithm[g] == Algorithm::AdamW) return {"exp_avg", "exp_avg_sq"};
+  if (impl_->normuon[g]) return {"momentum_buffer", "normuon_v"};
+  return {"momentum_buffer"};
+}
+
+TensorView Optimizer::state(size_t param, std::string_view key) {
+  std::vector<std::string> keys = state_keys(param);
+  ParamState& st = impl_->state[param];
+  const ParamLayout& L = impl_->routes.layouts[param];
+  if (std::find(keys.begin(), keys.end(), key) != keys.end()) {
+    if (key == "momentum_buffer") return TensorView(st.momentum.data(), L.box.shape());
+    if (key == "exp_avg") return TensorView(st.exp_avg.data(), L.box.shape());
+    if (key == "exp_avg_sq") return TensorView(st.exp_avg_sq.data(), L.box.shape());
+    if (key == "normuon_v") return TensorView(st.normuon_v.data(), L.v_box.shape());
+  }
+  std::string list;
+  for (const std::string& k : keys) list += (list.empty() ? "" : ", ") + k;
+  detail::throw_invalid_argument(detail::concat("[optim] parameter '", impl_->plan.inventory().params[param].name,
+                                                "' has no state '", key, "'; its keys are: ", list));
+}
+
+int64_t Optimizer::step_count(size_t param) const {
+  DMUON_CHECK(param < impl_->state.size(), "[optim] parameter index ", param, " out of range");
+  return impl_->state[param].steps;
+}
+
+void Optimizer::set_step_count(size_t param, int64_t count) {
+  DMUON_CHECK(param < impl_->state.size(), "[optim] parameter index ", param, " out of range");
+  DMUON_CHECK(count >= 0, "[optim] step count ", count, " is negative");
+  impl_->state[param].steps = count;
+}
+
+}  // namespace dmuon

@@ -1,0 +1,408 @@
+// dmuon::Optimizer against the single-process LocalOptimizer: for every strategy × mesh (FSDP, HSDP,
+// FSDP×TP with StridedShard, EP with experts whole and split) × comm dtype, parameters and state after
+// 3 steps must be BITWISE equal on each rank's local box; measured bytes must equal the plan's
+// prediction; fingerprint mismatches and non-finite gradients must be decided alike on every rank.
+//   ctest --test-dir build-exec -L dist -R optimizer      mpirun -n 3 --oversubscribe build-exec/bin/optimizer_test
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dist_env.h"
+#include "dmuon/bf16.h"
+#include "dmuon/error.h"
+#include "dmuon/local_optimizer.h"
+#include "dmuon/optimizer.h"
+
+namespace dmuon {
+namespace {
+
+using test::comm;
+
+// A non-owning shared_ptr to the test's world communicator.
+std::shared_ptr<Communicator> shared_comm() { return std::shared_ptr<Communicator>(&comm(), [](Communicator*) {}); }
+
+// The model: uneven and degenerate shapes, a QK pair, an expert stack, an AdamW bias.
+ModelDesc test_model(bool extra = false, int64_t w57_rows = 5) {
+  ModelDesc m{"dist-test", {}};
+  const auto add = [&](std::string name, Shape shape, Role role, TpStyle tp, bool expert = false,
+                       std::optional<QkTag> qk = std::nullopt) {
+    ParamSpec p;
+    p.name = std::move(name), p.shape = shape, p.role = role, p.tp = tp, p.expert = expert, p.qk = qk;
+    m.params.push_back(p);
+  };
+  add("w57", {w57_rows, 7}, Role::Muon, TpStyle::Colwise);
+  add("w183", {18, 3}, Role::Muon, TpStyle::Colwise);
+  add("w19", {1, 9}, Role::Muon, TpStyle::None);
+  add("w1364", {13, 64}, Role::Muon, TpStyle::Rowwise);
+  add("attn.q", {8, 6}, Role::Muon, TpStyle::Colwise, false, QkTag{0, QkKind::Q, 2, 4});
+  add("attn.k", {4, 6}, Role::Muon, TpStyle::Colwise, false, QkTag{0, QkKind::K, 1, 4});
+  add("moe.experts", {3, 6, 10}, Role::Muon, TpStyle::None, true);
+  add("bias", {7}, Role::AdamW, TpStyle::None);
+  if (extra) add("extra", {4, 4}, Role::Muon, TpStyle::None);
+  return m;
+}
+
+std::vector<ParamGroup> test_groups(size_t nparams, bool normuon = true) {
+  ParamGroup plain, nor, qk, adam;
+  plain.options.lr = 0.02, plain.options.weight_decay = 0.1;
+  nor.options.lr = 0.03, nor.options.normuon = normuon, nor.options.cautious_wd = true;
+  nor.options.momentum_kind = MomentumKind::HeavyBall, nor.options.lr_rule = LrRule::MatchRmsAdamw;
+  nor.options.ns.schedule = Schedule::PolarExpress;
+  qk.options.lr = 0.05, qk.options.qk_clip_threshold = 10.0;
+  adam.options.algorithm = Algorithm::AdamW, adam.options.lr = 0.01;
+  plain.params = {0, 2};
+  nor.params = {1, 3, 6};
+  qk.params = {4, 5};
+  adam.params = {7};
+  if (nparams > 8) plain.params.push_back(8);
+  return {plain, nor, qk, adam};
+}
+
+// Deterministic values of global element j of parameter p at step t (exact in bf16 when asked).
+float value(int p, int64_t j, int t, bool bf16) {
+  uint32_t x = static_cast<uint32_t>(p * 7919 + j * 104729 + t * 1299709) * 2654435761u;
+  x ^= x >> 15;
+  const float v = static_cast<float>(static_cast<int32_t>(x % 20001) - 10000) / 5000.0f;
+  return bf16 ? bf16_to_float(float_to_bf16(v)) : v;
+}
+
+// The local box of a full row-major tensor, in local order.
+std::vector<float> extract(const std::vector<float>& full, const Shape& shape, const Box& box) {
+  std::vector<float> out;
+  const int nd = shape.ndim();
+  std::vector<int64_t> idx(static_cast<size_t>(nd));
+  std::function<void(int, int64_t)> rec = [&](int d, int64_t base) {
+    if (d == nd) return out.push_back(full[static_cast<size_t>(base)]);
+    for (const Range& r : box.dims[static_cast<size_t>(d)].ranges())
+      for (int64_t i = r.begin; i < r.end; ++i) rec(d + 1, base * shape[d] + i);
+  };
+  rec(0, 0);
+  return out;
+}
+
+// Number of elements whose bits differ.
+int64_t bit_diffs(const float* a, const float* b, int64_t n) {
+  int64_t d = 0;
+  for (int64_t i = 0; i < n; ++i) d += std::memcmp(a + i, b + i, 4) != 0;
+  return d;
+}
+
+struct RunConfig {
+  std::string parallel;
+  std::string strategy;  // "auto" or a default: pin
+  DType comm_dtype = DType::F32;
+  ReplicaMode replica = ReplicaMode::Auto;
+};
+
+Inventory make_inventory(const std::string& parallel, bool extra = false, int64_t w57_rows = 5) {
+  ParallelConfig pc = parse_parallel(parallel);
+  return apply_parallel(test_model(extra, w57_rows), pc);
+}
+
+OptimizerOptions options_for(const RunConfig& c) {
+  OptimizerOptions o;
+  o.comm_dtype = c.comm_dtype;
+  o.env_override = false;
+  o.chunk_bytes = 2048;  // several chunks: the pipeline and its window are exercised
+  if (c.strategy != "auto") o.pins = StrategyRules::parse("default:" + c.strategy);
+  if (c.strategy == "gram_allreduce") o.exact = false;
+  o.replica = c.replica;
+  return o;
+}
+
+// Runs 3 steps distributed and in one process; returns bit differences on this rank (params + state).
+struct Outcome {
+  int64_t diffs = 0;
+  double max_rel = 0;
+  bool bytes_ok = true;
+  std::string detail;
+  std::vector<Strategy> used;
+};
+
+Outcome run_and_compare(const RunConfig& c, bool negative_control = false) {
+  Inventory inv = make_inventory(c.parallel);
+  const size_t n = inv.params.size();
+  const bool bf16 = c.comm_dtype == DType::BF16;
+  const bool normuon = c.strategy != "gram_allreduce";  // gram_allreduce has no NorMuon
+  Optimizer opt(shared_comm(), inv, test_groups(n, normuon), options_for(c));
+  std::vector<ParamInfo> infos;
+  for (const ParamSpec& p : inv.params) infos.push_back({p.name, p.shape, p.expert, p.qk});
+  LocalOptimizer ref(infos, test_groups(n, normuon), LocalOptimizerOptions{NonFinitePolicy::Raise, c.comm_dtype});
+  const int r = comm().rank();
+  std::vector<std::vector<float>> full_w(n), full_g(n), loc_w(n), loc_g(n);
+  std::vector<std::vector<BFloat16>> loc_gb(n), full_gb(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t numel = inv.params[i].shape.numel();
+    full_w[i].resize(static_cast<size_t>(numel));
+    for (int64_t j = 0; j < numel; ++j) full_w[i][static_cast<size_t>(j)] = value(static_cast<int>(i), j, 99, false);
+    loc_w[i] = extract(full_w[i], inv.params[i].shape, opt.local_box(i));
+  }
+  std::map<int, std::vector<float>> logits{{0, {50.0f, 3.0f}}};
+  Outcome out;
+  for (int t = 0; t < 3; ++t) {
+    std::vector<TensorView> fw, fg, lw, lg;
+    for (size_t i = 0; i < n; ++i) {
+      const Shape& gs = inv.params[i].shape;
+      const int64_t numel = gs.numel();
+      full_g[i].resize(static_cast<size_t>(numel));
+      for (int64_t j = 0; j < numel; ++j) full_g[i][static_cast<size_t>(j)] = value(static_cast<int>(i), j, t, bf16);
+      loc_g[i] = extract(full_g[i], gs, opt.local_box(i));
+      fw.emplace_back(full_w[i].data(), gs);
+      lw.emplace_back(loc_w[i].data(), opt.local_shape(i));
+      if (bf16) {  // bf16 gradients with bf16 communication
+        full_gb[i].resize(full_g[i].size()), loc_gb[i].resize(loc_g[i].size());
+        float_to_bf16(full_g[i].data(), full_gb[i].data(), full_g[i].size());
+        float_to_bf16(loc_g[i].data(), loc_gb[i].data(), loc_g[i].size());
+        fg.emplace_back(full_gb[i].data(), gs);
+        lg.emplace_back(loc_gb[i].data(), opt.local_shape(i));
+      } else {
+        fg.emplace_back(full_g[i].data(), gs);
+        lg.emplace_back(loc_g[i].data(), opt.local_shape(i));
+      }
+    }
+    EXPECT_TRUE(ref.step(fw, fg, logits));
+    EXPECT_TRUE(opt.step(lw, lg, logits));
+    const StepStats& st = opt.last_stats();
+    if (st.bytes_sent - st.bytes_sent_state != st.bytes_sent_predicted ||
+        st.bytes_recv - st.bytes_recv_state != st.bytes_recv_predicted) {
+      out.bytes_ok = false;
+      out.detail += "bytes sent " + std::to_string(st.bytes_sent) + " (state " + std::to_string(st.bytes_sent_state) +
+                    ") predicted " + std::to_string(st.bytes_sent_predicted) + ", recv " + std::to_string(st.bytes_recv) +
+                    " (state " + std::to_string(st.bytes_recv_state) + ") predicted " +
+                    std::to_string(st.bytes_recv_predicted) + "; ";
+    }
+  }
+  if (negative_control) {  // one ulp on one element of the reference must be caught
+    for (size_t i = 0; i < n; ++i)
+      if (opt.local_shape(i).numel() > 0) {
+        const Box b = opt.local_box(i);
+        const int64_t first = [&] {
+          int64_t off = 0;
+          for (int d = 0; d < inv.params[i].shape.ndim(); ++d) off = off * inv.params[i].shape[d] + b.dims[static_cast<size_t>(d)].at(0);
+          return off;
+        }();
+        float& x = full_w[i][static_cast<size_t>(first)];
+        x = std::nextafter(x, std::numeric_limits<float>::infinity());
+        break;
+      }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const ParamSpec& p = inv.params[i];
+    const std::vector<float> want = extract(full_w[i], p.shape, opt.local_box(i));
+    int64_t d = bit_diffs(want.data(), loc_w[i].data(), static_cast<int64_t>(want.size()));
+    for (size_t k = 0; k < want.size(); ++k) {
+      const double den = std::max(1e-3, std::abs(static_cast<double>(want[k])));
+      out.max_rel = std::max(out.max_rel, std::abs(static_cast<double>(want[k]) - loc_w[i][k]) / den);
+    }
+    for (const std::string& key : ref.state_keys(i)) {
+      TensorView rv = ref.state(i, key), lv = opt.state(i, key);
+      std::vector<float> full(rv.f32(), rv.f32() + rv.numel());
+      Box box = key == "normuon_v" ? local_box(rv.shape, p.placements, inv.meshes[static_cast<size_t>(p.mesh)], r)
+                                   : opt.local_box(i);
+      const std::vector<float> sw = extract(full, rv.shape, box);
+      EXPECT_EQ(static_cast<int64_t>(sw.size()), lv.numel()) << p.name << " " << key;
+      if (static_cast<int64_t>(sw.size()) == lv.numel()) d += bit_diffs(sw.data(), lv.f32(), lv.numel());
+    }
+    EXPECT_EQ(opt.step_count(i), ref.step_count(i));
+    if (d > 0) out.detail += p.name + ": " + std::to_string(d) + " differing elements; ";
+    out.diffs += d;
+  }
+  for (const PlanEntry& e : opt.plan().entries()) out.used.push_back(e.strategy);
+  if (std::getenv("DMUON_TEST_VERBOSE") && r == 0) {
+    std::string u;
+    for (const PlanEntry& e : opt.plan().entries()) u += " " + std::string(to_string(e.strategy));
+    for (const PlanEntry& e : opt.plan().entries()) u += e.replica_split ? "+split" : "";
+    std::printf("%s %s %s chunks %zu:%s\n", c.parallel.c_str(), c.strategy.c_str(), std::string(to_string(c.comm_dtype)).c_str(),
+                opt.plan().chunks().size(), u.c_str());
+  }
+  return out;
+}
+
+// Meshes for this world size (skipped where the size does not allow them).
+std::vector<std::string> parallels() {
+  const int w = comm().size();
+  std::vector<std::string> out = {"dp_shard=" + std::to_string(w)};                       // FSDP
+  if (w % 2 == 0) out.push_back("dp_replicate=2,dp_shard=" + std::to_string(w / 2));     // HSDP
+  if (w % 2 == 0) out.push_back("dp_shard=" + std::to_string(w / 2) + ",tp=2");          // FSDP × TP (StridedShard)
+  if (w == 3) out.push_back("tp=3");
+  if (w > 1) out.push_back("dp_shard=" + std::to_string(w) + ",ep=" + std::to_string(w));  // experts whole
+  if (w == 4) out.push_back("dp_shard=4,ep=2");                                           // experts split (efsdp·ep > E)
+  return out;
+}
+
+const char* kStrategies[] = {"auto", "local", "owner_a2a", "allgather", "agrs", "expert_local", "expert_subgroup"};
+
+class OptimizerBitwise : public ::testing::TestWithParam<int> {};
+
+TEST_P(OptimizerBitwise, MatchesLocalOptimizerAndPlanBytes) {
+  const DType dt = GetParam() == 0 ? DType::F32 : DType::BF16;
+  int runs = 0;
+  for (const std::string& par : parallels()) {
+    try {
+      make_inventory(par);
+    } catch (const std::invalid_argument& e) {
+      continue;  // a recipe this world size cannot place
+    }
+    for (const char* s : kStrategies) {
+      SCOPED_TRACE(par + " strategy " + s + " comm " + std::string(to_string(dt)));
+      const Outcome o = run_and_compare({par, s, dt});
+      EXPECT_EQ(o.diffs, 0) << o.detail;
+      EXPECT_TRUE(o.bytes_ok) << o.detail;
+      ++runs;
+    }
+    if (par.find("dp_replicate") != std::string::npos) {  // HSDP: owners spread over replicas
+      SCOPED_TRACE(par + " owner_a2a replica split");
+      const Outcome o = run_and_compare({par, "owner_a2a", dt, ReplicaMode::Split});
+      EXPECT_EQ(o.diffs, 0) << o.detail;
+      EXPECT_TRUE(o.bytes_ok) << o.detail;
+    }
+  }
+  EXPECT_GT(runs, 0);
+}
+INSTANTIATE_TEST_SUITE_P(CommDtype, OptimizerBitwise, ::testing::Values(0, 1));
+
+TEST(OptimizerBitwise, NegativeControlCatchesOneUlp) {
+  const Outcome o = run_and_compare({"dp_shard=" + std::to_string(comm().size()), "owner_a2a", DType::F32}, true);
+  EXPECT_EQ(o.diffs, 1);
+}
+
+TEST(OptimizerBitwise, EveryStrategyIsExercised) {
+  if (comm().size() < 2) GTEST_SKIP() << "strategies need ≥ 2 ranks";
+  std::set<Strategy> seen;
+  for (const std::string& par : parallels())
+    for (const char* s : kStrategies) {
+      try {
+        Plan plan = make_plan(make_inventory(par), [&] {
+          PlanOptions po;
+          if (std::string(s) != "auto") po.pins = StrategyRules::parse(std::string("default:") + s);
+          return po;
+        }());
+        for (const PlanEntry& e : plan.entries()) seen.insert(e.strategy);
+      } catch (const std::invalid_argument&) {
+      }
+    }
+  for (Strategy s : {Strategy::Local, Strategy::OwnerA2A, Strategy::AllGather, Strategy::Agrs, Strategy::ExpertLocal,
+                     Strategy::ExpertSubgroup})
+    EXPECT_TRUE(seen.count(s)) << to_string(s) << " is never used by the bitwise runs";
+}
+
+// gram_allreduce sums Gram matrices in MPI's order: within a tolerance of the reference.
+TEST(OptimizerGram, WithinTolerance) {
+  const Outcome o = run_and_compare({"dp_shard=" + std::to_string(comm().size()), "gram_allreduce", DType::F32});
+  EXPECT_LT(o.max_rel, 1e-4) << o.detail;
+  EXPECT_TRUE(o.bytes_ok) << o.detail;
+}
+
+// ---- safety -----------------------------------------------------------------------------------
+
+// Every rank's message, gathered, must be the same string.
+bool same_everywhere(const std::string& msg) {
+  const size_t w = static_cast<size_t>(comm().size());
+  uint64_t h = std::hash<std::string>{}(msg);
+  std::vector<uint64_t> all(w);
+  comm().all_gather(InBuffer(&h, CommType::U64, 1), OutBuffer(all.data(), CommType::U64, w), "test hash").wait();
+  for (uint64_t x : all)
+    if (x != all[0]) return false;
+  return true;
+}
+
+std::string construct_error(const Inventory& inv) {
+  try {
+    Optimizer opt(shared_comm(), inv, test_groups(inv.params.size()), options_for({"", "auto", DType::F32}));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(OptimizerSafety, ShapeMismatchSameErrorEverywhere) {
+  if (comm().size() < 2) GTEST_SKIP();
+  const std::string par = "dp_shard=" + std::to_string(comm().size());
+  const std::string msg = construct_error(make_inventory(par, false, comm().rank() == 1 ? 6 : 5));
+  EXPECT_NE(msg.find("disagree on parameter #0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'w57' [6, 7]"), std::string::npos) << msg;
+  EXPECT_TRUE(same_everywhere(msg)) << msg;
+}
+
+TEST(OptimizerSafety, ParameterCountMismatchSameErrorEverywhere) {
+  if (comm().size() < 2) GTEST_SKIP();
+  const std::string par = "dp_shard=" + std::to_string(comm().size());
+  const std::string msg = construct_error(make_inventory(par, comm().rank() == 1));
+  EXPECT_NE(msg.find("disagree on parameter #8"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(none: 8 parameters)"), std::string::npos) << msg;
+  EXPECT_TRUE(same_everywhere(msg)) << msg;
+}
+
+TEST(OptimizerSafety, NonFiniteGradientSameDecision) {
+  const int w = comm().size();
+  Inventory inv = make_inventory("dp_shard=" + std::to_string(w));
+  for (NonFinitePolicy policy : {NonFinitePolicy::Raise, NonFinitePolicy::Skip}) {
+    OptimizerOptions o = options_for({"", "auto", DType::F32});
+    o.non_finite = policy;
+    Optimizer opt(shared_comm(), inv, test_groups(inv.params.size()), o);
+    std::vector<std::vector<float>> wv, gv;
+    std::vector<TensorView> lw, lg;
+    for (size_t i = 0; i < inv.params.size(); ++i) {
+      wv.emplace_back(static_cast<size_t>(opt.local_shape(i).numel()), 1.0f);
+      gv.emplace_back(static_cast<size_t>(opt.local_shape(i).numel()), 0.5f);
+    }
+    // the last rank holding elements of w1364 poisons one of them
+    const int bad_rank = std::min(w - 1, 1);
+    if (comm().rank() == bad_rank && !gv[3].empty()) gv[3][0] = std::numeric_limits<float>::quiet_NaN();
+    for (size_t i = 0; i < inv.params.size(); ++i) {
+      lw.emplace_back(wv[i].data(), opt.local_shape(i));
+      lg.emplace_back(gv[i].data(), opt.local_shape(i));
+    }
+    const std::vector<std::vector<float>> before = wv;
+    std::string msg;
+    bool applied = true;
+    try {
+      applied = opt.step(lw, lg, {{0, {50.0f, 3.0f}}});
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    EXPECT_EQ(wv, before) << "parameters changed";
+    EXPECT_EQ(opt.step_count(0), 0);
+    if (policy == NonFinitePolicy::Raise) {
+      EXPECT_NE(msg.find("gradient of parameter 'w1364' is not finite on rank " + std::to_string(bad_rank)), std::string::npos) << msg;
+      EXPECT_TRUE(same_everywhere(msg)) << msg;
+    } else {
+      EXPECT_TRUE(msg.empty()) << msg;
+      EXPECT_FALSE(applied);
+      gv[3].assign(gv[3].size(), 0.5f);  // a clean step afterwards works everywhere
+      EXPECT_TRUE(opt.step(lw, lg, {{0, {50.0f, 3.0f}}}));
+    }
+  }
+}
+
+TEST(OptimizerSafety, BadLocalShapeRejectedOnEveryRank) {
+  Inventory inv = make_inventory("dp_shard=" + std::to_string(comm().size()));
+  Optimizer opt(shared_comm(), inv, test_groups(inv.params.size()), options_for({"", "auto", DType::F32}));
+  std::vector<std::vector<float>> wv;
+  std::vector<TensorView> lw;
+  for (size_t i = 0; i < inv.params.size(); ++i) wv.emplace_back(static_cast<size_t>(opt.local_shape(i).numel()) + 64, 1.0f);
+  for (size_t i = 0; i < inv.params.size(); ++i) {
+    Shape s = opt.local_shape(i);
+    if (i == 1 && comm().rank() == 0) s[0] += 1;  // rank 0 passes a wrong shard shape for w183
+    lw.emplace_back(wv[i].data(), s);
+  }
+  std::string msg;
+  try {
+    opt.step(lw, lw, {{0, {50.0f, 3.0f}}});
+  } catch (const std::invalid_argument& e) {
+    msg = e.what();
+  }
+  if (comm().rank() == 0) EXPECT_NE(msg.find("parameter 'w183': this rank's shard should have shape"), std::string::npos) << msg;
+  else EXPECT_NE(msg.find("rank 0 rejected its step inputs"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace dmuon

@@ -1,0 +1,213 @@
+// `dmuon bench step`: times dmuon::Optimizer::step on a model with seeded synthetic gradients (each
+// rank fills its local box deterministically), per strategy, with the single-process
+// orthogonalization time of all Muon matrices as the reference (measured in the same run).
+// Example: mpirun -np 2 build/bin/dmuon bench step --model gpt2-124m --parallel dp_shard=2 --compare --json
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "dmuon/blas.h"
+#include "dmuon/error.h"
+#include "dmuon/optimizer.h"
+#include "plan_options.h"
+
+namespace dmuon::cli {
+namespace {
+
+struct StepArgs {
+  PlanArgs plan;
+  int steps = 3, blas_threads = 0;
+  bool compare = false, json = false;
+  std::string backend;  // "" = mpi under mpirun, else single
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+float synthetic(uint64_t seed) {
+  seed = (seed + 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
+  seed ^= seed >> 31;
+  return static_cast<float>(static_cast<int64_t>(seed % 2001) - 1000) * 1e-3f;
+}
+
+// Fills a local box with values that depend only on the global index (any layout gives the same).
+void fill(std::vector<float>& out, const Box& box, const Shape& shape, uint64_t seed) {
+  out.clear();
+  const int nd = shape.ndim();
+  std::function<void(int, int64_t)> rec = [&](int d, int64_t base) {
+    if (d == nd) return out.push_back(synthetic(seed * 1000003ull + static_cast<uint64_t>(base)));
+    for (const Range& r : box.dims[static_cast<size_t>(d)].ranges())
+      for (int64_t i = r.begin; i < r.end; ++i) rec(d + 1, base * shape[d] + i);
+  };
+  if (box.numel() > 0) rec(0, 0);
+}
+
+int64_t reduce_max(Communicator& c, int64_t x) {
+  c.all_reduce(OutBuffer(&x, CommType::I64, 1), ReduceOp::Max, "bench max").wait();
+  return x;
+}
+double reduce_max(Communicator& c, double x) {
+  float f = static_cast<float>(x);
+  c.all_reduce(OutBuffer(&f, CommType::F32, 1), ReduceOp::Max, "bench max").wait();
+  return f;
+}
+
+// Single-process orthogonalization of every Muon matrix (rank 0, one BLAS thread per rank setting).
+double reference_seconds(const Inventory& inv, const NsOptions& ns) {
+  Orthogonalizer orth(ns);
+  double total = 0;
+  std::vector<float> m;
+  for (size_t i = 0; i < inv.params.size(); ++i) {
+    const ParamSpec& p = inv.params[i];
+    if (p.role != Role::Muon) continue;
+    Box full;
+    for (int d = 0; d < p.shape.ndim(); ++d) full.dims.push_back(IndexSet::full(p.shape[d]));
+    fill(m, full, p.shape, i + 1);
+    const auto t = std::chrono::steady_clock::now();
+    for (int64_t u = 0; u < p.units(); ++u) orth.run(m.data() + u * p.rows() * p.cols(), m.data() + u * p.rows() * p.cols(), p.rows(), p.cols());
+    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+  return total;
+}
+
+nlohmann::json run_strategy(const std::shared_ptr<Communicator>& comm, const Inventory& inv, const PlanOptions& po,
+                            const StepArgs& a, const std::string& strategy) {
+  OptimizerOptions o;
+  o.comm_dtype = po.comm_dtype, o.machine = po.machine, o.replica = po.replica, o.exact = po.exact;
+  o.chunk_bytes = po.chunk_bytes, o.window = po.window, o.blas_threads = a.blas_threads;
+  std::string rules = strategy == "auto" ? "" : "default:" + strategy;
+  for (const std::string& p : a.plan.pins) rules += (rules.empty() ? "" : ";") + p;
+  o.pins = StrategyRules::parse(rules, "--strategy / --pin");
+  ParamGroup muon, adam;
+  muon.options.ns = po.ns;
+  adam.options.algorithm = Algorithm::AdamW;
+  for (size_t i = 0; i < inv.params.size(); ++i) (inv.params[i].role == Role::Muon ? muon : adam).params.push_back(i);
+  Optimizer opt(comm, inv, {muon, adam}, o);
+  const size_t n = inv.params.size();
+  std::vector<std::vector<float>> w(n), g(n);
+  std::vector<TensorView> wv, gv;
+  for (size_t i = 0; i < n; ++i) {
+    fill(w[i], opt.local_box(i), inv.params[i].shape, 7 * i + 1);
+    fill(g[i], opt.local_box(i), inv.params[i].shape, 7 * i + 2);
+    wv.emplace_back(w[i].data(), opt.local_shape(i));
+    gv.emplace_back(g[i].data(), opt.local_shape(i));
+  }
+  std::vector<double> step, pack, wait, orth, upd, comm_s, overlap;
+  StepStats last;
+  for (int s = 0; s <= a.steps; ++s) {  // step 0 warms up (allocations, BLAS buffers)
+    comm->barrier("bench step").wait();
+    opt.step(wv, gv);
+    last = opt.last_stats();
+    if (s == 0) continue;
+    step.push_back(last.step_seconds), pack.push_back(last.pack_seconds), wait.push_back(last.comm_wait_seconds);
+    orth.push_back(last.orthogonalize_seconds), upd.push_back(last.update_seconds), comm_s.push_back(last.comm_seconds);
+    overlap.push_back(last.overlap);
+  }
+  Communicator& c = *comm;
+  nlohmann::json r;
+  r["strategy"] = strategy;
+  r["step_seconds"] = reduce_max(c, median(step));
+  r["phase_seconds"] = {{"pack", reduce_max(c, median(pack))}, {"comm_wait", reduce_max(c, median(wait))},
+                        {"orthogonalize", reduce_max(c, median(orth))}, {"update", reduce_max(c, median(upd))}};
+  r["comm_seconds"] = reduce_max(c, median(comm_s));
+  r["overlap"] = median(overlap);
+  r["bytes_sent_max"] = reduce_max(c, static_cast<int64_t>(last.bytes_sent - last.bytes_sent_state));
+  r["bytes_predicted_max"] = opt.plan().total().bytes_sent_max;
+  r["bytes_match_plan"] = reduce_max(c, static_cast<int64_t>(last.bytes_sent - last.bytes_sent_state != last.bytes_sent_predicted)) == 0;
+  r["peak_buffer_bytes_max"] = reduce_max(c, static_cast<int64_t>(last.peak_buffer_bytes));
+  r["chunks"] = last.chunks;
+  r["strategy_counts"] = nlohmann::json::object();
+  const auto counts = opt.plan().strategy_counts();
+  for (int s = 0; s < kNumStrategies; ++s)
+    if (counts[static_cast<size_t>(s)] > 0) r["strategy_counts"][std::string(to_string(static_cast<Strategy>(s)))] = counts[static_cast<size_t>(s)];
+  return r;
+}
+
+void run(const StepArgs& a) {
+  std::string backend = a.backend;
+  if (backend.empty()) backend = std::getenv("OMPI_COMM_WORLD_SIZE") ? "mpi" : "single";
+  std::shared_ptr<Communicator> comm = make_communicator(backend);
+  const int threads = a.blas_threads > 0 ? a.blas_threads : (comm->size() > 1 ? 1 : 0);
+  if (threads > 0) blas_set_num_threads(threads);
+  const Inventory inv = make_inventory(a.plan);
+  const PlanOptions po = make_plan_options(a.plan);
+  std::vector<std::string> strategies = {a.plan.strategy};
+  if (a.compare) {
+    strategies = {"auto"};
+    const std::vector<Strategy> all = {Strategy::OwnerA2A, Strategy::AllGather, Strategy::Agrs, Strategy::ExpertLocal,
+                                       Strategy::ExpertSubgroup};
+    for (const Baseline& b : plan_baselines(inv, po, all))
+      if (b.applied > 0) strategies.push_back(std::string(to_string(b.strategy)));
+  }
+  double ref = 0;
+  comm->barrier("bench reference").wait();
+  if (comm->rank() == 0) ref = reference_seconds(inv, po.ns);
+  comm->broadcast(OutBuffer(&ref, CommType::I64, 1), 0, "bench reference").wait();  // 8 raw bytes
+  nlohmann::json out;
+  out["model"] = inv.model, out["parallel"] = a.plan.parallel, out["world_size"] = comm->size();
+  out["comm_dtype"] = a.plan.comm_dtype, out["backend"] = backend, out["steps"] = a.steps;
+  out["blas_threads"] = blas_get_num_threads();
+  out["reference_orthogonalize_seconds"] = ref;
+  out["results"] = nlohmann::json::array();
+  for (const std::string& s : strategies) out["results"].push_back(run_strategy(comm, inv, po, a, s));
+  const double base = out["results"][0]["step_seconds"].get<double>();
+  for (auto& r : out["results"]) {
+    r["ratio_to_auto"] = base > 0 ? r["step_seconds"].get<double>() / base : 0.0;
+    // the target's bound: single-process orthogonalization / ranks + measured communication time
+    r["ideal_seconds"] = ref / comm->size() + r["comm_seconds"].get<double>();
+  }
+  if (comm->rank() != 0) return;
+  if (a.json) {
+    std::cout << out.dump(2) << "\n";
+    return;
+  }
+  std::printf("%s on %s (%d ranks, %s comm, %d BLAS thread(s)); single-process orthogonalization %.3f s\n",
+              inv.model.c_str(), a.plan.parallel.c_str(), comm->size(), a.plan.comm_dtype.c_str(),
+              out["blas_threads"].get<int>(), ref);
+  std::printf("%-16s %9s %8s %8s %8s %8s %8s %7s %12s %12s %10s %8s\n", "strategy", "step s", "pack", "wait", "orth",
+              "update", "comm", "overlap", "sent max", "predicted", "peak buf", "vs auto");
+  for (const auto& r : out["results"]) {
+    const auto& ph = r["phase_seconds"];
+    std::printf("%-16s %9.4f %8.4f %8.4f %8.4f %8.4f %8.4f %6.0f%% %12.0f %12.0f %10.0f %7.2fx\n",
+                r["strategy"].get<std::string>().c_str(), r["step_seconds"].get<double>(), ph["pack"].get<double>(),
+                ph["comm_wait"].get<double>(), ph["orthogonalize"].get<double>(), ph["update"].get<double>(),
+                r["comm_seconds"].get<double>(), 100 * r["overlap"].get<double>(), r["bytes_sent_max"].get<double>(),
+                r["bytes_predicted_max"].get<double>(), r["peak_buffer_bytes_max"].get<double>(), r["ratio_to_auto"].get<double>());
+  }
+}
+
+}  // namespace
+
+void add_bench_step_command(CLI::App& bench) {
+  auto* cmd = bench.add_subcommand("step", "Time the distributed optimizer step per strategy (run under mpirun)");
+  auto a = std::make_shared<StepArgs>();
+  a->plan.model = "gpt2-124m", a->plan.parallel = "dp_shard=1", a->plan.machine = "cpu", a->plan.chunk_mib = 32;
+  add_plan_args(*cmd, a->plan);
+  cmd->add_option("--steps", a->steps, "Timed steps (after one warm-up step); medians reported")->capture_default_str();
+  cmd->add_flag("--compare", a->compare, "Run auto and every single-strategy baseline that applies; print ratios");
+  cmd->add_flag("--json", a->json, "Print JSON (top level: results)");
+  cmd->add_option("--blas-threads", a->blas_threads, "BLAS threads per rank (0: 1 under MPI with > 1 rank)");
+  cmd->add_option("--backend", a->backend, "mpi or single (default: mpi under mpirun)");
+  cmd->callback([a] {
+    try {
+      run(*a);
+    } catch (const Error& e) {
+      if (std::getenv("OMPI_COMM_WORLD_SIZE") && mpi_available()) {  // a broken job cannot finalize
+        std::fprintf(stderr, "dmuon: error: %s\n", e.what());
+        abort_all(1);
+      }
+      throw;
+    }
+  });
+}
+
+}  // namespace dmuon::cli
