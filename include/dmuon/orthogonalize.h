@@ -53,6 +53,12 @@ struct NsOptions {
   // Polar Express schedule construction (used when schedule == PolarExpress).
   double pe_l0 = 1e-3, pe_safety = 0.02, pe_cushion = 0.02;
   std::vector<Coefficients> custom;     // used when schedule == Custom; size must equal steps
+  // Emulate torch.optim.Muon's bf16 arithmetic (for parity tests; slower, less accurate): the input
+  // and the normalized X are rounded to bf16 (norm rounded to bf16 first, then X / norm), and each
+  // step, with fp32 accumulation and every product's output rounded to bf16, computes
+  // A = bf16(X·Xᵀ), Z = bf16(b·A + c·A·A), X ← bf16(a·X + Z·X) (torch's two addmm), tall matrices
+  // on XᵀX. Plain products only: `method` is ignored. Outputs are bf16 values held in fp32.
+  bool bf16_rounding = false;
 };
 
 // The per-step coefficients that `options` describe (length options.steps). Polar Express is

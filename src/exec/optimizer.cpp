@@ -34,7 +34,8 @@ bool same_ns(const NsOptions& a, const NsOptions& b) {
   for (size_t i = 0; i < a.custom.size(); ++i)
     if (a.custom[i].a != b.custom[i].a || a.custom[i].b != b.custom[i].b || a.custom[i].c != b.custom[i].c) return false;
   return a.schedule == b.schedule && a.steps == b.steps && a.method == b.method && a.scale == b.scale && a.eps == b.eps &&
-         a.eps_mode == b.eps_mode && a.pe_l0 == b.pe_l0 && a.pe_safety == b.pe_safety && a.pe_cushion == b.pe_cushion;
+         a.eps_mode == b.eps_mode && a.pe_l0 == b.pe_l0 && a.pe_safety == b.pe_safety && a.pe_cushion == b.pe_cushion &&
+         a.bf16_rounding == b.bf16_rounding;
 }
 
 int64_t first_non_finite(const TensorView& g) {

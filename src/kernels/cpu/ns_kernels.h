@@ -37,6 +37,11 @@ void apply_left_factor(const float* z, const float* src, float* dst, int64_t m, 
 void newton_schulz(const float* x0, float* out, int64_t m, int64_t n,
                    const std::vector<Coefficients>& coefficients, bool symmetric, NsScratch& scratch);
 
+// torch.optim.Muon's bf16 Newton–Schulz emulated in fp32 (NsOptions::bf16_rounding): reads `in`
+// (may equal `out`), normalizes and iterates with every product rounded to bf16 (ns_bf16.cpp).
+void newton_schulz_bf16(const float* in, float* out, int64_t m, int64_t n, const NsOptions& options,
+                        const std::vector<Coefficients>& coefficients, NsScratch& scratch);
+
 // Gram Newton–Schulz (restart after kGramRestartStep). x0 (normalized) is overwritten.
 void gram_newton_schulz(float* x0, float* out, int64_t m, int64_t n,
                         const std::vector<Coefficients>& coefficients, NsScratch& scratch);

@@ -64,6 +64,7 @@ void Orthogonalizer::run(const float* in, float* out, int64_t m, int64_t n) {
   DMUON_CHECK(in == out || !overlaps(in, out, bytes),
               "[orth] 'in' and 'out' overlap without being equal; pass the same pointer for in-place");
   if (ws_ == nullptr) ws_ = new Workspace;  // a moved-from Orthogonalizer stays usable
+  if (options_.bf16_rounding) return cpu::newton_schulz_bf16(in, out, m, n, options_, coefficients_, *ws_);
 
   const double norm = frobenius_norm(in, m * n);
   const double scaled = norm * options_.scale;

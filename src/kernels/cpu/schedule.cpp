@@ -99,6 +99,7 @@ double ns_flops(int64_t m, int64_t n, const NsOptions& options) {
   const double s2l = s * s * l, s3 = s * s * s;
   NsMethod method = options.method;
   if (method == NsMethod::Gram && l < 2 * s) method = NsMethod::Symmetric;  // its fallback
+  if (options.bf16_rounding) method = NsMethod::Plain;  // the emulation forms plain products
   switch (method) {
     case NsMethod::Plain: return steps * (4 * s2l + 2 * s3);
     case NsMethod::Symmetric: return steps * (3 * s2l + s3);

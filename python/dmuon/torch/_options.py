@@ -1,0 +1,124 @@
+"""Param-group keys of dmuon.torch.Muon: defaults per algorithm, validation of group dicts, and their
+translation to the engine's GroupOptions (done at every step, so LR schedulers and edits to any key
+take effect)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .. import _core
+
+# Keller Jordan's quintic coefficients, torch.optim.Muon's default.
+JORDAN = (3.4445, -4.7750, 2.0315)
+
+# Defaults of a Muon group: torch.optim.Muon's first, then dmuon's extra options.
+MUON_DEFAULTS: dict[str, Any] = {
+    "lr": 1e-3,
+    "weight_decay": 0.1,
+    "momentum": 0.95,
+    "nesterov": True,
+    "ns_coefficients": JORDAN,
+    "eps": 1e-7,
+    "ns_steps": 5,
+    "adjust_lr_fn": None,         # None / "original", "match_rms_adamw", "none"
+    "ns_schedule": None,          # None: "jordan" for the default coefficients, else "custom";
+                                  # or "jordan", "you", "polar_express", "custom"
+    "ns_method": "symmetric",     # "plain", "symmetric" (SYRK), "gram" (Gram Newton-Schulz)
+    "ns_scale": 1.0,              # X0 = G / max(|G|_F * ns_scale, eps)
+    "eps_mode": "clamp",          # "clamp" as torch.optim.Muon, or "add": / (|G| * s + eps)
+    "ns_bf16": False,             # emulate torch.optim.Muon's bf16 Newton-Schulz rounding
+    "momentum_kind": "ema",       # "ema" (torch lerp) or "heavy_ball" (buf = mu * buf + g)
+    "cautious_wd": False,
+    "normuon": False,
+    "normuon_beta2": 0.95,
+    "qk_clip_threshold": 0.0,     # tau > 0 enables QK-clip on parameters tagged by qk_layout
+    "expert_stacks": False,       # True: 3-D parameters are [E, A, B] stacks of E matrices
+}
+
+# Defaults of an AdamW group: torch.optim.AdamW's.
+ADAMW_DEFAULTS: dict[str, Any] = {
+    "lr": 1e-3,
+    "betas": (0.9, 0.999),
+    "eps": 1e-8,
+    "weight_decay": 0.01,
+}
+
+SHARED_KEYS = {"lr", "weight_decay", "eps"}
+MUON_ONLY = set(MUON_DEFAULTS) - SHARED_KEYS
+ADAMW_ONLY = set(ADAMW_DEFAULTS) - SHARED_KEYS
+# Keys fixed at construction: the engine's state layout depends on them.
+STRUCTURAL = ("algorithm", "normuon", "expert_stacks")
+ALGORITHMS = ("muon", "adamw")
+
+
+def _scalar(value: Any) -> float:
+    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+
+
+def check_group_keys(group: dict, index: int) -> str:
+    """Returns the group's algorithm; ValueError for an unknown algorithm or the other algorithm's
+    keys (a typo guard: `betas` in a Muon group, `momentum` in an AdamW group)."""
+    algorithm = group.get("algorithm", "muon")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"[torch] param group {index}: algorithm {algorithm!r} is not one of "
+                         f"{ALGORITHMS}")
+    wrong = sorted((ADAMW_ONLY if algorithm == "muon" else MUON_ONLY) & set(group))
+    if wrong:
+        raise ValueError(f"[torch] param group {index} ({algorithm}): keys {wrong} belong to the "
+                         f"other algorithm; remove them or set algorithm accordingly")
+    return algorithm
+
+
+def _ns_options(group: dict, ns: "_core.NsOptions", index: int) -> None:
+    schedule = group["ns_schedule"]
+    coefficients = tuple(float(c) for c in group["ns_coefficients"])
+    if len(coefficients) != 3:
+        raise ValueError(f"[torch] param group {index}: ns_coefficients must be (a, b, c)")
+    if schedule is None:
+        schedule = "jordan" if coefficients == JORDAN else "custom"
+    ns.schedule = schedule
+    ns.steps = int(group["ns_steps"])
+    if schedule == "custom":
+        ns.custom = [coefficients] * ns.steps
+    ns.method = group["ns_method"]
+    ns.scale = float(group["ns_scale"])
+    ns.eps = float(group["eps"])
+    ns.eps_mode = group["eps_mode"]
+    ns.bf16_rounding = bool(group["ns_bf16"])
+
+
+def apply_group(options: "_core.GroupOptions", group: dict, index: int) -> None:
+    """Writes the hyperparameters of torch param group `group` into the engine's GroupOptions.
+    Enum names and ranges are checked by the engine (ValueError naming the group and field)."""
+    options.lr = _scalar(group["lr"])
+    options.weight_decay = _scalar(group["weight_decay"])
+    if group.get("algorithm", "muon") == "adamw":
+        beta1, beta2 = group["betas"]
+        options.beta1, options.beta2 = _scalar(beta1), _scalar(beta2)
+        options.eps = _scalar(group["eps"])
+        return
+    options.momentum = _scalar(group["momentum"])
+    options.nesterov = bool(group["nesterov"])
+    options.momentum_kind = group["momentum_kind"]
+    rule = group["adjust_lr_fn"]
+    options.lr_rule = "original" if rule is None else rule
+    options.cautious_wd = bool(group["cautious_wd"])
+    options.normuon_beta2 = _scalar(group["normuon_beta2"])
+    options.qk_clip_threshold = _scalar(group["qk_clip_threshold"])
+    ns = options.ns  # a copy: write it back whole
+    _ns_options(group, ns, index)
+    options.ns = ns
+
+
+def make_group_options(group: dict, index: int) -> "_core.GroupOptions":
+    """A fresh GroupOptions for a torch param group, validated (ValueError naming the field)."""
+    options = _core.GroupOptions()
+    options.algorithm = group.get("algorithm", "muon")
+    options.normuon = bool(group.get("normuon", False))
+    apply_group(options, group, index)
+    options.validate(index)
+    if not math.isfinite(options.lr):
+        raise ValueError(f"[torch] param group {index}: lr must be finite")
+    return options

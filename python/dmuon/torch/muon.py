@@ -1,0 +1,329 @@
+"""dmuon.torch.Muon: a torch.optim.Optimizer whose step runs in dmuon's native engine, with the
+numerics of torch.optim.Muon (Muon groups) and torch.optim.AdamW (AdamW groups). See docs/python.md.
+"""
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch
+
+from ._engine import LocalEngine, qk_tag
+from ._options import (ADAMW_DEFAULTS, MUON_DEFAULTS, MUON_ONLY, STRUCTURAL, apply_group,
+                       check_group_keys)
+
+_GRAD_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return type(t).__name__ == "DTensor"
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon (and AdamW) with a native step.
+
+    Groups are explicit: `algorithm="muon"` (the default; 2-D matrices, or 3-D expert stacks
+    [E, A, B] in groups with `expert_stacks=True`) or `algorithm="adamw"` (any shape).
+    `dmuon.torch.param_groups(model)` builds them. Muon defaults follow torch.optim.Muon; keyword-
+    only arguments are dmuon's options (see docs/python.md for every group key). AdamW groups
+    default to torch.optim.AdamW's hyperparameters, overridden by `adamw_defaults`.
+
+    QK-clip: `qk_layout={param_or_name_or_module: dict(layer=, kind=, heads=, head_dim=,
+    rope_dim=0, v_dim=0)}` tags attention weights once; a Muon group with qk_clip_threshold > 0
+    then needs `step(qk_logits={layer: per-query-head max logits})`.
+
+    State (created eagerly, the same keys for every parameter of an algorithm): Muon
+    `momentum_buffer` (+ `normuon_v`, the factored second moment [A, 1] or [1, B], with NorMuon),
+    AdamW `exp_avg`, `exp_avg_sq`; every parameter has `step` (fp32 0-dim tensor). The tensors
+    alias the engine's memory: they are updated in place, their data_ptr never changes.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_coefficients: tuple[float, float, float] = MUON_DEFAULTS["ns_coefficients"],
+        eps: float = 1e-7,
+        ns_steps: int = 5,
+        adjust_lr_fn: Optional[str] = None,
+        *,
+        ns_schedule: Optional[str] = None,
+        ns_method: str = "symmetric",
+        ns_scale: float = 1.0,
+        eps_mode: str = "clamp",
+        ns_bf16: bool = False,
+        momentum_kind: str = "ema",
+        cautious_wd: bool = False,
+        normuon: bool = False,
+        normuon_beta2: float = 0.95,
+        qk_clip_threshold: float = 0.0,
+        comm_dtype: str = "fp32",
+        qk_layout: Optional[dict] = None,
+        adamw_defaults: Optional[dict] = None,
+        non_finite: str = "raise",
+    ) -> None:
+        if non_finite not in ("raise", "skip"):
+            raise ValueError(f"[torch] non_finite={non_finite!r}; use 'raise' or 'skip'")
+        if comm_dtype not in ("fp32", "bf16"):
+            raise ValueError(f"[torch] comm_dtype={comm_dtype!r}; use 'fp32' or 'bf16'")
+        self._comm_dtype = comm_dtype
+        defaults = dict(MUON_DEFAULTS, lr=lr, weight_decay=weight_decay, momentum=momentum,
+                        nesterov=nesterov, ns_coefficients=tuple(ns_coefficients), eps=eps,
+                        ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, ns_schedule=ns_schedule,
+                        ns_method=ns_method, ns_scale=ns_scale, eps_mode=eps_mode, ns_bf16=ns_bf16,
+                        momentum_kind=momentum_kind, cautious_wd=cautious_wd, normuon=normuon,
+                        normuon_beta2=normuon_beta2, qk_clip_threshold=qk_clip_threshold,
+                        algorithm="muon")
+        self._adamw_defaults = dict(ADAMW_DEFAULTS, **(adamw_defaults or {}))
+        unknown = sorted(set(self._adamw_defaults) - set(ADAMW_DEFAULTS))
+        if unknown:
+            raise ValueError(f"[torch] adamw_defaults: unknown keys {unknown}; use "
+                             f"{sorted(ADAMW_DEFAULTS)}")
+        self._non_finite = non_finite
+        self._qk_layout = dict(qk_layout or {})
+        self._engine = None
+        self.engine_builds = 0  # how often the engine's inventory was built (tests, diagnostics)
+        super().__init__(params, defaults)
+        self._rebuild_engine()
+
+    # ---- groups --------------------------------------------------------------------------------
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """As torch.optim.Optimizer.add_param_group, with the group's algorithm defaults and
+        dmuon's checks first (TypeError / ValueError before anything changes); rebuilds the
+        engine's inventory when the optimizer already exists (state of existing parameters kept)."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(param_group)}")
+        index = len(self.param_groups)
+        algorithm = check_group_keys(param_group, index)
+        self._check_params(param_group, index, algorithm)
+        user_keys = set(param_group)
+        param_group["algorithm"] = algorithm
+        if algorithm == "adamw":
+            for key, value in self._adamw_defaults.items():
+                param_group.setdefault(key, value)
+        super().add_param_group(param_group)
+        if algorithm == "adamw":  # drop the Muon keys the base class filled in from self.defaults
+            for key in MUON_ONLY - user_keys:
+                param_group.pop(key, None)
+        if self._engine is not None:
+            try:
+                self._rebuild_engine()
+            except Exception:
+                self.param_groups.pop()
+                raise
+
+    def _check_params(self, group: dict, index: int, algorithm: str) -> None:
+        raw = group.get("params")
+        if raw is None:
+            raise ValueError(f"[torch] param group {index} has no 'params'")
+        if isinstance(raw, torch.Tensor):
+            raw = [raw]
+        elif isinstance(raw, set):
+            raise TypeError("optimizer parameters need to be organized in ordered collections, "
+                            "but the ordering of tensors in sets will change between runs. "
+                            "Please use a list instead.")
+        raw = list(raw)
+        group["params"] = raw  # a generator is consumed once: the base class gets the list
+        params = [p[1] if isinstance(p, tuple) and len(p) == 2 else p for p in raw]
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        expert = bool(group.get("expert_stacks", self.defaults.get("expert_stacks", False)))
+        for j, p in enumerate(params):
+            name = f" '{raw[j][0]}'" if isinstance(raw[j], tuple) else ""
+            where = f"param group {index} ({algorithm}), parameter {j}{name}"
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"[torch] {where} is a {torch.typename(p)}, not a Tensor")
+            if _is_dtensor(p):
+                raise NotImplementedError(
+                    f"[torch] {where} is a DTensor: the distributed engine (FSDP2 / HSDP / TP / "
+                    f"EP) is not bound yet; use plain tensors (one process) for now")
+            if p.dtype != torch.float32:
+                raise TypeError(f"[torch] {where} is {p.dtype}; dmuon keeps fp32 master "
+                                f"parameters (gradients may be fp32 or bf16)")
+            if p.device.type != "cpu":
+                raise TypeError(f"[torch] {where} is on {p.device}; the engine runs on the CPU")
+            if not p.is_contiguous():
+                raise ValueError(f"[torch] {where} (shape {tuple(p.shape)}) is not contiguous; "
+                                 f"make it contiguous before building the optimizer")
+            if id(p) in seen:
+                raise ValueError(f"[torch] {where} (shape {tuple(p.shape)}) appears in more than "
+                                 f"one parameter group (or twice in one); put it in exactly one")
+            seen.add(id(p))
+            if algorithm == "muon":
+                if p.ndim == 3 and not expert:
+                    raise ValueError(f"[torch] {where} has shape {tuple(p.shape)} (3-D) in a Muon "
+                                     f"group; set expert_stacks=True on the group for [E, A, B] "
+                                     f"expert stacks, or put it in an AdamW group")
+                if p.ndim not in (2, 3):
+                    raise ValueError(f"[torch] {where} has shape {tuple(p.shape)} ({p.ndim}-D); "
+                                     f"Muon takes 2-D matrices (and 3-D expert stacks): put it "
+                                     f"in an AdamW group (dmuon.torch.param_groups does this)")
+
+    def _qk_tags(self) -> dict:
+        """Resolves qk_layout keys (parameter, module with .weight, or parameter name) to tags."""
+        by_name = {}
+        for group in self.param_groups:
+            for name, p in zip(group.get("param_names", []), group["params"]):
+                by_name[name] = p
+        muon_ids = {id(p) for g in self.param_groups if g["algorithm"] == "muon"
+                    for p in g["params"]}
+        tags = {}
+        for key, spec in self._qk_layout.items():
+            if isinstance(key, str):
+                if key not in by_name:
+                    raise ValueError(f"[torch] qk_layout names {key!r}, which is not a parameter "
+                                     f"name of this optimizer (pass named parameters or the "
+                                     f"tensor itself)")
+                p, where = by_name[key], key
+            elif isinstance(key, torch.nn.Module):
+                p, where = getattr(key, "weight", None), type(key).__name__
+            else:
+                p, where = key, f"tensor of shape {tuple(getattr(key, 'shape', ()))}"
+            if not isinstance(p, torch.Tensor) or id(p) not in muon_ids:
+                raise ValueError(f"[torch] qk_layout[{where}] is not a parameter of a Muon group "
+                                 f"of this optimizer")
+            tags[id(p)] = qk_tag(spec, where)
+        return tags
+
+    def _rebuild_engine(self) -> None:
+        old, old_index = self._engine, {}
+        if old is not None:
+            old_index = {id(p): i for i, p in enumerate(old.params)}
+        engine = LocalEngine(self.param_groups, self._qk_tags(), self._non_finite, self._comm_dtype)
+        for i, p in enumerate(engine.params):
+            state = engine.state(i)
+            j = old_index.get(id(p))
+            if j is not None:  # carry the state of parameters the old engine had
+                for key, value in old.state(j).items():
+                    if key in state:
+                        state[key].copy_(value)
+                engine.set_step_count(i, old.step_count(j))
+            state["step"] = torch.tensor(float(engine.step_count(i)), dtype=torch.float32)
+            self.state[p] = state
+        self._engine = engine
+        self._step_tensors = [self.state[p]["step"] for p in engine.params]
+        self._built = [{k: g.get(k) for k in STRUCTURAL} for g in self.param_groups]
+        self.engine_builds += 1
+
+    # ---- step ----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None, *,
+             qk_logits: Optional[dict] = None) -> float | None:
+        """One optimizer step (see torch.optim.Optimizer.step). `qk_logits` (keyword only, after
+        the base class's `closure`): {layer: per-query-head max pre-softmax logits} for QK-clip.
+        Parameters whose .grad is None are left untouched (state included), as torch does."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        engine = self._engine
+        for g, group in enumerate(self.param_groups):
+            for key in STRUCTURAL:
+                if key in group and group[key] != self._built[g].get(key):
+                    raise ValueError(f"[torch] param group {g}: {key} changed after construction "
+                                     f"(the state layout depends on it); build a new optimizer")
+        grads, missing = [], []
+        for i, p in enumerate(engine.params):
+            grad = p.grad
+            if grad is None:
+                missing.append(i)
+                grads.append(None)
+                continue
+            if grad.dtype not in _GRAD_DTYPES:
+                raise TypeError(f"[torch] gradient of '{engine.names[i]}' is {grad.dtype}; "
+                                f"gradients must be float32 or bfloat16")
+            if grad.is_sparse or grad.layout != torch.strided:
+                raise TypeError(f"[torch] gradient of '{engine.names[i]}' is sparse; dmuon needs "
+                                f"dense gradients")
+            grads.append(grad.detach() if grad.requires_grad else grad)
+        if len(missing) == len(grads):
+            return loss
+        for g, group in enumerate(self.param_groups):
+            apply_group(engine.options(g), group, g)
+        logits = self._logits(qk_logits)
+        if missing:
+            applied = self._step_with_missing(engine, grads, missing, logits)
+        else:
+            applied = engine.step(engine.params, grads, logits)
+        if applied:
+            torch._foreach_add_(self._step_tensors, 1.0)
+            for i in missing:
+                self._step_tensors[i].fill_(float(engine.step_count(i)))
+        return loss
+
+    def _step_with_missing(self, engine, grads, missing, logits) -> bool:
+        # Rare path: the engine steps every parameter, so those without a gradient get a zero one
+        # and are put back (values, state, step count) afterwards.
+        saved = []
+        for i in missing:
+            p = engine.params[i]
+            grads[i] = torch.zeros_like(p)
+            saved.append((p.detach().clone(), {k: v.clone() for k, v in engine.state(i).items()},
+                          engine.step_count(i)))
+        applied = engine.step(engine.params, grads, logits)
+        for i, (value, state, count) in zip(missing, saved):
+            engine.params[i].detach().copy_(value)
+            for key, tensor in engine.state(i).items():
+                tensor.copy_(state[key])
+            engine.set_step_count(i, count)
+        return applied
+
+    @staticmethod
+    def _logits(qk_logits) -> dict:
+        if qk_logits is None:
+            return {}
+        if not isinstance(qk_logits, dict):
+            raise TypeError("[torch] qk_logits must be a dict {layer: per-head max logits}")
+        out = {}
+        for layer, value in qk_logits.items():
+            if isinstance(value, torch.Tensor):
+                value = value.detach().to(torch.float32).cpu().reshape(-1).tolist()
+            out[int(layer)] = [float(v) for v in value]
+        return out
+
+    # ---- state dict ----------------------------------------------------------------------------
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As torch.optim.Optimizer.load_state_dict; the loaded values are copied into the
+        engine's state tensors (which stay the ones in self.state, same data_ptr). Raises
+        ValueError before changing anything when groups, algorithms or state shapes differ."""
+        engine = self._engine
+        saved_groups = state_dict.get("param_groups", [])
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"[torch] loaded state dict has {len(saved_groups)} parameter groups, "
+                             f"this optimizer has {len(self.param_groups)}")
+        for g, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            for key in STRUCTURAL:
+                if saved.get(key, MUON_DEFAULTS.get(key)) != group.get(key, MUON_DEFAULTS.get(key)):
+                    raise ValueError(f"[torch] param group {g}: loaded {key}={saved.get(key)!r} "
+                                     f"but this optimizer has {group.get(key)!r}")
+        saved_state = state_dict.get("state", {})
+        for i, p in enumerate(engine.params):
+            entry = saved_state.get(i)
+            if entry is None:
+                raise ValueError(f"[torch] loaded state dict has no state for parameter {i} "
+                                 f"('{engine.names[i]}')")
+            for key, tensor in engine.state(i).items():
+                value = entry.get(key)
+                if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(tensor.shape):
+                    raise ValueError(f"[torch] loaded state of '{engine.names[i]}' lacks "
+                                     f"'{key}' of shape {tuple(tensor.shape)}")
+        super().load_state_dict(state_dict)
+        for i, p in enumerate(engine.params):
+            bound, loaded = engine.state(i), self.state[p]
+            for key, tensor in bound.items():
+                tensor.copy_(loaded[key])
+            step = loaded.get("step", 0)
+            count = int(step.item() if isinstance(step, torch.Tensor) else step)
+            engine.set_step_count(i, count)
+            bound["step"] = self._step_tensors[i]
+            bound["step"].fill_(float(count))
+            self.state[p] = bound
+        self._built = [{k: g.get(k) for k in STRUCTURAL} for g in self.param_groups]
+
+    @property
+    def engine(self) -> str:
+        """Which engine runs the step: 'local' (one process, plain tensors)."""
+        return self._engine.kind

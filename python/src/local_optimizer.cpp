@@ -1,0 +1,80 @@
+// dmuon.LocalOptimizer: the single-process engine. Parameters and gradients cross as DLPack views
+// each step (no copies); the state lives in the engine and is exposed as torch tensors that alias
+// it (so the optimizer's state dict and the engine share memory). The GIL is released in step().
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "dmuon/local_optimizer.h"
+
+namespace dmuon::python {
+namespace {
+
+std::vector<TensorView> views(const std::vector<Array>& arrays, const char* what) {
+  std::vector<TensorView> out;
+  out.reserve(arrays.size());
+  for (const Array& a : arrays) out.push_back(to_view(a, what));
+  return out;
+}
+
+}  // namespace
+
+void init_local_optimizer(nb::module_& m) {
+  nb::class_<LocalOptimizer>(m, "LocalOptimizer",
+                             "Single-process optimizer step over whole parameters "
+                             "(dmuon/local_optimizer.h). Not thread-safe.")
+      .def(
+          "__init__",
+          [](LocalOptimizer* self, std::vector<ParamInfo> params, std::vector<ParamGroup> groups,
+             const std::string& policy, const std::string& comm_dtype) {
+            LocalOptimizerOptions options;
+            options.policy = parse_non_finite_policy(policy);
+            options.comm_dtype = parse_dtype(comm_dtype, "comm_dtype");
+            new (self) LocalOptimizer(std::move(params), std::move(groups), options);
+          },
+          nb::arg("params"), nb::arg("groups"), nb::arg("non_finite") = "raise",
+          nb::arg("comm_dtype") = "fp32",
+          "comm_dtype 'bf16' rounds the orthogonalization input and output to bf16 where the "
+          "distributed engine communicates them, so results equal a distributed run's bitwise.")
+      .def_prop_ro("comm_dtype", [](const LocalOptimizer& o) { return std::string(to_string(o.comm_dtype())); })
+      .def_prop_ro("params", &LocalOptimizer::params)
+      .def_prop_ro("groups", &LocalOptimizer::groups)
+      .def("options", &LocalOptimizer::options, nb::arg("group"), nb::rv_policy::reference_internal,
+           "The live GroupOptions of a group: writes take effect at the next step.")
+      .def_prop_rw(
+          "non_finite", [](const LocalOptimizer& o) { return std::string(to_string(o.policy())); },
+          [](LocalOptimizer& o, const std::string& v) { o.set_policy(parse_non_finite_policy(v)); })
+      .def(
+          "step",
+          [](LocalOptimizer& o, const std::vector<Array>& params, const std::vector<Array>& grads,
+             const std::map<int, std::vector<float>>& qk_logits) {
+            const std::vector<TensorView> p = views(params, "parameter");
+            const std::vector<TensorView> g = views(grads, "gradient");
+            nb::gil_scoped_release release;
+            return o.step(p, g, qk_logits);
+          },
+          nb::arg("params"), nb::arg("grads"), nb::arg("qk_logits") = std::map<int, std::vector<float>>{},
+          "One step; params updated in place. Returns False when skipped (non-finite, policy skip).")
+      .def(
+          "state",
+          [](LocalOptimizer& o, size_t param, const std::string& key) {
+            const TensorView v = o.state(param, key);
+            size_t shape[kMaxDims];
+            for (int i = 0; i < v.ndim(); ++i) shape[i] = static_cast<size_t>(v.shape[i]);
+            // The owner is this LocalOptimizer: the tensor keeps the engine (and its state) alive.
+            return nb::ndarray<nb::pytorch, float>(v.f32(), static_cast<size_t>(v.ndim()), shape,
+                                                   nb::find(&o));
+          },
+          nb::arg("param"), nb::arg("key"),
+          "A torch.Tensor aliasing the engine's fp32 state (read-write; stable across steps).")
+      .def("state_keys", &LocalOptimizer::state_keys, nb::arg("param"))
+      .def("step_count", &LocalOptimizer::step_count, nb::arg("param"))
+      .def("set_step_count", &LocalOptimizer::set_step_count, nb::arg("param"), nb::arg("count"));
+}
+
+}  // namespace dmuon::python

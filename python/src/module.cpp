@@ -1,0 +1,18 @@
+// The `dmuon._core` extension module: the native engine behind the `dmuon` Python package.
+#include <nanobind/stl/string.h>
+
+#include <string>
+
+#include "bindings.h"
+#include "dmuon/version.h"
+
+NB_MODULE(_core, m) {
+  using namespace dmuon::python;
+  m.doc() = "dmuon native engine (nanobind bindings); use the `dmuon` and `dmuon.torch` packages";
+  m.attr("__version__") = std::string(dmuon::kVersion);
+  init_errors(m);
+  init_blas(m);
+  init_options(m);
+  init_orthogonalize(m);
+  init_local_optimizer(m);
+}

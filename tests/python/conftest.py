@@ -1,0 +1,19 @@
+# pytest setup for the Python package tests: they exercise the INSTALLED `dmuon` (pip install .),
+# never the source folder python/dmuon. Run: make test, or `python -m pytest tests/python -q`.
+import os
+
+import pytest
+
+import dmuon
+
+_SOURCE = os.path.join(os.path.dirname(__file__), "..", "..", "python", "dmuon")
+if os.path.realpath(os.path.dirname(dmuon.__file__)) == os.path.realpath(_SOURCE):
+    raise RuntimeError("tests/python imported dmuon from the source tree, which has no _core; "
+                       "pip install . and run pytest outside python/")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    import torch
+
+    torch.manual_seed(0)

@@ -1,0 +1,104 @@
+# Bad input raises ValueError / TypeError naming the problem, before anything is modified.
+import pytest
+import torch
+
+import dmuon.torch as dt
+
+
+def p(*shape, **kw):
+    return torch.nn.Parameter(torch.randn(*shape, **kw))
+
+
+def test_1d_tensor_in_a_muon_group():
+    with pytest.raises(ValueError, match=r"shape \(5,\) \(1-D\).*AdamW"):
+        dt.Muon([p(4, 4), p(5)])
+
+
+def test_3d_tensor_in_a_muon_group_needs_expert_stacks():
+    with pytest.raises(ValueError, match="expert_stacks=True"):
+        dt.Muon([p(2, 4, 4)])
+    dt.Muon([dict(params=[p(2, 4, 4)], expert_stacks=True)])
+
+
+def test_parameter_in_two_groups_or_twice_in_one():
+    w = p(4, 4)
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        dt.Muon([dict(params=[w]), dict(params=[w], algorithm="adamw")])
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        dt.Muon([w, w])
+    opt = dt.Muon([w])
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        opt.add_param_group(dict(params=[w]))
+    assert len(opt.param_groups) == 1 and opt.engine_builds == 1
+
+
+def test_non_contiguous_parameter_and_gradient():
+    base = torch.randn(6, 8)
+    w = torch.nn.Parameter(base.t())  # a non-contiguous leaf
+    assert not w.is_contiguous()
+    with pytest.raises(ValueError, match="not contiguous"):
+        dt.Muon([w])
+    v = p(8, 6)
+    opt = dt.Muon([v])
+    v.grad = torch.randn(6, 8).t()
+    before = v.detach().clone()
+    with pytest.raises(ValueError, match="not contiguous"):
+        opt.step()
+    assert torch.equal(v, before) and opt.state[v]["step"].item() == 0
+
+
+def test_wrong_dtypes():
+    with pytest.raises(TypeError, match="fp32 master"):
+        dt.Muon([p(4, 4, dtype=torch.bfloat16)])
+    with pytest.raises(TypeError, match="fp32 master"):
+        dt.Muon([p(4, 4, dtype=torch.float64)])
+    w = p(4, 4)
+    opt = dt.Muon([w])
+    w.grad_dtype = None  # torch otherwise refuses gradients of another dtype itself
+    w.grad = torch.randn(4, 4, dtype=torch.float64)
+    with pytest.raises(TypeError, match="float32 or bfloat16"):
+        opt.step()
+    w.grad = torch.randn(4, 4).bfloat16()  # bf16 gradients are accepted
+    opt.step()
+    assert opt.state[w]["step"].item() == 1
+
+
+def test_not_a_tensor_unknown_algorithm_and_misplaced_keys():
+    with pytest.raises(TypeError, match="not a Tensor"):
+        dt.Muon([[1.0, 2.0]])
+    with pytest.raises(ValueError, match="algorithm 'sgd'"):
+        dt.Muon([dict(params=[p(3, 3)], algorithm="sgd")])
+    with pytest.raises(ValueError, match=r"\['betas'\] belong to the other algorithm"):
+        dt.Muon([dict(params=[p(3, 3)], betas=(0.9, 0.99))])
+    with pytest.raises(ValueError, match=r"\['momentum'\] belong to the other algorithm"):
+        dt.Muon([dict(params=[p(3)], algorithm="adamw", momentum=0.9)])
+
+
+def test_bad_hyperparameters_are_caught_before_the_step_changes_anything():
+    with pytest.raises(ValueError, match="momentum 1.5 is outside"):
+        dt.Muon([p(3, 3)], momentum=1.5)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        dt.Muon([p(3, 3)], ns_schedule="fast")
+    w = p(3, 3)
+    opt = dt.Muon([w])
+    w.grad = torch.randn(3, 3)
+    opt.param_groups[0]["lr"] = -1.0
+    before = w.detach().clone()
+    with pytest.raises(ValueError, match="lr -1 must be finite and >= 0"):
+        opt.step()
+    assert torch.equal(w, before)
+    opt.param_groups[0]["lr"] = 0.01
+    opt.param_groups[0]["normuon"] = True
+    with pytest.raises(ValueError, match="normuon changed after construction"):
+        opt.step()
+
+
+def test_qk_layout_errors():
+    w, b = p(8, 4), p(4)
+    with pytest.raises(ValueError, match="not a parameter of a Muon group"):
+        dt.Muon([dict(params=[w]), dict(params=[b], algorithm="adamw")],
+                qk_layout={b: dict(layer=0, kind="q", heads=1, head_dim=4)})
+    with pytest.raises(ValueError, match="heads"):
+        dt.Muon([w], qk_layout={w: dict(layer=0, kind="q", heads=3, head_dim=4)})
+    with pytest.raises(ValueError, match="missing keys"):
+        dt.Muon([w], qk_layout={w: dict(layer=0, kind="q")})
