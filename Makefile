@@ -4,6 +4,7 @@
 #   make demo   run the main job (for now: the orthogonalization benchmark on a default shape)
 BUILD ?= build
 JOBS ?= $(shell nproc)
+PYTHON ?= python3
 CMAKE_FLAGS ?=
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 
@@ -12,7 +13,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 
-.PHONY: all setup configure build test demo bench clean
+.PHONY: all setup configure build test demo demo-adamw bench clean
 
 all: build
 
@@ -28,9 +29,15 @@ build: configure
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure --timeout 600
+	@$(PYTHON) -m pip install -q --no-build-isolation --disable-pip-version-check --root-user-action=ignore .
+	@$(PYTHON) -m pytest tests/python -q
 
 demo: build
 	@$(BUILD)/bin/dmuon bench ns --shape 1024x4096 --schedule polar_express --steps 5 --compare
+
+# The training demo's AdamW baseline alone (examples/train_gpt; the dmuon run needs FSDP2 support).
+demo-adamw: setup
+	@$(or $(PYTHON),python3) examples/train_gpt/train.py --optimizers adamw
 
 clean:
 	rm -rf $(BUILD)
