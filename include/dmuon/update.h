@@ -2,7 +2,10 @@
 // NorMuon variance reduction, fused AdamW (REFERENCE.md section 2). Local, single-threaded kernels;
 // the single-process optimizer and the distributed executor both call exactly these.
 //
-// Arithmetic contract (so the PyTorch adapter can compare bitwise with torch on the CPU):
+// Arithmetic contract (torch's CPU arithmetic, so the PyTorch adapter compares with torch within a
+// few ulps: torch runs its vectorized kernel on the body of each thread's slice of a tensor and a
+// scalar formula without fma on the tail, and where those slices fall depends on its thread count,
+// so bitwise agreement with torch holds on the vectorized body only, and is not promised):
 // - Hyperparameter scalars (1 − μ, 1 − lr·wd, −adjusted_lr, bias corrections) are computed in
 //   double, as Python does, and rounded once to fp32; elementwise arithmetic is fp32.
 // - lerp(a, b, w) is torch's vectorized CPU kernel: fma(w, b − a, a) when |w| < 0.5, else
