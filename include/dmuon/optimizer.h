@@ -38,6 +38,7 @@
 #include "dmuon/optim_options.h"
 #include "dmuon/plan.h"
 #include "dmuon/tensor.h"
+#include "dmuon/update.h"
 
 namespace dmuon {
 
@@ -68,10 +69,10 @@ struct StepStats {
   double comm_seconds = 0;             // wall time with at least one collective in flight
   double overlap = 0;                  // fraction of comm_seconds during which compute ran
   // Measured payload of the step's data collectives (comm counters; the control all-reduce
-  // excluded). The NorMuon state part is counted separately as well (the plan does not model it).
+  // excluded), NorMuon state included; its part is also reported on its own.
   uint64_t bytes_sent = 0, bytes_recv = 0;
   uint64_t bytes_sent_state = 0, bytes_recv_state = 0;
-  // The plan's prediction for this rank (bytes_sent - bytes_sent_state must equal it exactly).
+  // The plan's prediction for this rank, NorMuon state included (bytes_sent must equal it exactly).
   uint64_t bytes_sent_predicted = 0, bytes_recv_predicted = 0;
   uint64_t peak_buffer_bytes = 0;      // largest sum of transient buffers alive at once
   int chunks = 0;
@@ -124,8 +125,5 @@ class DMUON_API Optimizer {
  private:
   std::unique_ptr<Impl> impl_;
 };
-
-// The NorMuon state shape of a parameter: the global shape with the reduced dim set to 1.
-DMUON_API Shape normuon_state_shape(const Shape& global_shape, bool expert_stack);
 
 }  // namespace dmuon

@@ -55,6 +55,10 @@ struct PlanOptions {
   ReplicaMode replica = ReplicaMode::Auto;
   int64_t chunk_bytes = int64_t{1} << 30;  // cap on a chunk's mean buffer bytes per rank
   int window = 2;                     // chunks in flight (≥ 2 overlaps communication and compute)
+  // Per inventory parameter: whether its NorMuon state (normuon_state_shape, fp32, stored with the
+  // parameter's placements) travels with its data, which the byte accounting then includes. The
+  // optimizer fills it from its groups; empty means no parameter has NorMuon state.
+  std::vector<bool> normuon;
 };
 
 // Why an entry has its strategy.

@@ -85,6 +85,11 @@ DMUON_API void apply_update(const ApplyOptions& options, float* param, const flo
 // (length n). k is the size of the reduced dim (n per row, m per column).
 DMUON_API int64_t normuon_state_size(int64_t rows, int64_t cols);
 
+// The NorMuon state's global tensor shape for a parameter of `global_shape`: the matrix shape with
+// the reduced dim set to 1 ([A,1] per row or [1,B] per column; [E,A,1] / [E,1,B] for an expert
+// stack). The state is stored with the parameter's placements, so this shape gives its local boxes.
+DMUON_API Shape normuon_state_shape(const Shape& global_shape, bool expert_stack);
+
 // Pass (a), over the FULL m×n row-major matrix U: v_mean[i] = mean over the reduced dim of U²
 // (accumulated in double, rounded to fp32). `v_mean` has normuon_state_size(m, n) elements.
 DMUON_API void normuon_mean_square(const float* update, int64_t rows, int64_t cols, float* v_mean);

@@ -126,7 +126,7 @@ LocalOptimizer::LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamG
       st.momentum.assign(numel, 0.0f);
       largest = std::max(largest, numel);
       if (o.normuon) {
-        st.normuon_shape = detail::normuon_shape(params_[i].shape, params_[i].expert_stack);
+        st.normuon_shape = normuon_state_shape(params_[i].shape, params_[i].expert_stack);
         st.normuon_v.assign(static_cast<size_t>(st.normuon_shape.numel()), 0.0f);
         largest_v = std::max(largest_v, st.normuon_v.size());
       }

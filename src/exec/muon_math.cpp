@@ -25,17 +25,4 @@ void muon_unit(Orthogonalizer& orth, float* u, int64_t rows, int64_t cols, float
   round_to_comm(u, rows * cols, comm);
 }
 
-Shape normuon_shape(const Shape& s, bool expert_stack) {
-  const MatrixDims d = matrix_dims(s, expert_stack);
-  const bool per_row = d.rows >= d.cols;
-  if (expert_stack) return per_row ? Shape{d.batch, d.rows, 1} : Shape{d.batch, 1, d.cols};
-  return per_row ? Shape{d.rows, 1} : Shape{1, d.cols};
-}
-
 }  // namespace dmuon::detail
-
-namespace dmuon {
-Shape normuon_state_shape(const Shape& global_shape, bool expert_stack) {
-  return detail::normuon_shape(global_shape, expert_stack);
-}
-}  // namespace dmuon

@@ -21,7 +21,4 @@ void round_to_comm(float* x, int64_t n, DType comm);
 void muon_unit(Orthogonalizer& orth, float* u, int64_t rows, int64_t cols, float* v, float* v_mean,
                double beta2, DType comm);
 
-// The NorMuon state shape: the global shape with the reduced dim set to 1 (torch keepdim).
-Shape normuon_shape(const Shape& global_shape, bool expert_stack);
-
 }  // namespace dmuon::detail

@@ -160,6 +160,11 @@ Optimizer::Optimizer(std::shared_ptr<Communicator> comm, Inventory inventory, st
     po.replica = s.options.replica;
     po.chunk_bytes = s.options.chunk_bytes;
     po.window = s.options.window;
+    po.normuon.assign(inventory.params.size(), false);  // NorMuon state bytes are part of the prediction
+    for (size_t i = 0; i < inventory.params.size(); ++i) {
+      const GroupOptions& go = s.groups[static_cast<size_t>(s.group_of[i])].options;
+      po.normuon[i] = go.algorithm == Algorithm::Muon && go.normuon;
+    }
     s.plan = make_plan(inventory, po);
     for (const ParamGroup& g : s.groups) {
       s.algorithm.push_back(g.options.algorithm);
@@ -234,10 +239,9 @@ Optimizer::Optimizer(std::shared_ptr<Communicator> comm, Inventory inventory, st
   detail::ShardTables tables(inv);
   double sent = 0, recv = 0;
   for (const PlanEntry& e : s.plan.entries())
-    detail::visit(e, tables.get(e.param), inv.params[static_cast<size_t>(e.param)], s.plan.options(),
-                  [&](int r, const detail::Contribution& c) {
-                    if (r == s.rank) sent += c.sent, recv += c.recv;
-                  });
+    detail::visit_all(e, tables, inv, s.plan.options(), [&](int r, const detail::Contribution& c) {
+      if (r == s.rank) sent += c.sent, recv += c.recv;
+    });
   s.predicted_sent = static_cast<uint64_t>(std::llround(sent));
   s.predicted_recv = static_cast<uint64_t>(std::llround(recv));
 }

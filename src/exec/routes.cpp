@@ -7,6 +7,7 @@
 #include <map>
 
 #include "dmuon/error.h"
+#include "dmuon/update.h"
 #include "exec/muon_math.h"
 
 namespace dmuon::detail {
@@ -46,7 +47,7 @@ class Builder {
         L.rows = p.shape[nd - 2], L.cols = p.shape[nd - 1];
         L.units = p.expert ? p.shape[0] : 1;
         L.unit_numel = L.rows * L.cols;
-        L.v_shape = normuon_shape(p.shape, p.expert);
+        L.v_shape = normuon_state_shape(p.shape, p.expert);
         L.v_len = L.rows >= L.cols ? L.rows : L.cols;
         L.v_box = local_box(L.v_shape, p.placements, inv_.meshes[static_cast<size_t>(p.mesh)], me_);
         L.local_v = L.v_box.numel();

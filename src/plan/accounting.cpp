@@ -131,10 +131,9 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
 
   for (size_t i = 0; i < entries.size(); ++i) {
     PlanEntry& e = entries[i];
-    const ParamSpec& p = inv.params[static_cast<size_t>(e.param)];
     const ShardTable& t = tables.get(e.param);
     contrib.clear();
-    visit(e, t, p, o, [&](int r, const Contribution& c) { contrib.emplace_back(r, c); });
+    visit_all(e, tables, inv, o, [&](int r, const Contribution& c) { contrib.emplace_back(r, c); });
     if (e.chunk != chunk) {
       close_chunk();
       chunk = e.chunk;

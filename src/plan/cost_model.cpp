@@ -132,6 +132,85 @@ void visit(const PlanEntry& e, const ShardTable& t, const ParamSpec& p, const Pl
   }
 }
 
+// Mirrors exec/routes.cpp: the state moves with the data (same pairs), holder-side counts from the
+// state tensor's own boxes; fp32 whatever the comm dtype.
+void visit_state(const PlanEntry& e, const ShardTable& t, const ShardTable& vt, const Visitor& fn) {
+  constexpr double F = 4.0;
+  std::vector<double> v(static_cast<size_t>(t.g));  // state elements per group position, one unit
+  const auto load = [&](int64_t u) {
+    std::fill(v.begin(), v.end(), 0.0);
+    for (int32_t h = vt.holder_offsets[static_cast<size_t>(u)]; h < vt.holder_offsets[static_cast<size_t>(u) + 1]; ++h)
+      v[static_cast<size_t>(vt.holders[static_cast<size_t>(h)])] = static_cast<double>(vt.holder_elems[static_cast<size_t>(h)]);
+    double total = 0;
+    for (double x : v) total += x;
+    return total;
+  };
+  const auto vk = [&](int k) { return v[static_cast<size_t>(k)] * F; };
+  switch (e.strategy) {
+    case Strategy::OwnerA2A:
+      for (int64_t u = 0; u < t.units; ++u) {
+        const double V = load(u) * F;
+        const int o_k = e.owner_index[static_cast<size_t>(u)];
+        if (!e.replica_split) {
+          for (int j = 0; j < t.r; ++j) {
+            for (int k = 0; k < t.g; ++k)
+              if (k != o_k && vk(k) > 0) fn(t.rank(j, k), {vk(k), vk(k), 0, 0, 0, 0});
+            fn(t.rank(j, o_k), {V - vk(o_k), V - vk(o_k), 0, 0, 0, 0});
+          }
+          continue;
+        }
+        const int rho = e.owner_replica[static_cast<size_t>(u)];
+        const double R = static_cast<double>(t.r);
+        for (int j = 0; j < t.r; ++j)
+          for (int k = 0; k < t.g; ++k) {
+            if ((j == rho && k == o_k) || vk(k) == 0) continue;
+            fn(t.rank(j, k), {j == rho ? vk(k) : 0, vk(k), 0, j != rho ? vk(k) : 0, 0, 0});
+          }
+        fn(t.rank(rho, o_k), {(V - vk(o_k)) + (R - 1) * V, V - vk(o_k), (R - 1) * V, 0, 0, 0});
+      }
+      return;
+    case Strategy::AllGather:
+      for (int64_t u = 0; u < t.units; ++u) {
+        const double V = load(u) * F;
+        for (int j = 0; j < t.r; ++j)
+          for (int k = 0; k < t.g; ++k) fn(t.rank(j, k), {vk(k) * (t.g - 1), V - vk(k), 0, 0, 0, 0});
+      }
+      return;
+    case Strategy::Agrs: {
+      const double V = load(0) * F;
+      const int o_k = e.owner_index[0];
+      for (int j = 0; j < t.r; ++j) {
+        for (int k = 0; k < t.g; ++k)
+          if (k != o_k) fn(t.rank(j, k), {vk(k), vk(k), 0, 0, 0, 0});  // to the owner, and back
+        fn(t.rank(j, o_k), {V - vk(o_k), V - vk(o_k), 0, 0, 0, 0});
+      }
+      return;
+    }
+    case Strategy::ExpertSubgroup:
+      for (int64_t u = 0; u < t.units; ++u) {
+        load(u);
+        std::vector<int> hs;  // the unit's data holders exchange their state
+        for (int32_t h = t.holder_offsets[static_cast<size_t>(u)]; h < t.holder_offsets[static_cast<size_t>(u) + 1]; ++h)
+          hs.push_back(t.holders[static_cast<size_t>(h)]);
+        double sum = 0;
+        for (int k : hs) sum += vk(k);
+        const double n = static_cast<double>(hs.size());
+        for (int j = 0; j < t.r; ++j)
+          for (int k : hs) fn(t.rank(j, k), {vk(k) * (n - 1), sum - vk(k), 0, 0, 0, 0});
+      }
+      return;
+    default:
+      return;  // local, expert_local: nothing moves; gram_allreduce does not support NorMuon
+  }
+}
+
+void visit_all(const PlanEntry& e, ShardTables& tables, const Inventory& inv, const PlanOptions& o, const Visitor& fn) {
+  const ShardTable& t = tables.get(e.param);
+  visit(e, t, inv.params[static_cast<size_t>(e.param)], o, fn);
+  if (static_cast<size_t>(e.param) < o.normuon.size() && o.normuon[static_cast<size_t>(e.param)])
+    visit_state(e, t, tables.get_state(e.param), fn);
+}
+
 double amortized_seconds(Strategy s, const ParamSpec& p, const ShardTable& t, bool split, const PlanOptions& o) {
   PlanEntry e;
   e.strategy = s;

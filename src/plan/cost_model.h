@@ -21,6 +21,14 @@ using Visitor = std::function<void(int rank, const Contribution&)>;
 void visit(const PlanEntry& entry, const ShardTable& t, const ParamSpec& p, const PlanOptions& o,
            const Visitor& fn);
 
+// The NorMuon state's share of `entry` (fp32, travelling with the data exactly as the executor's
+// routes move it): `vt` is the state tensor's table (ShardTables::get_state).
+void visit_state(const PlanEntry& entry, const ShardTable& t, const ShardTable& vt, const Visitor& fn);
+
+// visit, plus visit_state when options.normuon marks the entry's parameter.
+void visit_all(const PlanEntry& entry, ShardTables& tables, const Inventory& inv, const PlanOptions& o,
+               const Visitor& fn);
+
 bool applies(Strategy s, const ParamSpec& p, const ShardTable& t);
 
 // Collective calls a chunk issues for the entries of strategy `s`, and their latency for a group

@@ -58,6 +58,8 @@ uint64_t plan_fingerprint(const Inventory& inv, const PlanOptions& o, const std:
   hs.pod(ns.pe_l0), hs.pod(ns.pe_safety), hs.pod(ns.pe_cushion), hs.pod(ns.bf16_rounding);
   for (const Coefficients& c : ns.custom) hs.pod(c.a), hs.pod(c.b), hs.pod(c.c);
   hs.pod(o.comm_dtype), hs.pod(o.chunk_bytes), hs.pod(o.window);
+  hs.pod(o.normuon.size());
+  for (bool b : o.normuon) hs.pod(b);
   hs.pod(inv.params.size());
   size_t next = 0;  // entries are in parameter order
   for (size_t i = 0; i < inv.params.size(); ++i) {

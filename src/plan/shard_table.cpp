@@ -2,6 +2,7 @@
 #include "plan/shard_table.h"
 
 #include "dmuon/box.h"
+#include "dmuon/update.h"
 
 namespace dmuon::detail {
 namespace {
@@ -68,6 +69,18 @@ const ShardTable& ShardTables::get(int param) {
   const ParamSpec& p = inv_.params[static_cast<size_t>(param)];
   auto& cached = cache_[key_of(p)];
   if (!cached) cached = build(p, inv_.meshes[static_cast<size_t>(p.mesh)]);
+  slot = cached;
+  return *slot;
+}
+
+const ShardTable& ShardTables::get_state(int param) {
+  if (state_by_param_.empty()) state_by_param_.resize(inv_.params.size());
+  auto& slot = state_by_param_[static_cast<size_t>(param)];
+  if (slot) return *slot;
+  ParamSpec v = inv_.params[static_cast<size_t>(param)];
+  v.shape = normuon_state_shape(v.shape, v.expert);
+  auto& cached = cache_[key_of(v)];
+  if (!cached) cached = build(v, inv_.meshes[static_cast<size_t>(v.mesh)]);
   slot = cached;
   return *slot;
 }

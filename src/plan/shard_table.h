@@ -30,11 +30,13 @@ class ShardTables {
  public:
   explicit ShardTables(const Inventory& inv) : inv_(inv) {}
   const ShardTable& get(int param);
+  // The table of the parameter's NorMuon state tensor (normuon_state_shape, same placements).
+  const ShardTable& get_state(int param);
 
  private:
   const Inventory& inv_;
   std::map<std::string, std::shared_ptr<ShardTable>> cache_;
-  std::vector<std::shared_ptr<ShardTable>> by_param_;
+  std::vector<std::shared_ptr<ShardTable>> by_param_, state_by_param_;
 };
 
 }  // namespace dmuon::detail

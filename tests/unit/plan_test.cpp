@@ -94,6 +94,9 @@ TEST(Plan, FingerprintChangesWithEveryAgreedInput) {
   x.chunk_bytes = 4096;
   opt_changes.emplace_back("chunk bytes", x);
   x = o;
+  x.normuon.assign(base.params.size(), true);
+  opt_changes.emplace_back("normuon", x);
+  x = o;
   x.pins = StrategyRules::parse("default:allgather");
   opt_changes.emplace_back("pins", x);
   for (const auto& [what, opt] : opt_changes) EXPECT_NE(make_plan(base, opt).fingerprint(), fp) << what;
@@ -243,4 +246,18 @@ TEST(Plan, BadOptionsAndPresetsPlanAtScale) {
 }
 
 }  // namespace
+TEST(Plan, NormuonStateBytesAddFp32RowStatePerHolder) {
+  // 6 matrices [32, 16] (per-row state [32, 1]) FSDP over 4 ranks, owner_a2a: per matrix, the 3
+  // non-owners send their 8 rows of data (8x16 fp32) and of state (8 fp32) to the owner and get them back.
+  Inventory inv = fsdp_model("dp=4", 6, 32, 16);
+  for (ParamSpec& p : inv.params) p.shape = Shape{32, 16};
+  PlanOptions o;
+  o.pins = StrategyRules::parse("default:owner_a2a");
+  const double data = make_plan(inv, o).total().bytes_sent_mean * 4;
+  o.normuon.assign(inv.params.size(), true);
+  const double with_state = make_plan(inv, o).total().bytes_sent_mean * 4;
+  EXPECT_DOUBLE_EQ(data, 6 * 2 * 3 * (8 * 16 * 4.0));
+  EXPECT_DOUBLE_EQ(with_state - data, 6 * 2 * 3 * (8 * 4.0));
+}
+
 }  // namespace dmuon

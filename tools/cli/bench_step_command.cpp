@@ -120,9 +120,9 @@ nlohmann::json run_strategy(const std::shared_ptr<Communicator>& comm, const Inv
                         {"orthogonalize", reduce_max(c, median(orth))}, {"update", reduce_max(c, median(upd))}};
   r["comm_seconds"] = reduce_max(c, median(comm_s));
   r["overlap"] = median(overlap);
-  r["bytes_sent_max"] = reduce_max(c, static_cast<int64_t>(last.bytes_sent - last.bytes_sent_state));
+  r["bytes_sent_max"] = reduce_max(c, static_cast<int64_t>(last.bytes_sent));
   r["bytes_predicted_max"] = opt.plan().total().bytes_sent_max;
-  r["bytes_match_plan"] = reduce_max(c, static_cast<int64_t>(last.bytes_sent - last.bytes_sent_state != last.bytes_sent_predicted)) == 0;
+  r["bytes_match_plan"] = reduce_max(c, static_cast<int64_t>(last.bytes_sent != last.bytes_sent_predicted)) == 0;
   r["peak_buffer_bytes_max"] = reduce_max(c, static_cast<int64_t>(last.peak_buffer_bytes));
   r["chunks"] = last.chunks;
   r["strategy_counts"] = nlohmann::json::object();

@@ -19,6 +19,13 @@ void check_matrix(const float* u, int64_t rows, int64_t cols, const void* state,
 
 int64_t normuon_state_size(int64_t rows, int64_t cols) { return rows >= cols ? rows : cols; }
 
+Shape normuon_state_shape(const Shape& global_shape, bool expert_stack) {
+  const MatrixDims d = matrix_dims(global_shape, expert_stack);
+  const bool per_row = d.rows >= d.cols;
+  if (expert_stack) return per_row ? Shape{d.batch, d.rows, 1} : Shape{d.batch, 1, d.cols};
+  return per_row ? Shape{d.rows, 1} : Shape{1, d.cols};
+}
+
 void normuon_mean_square(const float* u, int64_t rows, int64_t cols, float* v_mean) {
   check_matrix(u, rows, cols, v_mean, "v_mean");
   if (rows >= cols) {  // per row: reduce over the columns
