@@ -24,5 +24,6 @@ void init_blas(nb::module_& m);
 void init_options(nb::module_& m);
 void init_orthogonalize(nb::module_& m);
 void init_local_optimizer(nb::module_& m);
+void init_optimizer(nb::module_& m);
 
 }  // namespace dmuon::python

@@ -15,4 +15,5 @@ NB_MODULE(_core, m) {
   init_options(m);
   init_orthogonalize(m);
   init_local_optimizer(m);
+  init_optimizer(m);
 }

@@ -1,6 +1,8 @@
 """dmuon.torch: the PyTorch adapter. `Muon` is a torch.optim.Optimizer whose step runs natively;
-`param_groups(model)` splits a model's parameters into Muon and AdamW groups. See docs/python.md."""
+`param_groups(model)` splits a model's parameters into Muon and AdamW groups;
+`init_distributed()` sets up torch's gloo group and the engine's MPI communicator under mpirun. See docs/python.md."""
+from ._dist import init_distributed
 from .groups import classify, param_groups
 from .muon import Muon
 
-__all__ = ["Muon", "classify", "param_groups"]
+__all__ = ["Muon", "classify", "init_distributed", "param_groups"]

@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 import torch
 
+from ._dist import DistEngine, is_dtensor
 from ._engine import LocalEngine, qk_tag
 from ._options import (ADAMW_DEFAULTS, MUON_DEFAULTS, MUON_ONLY, STRUCTURAL, apply_group,
                        check_group_keys)
@@ -13,8 +14,21 @@ from ._options import (ADAMW_DEFAULTS, MUON_DEFAULTS, MUON_ONLY, STRUCTURAL, app
 _GRAD_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def _is_dtensor(t: torch.Tensor) -> bool:
-    return type(t).__name__ == "DTensor"
+def _copy_into(bound: torch.Tensor, value: torch.Tensor) -> None:
+    """Copies a loaded state value into the engine's tensor: a DTensor of the same layout locally,
+    another layout after redistributing it, a plain (full) tensor by taking this rank's shard."""
+    if not is_dtensor(bound):
+        bound.copy_(value.full_tensor() if is_dtensor(value) else value)
+        return
+    from torch.distributed.tensor import distribute_tensor
+    if is_dtensor(value):
+        if value.device_mesh != bound.device_mesh or tuple(value.placements) != tuple(bound.placements):
+            value = value.redistribute(bound.device_mesh, bound.placements)
+        local = value._local_tensor
+    else:
+        local = distribute_tensor(value, bound.device_mesh, bound.placements,
+                                  src_data_rank=None)._local_tensor
+    bound._local_tensor.copy_(local)
 
 
 class Muon(torch.optim.Optimizer):
@@ -34,6 +48,11 @@ class Muon(torch.optim.Optimizer):
     `momentum_buffer` (+ `normuon_v`, the factored second moment [A, 1] or [1, B], with NorMuon),
     AdamW `exp_avg`, `exp_avg_sq`; every parameter has `step` (fp32 0-dim tensor). The tensors
     alias the engine's memory: they are updated in place, their data_ptr never changes.
+
+    DTensor parameters (FSDP2 / HSDP / TP / EP; launch with mpirun and call
+    dmuon.torch.init_distributed()) run on the distributed engine over their local shards; their
+    state tensors are DTensors with the parameter's mesh and placements (DCP reshards them).
+    Construction and step() are then collective. See docs/python.md.
     """
 
     def __init__(
@@ -134,16 +153,13 @@ class Muon(torch.optim.Optimizer):
             where = f"param group {index} ({algorithm}), parameter {j}{name}"
             if not isinstance(p, torch.Tensor):
                 raise TypeError(f"[torch] {where} is a {torch.typename(p)}, not a Tensor")
-            if _is_dtensor(p):
-                raise NotImplementedError(
-                    f"[torch] {where} is a DTensor: the distributed engine (FSDP2 / HSDP / TP / "
-                    f"EP) is not bound yet; use plain tensors (one process) for now")
             if p.dtype != torch.float32:
                 raise TypeError(f"[torch] {where} is {p.dtype}; dmuon keeps fp32 master "
                                 f"parameters (gradients may be fp32 or bf16)")
             if p.device.type != "cpu":
                 raise TypeError(f"[torch] {where} is on {p.device}; the engine runs on the CPU")
-            if not p.is_contiguous():
+            local = p._local_tensor if is_dtensor(p) else p
+            if not local.is_contiguous():
                 raise ValueError(f"[torch] {where} (shape {tuple(p.shape)}) is not contiguous; "
                                  f"make it contiguous before building the optimizer")
             if id(p) in seen:
@@ -190,14 +206,19 @@ class Muon(torch.optim.Optimizer):
         old, old_index = self._engine, {}
         if old is not None:
             old_index = {id(p): i for i, p in enumerate(old.params)}
-        engine = LocalEngine(self.param_groups, self._qk_tags(), self._non_finite, self._comm_dtype)
+        # DTensor parameters (FSDP2 / HSDP / TP / EP) -> the distributed engine over MPI. Plain
+        # tensors only -> the local engine, also in a multi-rank job: every rank holds the whole
+        # parameter and the same (all-reduced) gradient, so each steps its replica identically.
+        dtensors = any(is_dtensor(p) for g in self.param_groups for p in g["params"])
+        cls = DistEngine if dtensors else LocalEngine
+        engine = cls(self.param_groups, self._qk_tags(), self._non_finite, self._comm_dtype)
         for i, p in enumerate(engine.params):
             state = engine.state(i)
             j = old_index.get(id(p))
             if j is not None:  # carry the state of parameters the old engine had
                 for key, value in old.state(j).items():
                     if key in state:
-                        state[key].copy_(value)
+                        _copy_into(state[key], value)
                 engine.set_step_count(i, old.step_count(j))
             state["step"] = torch.tensor(float(engine.step_count(i)), dtype=torch.float32)
             self.state[p] = state
@@ -300,11 +321,17 @@ class Muon(torch.optim.Optimizer):
                     raise ValueError(f"[torch] param group {g}: loaded {key}={saved.get(key)!r} "
                                      f"but this optimizer has {group.get(key)!r}")
         saved_state = state_dict.get("state", {})
+        # As the base class: saved parameters map to ours by position in the groups (their keys are
+        # indices, or FQNs in DCP's get_optimizer_state_dict / set_optimizer_state_dict).
+        saved_keys = [k for saved in saved_groups for k in saved.get("params", [])]
+        if len(saved_keys) != len(engine.params):
+            raise ValueError(f"[torch] loaded state dict has {len(saved_keys)} parameters, this "
+                             f"optimizer has {len(engine.params)}")
         for i, p in enumerate(engine.params):
-            entry = saved_state.get(i)
+            entry = saved_state.get(saved_keys[i])
             if entry is None:
-                raise ValueError(f"[torch] loaded state dict has no state for parameter {i} "
-                                 f"('{engine.names[i]}')")
+                raise ValueError(f"[torch] loaded state dict has no state for parameter "
+                                 f"{saved_keys[i]!r} ('{engine.names[i]}')")
             for key, tensor in engine.state(i).items():
                 value = entry.get(key)
                 if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(tensor.shape):
@@ -314,7 +341,8 @@ class Muon(torch.optim.Optimizer):
         for i, p in enumerate(engine.params):
             bound, loaded = engine.state(i), self.state[p]
             for key, tensor in bound.items():
-                tensor.copy_(loaded[key])
+                if loaded[key] is not tensor:
+                    _copy_into(tensor, loaded[key])
             step = loaded.get("step", 0)
             count = int(step.item() if isinstance(step, torch.Tensor) else step)
             engine.set_step_count(i, count)
@@ -325,5 +353,14 @@ class Muon(torch.optim.Optimizer):
 
     @property
     def engine(self) -> str:
-        """Which engine runs the step: 'local' (one process, plain tensors)."""
+        """Which engine runs the step: 'local' (plain tensors: dmuon.LocalOptimizer in this
+        process) or 'distributed' (DTensor parameters: dmuon.Optimizer over MPI)."""
         return self._engine.kind
+
+    @property
+    def last_step_stats(self) -> Optional[dict]:
+        """This rank's counters of the last step (seconds and bytes, the fields of
+        dmuon::StepStats: step_seconds, comm_wait_seconds, orthogonalize_seconds, bytes_sent, ...)
+        with the distributed engine; None with the local engine."""
+        stats = getattr(self._engine, "last_stats", None)
+        return stats() if stats is not None else None

@@ -1,0 +1,212 @@
+// dmuon.Optimizer: the distributed engine (dmuon/optimizer.h) over a Communicator, with the layout
+// types it needs (Mesh, Placement, ParamSpec, Inventory, local_box). Parameters and gradients cross
+// as DLPack views of LOCAL shards each step (no copies); state is exposed as torch tensors aliasing
+// the engine's memory. The GIL is released during step() and during the collective constructor.
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings.h"
+#include "dmuon/box.h"
+#include "dmuon/comm.h"
+#include "dmuon/inventory.h"
+#include "dmuon/optimizer.h"
+#include "dmuon/update.h"
+
+namespace dmuon::python {
+namespace {
+
+std::vector<TensorView> views(const std::vector<Array>& arrays, const char* what) {
+  std::vector<TensorView> out;
+  out.reserve(arrays.size());
+  for (const Array& a : arrays) out.push_back(to_view(a, what));
+  return out;
+}
+
+Shape to_shape(const std::vector<int64_t>& s, const std::string& what) {
+  DMUON_CHECK(s.size() <= static_cast<size_t>(kMaxDims), "[python] ", what, " has ", s.size(),
+              " dims; at most ", kMaxDims, " are supported");
+  return Shape(std::span<const int64_t>(s.data(), s.size()));
+}
+
+std::vector<int64_t> from_shape(const Shape& s) { return std::vector<int64_t>(s.begin(), s.end()); }
+
+// A box as Python lists: per tensor dim, the ordered (begin, end) global ranges.
+std::vector<std::vector<std::pair<int64_t, int64_t>>> box_ranges(const Box& box) {
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> out;
+  for (const IndexSet& set : box.dims) {
+    auto& dim = out.emplace_back();
+    for (const Range& r : set.ranges()) dim.emplace_back(r.begin, r.end);
+  }
+  return out;
+}
+
+nb::dict stats_dict(const StepStats& s) {
+  nb::dict d;
+  d["applied"] = s.applied;
+  d["step_seconds"] = s.step_seconds;
+  d["pack_seconds"] = s.pack_seconds;
+  d["comm_wait_seconds"] = s.comm_wait_seconds;
+  d["orthogonalize_seconds"] = s.orthogonalize_seconds;
+  d["update_seconds"] = s.update_seconds;
+  d["comm_seconds"] = s.comm_seconds;
+  d["overlap"] = s.overlap;
+  d["bytes_sent"] = s.bytes_sent;
+  d["bytes_recv"] = s.bytes_recv;
+  d["bytes_sent_state"] = s.bytes_sent_state;
+  d["bytes_recv_state"] = s.bytes_recv_state;
+  d["bytes_sent_predicted"] = s.bytes_sent_predicted;
+  d["bytes_recv_predicted"] = s.bytes_recv_predicted;
+  d["peak_buffer_bytes"] = s.peak_buffer_bytes;
+  d["chunks"] = s.chunks;
+  d["collectives"] = s.collectives;
+  return d;
+}
+
+}  // namespace
+
+void init_optimizer(nb::module_& m) {
+  nb::class_<Mesh>(m, "Mesh", "Named mesh dims over the world, row-major (dmuon/mesh.h).")
+      .def(nb::init<>())
+      .def("__init__",
+           [](Mesh* self, const std::vector<std::pair<std::string, int>>& dims) {
+             std::vector<MeshDim> d;
+             for (const auto& [name, size] : dims) d.push_back({name, size});
+             new (self) Mesh(std::move(d));
+           },
+           nb::arg("dims"), "dims: [(name, size), ...], outermost first (as DeviceMesh).")
+      .def_prop_ro("size", &Mesh::size)
+      .def_prop_ro("ndim", &Mesh::ndim)
+      .def("__repr__", [](const Mesh& mesh) { return "Mesh(" + mesh.to_string() + ")"; });
+
+  nb::class_<Placement>(m, "Placement", "Replicate / Shard(d) / StridedShard(d, f) (placement.h).")
+      .def_static("replicate", &Placement::replicate)
+      .def_static("shard", &Placement::shard, nb::arg("dim"))
+      .def_static("strided_shard", &Placement::strided_shard, nb::arg("dim"), nb::arg("split_factor"))
+      .def_static("parse", [](const std::string& s) { return parse_placement(s); }, nb::arg("text"))
+      .def("__repr__", [](const Placement& p) { return to_string(p); });
+
+  nb::class_<ParamSpec>(m, "ParamSpec", "A parameter placed on a mesh (dmuon/param_spec.h).")
+      .def(nb::init<>())
+      .def_rw("name", &ParamSpec::name)
+      .def_prop_rw(
+          "shape", [](const ParamSpec& p) { return from_shape(p.shape); },
+          [](ParamSpec& p, const std::vector<int64_t>& s) { p.shape = to_shape(s, "parameter '" + p.name + "'"); })
+      .def_prop_rw(
+          "role", [](const ParamSpec& p) { return std::string(to_string(p.role)); },
+          [](ParamSpec& p, const std::string& v) { p.role = parse_role(v); })
+      .def_rw("expert", &ParamSpec::expert)
+      .def_rw("mesh", &ParamSpec::mesh)
+      .def_rw("placements", &ParamSpec::placements)
+      .def_rw("qk", &ParamSpec::qk, nb::arg().none());
+
+  nb::class_<Inventory>(m, "Inventory", "Parameters placed on meshes that span one world.")
+      .def(nb::init<>())
+      .def_rw("model", &Inventory::model)
+      .def_rw("mesh_names", &Inventory::mesh_names)
+      .def_rw("meshes", &Inventory::meshes)
+      .def_rw("params", &Inventory::params)
+      .def("validate", &Inventory::validate);
+
+  m.def("local_box",
+        [](const std::vector<int64_t>& shape, const std::vector<Placement>& placements, const Mesh& mesh,
+           int rank) { return box_ranges(local_box(to_shape(shape, "shape"), placements, mesh, rank)); },
+        nb::arg("shape"), nb::arg("placements"), nb::arg("mesh"), nb::arg("rank"),
+        "Per tensor dim, the ordered global (begin, end) ranges `rank` holds (dmuon/box.h).");
+
+  m.def("normuon_state_shape",
+        [](const std::vector<int64_t>& shape, bool expert_stack) {
+          return from_shape(normuon_state_shape(to_shape(shape, "shape"), expert_stack));
+        },
+        nb::arg("shape"), nb::arg("expert_stack"),
+        "The global shape of NorMuon's factored state: the parameter's with the reduced dim set to 1.");
+
+  nb::class_<Communicator>(m, "Communicator", "The engine's collectives (dmuon/comm.h).")
+      .def_prop_ro("rank", &Communicator::rank)
+      .def_prop_ro("size", &Communicator::size)
+      .def_prop_ro("backend", [](const Communicator& c) { return std::string(c.backend()); });
+  m.def("make_single_communicator",
+        []() { return std::shared_ptr<Communicator>(make_single_communicator()); });
+  m.def("make_mpi_communicator",
+        []() {
+          nb::gil_scoped_release release;
+          return std::shared_ptr<Communicator>(make_mpi_communicator());
+        },
+        "COLLECTIVE over MPI_COMM_WORLD; initializes MPI if nobody has. Load libmpi RTLD_GLOBAL first "
+        "(dmuon/__init__.py does).");
+  m.def("mpi_available", &mpi_available);
+  m.def("abort_all", [](int code) { abort_all(code); }, nb::arg("code"),
+        "Ends the whole job (MPI_Abort when MPI runs): after a communication error or timeout.");
+
+  nb::class_<Optimizer>(m, "Optimizer",
+                        "The distributed optimizer step over local shards (dmuon/optimizer.h). "
+                        "COLLECTIVE: construct and step on every rank in the same order.")
+      .def(
+          "__init__",
+          [](Optimizer* self, std::shared_ptr<Communicator> comm, Inventory inventory,
+             std::vector<ParamGroup> groups, const std::string& non_finite, const std::string& comm_dtype,
+             int window, int64_t chunk_bytes, int blas_threads, double timeout_s) {
+            OptimizerOptions options;
+            options.non_finite = parse_non_finite_policy(non_finite);
+            options.comm_dtype = parse_dtype(comm_dtype, "comm_dtype");
+            options.window = window;
+            options.chunk_bytes = chunk_bytes;
+            options.blas_threads = blas_threads;
+            options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1e3));
+            nb::gil_scoped_release release;
+            new (self) Optimizer(std::move(comm), std::move(inventory), std::move(groups), options);
+          },
+          nb::arg("comm"), nb::arg("inventory"), nb::arg("groups"), nb::arg("non_finite") = "raise",
+          nb::arg("comm_dtype") = "fp32", nb::arg("window") = 2, nb::arg("chunk_bytes") = int64_t{32} << 20,
+          nb::arg("blas_threads") = 0, nb::arg("timeout_s") = 0.0)
+      .def_prop_ro("rank", &Optimizer::rank)
+      .def_prop_ro("groups", &Optimizer::groups)
+      .def("options", &Optimizer::options, nb::arg("group"), nb::rv_policy::reference_internal,
+           "The live GroupOptions of a group: writes take effect at the next step (same on every rank).")
+      .def("local_shape", [](const Optimizer& o, size_t i) { return from_shape(o.local_shape(i)); },
+           nb::arg("param"))
+      .def("local_box", [](const Optimizer& o, size_t i) { return box_ranges(o.local_box(i)); },
+           nb::arg("param"))
+      .def("plan_string", [](const Optimizer& o) { return o.plan().to_string(); })
+      .def(
+          "step",
+          [](Optimizer& o, const std::vector<Array>& params, const std::vector<Array>& grads,
+             const std::map<int, std::vector<float>>& qk_logits) {
+            const std::vector<TensorView> p = views(params, "parameter");
+            const std::vector<TensorView> g = views(grads, "gradient");
+            nb::gil_scoped_release release;
+            return o.step(p, g, qk_logits);
+          },
+          nb::arg("params"), nb::arg("grads"), nb::arg("qk_logits") = std::map<int, std::vector<float>>{},
+          "COLLECTIVE. One step on local shards, updated in place. False when skipped.")
+      .def(
+          "state",
+          [](Optimizer& o, size_t param, const std::string& key) {
+            const TensorView v = o.state(param, key);
+            size_t shape[kMaxDims];
+            for (int i = 0; i < v.ndim(); ++i) shape[i] = static_cast<size_t>(v.shape[i]);
+            // An empty local shard may have no storage: any non-null pointer is fine for 0 elements.
+            static float dummy = 0;
+            float* data = v.numel() == 0 ? &dummy : v.f32();
+            return nb::ndarray<nb::pytorch, float>(data, static_cast<size_t>(v.ndim()), shape, nb::find(&o));
+          },
+          nb::arg("param"), nb::arg("key"),
+          "A torch.Tensor aliasing the engine's fp32 state of this rank's shard (stable across steps).")
+      .def("state_keys", &Optimizer::state_keys, nb::arg("param"))
+      .def("step_count", &Optimizer::step_count, nb::arg("param"))
+      .def("set_step_count", &Optimizer::set_step_count, nb::arg("param"), nb::arg("count"))
+      .def("last_stats", [](const Optimizer& o) { return stats_dict(o.last_stats()); },
+           "The counters of the last step on this rank (dmuon::StepStats) as a dict.");
+}
+
+}  // namespace dmuon::python

@@ -1,0 +1,59 @@
+"""dmuon.torch.Muon on DTensors under mpirun: FSDP2 at 2 and 4 ranks (uneven and empty shards, an
+expert stack), HSDP 2x2 with NorMuon, TP + FSDP (_StridedShard), torchtitan-style experts on a
+second mesh, bad input, and DCP save at 4 ranks -> load at 2 (FSDP) and at 4 (HSDP) -> continue; all
+BITWISE against the single-process dmuon run (dist_cases.py has the cases).
+Run: python -m pytest tests/python/multirank -q   (three mpirun launches, about 40 s on 2 cores)."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("dist_cases.py")
+MPIRUN = shutil.which("mpirun")
+pytestmark = pytest.mark.skipif(MPIRUN is None, reason="mpirun (Open MPI) is not installed")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(ranks: int, cases: list[str], ckpt: Path) -> str:
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MASTER_PORT=str(_free_port()),
+               PYTHONWARNINGS="ignore")
+    cmd = [MPIRUN, "-np", str(ranks), "--oversubscribe", "--bind-to", "none", sys.executable,
+           str(SCRIPT), "--cases", ",".join(cases), "--ckpt", str(ckpt)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240,
+                          cwd=str(ckpt.parent))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"mpirun -np {ranks} {cases} failed:\n{out[-6000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp("dcp") / "ckpt"
+    four = launch(4, ["fsdp", "hsdp", "tp", "ep", "bad_input", "dcp_save", "dcp_load_hsdp"], ckpt)
+    two = launch(2, ["fsdp", "dcp_load_fsdp", "bad_input"], ckpt)
+    return {4: four, 2: two}
+
+
+@pytest.mark.parametrize("ranks,case", [
+    (4, "fsdp"), (4, "hsdp"), (4, "tp"), (4, "ep"), (4, "bad_input"), (4, "dcp_save"),
+    (4, "dcp_load_hsdp"), (2, "fsdp"), (2, "dcp_load_fsdp"), (2, "bad_input")])
+def test_case(runs, ranks, case):
+    assert f"CASE {case} OK" in runs[ranks].splitlines(), runs[ranks][-3000:]
+
+
+def test_failure_is_reported(tmp_path):
+    # negative control: an unknown case makes the job fail with a non-zero exit code
+    with pytest.raises(AssertionError, match="failed"):
+        launch(2, ["no_such_case"], tmp_path / "ckpt")
