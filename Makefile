@@ -30,7 +30,7 @@ build: configure
 test: build
 	@cd $(BUILD) && ctest --output-on-failure --timeout 600
 	@$(PYTHON) -m pip install -q --no-build-isolation --disable-pip-version-check --root-user-action=ignore .
-	@$(PYTHON) -m pytest tests/python -q
+	@$(PYTHON) -m pytest tests/python tests/demo -q
 
 demo: build
 	@$(BUILD)/bin/dmuon bench ns --shape 1024x4096 --schedule polar_express --steps 5 --compare

@@ -28,8 +28,9 @@ def build_adamw(model, args) -> torch.optim.Optimizer:
 
 
 def build_dmuon(model, args) -> torch.optim.Optimizer:
-    """dmuon.torch.Muon with groups from dmuon.torch.param_groups. Raises DmuonUnavailable when the
-    package is not installed or does not accept DTensor (FSDP2) parameters yet."""
+    """dmuon.torch.Muon with groups from dmuon.torch.param_groups, on the FSDP2 DTensors (the
+    distributed engine; its MPI communicator comes up on first use under mpirun). Raises
+    DmuonUnavailable when the package is not installed or cannot drive these parameters."""
     try:
         import dmuon.torch as dtorch
     except ImportError as e:
@@ -50,10 +51,9 @@ def build_dmuon(model, args) -> torch.optim.Optimizer:
         kwargs.update(qk_clip_threshold=args.qk_clip, qk_layout=model.qk_layout())
     try:
         return dtorch.Muon(groups, **kwargs)
-    except NotImplementedError as e:
+    except (NotImplementedError, RuntimeError) as e:
         raise DmuonUnavailable(
-            f"dmuon.torch.Muon cannot drive FSDP2 DTensors yet ({e}). The distributed engine lands "
-            f"in the adapter's phase 2; until then run --optimizers adamw") from e
+            f"dmuon.torch.Muon cannot drive these FSDP2 DTensors ({e}); run --optimizers adamw") from e
 
 
 def _router_to_adamw(groups):
