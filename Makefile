@@ -1,7 +1,8 @@
 # dmuon: the human entry point.
 #   make test   set up what is missing, build, run every test (README's test command; CI runs it)
 #   make build  build everything; the CLI lands at build/bin/dmuon
-#   make demo   run the main job (for now: the orthogonalization benchmark on a default shape)
+#   make demo   the main job: train a 10.7M-parameter char GPT with FSDP2 on 4 CPU ranks, dmuon vs AdamW
+#   make bench  the orthogonalization benchmark on 1024x4096 (all methods, SGEMM baseline)
 BUILD ?= build
 JOBS ?= $(shell nproc)
 PYTHON ?= python3
@@ -13,7 +14,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 
-.PHONY: all setup configure build test demo demo-adamw bench clean
+.PHONY: all setup configure build test demo bench clean
 
 all: build
 
@@ -32,12 +33,13 @@ test: build
 	@$(PYTHON) -m pip install -q --no-build-isolation --disable-pip-version-check --root-user-action=ignore .
 	@$(PYTHON) -m pytest tests/python tests/demo -q
 
+# The training demo (examples/train_gpt): installs the package as `make test` does, then trains twice.
 demo: build
-	@$(BUILD)/bin/dmuon bench ns --shape 1024x4096 --schedule polar_express --steps 5 --compare
+	@$(PYTHON) -m pip install -q --no-build-isolation --disable-pip-version-check --root-user-action=ignore .
+	@$(PYTHON) examples/train_gpt/train.py $(DEMO_ARGS)
 
-# The training demo's AdamW baseline alone (examples/train_gpt; the dmuon run needs FSDP2 support).
-demo-adamw: setup
-	@$(or $(PYTHON),python3) examples/train_gpt/train.py --optimizers adamw
+bench: build
+	@$(BUILD)/bin/dmuon bench ns --shape 1024x4096 --schedule polar_express --steps 5 --compare
 
 clean:
 	rm -rf $(BUILD)

@@ -28,8 +28,8 @@ from model import GPT, GPTConfig  # noqa: E402
 # name: (n_layer, n_head, d_model, seq_len, global batch)
 PRESETS = {
     "tiny": (2, 2, 64, 64, 8),        # CI: seconds per run
-    "small": (4, 4, 256, 128, 16),    # ~3.2M parameters: the default (about 3 min a run, idle)
-    "10m": (6, 6, 384, 128, 16),      # ~10.7M parameters (nanoGPT's shakespeare-char shape), ~3x slower
+    "small": (4, 4, 256, 128, 16),    # ~3.2M parameters
+    "10m": (6, 6, 384, 128, 16),      # ~10.7M parameters (nanoGPT's shakespeare-char shape): the default
 }
 
 
@@ -40,7 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     run = p.add_argument_group("run")
     run.add_argument("--optimizers", default="dmuon,adamw",
                      help="comma-separated runs, in order: dmuon, adamw (the baseline)")
-    run.add_argument("--steps", type=int, default=300, help="optimizer steps per run")
+    run.add_argument("--steps", type=int, default=120, help="optimizer steps per run")
     run.add_argument("--ranks", type=int, default=4, help="FSDP2 ranks (processes, gloo on CPU)")
     run.add_argument("--seed", type=int, default=1234, help="model init and data order")
     run.add_argument("--log-every", type=int, default=10, help="progress line every N steps")
@@ -48,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     run.add_argument("--no-launch", action="store_true",
                      help="do not relaunch under mpirun (one process, or already launched)")
     model = p.add_argument_group("model (a preset, then the fields given override it)")
-    model.add_argument("--preset", choices=sorted(PRESETS), default="small",
+    model.add_argument("--preset", choices=sorted(PRESETS), default="10m",
                        help="model size; small keeps both runs under 10 minutes on 2 cores")
     model.add_argument("--n-layer", type=int, help="transformer blocks")
     model.add_argument("--n-head", type=int, help="attention heads")
@@ -75,8 +75,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="dmuon: distribution strategy for every matrix (auto = cost model; "
                           "local, owner_a2a, allgather, agrs, gram_allreduce, ...; sets "
                           "DMUON_STRATEGY)")
-    opt.add_argument("--qk-clip", type=float, default=0.0,
-                     help="dmuon: QK-clip threshold tau on the per-head max logits (0 = off)")
+    opt.add_argument("--qk-clip", type=float, default=100.0,
+                     help="dmuon: QK-clip threshold tau on the per-head max logits, as Kimi K2 "
+                          "(0 = off)")
     args = p.parse_args(argv)
     n_layer, n_head, d_model, seq_len, batch = PRESETS[args.preset]
     for key, value in (("n_layer", n_layer), ("n_head", n_head), ("d_model", d_model),
