@@ -41,6 +41,7 @@ enum class EpsMode { Add, Clamp };
 // One step's odd quintic p(σ) = a·σ + b·σ³ + c·σ⁵.
 struct Coefficients {
   double a = 0, b = 0, c = 0;
+  friend bool operator==(const Coefficients&, const Coefficients&) = default;
 };
 
 struct NsOptions {
@@ -59,6 +60,8 @@ struct NsOptions {
   // A = bf16(X·Xᵀ), Z = bf16(b·A + c·A·A), X ← bf16(a·X + Z·X) (torch's two addmm), tall matrices
   // on XᵀX. Plain products only: `method` is ignored. Outputs are bf16 values held in fp32.
   bool bf16_rounding = false;
+  // Every field compared (an Orthogonalizer is rebuilt when its options differ from a group's).
+  friend bool operator==(const NsOptions&, const NsOptions&) = default;
 };
 
 // The per-step coefficients that `options` describe (length options.steps). Polar Express is

@@ -20,30 +20,7 @@ struct ParamState {
   int64_t steps = 0;
 };
 
-bool same_ns(const NsOptions& a, const NsOptions& b) {
-  if (a.custom.size() != b.custom.size()) return false;
-  for (size_t i = 0; i < a.custom.size(); ++i)
-    if (a.custom[i].a != b.custom[i].a || a.custom[i].b != b.custom[i].b || a.custom[i].c != b.custom[i].c)
-      return false;
-  return a.schedule == b.schedule && a.steps == b.steps && a.method == b.method && a.scale == b.scale &&
-         a.eps == b.eps && a.eps_mode == b.eps_mode && a.pe_l0 == b.pe_l0 &&
-         a.pe_safety == b.pe_safety && a.pe_cushion == b.pe_cushion && a.bf16_rounding == b.bf16_rounding;
-}
 
-// Index of the first non-finite element, or -1.
-int64_t first_non_finite(const TensorView& g) {
-  const int64_t n = g.numel();
-  if (g.dtype == DType::BF16) {
-    const BFloat16* x = static_cast<const BFloat16*>(g.data);
-    for (int64_t i = 0; i < n; ++i)
-      if ((x[i].bits & 0x7F80u) == 0x7F80u) return i;
-    return -1;
-  }
-  const float* x = static_cast<const float*>(g.data);
-  for (int64_t i = 0; i < n; ++i)
-    if (!std::isfinite(x[i])) return i;
-  return -1;
-}
 
 }  // namespace
 
@@ -164,7 +141,7 @@ bool LocalOptimizer::step(std::span<const TensorView> params, std::span<const Te
     DMUON_CHECK(!o.normuon || s.normuon[g], "[optim] group ", g,
                 ": normuon was off at construction, so its state does not exist; enable it before "
                 "constructing the optimizer");
-    if (!same_ns(o.ns, s.orth[g]->options())) fresh[g] = std::make_unique<Orthogonalizer>(o.ns);
+    if (o.ns != s.orth[g]->options()) fresh[g] = std::make_unique<Orthogonalizer>(o.ns);
     any_muon = any_muon || !groups_[g].params.empty();
   }
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -198,7 +175,7 @@ bool LocalOptimizer::step(std::span<const TensorView> params, std::span<const Te
 
   // pass 2: non-finite gradients (raise or skip; nothing modified either way).
   for (size_t i = 0; i < n; ++i) {
-    const int64_t bad = first_non_finite(grads[i]);
+    const int64_t bad = detail::first_non_finite(grads[i]);
     if (bad < 0) continue;
     if (policy_ == NonFinitePolicy::Skip) return false;
     detail::throw_error(detail::concat("[optim] gradient of parameter '", params_[i].name,

@@ -21,4 +21,7 @@ void round_to_comm(float* x, int64_t n, DType comm);
 void muon_unit(Orthogonalizer& orth, float* u, int64_t rows, int64_t cols, float* v, float* v_mean,
                double beta2, DType comm);
 
+// Index of the first non-finite element of a contiguous fp32 / bf16 view, or -1.
+int64_t first_non_finite(const TensorView& g);
+
 }  // namespace dmuon::detail

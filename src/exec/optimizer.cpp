@@ -29,28 +29,7 @@ struct Hasher {
   void str(std::string_view s) { pod(s.size()), bytes(s.data(), s.size()); }
 };
 
-bool same_ns(const NsOptions& a, const NsOptions& b) {
-  if (a.custom.size() != b.custom.size()) return false;
-  for (size_t i = 0; i < a.custom.size(); ++i)
-    if (a.custom[i].a != b.custom[i].a || a.custom[i].b != b.custom[i].b || a.custom[i].c != b.custom[i].c) return false;
-  return a.schedule == b.schedule && a.steps == b.steps && a.method == b.method && a.scale == b.scale && a.eps == b.eps &&
-         a.eps_mode == b.eps_mode && a.pe_l0 == b.pe_l0 && a.pe_safety == b.pe_safety && a.pe_cushion == b.pe_cushion &&
-         a.bf16_rounding == b.bf16_rounding;
-}
 
-int64_t first_non_finite(const TensorView& g) {
-  const int64_t n = g.numel();
-  if (g.dtype == DType::BF16) {
-    const BFloat16* x = static_cast<const BFloat16*>(g.data);
-    for (int64_t i = 0; i < n; ++i)
-      if ((x[i].bits & 0x7F80u) == 0x7F80u) return i;
-    return -1;
-  }
-  const float* x = static_cast<const float*>(g.data);
-  for (int64_t i = 0; i < n; ++i)
-    if (!std::isfinite(x[i])) return i;
-  return -1;
-}
 
 std::string placements_text(const ParamSpec& p) {
   std::string t;
@@ -270,7 +249,7 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
       DMUON_CHECK(!o.normuon || s.normuon[g], "[optim] group ", g,
                   ": normuon was off at construction, so its state does not exist; enable it before constructing");
       DMUON_CHECK(o.normuon || !s.normuon[g], "[optim] group ", g, ": normuon may not be turned off after construction");
-      if (!same_ns(o.ns, s.orth[g]->options())) fresh[g] = std::make_unique<Orthogonalizer>(o.ns);
+      if (o.ns != s.orth[g]->options()) fresh[g] = std::make_unique<Orthogonalizer>(o.ns);
     }
     for (size_t i = 0; i < n; ++i) {
       const ParamSpec& p = inv.params[i];
@@ -297,7 +276,7 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
     const int threads = s.options.blas_threads > 0 ? s.options.blas_threads : (s.comm->size() > 1 ? 1 : 0);
     if (threads > 0) blas_set_num_threads(threads);  // also loads the BLAS: a missing one fails here
     for (size_t i = 0; i < n && bad < 0; ++i)
-      if (first_non_finite(grads[i]) >= 0) bad = static_cast<int64_t>(i);
+      if (detail::first_non_finite(grads[i]) >= 0) bad = static_cast<int64_t>(i);
   } catch (const std::exception& e) {
     error = e.what();
   }
