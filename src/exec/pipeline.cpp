@@ -224,11 +224,14 @@ class Pipeline {
     track(c, static_cast<int64_t>(b.send.size() + b.recv.size()));
   }
 
+  // n == 0 happens for empty shards, whose buffers may be null (memcpy forbids null even then).
   void put_data(std::byte* dst, const float* src, int64_t n) const {
+    if (n == 0) return;
     if (elem_ == 4) std::memcpy(dst, src, static_cast<size_t>(n) * 4);
     else float_to_bf16(src, reinterpret_cast<BFloat16*>(dst), static_cast<size_t>(n));
   }
   void get_data(float* dst, const std::byte* src, int64_t n) const {
+    if (n == 0) return;
     if (elem_ == 4) std::memcpy(dst, src, static_cast<size_t>(n) * 4);
     else bf16_to_float(reinterpret_cast<const BFloat16*>(src), dst, static_cast<size_t>(n));
   }
