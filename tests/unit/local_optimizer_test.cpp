@@ -12,6 +12,7 @@
 
 #include "dmuon/bf16.h"
 #include "dmuon/local_optimizer.h"
+#include "test_support.h"
 
 namespace {
 
@@ -68,23 +69,6 @@ Mat newton_schulz(Mat g, int m, int n, const std::vector<Coef>& coefs) {
   return g;
 }
 
-void normuon_ref(Mat& u, int m, int n, double* v, double beta2) {
-  const bool per_row = m >= n;
-  const int len = per_row ? m : n, k = per_row ? n : m;
-  std::vector<double> mean(len, 0.0), step(len);
-  for (int i = 0; i < m; ++i)
-    for (int j = 0; j < n; ++j) mean[per_row ? i : j] += u[i * n + j] * u[i * n + j] / k;
-  double before = 0, after = 0;
-  for (int r = 0; r < len; ++r) {
-    before += mean[r] * k;
-    v[r] = beta2 * v[r] + (1 - beta2) * mean[r];
-    step[r] = 1 / std::sqrt(std::max(v[r], 1e-10));
-    after += mean[r] * k * step[r] * step[r];
-  }
-  const double ratio = std::sqrt(before) / std::max(std::sqrt(after), 1e-10);
-  for (int i = 0; i < m; ++i)
-    for (int j = 0; j < n; ++j) u[i * n + j] *= step[per_row ? i : j] * ratio;
-}
 
 // ---- the model -------------------------------------------------------------------------------
 
@@ -226,7 +210,7 @@ TEST(LocalOptimizer, FiveStepsMatchDoubleReference) {
         for (int k = 0; k < e; ++k) {
           Mat one(u.begin() + k * mat, u.begin() + (k + 1) * mat);
           one = newton_schulz(one, rows, cols, coefs);
-          if (o.normuon) normuon_ref(one, rows, cols, nv[i].data() + k * len, o.normuon_beta2);
+          if (o.normuon) dmuon::test::normuon_reference(one.data(), rows, cols, nv[i].data() + k * len, o.normuon_beta2);
           std::copy(one.begin(), one.end(), u.begin() + k * mat);
         }
         const double lr_adj = o.lr_rule == dmuon::LrRule::Original

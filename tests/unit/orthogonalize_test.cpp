@@ -14,8 +14,14 @@
 
 #include "dmuon/bf16.h"
 #include "dmuon/orthogonalize.h"
+#include "test_support.h"
 
 namespace {
+
+template <class F>
+void expect_orth_invalid(F&& f, const std::string& needle) {
+  dmuon::test::expect_invalid(f, needle, "[orth]");
+}
 
 using dmuon::Coefficients;
 using dmuon::NsMethod;
@@ -331,31 +337,21 @@ TEST(Orthogonalize, ScaleAndClampFollowTheFormula) {
   for (size_t i = 0; i < in.size(); ++i) EXPECT_NEAR(out[i], 3.4445 * in[i] / 1e6, 1e-9);
 }
 
-template <class F>
-void expect_invalid(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected one mentioning '" << needle << "'";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    EXPECT_EQ(std::string(e.what()).rfind("[orth]", 0), 0u) << e.what();
-  }
-}
 
 TEST(Orthogonalize, BadArgumentsThrowClearly) {
   Orthogonalizer orth(NsOptions{});
   std::vector<float> a(6 * 10), b(6 * 10);
   std::vector<dmuon::BFloat16> h(6 * 10);
-  expect_invalid([&] { orth.run(dmuon::TensorView(h.data(), {6, 10}), dmuon::TensorView(b.data(), {6, 10})); },
+  expect_orth_invalid([&] { orth.run(dmuon::TensorView(h.data(), {6, 10}), dmuon::TensorView(b.data(), {6, 10})); },
                  "fp32");
-  expect_invalid([&] { orth.run(dmuon::TensorView(a.data(), {6, 10}), dmuon::TensorView(b.data(), {10, 6})); },
+  expect_orth_invalid([&] { orth.run(dmuon::TensorView(a.data(), {6, 10}), dmuon::TensorView(b.data(), {10, 6})); },
                  "shapes differ");
-  expect_invalid([&] { orth.run(dmuon::TensorView(a.data(), {60}), dmuon::TensorView(b.data(), {60})); },
+  expect_orth_invalid([&] { orth.run(dmuon::TensorView(a.data(), {60}), dmuon::TensorView(b.data(), {60})); },
                  "[m, n]");
   const dmuon::TensorView strided(a.data(), dmuon::DType::F32, {6, 5}, {10, 1});
-  expect_invalid([&] { orth.run(strided, dmuon::TensorView(b.data(), {6, 5})); }, "contiguous");
-  expect_invalid([&] { orth.run(a.data(), a.data() + 1, 6, 9); }, "overlap");
-  expect_invalid([&] { orth.run(a.data(), b.data(), -1, 10); }, "non-negative");
+  expect_orth_invalid([&] { orth.run(strided, dmuon::TensorView(b.data(), {6, 5})); }, "contiguous");
+  expect_orth_invalid([&] { orth.run(a.data(), a.data() + 1, 6, 9); }, "overlap");
+  expect_orth_invalid([&] { orth.run(a.data(), b.data(), -1, 10); }, "non-negative");
   // Nothing was written by the failed calls.
   for (float v : b) ASSERT_EQ(v, 0.0f);
 }

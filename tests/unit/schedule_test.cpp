@@ -9,8 +9,14 @@
 #include <vector>
 
 #include "dmuon/orthogonalize.h"
+#include "test_support.h"
 
 namespace {
+
+template <class F>
+void expect_orth_invalid(F&& f, const std::string& needle) {
+  dmuon::test::expect_invalid(f, needle, "[orth]");
+}
 
 using dmuon::Coefficients;
 using dmuon::NsMethod;
@@ -127,16 +133,6 @@ TEST(Schedule, NamesRoundTrip) {
   EXPECT_EQ(dmuon::to_string(Schedule::PolarExpress), "polar_express");
 }
 
-template <class F>
-void expect_invalid(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected one mentioning '" << needle << "'";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    EXPECT_EQ(std::string(e.what()).rfind("[orth]", 0), 0u) << e.what();
-  }
-}
 
 TEST(Schedule, BadOptionsThrowClearly) {
   auto with = [](auto edit) {
@@ -144,21 +140,21 @@ TEST(Schedule, BadOptionsThrowClearly) {
     edit(o);
     return [o] { dmuon::Orthogonalizer orth(o); };
   };
-  expect_invalid(with([](NsOptions& o) { o.steps = 0; }), "steps must be >= 1");
-  expect_invalid(with([](NsOptions& o) { o.schedule = Schedule::You; o.steps = 4; }), "exactly 5 steps");
-  expect_invalid(with([](NsOptions& o) { o.schedule = Schedule::Custom; o.custom = {{1, 0, 0}}; }),
+  expect_orth_invalid(with([](NsOptions& o) { o.steps = 0; }), "steps must be >= 1");
+  expect_orth_invalid(with([](NsOptions& o) { o.schedule = Schedule::You; o.steps = 4; }), "exactly 5 steps");
+  expect_orth_invalid(with([](NsOptions& o) { o.schedule = Schedule::Custom; o.custom = {{1, 0, 0}}; }),
                  "custom schedule has 1");
-  expect_invalid(with([](NsOptions& o) {
+  expect_orth_invalid(with([](NsOptions& o) {
                    o.schedule = Schedule::Custom;
                    o.steps = 1;
                    o.custom = {{1, std::numeric_limits<double>::quiet_NaN(), 0}};
                  }),
                  "not finite");
-  expect_invalid(with([](NsOptions& o) { o.scale = 0; }), "scale");
-  expect_invalid(with([](NsOptions& o) { o.eps = -1; }), "eps");
-  expect_invalid(with([](NsOptions& o) { o.schedule = Schedule::PolarExpress; o.pe_l0 = 0; }), "l0");
-  expect_invalid([] { dmuon::parse_schedule("muon"); }, "unknown schedule 'muon'");
-  expect_invalid([] { dmuon::parse_ns_method("fast"); }, "unknown method 'fast'");
+  expect_orth_invalid(with([](NsOptions& o) { o.scale = 0; }), "scale");
+  expect_orth_invalid(with([](NsOptions& o) { o.eps = -1; }), "eps");
+  expect_orth_invalid(with([](NsOptions& o) { o.schedule = Schedule::PolarExpress; o.pe_l0 = 0; }), "l0");
+  expect_orth_invalid([] { dmuon::parse_schedule("muon"); }, "unknown schedule 'muon'");
+  expect_orth_invalid([] { dmuon::parse_ns_method("fast"); }, "unknown method 'fast'");
 }
 
 TEST(Schedule, FlopCounts) {

@@ -11,6 +11,7 @@
 
 #include "dmuon/bf16.h"
 #include "dmuon/update.h"
+#include "test_support.h"
 
 namespace {
 
@@ -239,25 +240,6 @@ TEST(Apply, RejectsBadArguments) {
 
 // ---- NorMuon ---------------------------------------------------------------------------------
 
-// Plain double reference of nanochat's variance reduction; v kept in double.
-void normuon_reference(std::vector<double>& u, int m, int n, std::vector<double>& v, double beta2) {
-  const bool per_row = m >= n;
-  const int len = per_row ? m : n, k = per_row ? n : m;
-  std::vector<double> mean(len, 0.0);
-  for (int i = 0; i < m; ++i)
-    for (int j = 0; j < n; ++j) mean[per_row ? i : j] += u[i * n + j] * u[i * n + j] / k;
-  double norm_sq = 0, new_sq = 0;
-  std::vector<double> step(len);
-  for (int r = 0; r < len; ++r) {
-    norm_sq += mean[r] * k;
-    v[r] = beta2 * v[r] + (1 - beta2) * mean[r];
-    step[r] = 1.0 / std::sqrt(std::max(v[r], 1e-10));
-    new_sq += mean[r] * k * step[r] * step[r];
-  }
-  const double ratio = std::sqrt(norm_sq) / std::max(std::sqrt(new_sq), 1e-10);
-  for (int i = 0; i < m; ++i)
-    for (int j = 0; j < n; ++j) u[i * n + j] *= step[per_row ? i : j] * ratio;
-}
 
 using Shape2 = std::tuple<int, int>;
 class NorMuonTest : public ::testing::TestWithParam<Shape2> {};
@@ -281,7 +263,7 @@ TEST_P(NorMuonTest, MatchesDoubleReferenceOverSteps) {
     dmuon::normuon_finish(u_split.data(), m, n, mean.data(), v_split.data(), beta2);
     expect_bitwise(u_split, u, "split passes vs apply");
     expect_bitwise(v_split, v, "split passes vs apply (state)");
-    normuon_reference(u_ref, m, n, v_ref, beta2);
+    dmuon::test::normuon_reference(u_ref.data(), m, n, v_ref.data(), beta2);
     // fp32 state and scaling vs double: a few roundings per step, relative 1e-5 is ample.
     expect_near_rel(v, v_ref, 1e-5, 1e-12, "v");
     expect_near_rel(u, u_ref, 1e-5, 1e-3, "U");
