@@ -5,6 +5,8 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <vector>
+
 #include "dmuon/tensor.h"
 
 namespace dmuon::python {
@@ -18,6 +20,12 @@ using Array = nb::ndarray<nb::device::cpu>;
 // A view of `a` (fp32 or bf16, up to 4 dims, strides kept). Throws std::invalid_argument naming
 // `what` for another dtype or more dims.
 TensorView to_view(const Array& a, const char* what);
+// to_view of every array (parameters or gradients of one step).
+std::vector<TensorView> views(const std::vector<Array>& arrays, const char* what);
+
+// A torch tensor aliasing fp32 engine state `v`; `owner` (the optimizer object) is kept alive by it.
+using StateTensor = nb::ndarray<nb::pytorch, float>;
+StateTensor state_tensor(const TensorView& v, nb::handle owner);
 
 void init_errors(nb::module_& m);
 void init_blas(nb::module_& m);

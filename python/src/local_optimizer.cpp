@@ -13,16 +13,6 @@
 #include "dmuon/local_optimizer.h"
 
 namespace dmuon::python {
-namespace {
-
-std::vector<TensorView> views(const std::vector<Array>& arrays, const char* what) {
-  std::vector<TensorView> out;
-  out.reserve(arrays.size());
-  for (const Array& a : arrays) out.push_back(to_view(a, what));
-  return out;
-}
-
-}  // namespace
 
 void init_local_optimizer(nb::module_& m) {
   nb::class_<LocalOptimizer>(m, "LocalOptimizer",
@@ -63,12 +53,8 @@ void init_local_optimizer(nb::module_& m) {
       .def(
           "state",
           [](LocalOptimizer& o, size_t param, const std::string& key) {
-            const TensorView v = o.state(param, key);
-            size_t shape[kMaxDims];
-            for (int i = 0; i < v.ndim(); ++i) shape[i] = static_cast<size_t>(v.shape[i]);
             // The owner is this LocalOptimizer: the tensor keeps the engine (and its state) alive.
-            return nb::ndarray<nb::pytorch, float>(v.f32(), static_cast<size_t>(v.ndim()), shape,
-                                                   nb::find(&o));
+            return state_tensor(o.state(param, key), nb::find(&o));
           },
           nb::arg("param"), nb::arg("key"),
           "A torch.Tensor aliasing the engine's fp32 state (read-write; stable across steps).")

@@ -26,13 +26,6 @@
 namespace dmuon::python {
 namespace {
 
-std::vector<TensorView> views(const std::vector<Array>& arrays, const char* what) {
-  std::vector<TensorView> out;
-  out.reserve(arrays.size());
-  for (const Array& a : arrays) out.push_back(to_view(a, what));
-  return out;
-}
-
 Shape to_shape(const std::vector<int64_t>& s, const std::string& what) {
   DMUON_CHECK(s.size() <= static_cast<size_t>(kMaxDims), "[python] ", what, " has ", s.size(),
               " dims; at most ", kMaxDims, " are supported");
@@ -192,13 +185,7 @@ void init_optimizer(nb::module_& m) {
       .def(
           "state",
           [](Optimizer& o, size_t param, const std::string& key) {
-            const TensorView v = o.state(param, key);
-            size_t shape[kMaxDims];
-            for (int i = 0; i < v.ndim(); ++i) shape[i] = static_cast<size_t>(v.shape[i]);
-            // An empty local shard may have no storage: any non-null pointer is fine for 0 elements.
-            static float dummy = 0;
-            float* data = v.numel() == 0 ? &dummy : v.f32();
-            return nb::ndarray<nb::pytorch, float>(data, static_cast<size_t>(v.ndim()), shape, nb::find(&o));
+            return state_tensor(o.state(param, key), nb::find(&o));
           },
           nb::arg("param"), nb::arg("key"),
           "A torch.Tensor aliasing the engine's fp32 state of this rank's shard (stable across steps).")
