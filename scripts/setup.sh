@@ -6,6 +6,7 @@ set -euo pipefail
 APT_PACKAGES=(
   g++ make pkg-config ccache ninja-build cmake
   libopenblas-dev liblapacke-dev          # BLAS (loaded at run time) and LAPACKE (test oracle)
+  libdnnl-dev                             # oneDNN 2.x: bf16 products (loaded at run time)
   libopenmpi-dev openmpi-bin              # mpi communicator backend, mpirun for tests
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dist_env.h"
+#include "kernels/cpu/bf16_matmul.h"
 #include "dmuon/bf16.h"
 #include "dmuon/error.h"
 #include "dmuon/local_optimizer.h"
@@ -50,9 +51,12 @@ ModelDesc test_model(bool extra = false, int64_t w57_rows = 5) {
   return m;
 }
 
-std::vector<ParamGroup> test_groups(size_t nparams, bool normuon = true) {
+// bf16_products: the plain group's Newton–Schulz reads bf16 operands (oneDNN), where available.
+std::vector<ParamGroup> test_groups(size_t nparams, bool normuon = true, bool bf16_products = true) {
   ParamGroup plain, nor, qk, adam;
   plain.options.lr = 0.02, plain.options.weight_decay = 0.1;
+  if (bf16_products && dmuon::cpu::bf16_matmul_info().available)
+    plain.options.ns.matmul_dtype = DType::BF16;
   nor.options.lr = 0.03, nor.options.normuon = normuon, nor.options.cautious_wd = true;
   nor.options.momentum_kind = MomentumKind::HeavyBall, nor.options.lr_rule = LrRule::MatchRmsAdamw;
   nor.options.ns.schedule = Schedule::PolarExpress;
@@ -131,11 +135,13 @@ Outcome run_and_compare(const RunConfig& c, bool negative_control = false) {
   Inventory inv = make_inventory(c.parallel);
   const size_t n = inv.params.size();
   const bool bf16 = c.comm_dtype == DType::BF16;
-  const bool normuon = c.strategy != "gram_allreduce";  // gram_allreduce has no NorMuon
-  Optimizer opt(shared_comm(), inv, test_groups(n, normuon), options_for(c));
+  // gram_allreduce has no NorMuon, and forms its products in fp32 whatever matmul_dtype says.
+  const bool normuon = c.strategy != "gram_allreduce", bf16_products = normuon;
+  Optimizer opt(shared_comm(), inv, test_groups(n, normuon, bf16_products), options_for(c));
   std::vector<ParamInfo> infos;
   for (const ParamSpec& p : inv.params) infos.push_back({p.name, p.shape, p.expert, p.qk});
-  LocalOptimizer ref(infos, test_groups(n, normuon), LocalOptimizerOptions{NonFinitePolicy::Raise, c.comm_dtype});
+  LocalOptimizer ref(infos, test_groups(n, normuon, bf16_products),
+                     LocalOptimizerOptions{NonFinitePolicy::Raise, c.comm_dtype});
   const int r = comm().rank();
   std::vector<std::vector<float>> full_w(n), full_g(n), loc_w(n), loc_g(n);
   std::vector<std::vector<BFloat16>> loc_gb(n), full_gb(n);

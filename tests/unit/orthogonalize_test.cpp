@@ -13,7 +13,10 @@
 #include <vector>
 
 #include "dmuon/bf16.h"
+#include "dmuon/blas.h"
+#include "dmuon/error.h"
 #include "dmuon/orthogonalize.h"
+#include "kernels/cpu/bf16_matmul.h"
 #include "test_support.h"
 
 namespace {
@@ -447,6 +450,184 @@ TEST(OrthogonalizeBf16, ZerosStayZero) {
   o.bf16_rounding = true;
   const std::vector<float> zeros(5 * 9, 0.0f);
   EXPECT_EQ(run_once(o, zeros, 5, 9), zeros);
+}
+
+// ---- bf16 products (NsOptions::matmul_dtype = BF16, oneDNN) ----
+
+using dmuon::BFloat16;
+using dmuon::cpu::Bf16Matmul;
+using dmuon::cpu::Bf16Operand;
+
+// Small integers are exact in bf16 and their products' sums are exact in fp32 (|sum| < 2^24), so the
+// oneDNN products must equal a double reference exactly, whatever order they sum in.
+std::vector<BFloat16> small_ints(size_t count, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> d(-8, 8);
+  std::vector<BFloat16> v(count);
+  for (BFloat16& x : v) x = dmuon::float_to_bf16(static_cast<float>(d(rng)));
+  return v;
+}
+
+double at(const Bf16Operand& a, int64_t i, int64_t j) {
+  return dmuon::bf16_to_float(a.trans ? a.data[j * a.ld + i] : a.data[i * a.ld + j]);
+}
+
+TEST(Bf16Matmul, GemmIsExactOnIntegersForEveryLayout) {
+  if (!dmuon::cpu::bf16_matmul_info().available) GTEST_SKIP() << dmuon::cpu::bf16_matmul_info().error;
+  Bf16Matmul mm;
+  const int64_t m = 37, n = 150, k = 131, pad = 5;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      // A is m×k (stored k×m when transposed), B is k×n; rows padded to test leading dimensions.
+      const int64_t lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+      const std::vector<BFloat16> a = small_ints(size_t((ta ? k : m) * lda), 1 + ta * 2 + tb);
+      const std::vector<BFloat16> b = small_ints(size_t((tb ? n : k) * ldb), 7 + ta * 2 + tb);
+      const Bf16Operand oa{a.data(), lda, ta}, ob{b.data(), ldb, tb};
+      std::vector<float> c(size_t(m * ldc), -1.0f);
+      std::vector<BFloat16> cb(size_t(m * ldc), BFloat16{0});
+      mm.gemm(m, n, k, oa, ob, c.data(), ldc);
+      mm.gemm(m, n, k, oa, ob, cb.data(), ldc);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < ldc; ++j) {
+          if (j >= n) {  // the padding is not written
+            ASSERT_EQ(c[size_t(i * ldc + j)], -1.0f);
+            continue;
+          }
+          double ref = 0;
+          for (int64_t p = 0; p < k; ++p) ref += at(oa, i, p) * at(ob, p, j);
+          ASSERT_EQ(c[size_t(i * ldc + j)], ref) << "ta " << ta << " tb " << tb << " at " << i << "," << j;
+          // bf16 output: the fp32 accumulator rounded once to nearest even
+          ASSERT_EQ(cb[size_t(i * ldc + j)].bits, dmuon::float_to_bf16(static_cast<float>(ref)).bits);
+        }
+    }
+}
+
+TEST(Bf16Matmul, LowerProductCoversTheLowerTriangle) {
+  if (!dmuon::cpu::bf16_matmul_info().available) GTEST_SKIP() << dmuon::cpu::bf16_matmul_info().error;
+  Bf16Matmul mm;
+  for (int64_t s : {1, 127, 128, 129, 300}) {
+    const int64_t k = 45;
+    const std::vector<BFloat16> x = small_ints(size_t(s * k), 100 + s);
+    // X·Xᵀ: the left operand X (s×k), the right one Xᵀ (k×s) as a transposed view.
+    const Bf16Operand left{x.data(), k, false}, right{x.data(), k, true};
+    for (bool full : {false, true}) {
+      std::vector<float> c(size_t(s * s), std::nanf(""));
+      mm.lower_product(s, k, left, right, c.data(), full);
+      int64_t unwritten_upper = 0;
+      for (int64_t i = 0; i < s; ++i)
+        for (int64_t j = 0; j < s; ++j) {
+          double ref = 0;
+          for (int64_t p = 0; p < k; ++p) ref += at(left, i, p) * at(right, p, j);
+          if (j <= i || full) {
+            ASSERT_EQ(c[size_t(i * s + j)], ref) << "s " << s << " at " << i << "," << j;
+          } else if (std::isnan(c[size_t(i * s + j)])) {
+            ++unwritten_upper;
+          }
+        }
+      // The block form skips the blocks above the diagonal (the point of it) once s > one block.
+      if (!full && s > 128) EXPECT_GT(unwritten_upper, 0);
+      if (full) EXPECT_EQ(unwritten_upper, 0);
+    }
+  }
+}
+
+NsOptions bf16_products(Schedule s, NsMethod method) {
+  NsOptions o = options_for(s, method);
+  o.matmul_dtype = dmuon::DType::BF16;
+  return o;
+}
+
+// Shapes past one 128-row block of lower_product, rank-deficient ones included.
+const Case kBf16Cases[] = {{1, 300, 1},     {300, 700, 300}, {700, 300, 300}, {260, 260, 260},
+                           {200, 500, 20},  {500, 200, 7},   {150, 151, 150}, {40, 90, 40}};
+
+using Bf16Param = std::tuple<Schedule, NsMethod, Case>;
+class OrthogonalizeBf16Products : public ::testing::TestWithParam<Bf16Param> {};
+
+// Against the exact SVD as the fp32 test, with tolerances for bf16 operands: every product reads
+// values rounded to 8 significant bits (2^-9 relative), so the output σ carry errors of ~1e-2
+// (measured worst: 0.016 full rank; 0.065 for Polar Express on the rank-7 input, whose first step
+// multiplies by 8.3). Zero directions of a rank-deficient input receive the rounding noise of X
+// (2^-9 relative), which the iteration amplifies like any small σ — by up to the product of the a
+// coefficients (< 500 for these schedules) — measured up to 0.27 (as torch.optim.Muon's bf16 NS
+// does); that noise also enters ‖out − U f(Σ) Vᵀ‖, so the singular-vector check is for full rank.
+// The fp32 path meets these bounds with a 20x margin; the checker's negative control is
+// CheckerCanFail.
+TEST_P(OrthogonalizeBf16Products, MatchesExactPolarFactorWithinBf16Error) {
+  if (!dmuon::cpu::bf16_matmul_info().available) GTEST_SKIP() << dmuon::cpu::bf16_matmul_info().error;
+  const auto [schedule, method, cs] = GetParam();
+  Orthogonalizer orth(bf16_products(schedule, method));
+  const std::vector<float> in = make_input(cs.m, cs.n, cs.rank, 2000u + cs.m * 7u + cs.n);
+  std::vector<float> out(in.size());
+  orth.run(in.data(), out.data(), cs.m, cs.n);
+  const Check c = check(in, out, cs.m, cs.n, cs.rank, orth);
+  const bool full_rank = cs.rank == std::min(cs.m, cs.n);
+  const double tol = full_rank ? 0.04 : 0.15;
+  EXPECT_GE(c.sigma_lo, c.band_lo - tol);
+  EXPECT_LE(c.sigma_hi, c.band_hi + tol);
+  EXPECT_LT(c.sigma_err, tol);
+  if (full_rank) EXPECT_LT(c.vector_err, 1.5 * tol);
+  EXPECT_LT(c.null_max, 500 * std::ldexp(1.0, -9));
+  for (float v : out) ASSERT_TRUE(std::isfinite(v));
+  std::printf("bf16 products %s %dx%d r%d: sigma_err %.2e vector_err %.2e null %.2e\n",
+              std::string(dmuon::to_string(method)).c_str(), cs.m, cs.n, cs.rank, c.sigma_err,
+              c.vector_err, c.null_max);
+}
+
+std::string bf16_case_name(const ::testing::TestParamInfo<Bf16Param>& info) {
+  const auto [s, meth, cs] = info.param;
+  return std::string(dmuon::to_string(s)) + "_" + std::string(dmuon::to_string(meth)) + "_" +
+         std::to_string(cs.m) + "x" + std::to_string(cs.n) + "r" + std::to_string(cs.rank);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, OrthogonalizeBf16Products,
+                         ::testing::Combine(::testing::Values(Schedule::Jordan, Schedule::PolarExpress),
+                                            ::testing::Values(NsMethod::Plain, NsMethod::Symmetric),
+                                            ::testing::ValuesIn(kBf16Cases)),
+                         bf16_case_name);
+
+// The products give the same bits on 1 and 2 threads (oneDNN does not split the reduction), which
+// is what lets LocalOptimizer run parameters on separate threads and the distributed engine match
+// it bitwise. Also: in place equals out of place, and a rerun repeats.
+TEST(OrthogonalizeBf16Products, BitwiseAcrossThreadCountsAndRuns) {
+  if (!dmuon::cpu::bf16_matmul_info().available) GTEST_SKIP() << dmuon::cpu::bf16_matmul_info().error;
+  const int saved = dmuon::blas_get_num_threads();
+  for (NsMethod method : {NsMethod::Plain, NsMethod::Symmetric})
+    for (auto [m, n] : {std::pair{300, 700}, std::pair{700, 300}, std::pair{260, 260}}) {
+      const std::vector<float> in = make_input(m, n, std::min(m, n), 77u + m + n);
+      Orthogonalizer orth(bf16_products(Schedule::Jordan, method));
+      dmuon::blas_set_num_threads(1);
+      std::vector<float> one(in.size()), two(in.size()), again(in.size());
+      orth.run(in.data(), one.data(), m, n);
+      dmuon::blas_set_num_threads(2);
+      orth.run(in.data(), two.data(), m, n);
+      EXPECT_EQ(one, two) << m << "x" << n;
+      std::vector<float> inplace = in;
+      orth.run(inplace.data(), inplace.data(), m, n);
+      EXPECT_EQ(inplace, two);
+      orth.run(in.data(), again.data(), m, n);
+      EXPECT_EQ(again, two);
+      // Negative control: the fp32 products give other bits.
+      Orthogonalizer f32(options_for(Schedule::Jordan, method));
+      f32.run(in.data(), again.data(), m, n);
+      EXPECT_NE(again, two);
+    }
+  dmuon::blas_set_num_threads(saved);
+}
+
+TEST(OrthogonalizeBf16Products, ZerosAndEmptyAndBadOptions) {
+  if (!dmuon::cpu::bf16_matmul_info().available) GTEST_SKIP() << dmuon::cpu::bf16_matmul_info().error;
+  Orthogonalizer orth(bf16_products(Schedule::Jordan, NsMethod::Symmetric));
+  const std::vector<float> zeros(size_t(200 * 450), 0.0f);
+  std::vector<float> out(zeros.size(), 1.0f);
+  orth.run(zeros.data(), out.data(), 200, 450);
+  EXPECT_EQ(out, zeros);
+  orth.run(nullptr, nullptr, 0, 5);  // empty: a no-op
+  NsOptions both = bf16_products(Schedule::Jordan, NsMethod::Symmetric);
+  both.bf16_rounding = true;
+  expect_orth_invalid([&] { Orthogonalizer o(both); }, "exclude each other");
+  expect_orth_invalid([&] { Orthogonalizer o(bf16_products(Schedule::Jordan, NsMethod::Gram)); },
+                      "method gram needs matmul_dtype fp32");
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ namespace dmuon::cli {
 namespace {
 
 struct BenchNsArgs {
-  std::string shape = "1024x4096", schedule = "polar_express", method = "symmetric";
+  std::string shape = "1024x4096", schedule = "polar_express", method = "symmetric", matmul = "fp32";
   int steps = 5, repeats = 5, warmup = 1, threads = 0;
   float scale = 1.0f;
   bool json = false, compare = false;
@@ -33,6 +33,7 @@ struct BenchNsArgs {
 
 struct Result {
   NsMethod method;
+  DType matmul;
   std::vector<double> times;
   double seconds = 0, flops = 0, sigma_min = 0, sigma_max = 0, sigma_diff = 0;
   std::vector<double> sigmas;
@@ -92,6 +93,10 @@ void run_bench(const BenchNsArgs& a) {
     methods = {NsMethod::Plain, NsMethod::Symmetric, NsMethod::Gram};
   else
     methods = {parse_ns_method(a.method)};
+  std::vector<DType> dtypes;
+  if (a.matmul == "fp32" || a.matmul == "both") dtypes.push_back(DType::F32);
+  if (a.matmul == "bf16" || a.matmul == "both") dtypes.push_back(DType::BF16);
+  DMUON_CHECK(!dtypes.empty(), "[bench] --matmul-dtype must be fp32, bf16 or both, got '", a.matmul, "'");
 
   std::mt19937_64 rng(12345);
   std::normal_distribution<float> normal;
@@ -101,12 +106,17 @@ void run_bench(const BenchNsArgs& a) {
 
   std::vector<Orthogonalizer> orths;
   std::vector<Result> results;
-  for (NsMethod meth : methods) {
-    NsOptions o = base;
-    o.method = meth;
-    orths.emplace_back(o);
-    results.push_back({meth, {}, 0, ns_flops(m, n, o)});
-  }
+  for (DType dt : dtypes)
+    for (NsMethod meth : methods) {
+      if (dt == DType::BF16 && meth == NsMethod::Gram) {
+        if (a.compare) continue;  // not offered: see NsOptions::matmul_dtype
+      }
+      NsOptions o = base;
+      o.method = meth;
+      o.matmul_dtype = dt;
+      orths.emplace_back(o);
+      results.push_back({meth, dt, {}, 0, ns_flops(m, n, o)});
+    }
   // SGEMM baseline of the sizes involved: s×l·l×s (the Gram matrix) and s×s·s×l (the update).
   const int s = static_cast<int>(std::min(m, n)), l = static_cast<int>(std::max(m, n));
   std::vector<float> gs(size_t(s) * s, 0.01f), ys(size_t(s) * l);
@@ -138,7 +148,7 @@ void run_bench(const BenchNsArgs& a) {
   }
   const Result* sym = nullptr;
   for (const Result& r : results)
-    if (r.method == NsMethod::Symmetric) sym = &r;
+    if (r.method == NsMethod::Symmetric && r.matmul == DType::F32) sym = &r;
   for (Result& r : results)
     if (sym)
       for (size_t k = 0; k < r.sigmas.size(); ++k)
@@ -147,7 +157,8 @@ void run_bench(const BenchNsArgs& a) {
   const BlasInfo info = blas_info();
   const std::string shape = std::to_string(m) + "x" + std::to_string(n);
   auto to_json = [&](const Result& r) {
-    nlohmann::json j = {{"method", std::string(to_string(r.method))}, {"seconds", r.seconds},
+    nlohmann::json j = {{"method", std::string(to_string(r.method))},
+                        {"matmul_dtype", std::string(to_string(r.matmul))}, {"seconds", r.seconds},
                         {"times", r.times}, {"flops", r.flops}, {"gflops", r.flops / r.seconds / 1e9},
                         {"sgemm_gflops", sgemm_gflops}, {"sgemm_nt_gflops", sgemm_nt_gflops},
                         {"sgemm_nn_gflops", sgemm_nn_gflops},
@@ -160,7 +171,7 @@ void run_bench(const BenchNsArgs& a) {
     return j;
   };
   if (a.json) {
-    if (!a.compare) {
+    if (results.size() == 1) {
       std::cout << to_json(results[0]).dump(2) << "\n";
     } else {
       nlohmann::json j = {{"shape", shape}, {"schedule", a.schedule}, {"steps", a.steps},
@@ -177,18 +188,20 @@ void run_bench(const BenchNsArgs& a) {
               a.warmup);
   std::printf("SGEMM baseline: %.1f GFLOP/s (X·Xᵀ %dx%dx%d NT %.1f, Z·X %dx%dx%d NN %.1f)\n", sgemm_gflops, s,
               s, l, sgemm_nt_gflops, s, l, s, sgemm_nn_gflops);
-  std::printf("%-10s %10s %8s %8s %9s %10s %10s %10s %10s\n", "method", "ms", "GFLOP", "GFLOP/s",
+  std::printf("%-15s %10s %8s %8s %9s %10s %10s %10s %10s\n", "method", "ms", "GFLOP", "GFLOP/s",
               "vs SGEMM", "vs plain", "sigma_min", "sigma_max", "dsigma/sym");
   const double plain_t = results[0].method == NsMethod::Plain ? results[0].seconds : 0;
   for (const Result& r : results) {
     const double gf = r.flops / r.seconds / 1e9;
-    std::printf("%-10s %10.3f %8.2f %8.1f %8.2fx ", std::string(to_string(r.method)).c_str(), r.seconds * 1e3,
+    const std::string label = std::string(to_string(r.method)) + (r.matmul == DType::BF16 ? " bf16" : "");
+    std::printf("%-15s %10.3f %8.2f %8.1f %8.2fx ", label.c_str(), r.seconds * 1e3,
                 r.flops / 1e9, gf, gf / sgemm_gflops);
     if (plain_t > 0) std::printf("%9.2fx ", plain_t / r.seconds); else std::printf("%10s ", "-");
     std::printf("%10.4f %10.4f ", r.sigma_min, r.sigma_max);
     if (sym && &r != sym) std::printf("%10.1e\n", r.sigma_diff); else std::printf("%10s\n", "-");
   }
-  if (a.compare) std::printf("vs plain = speed-up over plain (time ratio); dsigma/sym = max |sigma_i - sigma_i(symmetric)|\n");
+  if (a.compare || results.size() > 1)
+    std::printf("vs plain = speed-up over plain fp32 (time ratio); dsigma/sym = max |sigma_i - sigma_i(symmetric fp32)|\n");
   if (l < 2 * s && std::find(methods.begin(), methods.end(), NsMethod::Gram) != methods.end())
     std::printf("note: gram needs aspect ratio >= 2; it ran the symmetric path here\n");
 }
@@ -206,6 +219,9 @@ void add_bench_ns_command(CLI::App& bench) {
   cmd->add_option("--warmup", args->warmup, "Untimed warm-up runs")->capture_default_str();
   cmd->add_option("--threads", args->threads, "BLAS threads (0: leave as is)")->capture_default_str();
   cmd->add_option("--scale", args->scale, "Normalization s in |G|_F*s")->capture_default_str();
+  cmd->add_option("--matmul-dtype", args->matmul,
+                  "Product operands: fp32 | bf16 (oneDNN) | both (each method in each dtype)")
+      ->capture_default_str();
   cmd->add_flag("--compare", args->compare, "Run plain, symmetric and gram in one run and compare");
   cmd->add_flag("--json", args->json, "Print JSON");
   cmd->callback([args] { run_bench(*args); });

@@ -4,9 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "dmuon/dtype.h"
 #include "dmuon/orthogonalize.h"
+#include "kernels/cpu/bf16_matmul.h"
 
 namespace dmuon::cpu {
 
@@ -14,7 +17,11 @@ namespace dmuon::cpu {
 struct NsScratch {
   std::vector<float> x;                            // m×n ping-pong buffer
   std::vector<float> r, s, z, q, t;                // s×s Gram-side buffers
-  float* ensure(std::vector<float>& v, int64_t count) {
+  std::vector<BFloat16> xb, xb2;                   // bf16 products: m×n operands
+  std::vector<BFloat16> rb, zb;                    // bf16 products: s×s operands
+  std::unique_ptr<Bf16Matmul> matmul;              // created on first bf16 use
+  template <class T>
+  T* ensure(std::vector<T>& v, int64_t count) {
     if (static_cast<int64_t>(v.size()) < count) v.resize(static_cast<size_t>(count));
     return v.data();
   }
@@ -41,6 +48,15 @@ void newton_schulz(const float* x0, float* out, int64_t m, int64_t n,
 // (may equal `out`), normalizes and iterates with every product rounded to bf16 (ns_bf16.cpp).
 void newton_schulz_bf16(const float* in, float* out, int64_t m, int64_t n, const NsOptions& options,
                         const std::vector<Coefficients>& coefficients, NsScratch& scratch);
+
+// Newton–Schulz with bf16 products (NsOptions::matmul_dtype = BF16, bf16_matmul.h): X₀ = bf16(in ·
+// inv); every product's inputs are bf16, accumulation fp32, the polynomial Z = aI + bA + cA² is
+// formed in fp32 and rounded to bf16 as a product input; the last product writes fp32 into `out`.
+// Symmetric results (X·Xᵀ and A²) are computed on their lower block triangle unless `plain`.
+// `in` may equal `out`. Uses `threads` OpenMP threads (the caller's count is restored).
+void newton_schulz_bf16_products(const float* in, float inv, float* out, int64_t m, int64_t n,
+                                 const std::vector<Coefficients>& coefficients, bool plain,
+                                 int threads, NsScratch& scratch);
 
 // Gram Newton–Schulz (restart after kGramRestartStep). x0 (normalized) is overwritten.
 void gram_newton_schulz(float* x0, float* out, int64_t m, int64_t n,

@@ -7,8 +7,10 @@
 #include <cstring>
 #include <utility>
 
+#include "dmuon/blas.h"
 #include "dmuon/error.h"
 #include "dmuon/orthogonalize.h"
+#include "kernels/cpu/bf16_matmul.h"
 #include "kernels/cpu/ns_kernels.h"
 
 namespace dmuon {
@@ -35,7 +37,29 @@ bool overlaps(const void* a, const void* b, size_t bytes) {
 }  // namespace
 
 Orthogonalizer::Orthogonalizer(NsOptions options)
-    : options_(std::move(options)), coefficients_(make_schedule(options_)), ws_(new Workspace) {}
+    : options_(std::move(options)), coefficients_(make_schedule(options_)), ws_(new Workspace) {
+  if (options_.matmul_dtype == DType::BF16) {
+    if (options_.bf16_rounding) {
+      delete ws_;
+      detail::throw_invalid_argument(
+          "[orth] matmul_dtype bf16 and bf16_rounding (torch's bf16 emulation) exclude each other; "
+          "choose one");
+    }
+    if (options_.method == NsMethod::Gram) {
+      delete ws_;
+      detail::throw_invalid_argument(
+          "[orth] method gram needs matmul_dtype fp32: Gram Newton-Schulz iterates on X·Xᵀ, whose "
+          "small eigenvalues bf16 cannot resolve next to its large ones (singular values off by up "
+          "to 0.5 on low-rank inputs); use method symmetric with bf16 products, or gram with fp32");
+    }
+    try {
+      cpu::require_bf16_matmul("Orthogonalizer");
+    } catch (...) {
+      delete ws_;
+      throw;
+    }
+  }
+}
 
 Orthogonalizer::~Orthogonalizer() { delete ws_; }
 
@@ -76,6 +100,10 @@ void Orthogonalizer::run(const float* in, float* out, int64_t m, int64_t n) {
   }
   const int steps = static_cast<int>(coefficients_.size());
   const bool gram = options_.method == NsMethod::Gram && std::max(m, n) >= 2 * std::min(m, n);
+  if (options_.matmul_dtype == DType::BF16)
+    return cpu::newton_schulz_bf16_products(in, static_cast<float>(1.0 / denom), out, m, n,
+                                            coefficients_, options_.method == NsMethod::Plain,
+                                            blas_get_num_threads(), *ws_);
   // Place the normalized X₀ so that the last write lands in `out` without a final copy: standard NS
   // alternates buffers every step; Gram NS writes X at its restart and once at the end.
   float* x0 = out;

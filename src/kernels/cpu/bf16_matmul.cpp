@@ -1,0 +1,286 @@
+// oneDNN loaded at run time (dlopen) for bf16 products; see bf16_matmul.h. Only the C API of
+// oneDNN 2.x (Debian bookworm's libdnnl2) is used: a matmul primitive per shape, cached.
+#include "kernels/cpu/bf16_matmul.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <tuple>
+
+#include "dmuon/error.h"
+
+#if DMUON_HAVE_DNNL_HEADERS
+#include <oneapi/dnnl/dnnl_types.h>
+#endif
+
+namespace dmuon::cpu {
+
+#if DMUON_HAVE_DNNL_HEADERS
+namespace {
+
+struct DnnlApi {
+  dnnl_status_t (*engine_create)(dnnl_engine_t*, dnnl_engine_kind_t, size_t) = nullptr;
+  dnnl_status_t (*stream_create)(dnnl_stream_t*, dnnl_engine_t, unsigned) = nullptr;
+  dnnl_status_t (*stream_destroy)(dnnl_stream_t) = nullptr;
+  dnnl_status_t (*stream_wait)(dnnl_stream_t) = nullptr;
+  dnnl_status_t (*memory_desc_init_by_strides)(dnnl_memory_desc_t*, int, const dnnl_dims_t,
+                                               dnnl_data_type_t, const dnnl_dims_t) = nullptr;
+  dnnl_status_t (*matmul_desc_init)(dnnl_matmul_desc_t*, const dnnl_memory_desc_t*,
+                                    const dnnl_memory_desc_t*, const dnnl_memory_desc_t*,
+                                    const dnnl_memory_desc_t*) = nullptr;
+  dnnl_status_t (*primitive_desc_create)(dnnl_primitive_desc_t*, const_dnnl_op_desc_t,
+                                         const_dnnl_primitive_attr_t, dnnl_engine_t,
+                                         const_dnnl_primitive_desc_t) = nullptr;
+  dnnl_status_t (*primitive_desc_query)(const_dnnl_primitive_desc_t, dnnl_query_t, int,
+                                        void*) = nullptr;
+  dnnl_status_t (*primitive_desc_destroy)(dnnl_primitive_desc_t) = nullptr;
+  dnnl_status_t (*primitive_create)(dnnl_primitive_t*, const_dnnl_primitive_desc_t) = nullptr;
+  dnnl_status_t (*primitive_destroy)(dnnl_primitive_t) = nullptr;
+  dnnl_status_t (*primitive_execute)(const_dnnl_primitive_t, dnnl_stream_t, int,
+                                     const dnnl_exec_arg_t*) = nullptr;
+  dnnl_status_t (*memory_create)(dnnl_memory_t*, const dnnl_memory_desc_t*, dnnl_engine_t,
+                                 void*) = nullptr;
+  dnnl_status_t (*memory_set_data_handle)(dnnl_memory_t, void*) = nullptr;
+  dnnl_status_t (*memory_destroy)(dnnl_memory_t) = nullptr;
+  const dnnl_version_t* (*version)() = nullptr;
+  void (*omp_set_num_threads)(int) = nullptr;  // the OpenMP runtime oneDNN runs on
+  int (*omp_get_max_threads)() = nullptr;
+  dnnl_engine_t engine = nullptr;
+  Bf16MatmulInfo info;
+};
+
+template <class F>
+bool bind(void* handle, const char* name, F& fn) {
+  fn = reinterpret_cast<F>(dlsym(handle, name));
+  return fn != nullptr;
+}
+
+void check(dnnl_status_t status, const char* what) {
+  DMUON_CHECK_RUNTIME(status == dnnl_success, "[orth] oneDNN ", what, " failed with status ",
+                      static_cast<int>(status));
+}
+
+DnnlApi load() {
+  DnnlApi api;
+  const char* user = std::getenv("DMUON_DNNL_LIBRARY");
+  const char* name = (user != nullptr && *user != '\0') ? user : "libdnnl.so.2";
+  void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr) {
+    api.info.error = detail::concat("could not load ", name, " (", dlerror(),
+                                    "); install oneDNN 2.x (apt-get install libdnnl2) or set "
+                                    "DMUON_DNNL_LIBRARY");
+    return api;
+  }
+  bool ok = bind(h, "dnnl_engine_create", api.engine_create) &&
+            bind(h, "dnnl_stream_create", api.stream_create) &&
+            bind(h, "dnnl_stream_destroy", api.stream_destroy) &&
+            bind(h, "dnnl_stream_wait", api.stream_wait) &&
+            bind(h, "dnnl_memory_desc_init_by_strides", api.memory_desc_init_by_strides) &&
+            bind(h, "dnnl_matmul_desc_init", api.matmul_desc_init) &&
+            bind(h, "dnnl_primitive_desc_create", api.primitive_desc_create) &&
+            bind(h, "dnnl_primitive_desc_query", api.primitive_desc_query) &&
+            bind(h, "dnnl_primitive_desc_destroy", api.primitive_desc_destroy) &&
+            bind(h, "dnnl_primitive_create", api.primitive_create) &&
+            bind(h, "dnnl_primitive_destroy", api.primitive_destroy) &&
+            bind(h, "dnnl_primitive_execute", api.primitive_execute) &&
+            bind(h, "dnnl_memory_create", api.memory_create) &&
+            bind(h, "dnnl_memory_set_data_handle", api.memory_set_data_handle) &&
+            bind(h, "dnnl_memory_destroy", api.memory_destroy) && bind(h, "dnnl_version", api.version);
+  if (!ok) {
+    api.info.error = detail::concat(name, " lacks the oneDNN 2.x C API (dnnl_matmul_desc_init); "
+                                          "install Debian's libdnnl2 (oneDNN 2.x)");
+    dlclose(h);
+    return api;
+  }
+  // dlsym on a handle searches its dependencies: the OpenMP runtime oneDNN was built with.
+  if (!bind(h, "omp_set_num_threads", api.omp_set_num_threads) ||
+      !bind(h, "omp_get_max_threads", api.omp_get_max_threads))
+    api.omp_set_num_threads = nullptr, api.omp_get_max_threads = nullptr;
+  if (api.engine_create(&api.engine, dnnl_cpu, 0) != dnnl_success) {
+    api.info.error = detail::concat(name, ": could not create a CPU engine");
+    return api;
+  }
+  const dnnl_version_t* v = api.version();
+  api.info.library = name;
+  api.info.version = detail::concat(v->major, ".", v->minor, ".", v->patch);
+  api.info.available = true;
+  return api;
+}
+
+const DnnlApi& dnnl() {
+  static const DnnlApi api = load();
+  return api;
+}
+
+dnnl_memory_desc_t matrix_desc(int64_t rows, int64_t cols, int64_t ld, bool trans,
+                               dnnl_data_type_t type) {
+  dnnl_memory_desc_t md;
+  const dnnl_dims_t dims = {rows, cols};
+  const dnnl_dims_t strides = {trans ? 1 : ld, trans ? ld : 1};
+  check(dnnl().memory_desc_init_by_strides(&md, 2, dims, type, strides), "memory descriptor");
+  return md;
+}
+
+}  // namespace
+
+struct Bf16Matmul::Impl {
+  struct Entry {
+    dnnl_primitive_t primitive = nullptr;
+    dnnl_memory_t src = nullptr, weights = nullptr, dst = nullptr;
+  };
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, int64_t, bool, int64_t, bool>;
+  dnnl_stream_t stream = nullptr;
+  std::map<Key, Entry> cache;
+
+  ~Impl() {
+    const DnnlApi& api = dnnl();
+    for (auto& [key, e] : cache) {
+      api.memory_destroy(e.src);
+      api.memory_destroy(e.weights);
+      api.memory_destroy(e.dst);
+      api.primitive_destroy(e.primitive);
+    }
+    if (stream) api.stream_destroy(stream);
+  }
+
+  Entry& entry(int64_t m, int64_t n, int64_t k, Bf16Operand a, Bf16Operand b, int64_t ldc,
+               bool bf16_out) {
+    const Key key{m, n, k, a.ld, a.trans, b.ld, b.trans, ldc, bf16_out};
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+    const DnnlApi& api = dnnl();
+    const dnnl_memory_desc_t src = matrix_desc(m, k, a.ld, a.trans, dnnl_bf16);
+    const dnnl_memory_desc_t wei = matrix_desc(k, n, b.ld, b.trans, dnnl_bf16);
+    const dnnl_memory_desc_t dst = matrix_desc(m, n, ldc, false, bf16_out ? dnnl_bf16 : dnnl_f32);
+    dnnl_matmul_desc_t op;
+    check(api.matmul_desc_init(&op, &src, &wei, nullptr, &dst), "matmul descriptor");
+    dnnl_primitive_desc_t pd = nullptr;
+    check(api.primitive_desc_create(&pd, &op, nullptr, api.engine, nullptr), "matmul primitive");
+    Entry e;
+    const dnnl_status_t made = api.primitive_create(&e.primitive, pd);
+    api.primitive_desc_destroy(pd);
+    check(made, "primitive creation");
+    check(api.memory_create(&e.src, &src, api.engine, DNNL_MEMORY_NONE), "memory");
+    check(api.memory_create(&e.weights, &wei, api.engine, DNNL_MEMORY_NONE), "memory");
+    check(api.memory_create(&e.dst, &dst, api.engine, DNNL_MEMORY_NONE), "memory");
+    return cache.emplace(key, e).first->second;
+  }
+
+  void run(int64_t m, int64_t n, int64_t k, Bf16Operand a, Bf16Operand b, void* c, int64_t ldc,
+           bool bf16_out) {
+    if (m == 0 || n == 0) return;
+    const DnnlApi& api = dnnl();
+    Entry& e = entry(m, n, k, a, b, ldc, bf16_out);
+    check(api.memory_set_data_handle(e.src, const_cast<BFloat16*>(a.data)), "set src");
+    check(api.memory_set_data_handle(e.weights, const_cast<BFloat16*>(b.data)), "set weights");
+    check(api.memory_set_data_handle(e.dst, c), "set dst");
+    const dnnl_exec_arg_t args[3] = {
+        {DNNL_ARG_SRC, e.src}, {DNNL_ARG_WEIGHTS, e.weights}, {DNNL_ARG_DST, e.dst}};
+    check(api.primitive_execute(e.primitive, stream, 3, args), "matmul");
+    check(api.stream_wait(stream), "stream wait");
+  }
+};
+
+Bf16MatmulInfo bf16_matmul_info() {
+  Bf16MatmulInfo info = dnnl().info;
+  if (!info.available) return info;
+  const DnnlApi& api = dnnl();
+  try {  // the kernel oneDNN picks for a typical Newton–Schulz product
+    const dnnl_memory_desc_t src = matrix_desc(256, 256, 256, false, dnnl_bf16);
+    const dnnl_memory_desc_t dst = matrix_desc(256, 256, 256, false, dnnl_f32);
+    dnnl_matmul_desc_t op;
+    check(api.matmul_desc_init(&op, &src, &src, nullptr, &dst), "matmul descriptor");
+    dnnl_primitive_desc_t pd = nullptr;
+    check(api.primitive_desc_create(&pd, &op, nullptr, api.engine, nullptr), "matmul primitive");
+    const char* impl = nullptr;
+    if (api.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
+      info.kernel = impl;
+    api.primitive_desc_destroy(pd);
+  } catch (const Error& e) {
+    info.kernel = e.what();
+  }
+  return info;
+}
+
+void require_bf16_matmul(const char* who) {
+  const Bf16MatmulInfo& info = dnnl().info;
+  DMUON_CHECK_RUNTIME(info.available, "[orth] ", who,
+                      ": bf16 products (matmul_dtype bf16) need oneDNN: ", info.error,
+                      "; or use matmul_dtype fp32");
+}
+
+Bf16Matmul::Bf16Matmul() : impl_(std::make_unique<Impl>()) {
+  require_bf16_matmul("bf16 matmul");
+  check(dnnl().stream_create(&impl_->stream, dnnl().engine, dnnl_stream_default_flags), "stream");
+}
+
+Bf16Matmul::~Bf16Matmul() = default;
+
+int Bf16Matmul::set_threads(int n) {
+  if (!dnnl().omp_set_num_threads) return n;
+  const int previous = dnnl().omp_get_max_threads();
+  if (previous != n) dnnl().omp_set_num_threads(std::max(1, n));
+  return previous;
+}
+
+#else  // built without the oneDNN headers
+
+struct Bf16Matmul::Impl {
+  void run(int64_t, int64_t, int64_t, Bf16Operand, Bf16Operand, void*, int64_t, bool) {}
+};
+
+Bf16MatmulInfo bf16_matmul_info() {
+  Bf16MatmulInfo info;
+  info.error = "dmuon was built without oneDNN headers (apt-get install libdnnl-dev, then rebuild)";
+  return info;
+}
+
+void require_bf16_matmul(const char* who) {
+  detail::throw_error(detail::concat("[orth] ", who, ": bf16 products (matmul_dtype bf16) need ",
+                                     bf16_matmul_info().error, "; or use matmul_dtype fp32"));
+}
+
+Bf16Matmul::Bf16Matmul() { require_bf16_matmul("bf16 matmul"); }
+Bf16Matmul::~Bf16Matmul() = default;
+int Bf16Matmul::set_threads(int n) { return n; }
+
+#endif
+
+void Bf16Matmul::gemm(int64_t m, int64_t n, int64_t k, Bf16Operand a, Bf16Operand b, float* c,
+                      int64_t ldc) {
+  impl_->run(m, n, k, a, b, c, ldc, false);
+}
+
+void Bf16Matmul::gemm(int64_t m, int64_t n, int64_t k, Bf16Operand a, Bf16Operand b, BFloat16* c,
+                      int64_t ldc) {
+  impl_->run(m, n, k, a, b, c, ldc, true);
+}
+
+namespace {
+
+// Rows per block of a lower_product: big enough for oneDNN to run near its peak, small enough that
+// the skipped upper blocks matter (s = 768: 6 blocks, 58% of the full product's flops; measured
+// fastest of 64..384 on one thread for the GPT-2 shapes).
+constexpr int64_t kLowerBlock = 128;
+
+Bf16Operand rows_of(Bf16Operand a, int64_t first) {  // the view starting at row `first`
+  a.data += a.trans ? first : first * a.ld;
+  return a;
+}
+
+}  // namespace
+
+void Bf16Matmul::lower_product(int64_t s, int64_t k, Bf16Operand a, Bf16Operand b, float* c,
+                               bool full) {
+  if (full || s <= kLowerBlock) return gemm(s, s, k, a, b, c, s);
+  const int64_t blocks = (s + kLowerBlock - 1) / kLowerBlock;
+  for (int64_t i = 0; i < blocks; ++i) {
+    const int64_t r0 = s * i / blocks, r1 = s * (i + 1) / blocks;
+    // rows [r0, r1) of C, columns [0, r1): A's rows [r0, r1) times B's first r1 columns.
+    gemm(r1 - r0, r1, k, rows_of(a, r0), b, c + r0 * s, s);
+  }
+}
+
+}  // namespace dmuon::cpu
