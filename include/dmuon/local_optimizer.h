@@ -5,7 +5,7 @@
 // stack [E, A, B] on its own) → NorMuon if enabled → weight decay (plain or cautious) and update with
 // the LR rule on the GLOBAL matrix shape A×B → QK-clip if the group's threshold > 0 and the
 // parameter is QK-tagged. AdamW group: fused AdamW (any shape, 1-D included).
-// Determinism: same inputs, options and BLAS thread count → bitwise the same results.
+// Determinism: same inputs and options → bitwise the same results, whatever the thread counts.
 // Not thread-safe: one step at a time.
 #pragma once
 
@@ -45,6 +45,13 @@ struct LocalOptimizerOptions {
   // rounded to bf16 and back before the update, exactly where dmuon::Optimizer sends them, so a
   // distributed run with that comm dtype matches this reference bitwise. fp32: no rounding.
   DType comm_dtype = DType::F32;
+  // Parameters updated at once. 1: one after another, each product using the BLAS's own threads.
+  // n ≥ 2: n threads each take whole parameters (largest first) and run their products on one
+  // BLAS / oneDNN thread, so the element-wise work between products runs in parallel too (OpenBLAS is
+  // set to 1 thread for the step and restored after). Results are bitwise the same for every value
+  // (each parameter's arithmetic is the same; the BLAS and oneDNN products used give the same bits
+  // on 1 or more threads, tested). 0: the BLAS thread count at each step.
+  int threads = 1;
 };
 
 class DMUON_API LocalOptimizer {
@@ -59,6 +66,8 @@ class DMUON_API LocalOptimizer {
   LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamGroup> groups,
                  LocalOptimizerOptions options);
   DType comm_dtype() const { return comm_dtype_; }
+  int threads() const { return threads_; }
+  void set_threads(int threads);  // as LocalOptimizerOptions::threads; ≥ 0
   ~LocalOptimizer();
   LocalOptimizer(LocalOptimizer&&) noexcept;
   LocalOptimizer& operator=(LocalOptimizer&&) noexcept;
@@ -97,6 +106,7 @@ class DMUON_API LocalOptimizer {
   std::vector<ParamGroup> groups_;
   NonFinitePolicy policy_;
   DType comm_dtype_ = DType::F32;
+  int threads_ = 1;
   std::unique_ptr<Impl> impl_;
 };
 

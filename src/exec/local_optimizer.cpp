@@ -3,9 +3,15 @@
 #include "dmuon/local_optimizer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
+#include <mutex>
+#include <numeric>
+#include <thread>
 
 #include "dmuon/bf16.h"
+#include "dmuon/blas.h"
 #include "dmuon/orthogonalize.h"
 #include "dmuon/update.h"
 #include "exec/muon_math.h"
@@ -24,12 +30,21 @@ struct ParamState {
 
 }  // namespace
 
+// What one thread of a step needs of its own: an Orthogonalizer per Muon group (its workspace) and
+// the update / NorMuon scratch, sized for the largest parameter.
+struct Worker {
+  std::vector<std::unique_ptr<Orthogonalizer>> orth;
+  std::vector<float> update, v_mean;
+};
+
 struct LocalOptimizer::Impl {
   std::vector<Algorithm> algorithm;  // per group, fixed at construction
   std::vector<bool> normuon;         // per group, fixed at construction (its state exists or not)
   std::vector<ParamState> state;
   std::vector<std::unique_ptr<Orthogonalizer>> orth;  // per Muon group, for orth[g]->options()
   std::vector<float> update, v_mean;                  // scratch, grown to the largest parameter
+  std::vector<Worker> workers;                        // threads 2..n of a parallel step
+  std::vector<size_t> order;                          // parameters, most work first
 };
 
 LocalOptimizer::LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamGroup> groups,
@@ -111,11 +126,33 @@ LocalOptimizer::LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamG
   }
   s.update.resize(largest);
   s.v_mean.resize(largest_v);
+  DMUON_CHECK(options.threads >= 0, "[optim] threads must be >= 0 (0: the BLAS thread count), got ",
+              options.threads);
+  threads_ = options.threads;
+  // Work per parameter ~ numel × its Gram side (Muon) or numel (AdamW); the order only balances the
+  // threads, results do not depend on it.
+  std::vector<double> work(n);
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (size_t i : groups_[g].params) {
+      const Shape& sh = params_[i].shape;
+      const double numel = static_cast<double>(sh.numel());
+      work[i] = numel;
+      if (groups_[g].options.algorithm == Algorithm::Muon && sh.ndim() >= 2)
+        work[i] *= static_cast<double>(std::min(sh[sh.ndim() - 2], sh[sh.ndim() - 1]));
+    }
+  s.order.resize(n);
+  std::iota(s.order.begin(), s.order.end(), size_t{0});
+  std::stable_sort(s.order.begin(), s.order.end(), [&](size_t a, size_t b) { return work[a] > work[b]; });
 }
 
 LocalOptimizer::~LocalOptimizer() = default;
 LocalOptimizer::LocalOptimizer(LocalOptimizer&&) noexcept = default;
 LocalOptimizer& LocalOptimizer::operator=(LocalOptimizer&&) noexcept = default;
+
+void LocalOptimizer::set_threads(int threads) {
+  DMUON_CHECK(threads >= 0, "[optim] threads must be >= 0 (0: the BLAS thread count), got ", threads);
+  threads_ = threads;
+}
 
 GroupOptions& LocalOptimizer::options(size_t g) {
   DMUON_CHECK(g < groups_.size(), "[optim] group ", g, " does not exist (", groups_.size(), " groups)");
@@ -183,39 +220,86 @@ bool LocalOptimizer::step(std::span<const TensorView> params, std::span<const Te
                                        "); nothing was modified (policy raise; use skip to skip steps)"));
   }
 
-  // pass 3: apply, group by group in order (deterministic).
+  // pass 3: apply. Each parameter's arithmetic is independent of the others and of the thread that
+  // runs it, so the order below (largest first, shared by the threads) does not change any bit.
+  std::vector<size_t> group_of(n);
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (fresh[g]) s.orth[g] = std::move(fresh[g]);
-    const GroupOptions& o = groups_[g].options;
-    for (size_t i : groups_[g].params) {
-      const ParamInfo& info = params_[i];
-      ParamState& st = s.state[i];
-      float* p = params[i].f32();
-      const int64_t numel = info.shape.numel();
-      ++st.steps;
-      if (o.algorithm == Algorithm::AdamW) {
-        adamw_step({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, st.steps}, p, grads[i],
-                   st.exp_avg.data(), st.exp_avg_sq.data());
-        continue;
-      }
-      if (numel == 0) continue;
-      float* u = s.update.data();
-      momentum_step({o.momentum_kind, o.momentum, o.nesterov}, st.momentum.data(), grads[i], u);
-      // the same per-matrix code as the distributed executor (exec/muon_math.h)
-      detail::round_to_comm(u, numel, comm_dtype_);
-      const MatrixDims d = matrix_dims(info.shape, info.expert_stack);
-      const int64_t len = normuon_state_size(d.rows, d.cols);
-      for (int64_t e = 0; e < d.batch; ++e)
-        detail::muon_unit(*s.orth[g], u + e * d.rows * d.cols, d.rows, d.cols,
-                          o.normuon ? st.normuon_v.data() + e * len : nullptr, s.v_mean.data(),
-                          o.normuon_beta2, comm_dtype_);
-      apply_update({o.lr, adjusted_lr(o.lr, o.lr_rule, d.rows, d.cols), o.weight_decay, o.cautious_wd},
-                   p, u, numel);
-      if (o.qk_clip_threshold > 0 && info.qk) {
-        qk_clip_rows(*info.qk, qk_logits.at(info.qk->layer), o.qk_clip_threshold, p, 0, d.rows, d.cols);
-      }
-    }
+    for (size_t i : groups_[g].params) group_of[i] = g;
   }
+  auto apply = [&](size_t i, std::vector<std::unique_ptr<Orthogonalizer>>& orth,
+                   std::vector<float>& update, std::vector<float>& v_mean) {
+    const size_t g = group_of[i];
+    const GroupOptions& o = groups_[g].options;
+    const ParamInfo& info = params_[i];
+    ParamState& st = s.state[i];
+    float* p = params[i].f32();
+    const int64_t numel = info.shape.numel();
+    ++st.steps;
+    if (o.algorithm == Algorithm::AdamW) {
+      adamw_step({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, st.steps}, p, grads[i],
+                 st.exp_avg.data(), st.exp_avg_sq.data());
+      return;
+    }
+    if (numel == 0) return;
+    float* u = update.data();
+    momentum_step({o.momentum_kind, o.momentum, o.nesterov}, st.momentum.data(), grads[i], u);
+    // the same per-matrix code as the distributed executor (exec/muon_math.h)
+    detail::round_to_comm(u, numel, comm_dtype_);
+    const MatrixDims d = matrix_dims(info.shape, info.expert_stack);
+    const int64_t len = normuon_state_size(d.rows, d.cols);
+    for (int64_t e = 0; e < d.batch; ++e)
+      detail::muon_unit(*orth[g], u + e * d.rows * d.cols, d.rows, d.cols,
+                        o.normuon ? st.normuon_v.data() + e * len : nullptr, v_mean.data(),
+                        o.normuon_beta2, comm_dtype_);
+    apply_update({o.lr, adjusted_lr(o.lr, o.lr_rule, d.rows, d.cols), o.weight_decay, o.cautious_wd},
+                 p, u, numel);
+    if (o.qk_clip_threshold > 0 && info.qk) {
+      qk_clip_rows(*info.qk, qk_logits.at(info.qk->layer), o.qk_clip_threshold, p, 0, d.rows, d.cols);
+    }
+  };
+
+  int threads = threads_ > 0 ? threads_ : (any_muon ? blas_get_num_threads() : 1);
+  threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), std::max<size_t>(n, 1)));
+  if (threads <= 1) {
+    for (size_t i : s.order) apply(i, s.orth, s.update, s.v_mean);
+    return true;
+  }
+  // Threads 2..n get their own Orthogonalizers (same options as the group's) and scratch.
+  if (s.workers.size() < static_cast<size_t>(threads - 1)) s.workers.resize(static_cast<size_t>(threads - 1));
+  for (int w = 0; w < threads - 1; ++w) {
+    Worker& wk = s.workers[static_cast<size_t>(w)];
+    wk.orth.resize(groups_.size());
+    for (size_t g = 0; g < groups_.size(); ++g)
+      if (s.orth[g] && (!wk.orth[g] || wk.orth[g]->options() != s.orth[g]->options()))
+        wk.orth[g] = std::make_unique<Orthogonalizer>(s.orth[g]->options());
+    wk.update.resize(s.update.size());
+    wk.v_mean.resize(s.v_mean.size());
+  }
+  const int blas_threads = any_muon ? blas_get_num_threads() : 1;
+  if (any_muon) blas_set_num_threads(1);
+  std::atomic<size_t> next{0};
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  auto run = [&](std::vector<std::unique_ptr<Orthogonalizer>>& orth, std::vector<float>& update,
+                 std::vector<float>& v_mean) {
+    try {
+      for (size_t k; (k = next.fetch_add(1)) < n;) apply(s.order[k], orth, update, v_mean);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
+      next = n;  // the others stop taking parameters
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int w = 0; w < threads - 1; ++w) {
+    Worker& wk = s.workers[static_cast<size_t>(w)];
+    pool.emplace_back([&run, &wk] { run(wk.orth, wk.update, wk.v_mean); });
+  }
+  run(s.orth, s.update, s.v_mean);
+  for (std::thread& t : pool) t.join();
+  if (any_muon) blas_set_num_threads(blas_threads);
+  if (failure) std::rethrow_exception(failure);
   return true;
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/bf16_matmul.h"
 #include "dmuon/bf16.h"
 #include "dmuon/local_optimizer.h"
 #include "test_support.h"
@@ -293,6 +294,50 @@ TEST(LocalOptimizer, DeterministicAndEagerState) {
   }
   for (size_t i = 0; i < info.size(); ++i)
     ASSERT_EQ(std::memcmp(xa.params[i].data(), xb.params[i].data(), xa.params[i].size() * 4), 0);
+}
+
+// Parameters on several threads: bitwise the same as one after another, for fp32 and bf16 products
+// (each parameter's arithmetic does not depend on the thread that runs it, nor on BLAS threads).
+TEST(LocalOptimizer, ThreadCountDoesNotChangeAnyBit) {
+  const auto info = model_params();
+  for (bool bf16 : {false, true}) {
+    if (bf16 && !dmuon::cpu::bf16_matmul_info().available) continue;
+    auto groups = model_groups();
+    if (bf16) groups[0].options.ns.matmul_dtype = dmuon::DType::BF16;
+    std::vector<std::vector<float>> first;
+    for (int threads : {1, 2, 3, 0}) {
+      dmuon::LocalOptimizerOptions o;
+      o.threads = threads;
+      dmuon::LocalOptimizer opt(info, groups, o);
+      Tensors x(info, 5);
+      for (int t = 1; t <= 2; ++t) {
+        x.make_grads(info, t);
+        ASSERT_TRUE(opt.step(x.pv, x.gv, logits_at(t)));
+      }
+      std::vector<std::vector<float>> got = x.params;
+      for (size_t i = 0; i < info.size(); ++i)
+        for (const std::string& k : opt.state_keys(i)) {
+          const TensorView v = opt.state(i, k);
+          got.emplace_back(v.f32(), v.f32() + v.numel());
+        }
+      if (first.empty()) first = got;
+      EXPECT_EQ(got, first) << "threads " << threads << (bf16 ? " bf16" : " fp32");
+    }
+    // Negative control: the comparison sees a change in one group's lr.
+    groups[1].options.lr *= 1.01;
+    dmuon::LocalOptimizerOptions o;
+    o.threads = 2;
+    dmuon::LocalOptimizer opt(info, groups, o);
+    Tensors x(info, 5);
+    x.make_grads(info, 1);
+    opt.step(x.pv, x.gv, logits_at(1));
+    x.make_grads(info, 2);
+    opt.step(x.pv, x.gv, logits_at(2));
+    EXPECT_NE(x.params, std::vector<std::vector<float>>(first.begin(), first.begin() + info.size()));
+  }
+  dmuon::LocalOptimizerOptions bad;
+  bad.threads = -1;
+  EXPECT_THROW(dmuon::LocalOptimizer(info, model_groups(), bad), std::invalid_argument);
 }
 
 // ---- bad inputs ------------------------------------------------------------------------------
