@@ -52,6 +52,9 @@ void init_options(nb::module_& m) {
       .def_rw("pe_cushion", &NsOptions::pe_cushion)
       .def_rw("bf16_rounding", &NsOptions::bf16_rounding)
       .def_prop_rw(
+          "matmul_dtype", [](const NsOptions& o) { return std::string(to_string(o.matmul_dtype)); },
+          [](NsOptions& o, const std::string& v) { o.matmul_dtype = parse_dtype(v, "ns_matmul_dtype"); })
+      .def_prop_rw(
           "custom",
           [](const NsOptions& o) {
             std::vector<std::tuple<double, double, double>> out;

@@ -44,7 +44,8 @@ def compare_torch(args):
         for p, g in zip(params[name], grads):
             p.grad = g
         opts[name] = torch.optim.Muon(params[name], lr=args.lr) if name == "torch" else \
-            dt.Muon(params[name], lr=args.lr, ns_method=args.ns_method)
+            dt.Muon(params[name], lr=args.lr, ns_method=args.ns_method,
+                    ns_matmul_dtype=args.ns_matmul_dtype, threads=args.threads)
     # The first step of each starts from the same state: compared, and timed too.
     best = {name: timed_step(opt) for name, opt in opts.items()}
     for name in opts:
@@ -62,6 +63,8 @@ def compare_torch(args):
         "layers": args.layers,
         "d": args.d,
         "ns_method": args.ns_method,
+        "ns_matmul_dtype": args.ns_matmul_dtype,
+        "dmuon_threads": args.threads or dmuon.blas_get_num_threads(),
         "torch_threads": torch.get_num_threads(),
         "blas": dmuon.blas_info()["corename"],
         "blas_threads": dmuon.blas_get_num_threads(),
@@ -77,8 +80,8 @@ def compare_torch(args):
               f"{args.layers} layers, d = {args.d}")
         print(f"  torch.optim.Muon  {out['torch_step_seconds']:8.3f} s/step (bf16 NS, "
               f"{out['torch_threads']} threads)")
-        print(f"  dmuon.torch.Muon  {out['dmuon_step_seconds']:8.3f} s/step (fp32 {args.ns_method} "
-              f"NS, {out['blas']} x{out['blas_threads']})")
+        print(f"  dmuon.torch.Muon  {out['dmuon_step_seconds']:8.3f} s/step ({args.ns_method} NS, "
+              f"{args.ns_matmul_dtype} products, {out['dmuon_threads']} threads)")
         print(f"  speedup {out['speedup']:.2f}x, max relative difference of the update "
               f"{out['max_rel_diff']:.2e}")
     return 0
@@ -94,7 +97,12 @@ def main(argv=None):
     c.add_argument("--d", type=int, default=768, help="model width (GPT-2 small: 768)")
     c.add_argument("--repeat", type=int, default=1, help="timed steps after the first (best kept)")
     c.add_argument("--lr", type=float, default=0.02)
-    c.add_argument("--ns-method", default="symmetric", choices=["plain", "symmetric", "gram"])
+    c.add_argument("--ns-method", default="symmetric", choices=["plain", "symmetric", "gram"],
+                   help="gram needs --ns-matmul-dtype fp32")
+    c.add_argument("--ns-matmul-dtype", default="bf16", choices=["fp32", "bf16"],
+                   help="dtype of the Newton-Schulz product operands (torch.optim.Muon: bf16)")
+    c.add_argument("--threads", type=int, default=None,
+                   help="matrices orthogonalized at once (default: the BLAS thread count)")
     args = parser.parse_args(argv)
     return compare_torch(args)
 

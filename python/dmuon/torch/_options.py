@@ -29,6 +29,7 @@ MUON_DEFAULTS: dict[str, Any] = {
     "ns_scale": 1.0,              # X0 = G / max(|G|_F * ns_scale, eps)
     "eps_mode": "clamp",          # "clamp" as torch.optim.Muon, or "add": / (|G| * s + eps)
     "ns_bf16": False,             # emulate torch.optim.Muon's bf16 Newton-Schulz rounding
+    "ns_matmul_dtype": "fp32",    # "bf16": Newton-Schulz products from bf16 operands (oneDNN)
     "momentum_kind": "ema",       # "ema" (torch lerp) or "heavy_ball" (buf = mu * buf + g)
     "cautious_wd": False,
     "normuon": False,
@@ -87,6 +88,7 @@ def _ns_options(group: dict, ns: "_core.NsOptions", index: int) -> None:
     ns.eps = float(group["eps"])
     ns.eps_mode = group["eps_mode"]
     ns.bf16_rounding = bool(group["ns_bf16"])
+    ns.matmul_dtype = group["ns_matmul_dtype"]
 
 
 def apply_group(options: "_core.GroupOptions", group: dict, index: int) -> None:

@@ -72,6 +72,7 @@ class Muon(torch.optim.Optimizer):
         ns_scale: float = 1.0,
         eps_mode: str = "clamp",
         ns_bf16: bool = False,
+        ns_matmul_dtype: str = "fp32",
         momentum_kind: str = "ema",
         cautious_wd: bool = False,
         normuon: bool = False,
@@ -81,16 +82,22 @@ class Muon(torch.optim.Optimizer):
         qk_layout: Optional[dict] = None,
         adamw_defaults: Optional[dict] = None,
         non_finite: str = "raise",
+        threads: Optional[int] = None,
     ) -> None:
         if non_finite not in ("raise", "skip"):
             raise ValueError(f"[torch] non_finite={non_finite!r}; use 'raise' or 'skip'")
         if comm_dtype not in ("fp32", "bf16"):
             raise ValueError(f"[torch] comm_dtype={comm_dtype!r}; use 'fp32' or 'bf16'")
         self._comm_dtype = comm_dtype
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"[torch] threads={threads!r}; use an int >= 1, or None for the BLAS "
+                             f"thread count")
+        self._threads = 0 if threads is None else threads
         defaults = dict(MUON_DEFAULTS, lr=lr, weight_decay=weight_decay, momentum=momentum,
                         nesterov=nesterov, ns_coefficients=tuple(ns_coefficients), eps=eps,
                         ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, ns_schedule=ns_schedule,
                         ns_method=ns_method, ns_scale=ns_scale, eps_mode=eps_mode, ns_bf16=ns_bf16,
+                        ns_matmul_dtype=ns_matmul_dtype,
                         momentum_kind=momentum_kind, cautious_wd=cautious_wd, normuon=normuon,
                         normuon_beta2=normuon_beta2, qk_clip_threshold=qk_clip_threshold,
                         algorithm="muon")
@@ -212,6 +219,8 @@ class Muon(torch.optim.Optimizer):
         dtensors = any(is_dtensor(p) for g in self.param_groups for p in g["params"])
         cls = DistEngine if dtensors else LocalEngine
         engine = cls(self.param_groups, self._qk_tags(), self._non_finite, self._comm_dtype)
+        if engine.kind == "local":
+            engine.core.threads = self._threads
         for i, p in enumerate(engine.params):
             state = engine.state(i)
             j = old_index.get(id(p))
