@@ -108,9 +108,7 @@ void run_bench(const BenchNsArgs& a) {
   std::vector<Result> results;
   for (DType dt : dtypes)
     for (NsMethod meth : methods) {
-      if (dt == DType::BF16 && meth == NsMethod::Gram) {
-        if (a.compare) continue;  // not offered: see NsOptions::matmul_dtype
-      }
+      if (a.compare && dt == DType::BF16 && meth == NsMethod::Gram) continue;  // refused, see NsOptions
       NsOptions o = base;
       o.method = meth;
       o.matmul_dtype = dt;

@@ -93,14 +93,9 @@ void gram_bf16(Bf16Matmul& mm, const GramSide& g, const BFloat16* x, bool plain,
   lower_to_full_bf16(g.s, r, nullptr, 0, 1, 0, rb);
 }
 
-// cb (full bf16) = A·B for s×s symmetric A, B whose product is symmetric (they commute); the fp32
-// product (lower triangle, or full when plain) is left in c; cb may be null (fp32 result only).
-void sym_product(Bf16Matmul& mm, int64_t s, const BFloat16* a, const BFloat16* b, bool plain,
-                 float* c, BFloat16* cb) {
-  mm.lower_product(s, s, {a, s}, {b, s}, c, plain);
-  if (cb == nullptr) return;
-  if (plain) return to_bf16(c, cb, s * s);
-  lower_to_full_bf16(s, c, nullptr, 0, 1, 0, cb);
+// c = A² for the s×s symmetric A (bf16): its lower triangle in fp32 (in full when plain).
+void square_symmetric(Bf16Matmul& mm, int64_t s, const BFloat16* a, bool plain, float* c) {
+  mm.lower_product(s, s, {a, s}, {a, s}, c, plain);
 }
 
 // zb = bf16(a·I + b·G + c·G2) from the lower triangles of G and G2 (full when plain).
@@ -150,7 +145,7 @@ void newton_schulz_bf16_products(const float* in, float inv, float* out, int64_t
   // Per step: A = X·Xᵀ, A², Z = aI + bA + cA², X ← Z·X (bf16 between steps, fp32 at the end).
   for (int step = 0; step < steps; ++step) {
     gram_bf16(mm, g, x, plain, r, rb);
-    sym_product(mm, g.s, rb, rb, plain, sq, nullptr);  // A² (fp32 only: it feeds the polynomial)
+    square_symmetric(mm, g.s, rb, plain, sq);  // A² (fp32 only: it feeds the polynomial)
     polynomial_bf16(coefficients[static_cast<size_t>(step)], g.s, r, sq, plain, zb);
     if (step == steps - 1) {
       apply_factor(mm, g, zb, x, out);

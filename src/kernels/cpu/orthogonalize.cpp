@@ -37,28 +37,19 @@ bool overlaps(const void* a, const void* b, size_t bytes) {
 }  // namespace
 
 Orthogonalizer::Orthogonalizer(NsOptions options)
-    : options_(std::move(options)), coefficients_(make_schedule(options_)), ws_(new Workspace) {
-  if (options_.matmul_dtype == DType::BF16) {
-    if (options_.bf16_rounding) {
-      delete ws_;
-      detail::throw_invalid_argument(
-          "[orth] matmul_dtype bf16 and bf16_rounding (torch's bf16 emulation) exclude each other; "
-          "choose one");
-    }
-    if (options_.method == NsMethod::Gram) {
-      delete ws_;
-      detail::throw_invalid_argument(
-          "[orth] method gram needs matmul_dtype fp32: Gram Newton-Schulz iterates on X·Xᵀ, whose "
-          "small eigenvalues bf16 cannot resolve next to its large ones (singular values off by up "
-          "to 0.5 on low-rank inputs); use method symmetric with bf16 products, or gram with fp32");
-    }
-    try {
-      cpu::require_bf16_matmul("Orthogonalizer");
-    } catch (...) {
-      delete ws_;
-      throw;
-    }
+    : options_(std::move(options)), coefficients_(make_schedule(options_)) {
+  if (options_.matmul_dtype == DType::BF16) {  // checked before any allocation
+    DMUON_CHECK(!options_.bf16_rounding,
+                "[orth] matmul_dtype bf16 and bf16_rounding (torch's bf16 emulation) exclude each "
+                "other; choose one");
+    DMUON_CHECK(options_.method != NsMethod::Gram,
+                "[orth] method gram needs matmul_dtype fp32: Gram Newton-Schulz iterates on X·Xᵀ, "
+                "whose small eigenvalues bf16 cannot resolve next to its large ones (singular "
+                "values off by up to 0.5 on low-rank inputs); use method symmetric with bf16 "
+                "products, or gram with fp32");
+    cpu::require_bf16_matmul("Orthogonalizer");
   }
+  ws_ = new Workspace;
 }
 
 Orthogonalizer::~Orthogonalizer() { delete ws_; }
