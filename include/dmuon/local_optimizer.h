@@ -82,7 +82,9 @@ class DMUON_API LocalOptimizer {
   void set_policy(NonFinitePolicy policy) { policy_ = policy; }
 
   // One step. params[i]: fp32, contiguous, shape == params()[i].shape (updated in place).
-  // grads[i]: fp32 or bf16, contiguous, same shape (read only). qk_logits: layer → per-query-head
+  // grads[i]: fp32 or bf16, contiguous, same shape (read only); a default-constructed view
+  // (TensorView::is_none) means no gradient: that parameter's values, state and step count stay as
+  // they are (torch's `grad is None`). qk_logits: layer → per-query-head
   // max logits, required for every layer tagged on a parameter of a group with qk_clip_threshold > 0.
   // Everything is validated before anything is modified: caller mistakes throw
   // std::invalid_argument naming the parameter; a non-finite gradient throws dmuon::Error naming it

@@ -10,8 +10,11 @@
 // - COLLECTIVE: the constructor and step() must be called by every rank of the communicator, in the
 //   same order, with the same inventory, groups and options (the constructor checks this: it agrees on
 //   the plan fingerprint before any other collective and throws the same dmuon::Error on every rank,
-//   naming the first differing parameter, when ranks disagree). Hyperparameters changed through
-//   options(g) between steps must change identically on every rank (not checked).
+//   naming the first differing parameter, when ranks disagree). Every step() is agreed too, in the
+//   one small all-reduce the step makes anyway: which parameters have gradients, every rank's step
+//   counts, every group's hyperparameters (options(g) as read at that step), the non-finite policy
+//   and the QK logits used. A difference raises the same dmuon::Error on every rank, naming the
+//   first differing parameter or field and the ranks on each side, before anything is modified.
 // - THREADS: one thread calls step(); it drives every collective. step() runs orthogonalization on one
 //   internal compute thread (OptimizerOptions::compute_thread) while it drives communication.
 // - BUFFERS: step() reads gradients and updates parameters in the caller's buffers in place
@@ -93,7 +96,10 @@ class DMUON_API Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
 
   // COLLECTIVE. params[i] / grads[i]: this rank's local shard of inventory parameter i, contiguous,
-  // shape == local_shape(i) (params fp32, updated in place; grads fp32 or bf16, read only).
+  // shape == local_shape(i) (params fp32, updated in place; grads fp32 or bf16, read only). A
+  // default-constructed grads[i] (TensorView::is_none) means "no gradient": the parameter is left
+  // untouched (values, state, step count), as torch does for `grad is None`; it must then be
+  // absent on every rank (a rank whose gradients are all absent still calls step()).
   // qk_logits: layer -> per-head max logits (same on every rank), needed for QK-tagged parameters of
   // groups with qk_clip_threshold > 0. Returns false when skipped (non-finite gradient under
   // NonFinitePolicy::Skip: nothing changed on any rank).

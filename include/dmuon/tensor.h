@@ -63,6 +63,9 @@ struct DMUON_API TensorView {
 
   int ndim() const { return shape.ndim(); }
   int64_t numel() const { return shape.numel(); }
+  // A default-constructed view (no data, no dims): "no tensor". As a gradient it means the
+  // parameter has no gradient this step (torch's `grad is None`).
+  bool is_none() const { return data == nullptr && shape.ndim() == 0; }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
   bool is_contiguous() const;
 

@@ -1,29 +1,29 @@
-// Internal: the collective agreements of the executor. At construction the ranks compare plan
-// fingerprints and per-parameter hashes (variable counts handled: counts first, then hashes), so a
-// mismatch raises the same error everywhere instead of a hang. Each step one all-reduce carries
-// "some rank rejected its inputs" and "first non-finite gradient" so every rank decides alike.
+// Internal: the construction agreement (agreement.h) and the helpers both agreements use. Ranks
+// first compare one fingerprint; only when they differ do they exchange per-parameter hashes and
+// then the words of the first difference, so the error shows the real difference on every rank.
+#include "exec/agreement.h"
+
 #include <algorithm>
-#include <cstring>
 #include <limits>
 
 #include "dmuon/error.h"
-#include "exec/executor.h"
 
 namespace dmuon::detail {
-namespace {
 
-std::vector<std::string> all_gather_strings(Communicator& comm, const Optimizer::Impl& s, const std::string& mine) {
+std::vector<std::string> all_gather_strings(Communicator& comm, std::chrono::milliseconds timeout,
+                                            const std::string& mine, const char* label) {
   const size_t w = static_cast<size_t>(comm.size());
   std::vector<int64_t> lens(w);
   int64_t len = static_cast<int64_t>(mine.size());
-  Work a = comm.all_gather(InBuffer(&len, CommType::I64, 1), OutBuffer(lens.data(), CommType::I64, w), "optimizer agreement lengths");
-  wait_work(s, a);
+  Work a = comm.all_gather(InBuffer(&len, CommType::I64, 1), OutBuffer(lens.data(), CommType::I64, w),
+                           concat(label, " lengths"));
+  a.wait(timeout);
   int64_t total = 0;
   for (int64_t l : lens) total += l;
   std::vector<uint8_t> all(static_cast<size_t>(total));
   Work b = comm.all_gather_v(InBuffer(mine.data(), CommType::U8, mine.size()), OutBuffer(all.data(), CommType::U8, all.size()),
-                             lens, "optimizer agreement text");
-  wait_work(s, b);
+                             lens, concat(label, " text"));
+  b.wait(timeout);
   std::vector<std::string> out;
   size_t at = 0;
   for (int64_t l : lens) {
@@ -33,84 +33,118 @@ std::vector<std::string> all_gather_strings(Communicator& comm, const Optimizer:
   return out;
 }
 
-std::string per_rank(const std::vector<std::string>& texts) {
-  std::string m;
-  for (size_t r = 0; r < texts.size() && r < 8; ++r) m += (r ? "; " : "") + std::string("rank ") + std::to_string(r) + ": " + texts[r];
-  if (texts.size() > 8) m += "; ...";
-  return m;
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string t;
+  int shown = 0;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (++shown > 8) {
+      t += ", ...";
+      break;
+    }
+    t += (t.empty() ? "" : ", ") + std::to_string(ranks[i]);
+    if (j > i) t += (j == i + 1 ? ", " : "-") + std::to_string(ranks[j]);
+    i = j;
+  }
+  return (ranks.size() == 1 ? "rank " : "ranks ") + t;
+}
+
+std::string texts_by_rank(const std::vector<std::string>& texts) {
+  std::vector<std::string> values;
+  std::vector<std::vector<int>> ranks;
+  for (size_t r = 0; r < texts.size(); ++r) {
+    const auto it = std::find(values.begin(), values.end(), texts[r]);
+    if (it == values.end()) {
+      values.push_back(texts[r]);
+      ranks.push_back({static_cast<int>(r)});
+    } else {
+      ranks[static_cast<size_t>(it - values.begin())].push_back(static_cast<int>(r));
+    }
+  }
+  std::string out;
+  for (size_t k = 0; k < values.size() && k < 6; ++k)
+    out += (k ? "; " : "") + values[k] + " on " + ranks_text(ranks[k]);
+  if (values.size() > 6) out += "; ...";
+  return out;
+}
+
+namespace {
+
+// The first index at which the ranks' hash lists differ (a list that ends counts as different);
+// -1 when all are equal. `all` holds every rank's list back to back (counts[r] each).
+int64_t first_difference(const std::vector<uint64_t>& all, const std::vector<int64_t>& counts) {
+  const std::vector<int64_t> displs = packed_displs(counts);
+  const int64_t shortest = *std::min_element(counts.begin(), counts.end());
+  const int64_t longest = *std::max_element(counts.begin(), counts.end());
+  for (int64_t i = 0; i < longest; ++i) {
+    if (i >= shortest) return i;
+    for (size_t r = 1; r < counts.size(); ++r)
+      if (all[static_cast<size_t>(displs[r] + i)] != all[static_cast<size_t>(displs[0] + i)]) return i;
+  }
+  return -1;
+}
+
+std::vector<uint64_t> gather_hashes(Communicator& comm, std::chrono::milliseconds timeout, const std::vector<uint64_t>& mine,
+                                    const std::vector<int64_t>& counts, const char* label) {
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<uint64_t> all(static_cast<size_t>(total));
+  Work w = comm.all_gather_v(InBuffer(mine.data(), CommType::U64, mine.size()), OutBuffer(all.data(), CommType::U64, all.size()),
+                             counts, label);
+  w.wait(timeout);
+  return all;
+}
+
+std::string item_or_none(const std::vector<std::string>& items, int64_t i) {
+  return i < static_cast<int64_t>(items.size()) ? items[static_cast<size_t>(i)] : std::string("(no such parameter)");
 }
 
 }  // namespace
 
-void agree_on_plan(Communicator& comm, const Optimizer::Impl& s, const std::string& local_error,
-                   const std::vector<uint64_t>& param_hashes, uint64_t fingerprint,
-                   const std::vector<std::string>& param_descriptions, const std::string& options_description) {
+void agree_on_plan(Communicator& comm, std::chrono::milliseconds timeout, const PlanClaim& claim) {
   const size_t w = static_cast<size_t>(comm.size());
-  uint64_t mine[3] = {local_error.empty() ? 0u : 1u, fingerprint, param_hashes.size()};
+  uint64_t mine[3] = {claim.error.empty() ? 0u : 1u, claim.fingerprint, claim.spec_hashes.size()};
   std::vector<uint64_t> all(3 * w);
   Work a = comm.all_gather(InBuffer(mine, CommType::U64, 3), OutBuffer(all.data(), CommType::U64, all.size()), "optimizer fingerprint");
-  wait_work(s, a);
+  a.wait(timeout);
   bool failed = false, same = true;
   for (size_t r = 0; r < w; ++r) {
     failed |= all[3 * r] != 0;
     same &= all[3 * r + 1] == all[1] && all[3 * r + 2] == all[2];
   }
   if (failed) {
-    const std::vector<std::string> errors = all_gather_strings(comm, s, local_error);
-    if (!local_error.empty()) throw std::invalid_argument(local_error);
+    const std::vector<std::string> errors = all_gather_strings(comm, timeout, claim.error, "optimizer errors");
+    if (!claim.error.empty()) throw std::invalid_argument(claim.error);
     for (size_t r = 0; r < w; ++r)
-      if (!errors[r].empty())
-        detail::throw_invalid_argument(detail::concat("[optim] rank ", r, " could not build the optimizer: ", errors[r]));
+      if (!errors[r].empty()) throw_invalid_argument(concat("[optim] rank ", r, " could not build the optimizer: ", errors[r]));
   }
   if (same) return;
-  // pass 2: per-parameter hashes (counts may differ) -> the first index where ranks differ
+  // pass 2: the parameters themselves (counts may differ) -> the first one that differs, in words
   std::vector<int64_t> counts(w);
   for (size_t r = 0; r < w; ++r) counts[r] = static_cast<int64_t>(all[3 * r + 2]);
-  int64_t total = 0, shortest = std::numeric_limits<int64_t>::max();
-  for (int64_t c : counts) total += c, shortest = std::min(shortest, c);
-  std::vector<uint64_t> hashes(static_cast<size_t>(total));
-  Work b = comm.all_gather_v(InBuffer(param_hashes.data(), CommType::U64, param_hashes.size()),
-                             OutBuffer(hashes.data(), CommType::U64, hashes.size()), counts, "optimizer parameter hashes");
-  wait_work(s, b);
-  const std::vector<int64_t> displs = packed_displs(counts);
-  int64_t first = -1;
-  const int64_t longest = *std::max_element(counts.begin(), counts.end());
-  for (int64_t i = 0; i < longest && first < 0; ++i) {
-    if (i >= shortest) { first = i; break; }
-    for (size_t r = 1; r < w; ++r)
-      if (hashes[static_cast<size_t>(displs[r] + i)] != hashes[static_cast<size_t>(displs[0] + i)]) first = i;
+  const int64_t first = first_difference(gather_hashes(comm, timeout, claim.spec_hashes, counts, "optimizer parameter hashes"), counts);
+  if (first >= 0) {
+    std::string count_text;
+    if (*std::min_element(counts.begin(), counts.end()) != *std::max_element(counts.begin(), counts.end())) {
+      std::vector<std::string> per(w);
+      for (size_t r = 0; r < w; ++r) per[r] = std::to_string(counts[r]) + " parameters";
+      count_text = concat("different parameter counts (", texts_by_rank(per), "); ");
+    }
+    const std::vector<std::string> texts = all_gather_strings(comm, timeout, item_or_none(claim.spec_texts, first), "optimizer parameter");
+    throw_error(concat("[optim] ranks disagree on the parameters: ", count_text, "the first that differs is #", first, ": ",
+                       texts_by_rank(texts), "; every rank must pass the same parameters, shapes, order, placements and groups"));
   }
-  if (first < 0) {
-    const std::vector<std::string> texts = all_gather_strings(comm, s, options_description);
-    detail::throw_error(detail::concat("[optim] ranks disagree on the plan options (same parameters): ", per_rank(texts),
-                                       "; pass the same meshes and options on every rank"));
-  }
-  const size_t i = static_cast<size_t>(first);
-  const std::string desc = i < param_descriptions.size() ? param_descriptions[i]
-                                                         : "(none: " + std::to_string(param_descriptions.size()) + " parameters)";
-  const std::vector<std::string> texts = all_gather_strings(comm, s, desc);
-  detail::throw_error(detail::concat("[optim] ranks disagree on parameter #", first, ": ", per_rank(texts),
-                                     "; every rank must pass the same parameters, shapes, order, placements and groups"));
-}
-
-bool agree_on_step(Communicator& comm, const Optimizer::Impl& s, const std::string& local_error, int64_t bad_param,
-                   NonFinitePolicy policy) {
-  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
-  const int64_t w = comm.size(), r = comm.rank();
-  int64_t flags[2] = {local_error.empty() ? kNone : r, bad_param < 0 ? kNone : bad_param * w + r};
-  Work a = comm.all_reduce(OutBuffer(flags, CommType::I64, 2), ReduceOp::Min, "optimizer step flags");
-  wait_work(s, a);
-  if (flags[0] != kNone) {
-    if (!local_error.empty()) throw std::invalid_argument(local_error);
-    detail::throw_invalid_argument(detail::concat("[optim] rank ", flags[0],
-                                                  " rejected its step inputs (see its error); nothing was modified on any rank"));
-  }
-  if (flags[1] == kNone) return true;
-  if (policy == NonFinitePolicy::Skip) return false;
-  const int64_t param = flags[1] / w, rank = flags[1] % w;
-  detail::throw_error(detail::concat("[optim] gradient of parameter '", s.plan.inventory().params[static_cast<size_t>(param)].name,
-                                     "' is not finite on rank ", rank,
-                                     "; nothing was modified on any rank (policy raise; use skip to skip such steps)"));
+  // pass 3: same parameters -> the options, then the plan's decisions
+  const std::vector<std::string> options = all_gather_strings(comm, timeout, claim.options_text, "optimizer options");
+  if (std::any_of(options.begin(), options.end(), [&](const std::string& o) { return o != options[0]; }))
+    throw_error(concat("[optim] ranks disagree on the optimizer options (same parameters): ", texts_by_rank(options),
+                       "; pass the same meshes and options on every rank"));
+  const int64_t entry = first_difference(gather_hashes(comm, timeout, claim.entry_hashes, counts, "optimizer plan hashes"), counts);
+  const std::vector<std::string> texts =
+      all_gather_strings(comm, timeout, entry >= 0 ? item_or_none(claim.entry_texts, entry) : std::string(), "optimizer plan");
+  throw_error(concat("[optim] ranks planned parameter #", entry, " differently: ", texts_by_rank(texts),
+                     "; the environment (DMUON_STRATEGY) or the machine profile differs between ranks: make them the same"));
 }
 
 }  // namespace dmuon::detail

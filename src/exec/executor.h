@@ -1,5 +1,5 @@
 // Internal: the state of dmuon::Optimizer (Optimizer::Impl) and the passes of one step, one file
-// each: agreement.cpp (fingerprint and per-step flags), pipeline.cpp (chunks: gather ->
+// each: agreement.cpp / step_agreement.cpp (construction and per-step agreement), pipeline.cpp (chunks: gather ->
 // orthogonalize -> scatter -> update), gram_allreduce.cpp, optimizer.cpp (API, validation, AdamW).
 #pragma once
 
@@ -29,6 +29,7 @@ struct Optimizer::Impl {
   std::vector<Algorithm> algorithm;     // per group, fixed at construction
   std::vector<bool> normuon;            // per group, fixed at construction
   std::vector<bool> param_normuon;      // per parameter
+  std::vector<std::string> names;       // per parameter (error messages)
   detail::Routes routes;
   std::vector<std::unique_ptr<Communicator>> group_comms;  // parallel to routes.group_keys
   std::vector<ParamState> state;
@@ -44,19 +45,8 @@ struct StepInputs {
   std::span<const TensorView> params, grads;
   const std::map<int, std::vector<float>>* qk_logits = nullptr;
   std::vector<GroupOptions> options;  // per group, read at the start of the step
+  std::vector<uint8_t> active;        // per parameter: has a gradient on every rank (agreed); 0: left untouched
 };
-
-// COLLECTIVE (constructor): every rank's fingerprint, per-parameter hashes and local status are
-// compared; throws the same error on every rank on disagreement. `local_error` is this rank's
-// construction error ("" when fine).
-void agree_on_plan(Communicator& comm, const Optimizer::Impl& s, const std::string& local_error,
-                   const std::vector<uint64_t>& param_hashes, uint64_t fingerprint,
-                   const std::vector<std::string>& param_descriptions, const std::string& options_description);
-
-// COLLECTIVE (step): one all-reduce of (input-error rank, first non-finite param·W + rank). Returns
-// false when the step must be skipped; throws when it must fail on every rank.
-bool agree_on_step(Communicator& comm, const Optimizer::Impl& s, const std::string& local_error,
-                   int64_t bad_param, NonFinitePolicy policy);
 
 // Runs every chunk of the plan (pipelined) and the gram_allreduce entries; updates Muon parameters.
 void run_pipeline(Optimizer::Impl& s, const StepInputs& in);

@@ -189,17 +189,17 @@ bool LocalOptimizer::step(std::span<const TensorView> params, std::span<const Te
       const TensorView& gr = grads[i];
       DMUON_CHECK(p.shape == info.shape, "[optim] parameter '", info.name, "': expected shape ",
                   info.shape.to_string(), ", got ", p.shape.to_string());
-      DMUON_CHECK(gr.shape == info.shape, "[optim] gradient of '", info.name, "': expected shape ",
-                  info.shape.to_string(), ", got ", gr.shape.to_string());
       DMUON_CHECK(p.dtype == DType::F32, "[optim] parameter '", info.name, "' is ", to_string(p.dtype),
                   "; master parameters must be fp32");
+      DMUON_CHECK(p.is_contiguous(), "[optim] parameter '", info.name, "' is not contiguous; pass a contiguous copy");
+      DMUON_CHECK(info.shape.numel() == 0 || p.data, "[optim] parameter '", info.name, "': null data pointer");
+      if (gr.is_none()) continue;  // no gradient this step: the parameter is left untouched
+      DMUON_CHECK(gr.shape == info.shape, "[optim] gradient of '", info.name, "': expected shape ",
+                  info.shape.to_string(), ", got ", gr.shape.to_string());
       DMUON_CHECK(gr.dtype == DType::F32 || gr.dtype == DType::BF16, "[optim] gradient of '",
                   info.name, "' is ", to_string(gr.dtype), "; gradients must be fp32 or bf16");
-      DMUON_CHECK(p.is_contiguous() && gr.is_contiguous(), "[optim] ",
-                  p.is_contiguous() ? "gradient" : "parameter", " of '", info.name,
-                  "' is not contiguous; pass a contiguous copy");
-      DMUON_CHECK(info.shape.numel() == 0 || (p.data && gr.data), "[optim] parameter '", info.name,
-                  "': null data pointer");
+      DMUON_CHECK(gr.is_contiguous(), "[optim] gradient of '", info.name, "' is not contiguous; pass a contiguous copy");
+      DMUON_CHECK(info.shape.numel() == 0 || gr.data, "[optim] gradient of '", info.name, "': null data pointer");
       if (o.algorithm != Algorithm::Muon || o.qk_clip_threshold <= 0 || !info.qk) continue;
       const auto it = qk_logits.find(info.qk->layer);
       DMUON_CHECK(it != qk_logits.end(), "[optim] parameter '", info.name, "' is QK-tagged (layer ",
@@ -212,6 +212,7 @@ bool LocalOptimizer::step(std::span<const TensorView> params, std::span<const Te
 
   // pass 2: non-finite gradients (raise or skip; nothing modified either way).
   for (size_t i = 0; i < n; ++i) {
+    if (grads[i].is_none()) continue;
     const int64_t bad = detail::first_non_finite(grads[i]);
     if (bad < 0) continue;
     if (policy_ == NonFinitePolicy::Skip) return false;
@@ -229,6 +230,7 @@ bool LocalOptimizer::step(std::span<const TensorView> params, std::span<const Te
   }
   auto apply = [&](size_t i, std::vector<std::unique_ptr<Orthogonalizer>>& orth,
                    std::vector<float>& update, std::vector<float>& v_mean) {
+    if (grads[i].is_none()) return;  // no gradient: values, state and step count stay
     const size_t g = group_of[i];
     const GroupOptions& o = groups_[g].options;
     const ParamInfo& info = params_[i];

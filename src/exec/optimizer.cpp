@@ -9,6 +9,8 @@
 #include "dmuon/blas.h"
 #include "dmuon/error.h"
 #include "dmuon/update.h"
+#include "core/hash.h"
+#include "exec/agreement.h"
 #include "exec/executor.h"
 #include "exec/muon_math.h"
 #include "plan/cost_model.h"
@@ -18,18 +20,6 @@ namespace dmuon {
 namespace {
 
 using detail::ParamLayout;
-
-struct Hasher {
-  uint64_t h = 0xcbf29ce484222325ull;
-  void bytes(const void* p, size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
-  }
-  template <class T> void pod(const T& v) { bytes(&v, sizeof(v)); }
-  void str(std::string_view s) { pod(s.size()), bytes(s.data(), s.size()); }
-};
-
-
 
 std::string placements_text(const ParamSpec& p) {
   std::string t;
@@ -85,6 +75,10 @@ void local_momentum(Optimizer::Impl& s, const StepInputs& in, int param, std::ve
   const ParamLayout& L = s.routes.layouts[static_cast<size_t>(param)];
   update.resize(static_cast<size_t>(L.local_numel));
   if (L.local_numel == 0) return;
+  if (!in.active[static_cast<size_t>(param)]) {  // no gradient: the momentum stays, zeros travel
+    std::fill(update.begin(), update.end(), 0.0f);
+    return;
+  }
   const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(param)])];
   momentum_step({o.momentum_kind, o.momentum, o.nesterov}, s.state[static_cast<size_t>(param)].momentum.data(),
                 in.grads[static_cast<size_t>(param)], update.data());
@@ -119,10 +113,7 @@ Optimizer::Optimizer(std::shared_ptr<Communicator> comm, Inventory inventory, st
   s.options = std::move(options);
   s.groups = std::move(groups);
   s.rank = s.user_comm->rank();
-  std::string local_error, options_text;
-  std::vector<uint64_t> hashes;
-  std::vector<std::string> descriptions;
-  uint64_t fingerprint = 0;
+  detail::PlanClaim claim;
   try {  // pass 1: local checks and the plan; an error here is shared with every rank below
     validate_construction(s, inventory, s.groups, s.group_of);
     PlanOptions po;
@@ -154,35 +145,46 @@ Optimizer::Optimizer(std::shared_ptr<Communicator> comm, Inventory inventory, st
     for (size_t i = 0; i < params.size(); ++i) {
       const size_t g = static_cast<size_t>(s.group_of[i]);
       s.param_normuon[i] = s.normuon[g];
+      s.names.push_back(params[i].name);
       const PlanEntry* e = s.plan.entry_of(static_cast<int>(i));
       DMUON_CHECK(!(e && e->strategy == Strategy::GramAllReduce && s.normuon[g]), "[optim] parameter '", params[i].name,
                   "' uses gram_allreduce, which does not support NorMuon; pin another strategy or turn NorMuon off");
-      Hasher h;
+      detail::Fnv1a h;  // what the caller gave: the parameter and its group (not the plan's decision)
       h.str(params[i].name);
+      h.pod(params[i].shape.ndim());
       for (int64_t d : params[i].shape) h.pod(d);
-      h.pod(params[i].role), h.pod(params[i].expert), h.pod(g), h.pod(s.algorithm[g]), h.pod(static_cast<bool>(s.normuon[g]));
-      h.pod(e ? e->hash : 0);
+      h.pod(params[i].role), h.pod(params[i].expert), h.pod(params[i].mesh), h.pod(g), h.pod(s.algorithm[g]);
+      h.pod(static_cast<bool>(s.normuon[g]));
       for (const Placement& pl : params[i].placements) h.pod(pl.kind), h.pod(pl.dim), h.pod(pl.split_factor);
-      hashes.push_back(h.h);
-      descriptions.push_back(detail::concat("'", params[i].name, "' ", params[i].shape.to_string(), " ",
-                                            placements_text(params[i]), " ", to_string(params[i].role), " group ", g,
-                                            e ? detail::concat(" ", to_string(e->strategy)) : std::string()));
+      claim.spec_hashes.push_back(h.h);
+      claim.spec_texts.push_back(detail::concat("'", params[i].name, "' ", params[i].shape.to_string(), " ",
+                                                placements_text(params[i]), " on mesh ", params[i].mesh, " ",
+                                                to_string(params[i].role), " group ", g, s.normuon[g] ? " normuon" : ""));
+      claim.entry_hashes.push_back(e ? e->hash : 0);
+      std::string owners;
+      if (e)
+        for (size_t k = 0; k < e->owner_index.size() && k < 4; ++k) owners += (k ? "," : " owners ") + std::to_string(e->owner_index[k]);
+      claim.entry_texts.push_back(detail::concat("'", params[i].name, "' ", e ? std::string(to_string(e->strategy)) : "unplanned",
+                                                 e ? " chunk " + std::to_string(e->chunk) : "", owners));
     }
-    Hasher f;
-    f.pod(s.plan.fingerprint());
-    for (uint64_t x : hashes) f.pod(x);
-    fingerprint = f.h;
     char hex[24];
     std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(s.plan.fingerprint()));
     std::string meshes;
     for (const Mesh& m : s.plan.inventory().meshes) meshes += (meshes.empty() ? "" : " / ") + m.to_string();
-    options_text = detail::concat("plan ", hex, ", meshes ", meshes, ", comm ", to_string(s.options.comm_dtype), ", chunk ",
-                                  s.options.chunk_bytes, " B, window ", s.options.window);
+    claim.options_text = detail::concat("plan ", hex, ", meshes ", meshes, ", comm ", to_string(s.options.comm_dtype), ", chunk ",
+                                        s.options.chunk_bytes, " B, window ", s.options.window, ", non_finite ",
+                                        to_string(s.options.non_finite));
+    detail::Fnv1a f;
+    f.pod(s.plan.fingerprint());
+    f.str(claim.options_text);
+    for (uint64_t x : claim.spec_hashes) f.pod(x);
+    for (uint64_t x : claim.entry_hashes) f.pod(x);
+    claim.fingerprint = f.h;
   } catch (const std::exception& e) {
-    local_error = e.what();
+    claim.error = e.what();
   }
   // pass 2: agree (collective; the same error everywhere on disagreement)
-  detail::agree_on_plan(*s.user_comm, s, local_error, hashes, fingerprint, descriptions, options_text);
+  detail::agree_on_plan(*s.user_comm, detail::work_timeout(s, *s.user_comm), claim);
 
   // pass 3: communicators (collective, in plan order), routes, eager state
   s.comm = s.user_comm->split(0, s.rank, "dmuon.optimizer");
@@ -233,10 +235,12 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
   const auto t0 = std::chrono::steady_clock::now();
   const Inventory& inv = s.plan.inventory();
   const size_t n = inv.params.size();
-  detail::StepInputs in{params, grads, &qk_logits, {}};
+  detail::StepInputs in{params, grads, &qk_logits, {}, {}};
   for (const ParamGroup& g : s.groups) in.options.push_back(g.options);
-  std::string error;
-  int64_t bad = -1;
+  detail::StepClaim claim;
+  claim.has_grad.assign(n, 0);
+  claim.step_counts.resize(n);
+  for (size_t i = 0; i < n; ++i) claim.step_counts[i] = s.state[i].steps;
   std::vector<std::unique_ptr<Orthogonalizer>> fresh(s.groups.size());
   try {  // pass 1: validate everything locally
     DMUON_CHECK(params.size() == n && grads.size() == n, "[optim] step got ", params.size(), " parameters and ",
@@ -251,41 +255,50 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
       DMUON_CHECK(o.normuon || !s.normuon[g], "[optim] group ", g, ": normuon may not be turned off after construction");
       if (o.ns != s.orth[g]->options()) fresh[g] = std::make_unique<Orthogonalizer>(o.ns);
     }
+    std::vector<std::pair<int, const std::vector<float>*>> logits;  // the layers QK-clip reads, once each
     for (size_t i = 0; i < n; ++i) {
       const ParamSpec& p = inv.params[i];
       const Shape local = s.routes.layouts[i].box.shape();
       const TensorView& w = params[i];
       const TensorView& gr = grads[i];
+      claim.has_grad[i] = gr.is_none() ? 0 : 1;
       DMUON_CHECK(w.shape == local, "[optim] parameter '", p.name, "': this rank's shard should have shape ",
                   local.to_string(), " (its local box ", s.routes.layouts[i].box.to_string(), "), got ", w.shape.to_string());
+      DMUON_CHECK(w.dtype == DType::F32, "[optim] parameter '", p.name, "' is ", to_string(w.dtype), "; master parameters must be fp32");
+      DMUON_CHECK(w.is_contiguous(), "[optim] parameter '", p.name, "' is not contiguous; pass a contiguous copy");
+      DMUON_CHECK(local.numel() == 0 || w.data, "[optim] parameter '", p.name, "': null data pointer");
+      if (gr.is_none()) continue;  // no gradient: the parameter sits this step out (agreed below)
       DMUON_CHECK(gr.shape == local, "[optim] gradient of '", p.name, "': expected local shape ", local.to_string(), ", got ",
                   gr.shape.to_string());
-      DMUON_CHECK(w.dtype == DType::F32, "[optim] parameter '", p.name, "' is ", to_string(w.dtype), "; master parameters must be fp32");
       DMUON_CHECK(gr.dtype == DType::F32 || gr.dtype == DType::BF16, "[optim] gradient of '", p.name, "' is ",
                   to_string(gr.dtype), "; gradients must be fp32 or bf16");
-      DMUON_CHECK(w.is_contiguous() && gr.is_contiguous(), "[optim] ", w.is_contiguous() ? "gradient" : "parameter", " of '",
-                  p.name, "' is not contiguous; pass a contiguous copy");
-      DMUON_CHECK(local.numel() == 0 || (w.data && gr.data), "[optim] parameter '", p.name, "': null data pointer");
+      DMUON_CHECK(gr.is_contiguous(), "[optim] gradient of '", p.name, "' is not contiguous; pass a contiguous copy");
+      DMUON_CHECK(local.numel() == 0 || gr.data, "[optim] gradient of '", p.name, "': null data pointer");
       const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[i])];
       if (o.algorithm != Algorithm::Muon || o.qk_clip_threshold <= 0 || !p.qk) continue;
       const auto it = qk_logits.find(p.qk->layer);
       DMUON_CHECK(it != qk_logits.end(), "[optim] parameter '", p.name, "' is QK-tagged (layer ", p.qk->layer,
                   ") and its group has qk_clip_threshold > 0, but no logits were given for that layer");
       validate_qk_logits(*p.qk, it->second, p.name);
+      if (std::none_of(logits.begin(), logits.end(), [&](const auto& l) { return l.first == it->first; }))
+        logits.emplace_back(it->first, &it->second);
     }
+    claim.fields = detail::step_fields(in.options, s.options.non_finite, logits);
     const int threads = s.options.blas_threads > 0 ? s.options.blas_threads : (s.comm->size() > 1 ? 1 : 0);
     if (threads > 0) blas_set_num_threads(threads);  // also loads the BLAS: a missing one fails here
-    for (size_t i = 0; i < n && bad < 0; ++i)
-      if (detail::first_non_finite(grads[i]) >= 0) bad = static_cast<int64_t>(i);
+    for (size_t i = 0; i < n && claim.bad_param < 0; ++i)
+      if (claim.has_grad[i] && detail::first_non_finite(grads[i]) >= 0) claim.bad_param = static_cast<int64_t>(i);
   } catch (const std::exception& e) {
-    error = e.what();
+    claim.error = e.what();
   }
-  // pass 2: one all-reduce decides for every rank (inputs rejected somewhere / non-finite)
+  // pass 2: one all-reduce decides for every rank: inputs rejected somewhere, ranks that disagree
+  // (gradients present, step counts, hyperparameters, policies), non-finite gradients
   s.stats = StepStats{};
-  if (!detail::agree_on_step(*s.comm, s, error, bad, s.options.non_finite)) {
+  if (!detail::agree_on_step(*s.comm, detail::work_timeout(s, *s.comm), claim, s.options.non_finite, s.names)) {
     s.stats.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return false;
   }
+  in.active = std::move(claim.has_grad);
   for (size_t g = 0; g < s.groups.size(); ++g)
     if (fresh[g]) s.orth[g] = std::move(fresh[g]);
 
@@ -297,12 +310,12 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
     return c;
   };
   const CommCounters before = counters();
-  for (ParamState& st : s.state) ++st.steps;
+  for (size_t i = 0; i < n; ++i) s.state[i].steps += in.active[i];
   detail::run_pipeline(s, in);
   const auto ta = std::chrono::steady_clock::now();
   for (size_t i = 0; i < n; ++i) {
     const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[i])];
-    if (o.algorithm != Algorithm::AdamW || s.routes.layouts[i].local_numel == 0) continue;
+    if (o.algorithm != Algorithm::AdamW || !in.active[i] || s.routes.layouts[i].local_numel == 0) continue;
     ParamState& st = s.state[i];
     adamw_step({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, st.steps}, params[i].f32(), grads[i], st.exp_avg.data(),
                st.exp_avg_sq.data());

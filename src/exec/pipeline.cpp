@@ -255,6 +255,7 @@ class Pipeline {
       track(*c, static_cast<int64_t>(c->update[k].size() * sizeof(float)));
     }
     for (int e : c->r->gram_entries) {  // blocking; before this chunk's collectives (fixed order)
+      if (!in_.active[static_cast<size_t>(param_of(e))]) continue;  // skipped alike on every rank (agreed)
       std::vector<float>& u = c->update[static_cast<size_t>(e - c->first_entry)];
       run_gram(s_, in_, e, u);
       local_apply(s_, in_, param_of(e), u.data());
@@ -346,6 +347,7 @@ class Pipeline {
     for (size_t i = 0; i < as.size(); ++i) {
       if (!as[i].compute) continue;
       const int param = param_of(as[i].entry);
+      if (!in_.active[static_cast<size_t>(param)]) continue;  // no gradient anywhere: zeros travel, nothing computed
       const ParamLayout& L = layout(param);
       const size_t g = static_cast<size_t>(s_.group_of[static_cast<size_t>(param)]);
       const GroupOptions& o = in_.options[g];
@@ -479,6 +481,7 @@ class Pipeline {
     const auto t1 = Clock::now();
     for (int e : c.r->entries) {
       if (plan_.entries()[static_cast<size_t>(e)].strategy == Strategy::GramAllReduce) continue;
+      if (!in_.active[static_cast<size_t>(param_of(e))]) continue;
       local_apply(s_, in_, param_of(e), c.update[static_cast<size_t>(e - c.first_entry)].data());
     }
     s_.stats.update_seconds += seconds_since(t1);

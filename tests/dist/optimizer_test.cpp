@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "dist_env.h"
+#include "optimizer_fixture.h"
 #include "kernels/cpu/bf16_matmul.h"
 #include "dmuon/bf16.h"
 #include "dmuon/error.h"
@@ -25,101 +25,11 @@
 namespace dmuon {
 namespace {
 
-using test::comm;
-
-// A non-owning shared_ptr to the test's world communicator.
-std::shared_ptr<Communicator> shared_comm() { return std::shared_ptr<Communicator>(&comm(), [](Communicator*) {}); }
-
-// The model: uneven and degenerate shapes, a QK pair, an expert stack, an AdamW bias.
-ModelDesc test_model(bool extra = false, int64_t w57_rows = 5) {
-  ModelDesc m{"dist-test", {}};
-  const auto add = [&](std::string name, Shape shape, Role role, TpStyle tp, bool expert = false,
-                       std::optional<QkTag> qk = std::nullopt) {
-    ParamSpec p;
-    p.name = std::move(name), p.shape = shape, p.role = role, p.tp = tp, p.expert = expert, p.qk = qk;
-    m.params.push_back(p);
-  };
-  add("w57", {w57_rows, 7}, Role::Muon, TpStyle::Colwise);
-  add("w183", {18, 3}, Role::Muon, TpStyle::Colwise);
-  add("w19", {1, 9}, Role::Muon, TpStyle::None);
-  add("w1364", {13, 64}, Role::Muon, TpStyle::Rowwise);
-  add("attn.q", {8, 6}, Role::Muon, TpStyle::Colwise, false, QkTag{0, QkKind::Q, 2, 4});
-  add("attn.k", {4, 6}, Role::Muon, TpStyle::Colwise, false, QkTag{0, QkKind::K, 1, 4});
-  add("moe.experts", {3, 6, 10}, Role::Muon, TpStyle::None, true);
-  add("bias", {7}, Role::AdamW, TpStyle::None);
-  if (extra) add("extra", {4, 4}, Role::Muon, TpStyle::None);
-  return m;
-}
-
-// bf16_products: the plain group's Newton–Schulz reads bf16 operands (oneDNN), where available.
-std::vector<ParamGroup> test_groups(size_t nparams, bool normuon = true, bool bf16_products = true) {
-  ParamGroup plain, nor, qk, adam;
-  plain.options.lr = 0.02, plain.options.weight_decay = 0.1;
-  if (bf16_products && dmuon::cpu::bf16_matmul_info().available)
-    plain.options.ns.matmul_dtype = DType::BF16;
-  nor.options.lr = 0.03, nor.options.normuon = normuon, nor.options.cautious_wd = true;
-  nor.options.momentum_kind = MomentumKind::HeavyBall, nor.options.lr_rule = LrRule::MatchRmsAdamw;
-  nor.options.ns.schedule = Schedule::PolarExpress;
-  qk.options.lr = 0.05, qk.options.qk_clip_threshold = 10.0;
-  adam.options.algorithm = Algorithm::AdamW, adam.options.lr = 0.01;
-  plain.params = {0, 2};
-  nor.params = {1, 3, 6};
-  qk.params = {4, 5};
-  adam.params = {7};
-  if (nparams > 8) plain.params.push_back(8);
-  return {plain, nor, qk, adam};
-}
-
-// Deterministic values of global element j of parameter p at step t (exact in bf16 when asked).
-float value(int p, int64_t j, int t, bool bf16) {
-  uint32_t x = static_cast<uint32_t>(p * 7919 + j * 104729 + t * 1299709) * 2654435761u;
-  x ^= x >> 15;
-  const float v = static_cast<float>(static_cast<int32_t>(x % 20001) - 10000) / 5000.0f;
-  return bf16 ? bf16_to_float(float_to_bf16(v)) : v;
-}
-
-// The local box of a full row-major tensor, in local order.
-std::vector<float> extract(const std::vector<float>& full, const Shape& shape, const Box& box) {
-  std::vector<float> out;
-  const int nd = shape.ndim();
-  std::vector<int64_t> idx(static_cast<size_t>(nd));
-  std::function<void(int, int64_t)> rec = [&](int d, int64_t base) {
-    if (d == nd) return out.push_back(full[static_cast<size_t>(base)]);
-    for (const Range& r : box.dims[static_cast<size_t>(d)].ranges())
-      for (int64_t i = r.begin; i < r.end; ++i) rec(d + 1, base * shape[d] + i);
-  };
-  rec(0, 0);
-  return out;
-}
-
 // Number of elements whose bits differ.
 int64_t bit_diffs(const float* a, const float* b, int64_t n) {
   int64_t d = 0;
   for (int64_t i = 0; i < n; ++i) d += std::memcmp(a + i, b + i, 4) != 0;
   return d;
-}
-
-struct RunConfig {
-  std::string parallel;
-  std::string strategy;  // "auto" or a default: pin
-  DType comm_dtype = DType::F32;
-  ReplicaMode replica = ReplicaMode::Auto;
-};
-
-Inventory make_inventory(const std::string& parallel, bool extra = false, int64_t w57_rows = 5) {
-  ParallelConfig pc = parse_parallel(parallel);
-  return apply_parallel(test_model(extra, w57_rows), pc);
-}
-
-OptimizerOptions options_for(const RunConfig& c) {
-  OptimizerOptions o;
-  o.comm_dtype = c.comm_dtype;
-  o.env_override = false;
-  o.chunk_bytes = 2048;  // several chunks: the pipeline and its window are exercised
-  if (c.strategy != "auto") o.pins = StrategyRules::parse("default:" + c.strategy);
-  if (c.strategy == "gram_allreduce") o.exact = false;
-  o.replica = c.replica;
-  return o;
 }
 
 // Runs 3 steps distributed and in one process; returns bit differences on this rank (params + state).
@@ -174,6 +84,8 @@ Outcome run_and_compare(const RunConfig& c, bool negative_control = false) {
         lg.emplace_back(loc_g[i].data(), opt.local_shape(i));
       }
     }
+    if (t == 1)
+      for (size_t i : c.no_grad) fg[i] = TensorView(), lg[i] = TensorView();
     EXPECT_TRUE(ref.step(fw, fg, logits));
     EXPECT_TRUE(opt.step(lw, lg, logits));
     const StepStats& st = opt.last_stats();
@@ -274,6 +186,21 @@ TEST_P(OptimizerBitwise, MatchesLocalOptimizerAndPlanBytes) {
 }
 INSTANTIATE_TEST_SUITE_P(CommDtype, OptimizerBitwise, ::testing::Values(0, 1));
 
+// Parameters whose gradient is absent on every rank sit the step out (values, state, step count),
+// bitwise as LocalOptimizer does: a Muon matrix, a NorMuon one (owner_a2a moves its state), an
+// expert stack and the AdamW bias, under every strategy.
+TEST(OptimizerBitwise, AbsentGradientsEverywhereMatchLocalOptimizer) {
+  const std::string par = "dp_shard=" + std::to_string(comm().size());
+  for (const char* s : kStrategies) {
+    SCOPED_TRACE(par + " strategy " + s);
+    RunConfig c{par, s, DType::F32};
+    c.no_grad = {0, 3, 6, 7};
+    const Outcome o = run_and_compare(c);
+    EXPECT_EQ(o.diffs, 0) << o.detail;
+    EXPECT_TRUE(o.bytes_ok) << o.detail;
+  }
+}
+
 TEST(OptimizerBitwise, NegativeControlCatchesOneUlp) {
   const Outcome o = run_and_compare({"dp_shard=" + std::to_string(comm().size()), "owner_a2a", DType::F32}, true);
   EXPECT_EQ(o.diffs, 1);
@@ -308,17 +235,6 @@ TEST(OptimizerGram, WithinTolerance) {
 
 // ---- safety -----------------------------------------------------------------------------------
 
-// Every rank's message, gathered, must be the same string.
-bool same_everywhere(const std::string& msg) {
-  const size_t w = static_cast<size_t>(comm().size());
-  uint64_t h = std::hash<std::string>{}(msg);
-  std::vector<uint64_t> all(w);
-  comm().all_gather(InBuffer(&h, CommType::U64, 1), OutBuffer(all.data(), CommType::U64, w), "test hash").wait();
-  for (uint64_t x : all)
-    if (x != all[0]) return false;
-  return true;
-}
-
 std::string construct_error(const Inventory& inv) {
   try {
     Optimizer opt(shared_comm(), inv, test_groups(inv.params.size()), options_for({"", "auto", DType::F32}));
@@ -332,17 +248,39 @@ TEST(OptimizerSafety, ShapeMismatchSameErrorEverywhere) {
   if (comm().size() < 2) GTEST_SKIP();
   const std::string par = "dp_shard=" + std::to_string(comm().size());
   const std::string msg = construct_error(make_inventory(par, false, comm().rank() == 1 ? 6 : 5));
-  EXPECT_NE(msg.find("disagree on parameter #0"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("'w57' [6, 7]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the first that differs is #0: 'w57' [5, 7]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("; 'w57' [6, 7] (S(0)) on mesh 0 muon group 0 on rank 1"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("different parameter counts"), std::string::npos) << msg;
   EXPECT_TRUE(same_everywhere(msg)) << msg;
 }
 
+// Issue 10: at 3 ranks an extra parameter on rank 1 used to be reported as "parameter #1" with three
+// identical descriptions (the plan's owners shifted); the message must show the real difference.
 TEST(OptimizerSafety, ParameterCountMismatchSameErrorEverywhere) {
   if (comm().size() < 2) GTEST_SKIP();
-  const std::string par = "dp_shard=" + std::to_string(comm().size());
+  const int w = comm().size();
+  const std::string par = "dp_shard=" + std::to_string(w);
   const std::string msg = construct_error(make_inventory(par, comm().rank() == 1));
-  EXPECT_NE(msg.find("disagree on parameter #8"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("(none: 8 parameters)"), std::string::npos) << msg;
+  const std::string others = w == 2 ? "rank 0" : w == 3 ? "ranks 0, 2" : "ranks 0, 2, 3";
+  EXPECT_NE(msg.find("different parameter counts (8 parameters on " + others + "; 9 parameters on rank 1)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the first that differs is #8: (no such parameter) on " + others + "; 'extra' [4, 4]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("on rank 1;"), std::string::npos) << msg;
+  EXPECT_TRUE(same_everywhere(msg)) << msg;
+}
+
+TEST(OptimizerSafety, OptionsMismatchNamesTheOptions) {
+  if (comm().size() < 2) GTEST_SKIP();
+  Inventory inv = make_inventory("dp_shard=" + std::to_string(comm().size()));
+  OptimizerOptions o = options_for({"", "auto", DType::F32});
+  if (comm().rank() == 1) o.non_finite = NonFinitePolicy::Skip;
+  std::string msg;
+  try {
+    Optimizer opt(shared_comm(), inv, test_groups(inv.params.size()), o);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("ranks disagree on the optimizer options"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("non_finite skip on rank 1"), std::string::npos) << msg;
   EXPECT_TRUE(same_everywhere(msg)) << msg;
 }
 

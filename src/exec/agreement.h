@@ -1,0 +1,65 @@
+// Internal: the collective agreements of the engine. They depend only on a Communicator and a
+// deadline, not on the optimizer's internals, so any component (the optimizer, later the sharded
+// parameters and checkpoints) can use them. Every function here is COLLECTIVE and throws the same
+// error on every rank when the ranks disagree, before anything is modified.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dmuon/comm.h"
+#include "dmuon/optim_options.h"
+
+namespace dmuon::detail {
+
+// What a rank brings to the construction agreement.
+struct PlanClaim {
+  std::string error;                       // this rank's construction error ("" when fine)
+  uint64_t fingerprint = 0;                // hash of everything below
+  std::vector<uint64_t> spec_hashes;       // per parameter: name, shape, placements, role, group
+  std::vector<std::string> spec_texts;     // per parameter, the same in words
+  std::vector<uint64_t> entry_hashes;      // per parameter: the plan's decision for it
+  std::vector<std::string> entry_texts;    // per parameter, the decision in words
+  std::string options_text;                // meshes and optimizer options in words
+};
+
+// Compares every rank's claim. The error names, in this order: a rank whose construction failed;
+// different parameter counts and the first parameter that differs, with each rank's version;
+// different options; the first parameter planned differently.
+void agree_on_plan(Communicator& comm, std::chrono::milliseconds timeout, const PlanClaim& claim);
+
+// What a rank brings to a step's agreement (one all-reduce of a few integers when all agree).
+struct StepClaim {
+  std::string error;                       // this rank's input error ("" when fine)
+  int64_t bad_param = -1;                  // first parameter with a non-finite gradient, or -1
+  std::vector<uint8_t> has_grad;           // per parameter: 1 when this rank has its gradient
+  std::vector<int64_t> step_counts;        // per parameter, before the step
+  std::vector<std::pair<std::string, std::string>> fields;  // hyperparameters and policies, in words
+};
+
+// The fields of a step claim: every group's hyperparameters (those of its algorithm), the
+// non-finite policy, and the QK logits the step uses.
+std::vector<std::pair<std::string, std::string>> step_fields(const std::vector<GroupOptions>& groups,
+                                                             NonFinitePolicy policy,
+                                                             const std::vector<std::pair<int, const std::vector<float>*>>& logits);
+
+// Returns true when the step is applied, false when it is skipped (a non-finite gradient somewhere
+// under NonFinitePolicy::Skip). Throws on every rank: std::invalid_argument when a rank rejected its
+// inputs; dmuon::Error when the ranks disagree (which parameters have gradients, step counts, a
+// hyperparameter or policy: the first difference, with the ranks on each side) or, under
+// NonFinitePolicy::Raise, when a gradient is not finite. `names` are the parameter names.
+bool agree_on_step(Communicator& comm, std::chrono::milliseconds timeout, const StepClaim& claim,
+                   NonFinitePolicy policy, const std::vector<std::string>& names);
+
+// "rank 1", "ranks 0, 2", "ranks 0-63, 65" (sorted input).
+std::string ranks_text(const std::vector<int>& ranks);
+// Ranks grouped by identical text, first appearance first: "'a' on ranks 0, 2; 'b' on rank 1".
+std::string texts_by_rank(const std::vector<std::string>& texts);
+// Every rank's string (COLLECTIVE: two all-gathers).
+std::vector<std::string> all_gather_strings(Communicator& comm, std::chrono::milliseconds timeout,
+                                            const std::string& mine, const char* label);
+
+}  // namespace dmuon::detail
