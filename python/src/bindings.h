@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <optional>
 #include <vector>
 
 #include "dmuon/tensor.h"
@@ -22,6 +23,9 @@ using Array = nb::ndarray<nb::device::cpu>;
 TensorView to_view(const Array& a, const char* what);
 // to_view of every array (parameters or gradients of one step).
 std::vector<TensorView> views(const std::vector<Array>& arrays, const char* what);
+// Gradients of one step: None becomes the "no gradient" view (TensorView::is_none).
+using Grad = std::optional<Array>;
+std::vector<TensorView> grad_views(const std::vector<Grad>& grads);
 
 // A torch tensor aliasing fp32 engine state `v`; `owner` (the optimizer object) is kept alive by it.
 using StateTensor = nb::ndarray<nb::pytorch, float>;

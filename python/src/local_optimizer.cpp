@@ -2,6 +2,7 @@
 // each step (no copies); the state lives in the engine and is exposed as torch tensors that alias
 // it (so the optimizer's state dict and the engine share memory). The GIL is released in step().
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -45,10 +46,10 @@ void init_local_optimizer(nb::module_& m) {
           [](LocalOptimizer& o, const std::string& v) { o.set_policy(parse_non_finite_policy(v)); })
       .def(
           "step",
-          [](LocalOptimizer& o, const std::vector<Array>& params, const std::vector<Array>& grads,
+          [](LocalOptimizer& o, const std::vector<Array>& params, const std::vector<Grad>& grads,
              const std::map<int, std::vector<float>>& qk_logits) {
             const std::vector<TensorView> p = views(params, "parameter");
-            const std::vector<TensorView> g = views(grads, "gradient");
+            const std::vector<TensorView> g = grad_views(grads);
             nb::gil_scoped_release release;
             return o.step(p, g, qk_logits);
           },

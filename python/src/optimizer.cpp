@@ -173,10 +173,10 @@ void init_optimizer(nb::module_& m) {
       .def("plan_string", [](const Optimizer& o) { return o.plan().to_string(); })
       .def(
           "step",
-          [](Optimizer& o, const std::vector<Array>& params, const std::vector<Array>& grads,
+          [](Optimizer& o, const std::vector<Array>& params, const std::vector<Grad>& grads,
              const std::map<int, std::vector<float>>& qk_logits) {
             const std::vector<TensorView> p = views(params, "parameter");
-            const std::vector<TensorView> g = views(grads, "gradient");
+            const std::vector<TensorView> g = grad_views(grads);
             nb::gil_scoped_release release;
             return o.step(p, g, qk_logits);
           },

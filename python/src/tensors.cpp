@@ -38,6 +38,13 @@ std::vector<TensorView> views(const std::vector<Array>& arrays, const char* what
   return out;
 }
 
+std::vector<TensorView> grad_views(const std::vector<Grad>& grads) {
+  std::vector<TensorView> out;
+  out.reserve(grads.size());
+  for (const Grad& g : grads) out.push_back(g ? to_view(*g, "gradient") : TensorView());
+  return out;
+}
+
 StateTensor state_tensor(const TensorView& v, nb::handle owner) {
   size_t shape[kMaxDims];
   for (int i = 0; i < v.ndim(); ++i) shape[i] = static_cast<size_t>(v.shape[i]);

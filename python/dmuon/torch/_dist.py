@@ -257,6 +257,10 @@ class DistEngine:
              qk_logits: dict[int, list[float]]) -> bool:
         local_params, local_grads = [], []
         for i, (p, g) in enumerate(zip(params, grads)):
+            if g is None:  # no gradient: the engine leaves it untouched (agreed with every rank)
+                local_params.append((p._local_tensor if is_dtensor(p) else p).detach())
+                local_grads.append(None)
+                continue
             if is_dtensor(p):
                 layout = self.layouts[i]
                 if not is_dtensor(g):

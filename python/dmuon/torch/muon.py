@@ -243,7 +243,11 @@ class Muon(torch.optim.Optimizer):
              qk_logits: Optional[dict] = None) -> float | None:
         """One optimizer step (see torch.optim.Optimizer.step). `qk_logits` (keyword only, after
         the base class's `closure`): {layer: per-query-head max pre-softmax logits} for QK-clip.
-        Parameters whose .grad is None are left untouched (state included), as torch does."""
+        Parameters whose .grad is None are left untouched (state included), as torch does.
+        With DTensor parameters the step is COLLECTIVE: every rank calls it, also a rank whose
+        gradients are all None, and the ranks agree on which gradients exist, step counts,
+        hyperparameters and policies; any difference raises dmuon.DmuonError on every rank,
+        naming it, before anything is modified."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -254,11 +258,10 @@ class Muon(torch.optim.Optimizer):
                 if key in group and group[key] != self._built[g].get(key):
                     raise ValueError(f"[torch] param group {g}: {key} changed after construction "
                                      f"(the state layout depends on it); build a new optimizer")
-        grads, missing = [], []
+        grads, present = [], []
         for i, p in enumerate(engine.params):
             grad = p.grad
-            if grad is None:
-                missing.append(i)
+            if grad is None:  # left untouched by the engine (values, state, step), as torch does
                 grads.append(None)
                 continue
             if grad.dtype not in _GRAD_DTYPES:
@@ -268,37 +271,19 @@ class Muon(torch.optim.Optimizer):
                 raise TypeError(f"[torch] gradient of '{engine.names[i]}' is sparse; dmuon needs "
                                 f"dense gradients")
             grads.append(grad.detach() if grad.requires_grad else grad)
-        if len(missing) == len(grads):
-            return loss
+            present.append(i)
+        if not present and engine.kind == "local":
+            return loss  # one process, nothing to do (a distributed step is collective: it runs)
         for g, group in enumerate(self.param_groups):
             apply_group(engine.options(g), group, g)
         logits = self._logits(qk_logits)
-        if missing:
-            applied = self._step_with_missing(engine, grads, missing, logits)
-        else:
-            applied = engine.step(engine.params, grads, logits)
-        if applied:
-            torch._foreach_add_(self._step_tensors, 1.0)
-            for i in missing:
-                self._step_tensors[i].fill_(float(engine.step_count(i)))
-        return loss
-
-    def _step_with_missing(self, engine, grads, missing, logits) -> bool:
-        # Rare path: the engine steps every parameter, so those without a gradient get a zero one
-        # and are put back (values, state, step count) afterwards.
-        saved = []
-        for i in missing:
-            p = engine.params[i]
-            grads[i] = torch.zeros_like(p)
-            saved.append((p.detach().clone(), {k: v.clone() for k, v in engine.state(i).items()},
-                          engine.step_count(i)))
         applied = engine.step(engine.params, grads, logits)
-        for i, (value, state, count) in zip(missing, saved):
-            engine.params[i].detach().copy_(value)
-            for key, tensor in engine.state(i).items():
-                tensor.copy_(state[key])
-            engine.set_step_count(i, count)
-        return applied
+        if applied:
+            if len(present) == len(grads):
+                torch._foreach_add_(self._step_tensors, 1.0)
+            elif present:
+                torch._foreach_add_([self._step_tensors[i] for i in present], 1.0)
+        return loss
 
     @staticmethod
     def _logits(qk_logits) -> dict:

@@ -306,6 +306,76 @@ def case_bad_input(world):
         assert same(before, p._local_tensor)
 
 
+def _expect_error(fn, *needles, kind=dmuon.DmuonError):
+    try:
+        fn()
+    except kind as e:
+        msg = str(e)
+    else:
+        raise AssertionError(f"no {kind.__name__} raised (expected {needles})")
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+    msgs = [None] * dist.get_world_size()
+    dist.all_gather_object(msgs, msg)
+    assert all(m == msg for m in msgs), msgs  # the same error on every rank
+    return msg
+
+
+def case_agreement(world):
+    """Issue 10: per-step agreement. Each case used to diverge silently (or hang a step later)."""
+    others = ", ".join(str(r) for r in range(world) if r != 1)
+    others = ("rank " if world == 2 else "ranks ") + others
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    lin = nn.Linear(4, 8, bias=False)  # one 8x4 weight under FSDP2
+    fully_shard(lin, mesh=mesh)
+    w = lin.weight
+    opt = dt.Muon([dict(params=[("w", w)], lr=0.02)])
+
+    def grads():
+        w.grad = distribute_tensor(torch.ones(8, 4), mesh, [Shard(0)], src_data_rank=None)
+
+    def unchanged(step_before, value_before):
+        assert same(w._local_tensor, value_before)
+        assert int(opt.state[w]["step"].item()) == step_before
+
+    # 1. only rank 1 calls zero_grad(set_to_none=True) before step(): it still takes part
+    grads()
+    if rank() == 1:
+        opt.zero_grad(set_to_none=True)
+    before = w._local_tensor.clone()
+    _expect_error(opt.step, "parameter 'w' has no gradient on rank 1 but has one on " + others)
+    unchanged(0, before)
+    grads()
+    opt.step()  # the ranks are still in step: the next step works
+    assert int(opt.state[w]["step"].item()) == 1
+    # 2. lr differs on one rank
+    grads()
+    if rank() == 1:
+        opt.param_groups[0]["lr"] = 0.03
+    before = w._local_tensor.clone()
+    _expect_error(opt.step, "group 0 option 'lr' is 0.02 on " + others + "; 0.03 on rank 1")
+    unchanged(1, before)
+    opt.param_groups[0]["lr"] = 0.02
+    # 3. no gradient anywhere: a step on every rank that changes nothing (and is still collective)
+    opt.zero_grad(set_to_none=True)
+    opt.step()
+    unchanged(1, before)
+    # 4. one parameter's grad None on one rank only (two parameters)
+    lin2 = nn.Linear(4, 6, bias=False)
+    fully_shard(lin2, mesh=mesh)
+    opt2 = dt.Muon([dict(params=[("a", w), ("b", lin2.weight)], lr=0.02)])
+    grads()
+    lin2.weight.grad = None if rank() == 1 else distribute_tensor(torch.ones(6, 4), mesh, [Shard(0)],
+                                                                 src_data_rank=None)
+    before = w._local_tensor.clone()
+    _expect_error(opt2.step, "parameter 'b' has no gradient on rank 1 but has one on " + others)
+    assert same(w._local_tensor, before)
+    # 5. non_finite policy differs: refused at construction, before any step
+    _expect_error(lambda: dt.Muon([dict(params=[("w", w)])],
+                                  non_finite="skip" if rank() == 1 else "raise"),
+                  "non_finite raise on " + others + "; ")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", required=True)
@@ -324,6 +394,8 @@ def main():
             case_ep(world)
         elif name == "bad_input":
             case_bad_input(world)
+        elif name == "agreement":
+            case_agreement(world)
         elif name == "dcp_save":
             case_dcp_save(world, args.ckpt)
         elif name == "dcp_load_fsdp":

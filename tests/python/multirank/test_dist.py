@@ -43,12 +43,13 @@ def runs(tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("dcp") / "ckpt"
     four = launch(4, ["fsdp", "hsdp", "tp", "ep", "bad_input", "dcp_save", "dcp_load_hsdp"], ckpt)
     two = launch(2, ["fsdp", "dcp_load_fsdp", "bad_input"], ckpt)
-    return {4: four, 2: two}
+    three = launch(3, ["agreement"], ckpt)
+    return {4: four, 2: two, 3: three}
 
 
 @pytest.mark.parametrize("ranks,case", [
     (4, "fsdp"), (4, "hsdp"), (4, "tp"), (4, "ep"), (4, "bad_input"), (4, "dcp_save"),
-    (4, "dcp_load_hsdp"), (2, "fsdp"), (2, "dcp_load_fsdp"), (2, "bad_input")])
+    (4, "dcp_load_hsdp"), (2, "fsdp"), (2, "dcp_load_fsdp"), (2, "bad_input"), (3, "agreement")])
 def test_case(runs, ranks, case):
     assert f"CASE {case} OK" in runs[ranks].splitlines(), runs[ranks][-3000:]
 
