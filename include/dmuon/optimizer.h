@@ -69,6 +69,7 @@ struct StepStats {
   double comm_wait_seconds = 0;        // driving thread idle, waiting for collectives
   double orthogonalize_seconds = 0;    // NS + NorMuon (compute thread, and gram_allreduce)
   double update_seconds = 0;           // weight decay, update, QK-clip, AdamW
+  double agree_seconds = 0;            // the step's agreement: its claim (digests) and its all-reduce
   double comm_seconds = 0;             // wall time with at least one collective in flight
   double overlap = 0;                  // fraction of comm_seconds during which compute ran
   // Measured payload of the step's data collectives (comm counters; the control all-reduce

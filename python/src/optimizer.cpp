@@ -52,6 +52,7 @@ nb::dict stats_dict(const StepStats& s) {
   d["comm_wait_seconds"] = s.comm_wait_seconds;
   d["orthogonalize_seconds"] = s.orthogonalize_seconds;
   d["update_seconds"] = s.update_seconds;
+  d["agree_seconds"] = s.agree_seconds;
   d["comm_seconds"] = s.comm_seconds;
   d["overlap"] = s.overlap;
   d["bytes_sent"] = s.bytes_sent;

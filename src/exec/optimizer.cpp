@@ -242,6 +242,7 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
   claim.step_counts.resize(n);
   for (size_t i = 0; i < n; ++i) claim.step_counts[i] = s.state[i].steps;
   std::vector<std::unique_ptr<Orthogonalizer>> fresh(s.groups.size());
+  double claim_seconds = 0;
   try {  // pass 1: validate everything locally
     DMUON_CHECK(params.size() == n && grads.size() == n, "[optim] step got ", params.size(), " parameters and ",
                 grads.size(), " gradients; expected ", n, " of each (one local shard per inventory parameter)");
@@ -283,7 +284,9 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
       if (std::none_of(logits.begin(), logits.end(), [&](const auto& l) { return l.first == it->first; }))
         logits.emplace_back(it->first, &it->second);
     }
+    const auto tc = std::chrono::steady_clock::now();
     claim.fields = detail::step_fields(in.options, s.options.non_finite, logits);
+    claim_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tc).count();
     const int threads = s.options.blas_threads > 0 ? s.options.blas_threads : (s.comm->size() > 1 ? 1 : 0);
     if (threads > 0) blas_set_num_threads(threads);  // also loads the BLAS: a missing one fails here
     for (size_t i = 0; i < n && claim.bad_param < 0; ++i)
@@ -294,7 +297,10 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
   // pass 2: one all-reduce decides for every rank: inputs rejected somewhere, ranks that disagree
   // (gradients present, step counts, hyperparameters, policies), non-finite gradients
   s.stats = StepStats{};
-  if (!detail::agree_on_step(*s.comm, detail::work_timeout(s, *s.comm), claim, s.options.non_finite, s.names)) {
+  const auto ta0 = std::chrono::steady_clock::now();
+  const bool apply = detail::agree_on_step(*s.comm, detail::work_timeout(s, *s.comm), claim, s.options.non_finite, s.names);
+  s.stats.agree_seconds = claim_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - ta0).count();
+  if (!apply) {
     s.stats.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return false;
   }

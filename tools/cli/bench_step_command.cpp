@@ -101,7 +101,7 @@ nlohmann::json run_strategy(const std::shared_ptr<Communicator>& comm, const Inv
     wv.emplace_back(w[i].data(), opt.local_shape(i));
     gv.emplace_back(g[i].data(), opt.local_shape(i));
   }
-  std::vector<double> step, pack, wait, orth, upd, comm_s, overlap;
+  std::vector<double> step, pack, wait, orth, upd, comm_s, overlap, agree;
   StepStats last;
   for (int s = 0; s <= a.steps; ++s) {  // step 0 warms up (allocations, BLAS buffers)
     comm->barrier("bench step").wait();
@@ -110,14 +110,15 @@ nlohmann::json run_strategy(const std::shared_ptr<Communicator>& comm, const Inv
     if (s == 0) continue;
     step.push_back(last.step_seconds), pack.push_back(last.pack_seconds), wait.push_back(last.comm_wait_seconds);
     orth.push_back(last.orthogonalize_seconds), upd.push_back(last.update_seconds), comm_s.push_back(last.comm_seconds);
-    overlap.push_back(last.overlap);
+    overlap.push_back(last.overlap), agree.push_back(last.agree_seconds);
   }
   Communicator& c = *comm;
   nlohmann::json r;
   r["strategy"] = strategy;
   r["step_seconds"] = reduce_max(c, median(step));
   r["phase_seconds"] = {{"pack", reduce_max(c, median(pack))}, {"comm_wait", reduce_max(c, median(wait))},
-                        {"orthogonalize", reduce_max(c, median(orth))}, {"update", reduce_max(c, median(upd))}};
+                        {"orthogonalize", reduce_max(c, median(orth))}, {"update", reduce_max(c, median(upd))},
+                        {"agree", reduce_max(c, median(agree))}};
   r["comm_seconds"] = reduce_max(c, median(comm_s));
   r["overlap"] = median(overlap);
   r["bytes_sent_max"] = reduce_max(c, static_cast<int64_t>(last.bytes_sent));
@@ -173,12 +174,12 @@ void run(const StepArgs& a) {
   std::printf("%s on %s (%d ranks, %s comm, %d BLAS thread(s)); single-process orthogonalization %.3f s\n",
               inv.model.c_str(), a.plan.parallel.c_str(), comm->size(), a.plan.comm_dtype.c_str(),
               out["blas_threads"].get<int>(), ref);
-  std::printf("%-16s %9s %8s %8s %8s %8s %8s %7s %12s %12s %10s %8s\n", "strategy", "step s", "pack", "wait", "orth",
+  std::printf("%-16s %9s %8s %8s %8s %8s %8s %8s %7s %12s %12s %10s %8s\n", "strategy", "step s", "agree", "pack", "wait", "orth",
               "update", "comm", "overlap", "sent max", "predicted", "peak buf", "vs auto");
   for (const auto& r : out["results"]) {
     const auto& ph = r["phase_seconds"];
-    std::printf("%-16s %9.4f %8.4f %8.4f %8.4f %8.4f %8.4f %6.0f%% %12.0f %12.0f %10.0f %7.2fx\n",
-                r["strategy"].get<std::string>().c_str(), r["step_seconds"].get<double>(), ph["pack"].get<double>(),
+    std::printf("%-16s %9.4f %8.5f %8.4f %8.4f %8.4f %8.4f %8.4f %6.0f%% %12.0f %12.0f %10.0f %7.2fx\n",
+                r["strategy"].get<std::string>().c_str(), r["step_seconds"].get<double>(), ph["agree"].get<double>(), ph["pack"].get<double>(),
                 ph["comm_wait"].get<double>(), ph["orthogonalize"].get<double>(), ph["update"].get<double>(),
                 r["comm_seconds"].get<double>(), 100 * r["overlap"].get<double>(), r["bytes_sent_max"].get<double>(),
                 r["bytes_predicted_max"].get<double>(), r["peak_buffer_bytes_max"].get<double>(), r["ratio_to_auto"].get<double>());
