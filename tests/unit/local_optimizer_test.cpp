@@ -395,6 +395,29 @@ class BadInput : public ::testing::Test {
   Snapshot before_;
 };
 
+// torch's `grad is None`: a parameter without a gradient keeps its values, state and step count;
+// the others step exactly as if it were not there (bitwise as a run that gives it a gradient).
+TEST_F(BadInput, AbsentGradientLeavesThatParameterAlone) {
+  dmuon::LocalOptimizer twin{info_, model_groups()};
+  Tensors y{info_, 3};
+  y.make_grads(info_, 1);
+  ASSERT_TRUE(twin.step(y.pv, y.gv, logits_at(1)));
+  y.make_grads(info_, 2);
+  for (size_t absent : {size_t{1}, size_t{2}, size_t{5}}) x_.gv[absent] = TensorView();  // Muon, stack, AdamW
+  ASSERT_TRUE(opt_.step(x_.pv, x_.gv, logits_at(2)));
+  ASSERT_TRUE(twin.step(y.pv, y.gv, logits_at(2)));
+  const Snapshot now = snapshot(opt_, x_);
+  size_t k = 0;
+  for (size_t i = 0; i < info_.size(); ++i) {
+    const bool absent = i == 1 || i == 2 || i == 5;
+    const std::vector<float>& want = absent ? before_.params[i] : y.params[i];
+    EXPECT_EQ(std::memcmp(now.params[i].data(), want.data(), want.size() * 4), 0) << info_[i].name;
+    EXPECT_EQ(now.counts[i], absent ? 1 : 2) << info_[i].name;
+    for (size_t j = 0; j < opt_.state_keys(i).size(); ++j, ++k)
+      if (absent) EXPECT_EQ(now.state[k], before_.state[k]) << info_[i].name << " state changed";
+  }
+}
+
 TEST_F(BadInput, NonFiniteGradientRaisesNamingTheParameter) {
   x_.grads[5][7] = NAN;  // "embed" (AdamW)
   expect_throw_naming<dmuon::Error>([&] { opt_.step(x_.pv, x_.gv, logits_at(2)); }, "'embed'");
