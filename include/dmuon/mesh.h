@@ -2,7 +2,8 @@
 // DeviceMesh (row-major: the last dim varies fastest), and sub-groups along any set of dims.
 //
 // Contract: pure values, local (no communication). Every mesh dmuon uses spans the whole world
-// (size = product of dim sizes). Constructors throw std::invalid_argument on bad dims.
+// (size = product of dim sizes, at most kMaxWorldSize ranks). Constructors throw
+// std::invalid_argument on bad dims.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,9 @@ namespace dmuon {
 // A set of mesh dims as a bit mask: bit i set <=> mesh dim i is in the set.
 using DimMask = uint32_t;
 inline constexpr int kMaxMeshDims = 8;
+// The largest world (product of a mesh's dim sizes) dmuon supports: 2^20 = 1,048,576 ranks, ten
+// times the largest training jobs; the planner keeps O(world) per-rank tables.
+inline constexpr int kMaxWorldSize = 1 << 20;
 
 struct MeshDim {
   std::string name;
@@ -28,10 +32,15 @@ struct MeshDim {
 class DMUON_API Mesh {
  public:
   Mesh() = default;  // no dims: a world of one rank
-  // Names must be non-empty and distinct, sizes ≥ 1, at most kMaxMeshDims dims.
+  // Names must be non-empty and distinct, sizes ≥ 1, at most kMaxMeshDims dims, and the product of
+  // the sizes at most kMaxWorldSize.
   explicit Mesh(std::vector<MeshDim> dims);
   // "dp_shard=8,tp=2" (order kept). An empty string is the one-rank mesh.
   static Mesh parse(std::string_view text);
+  // The items of "name=size,..." with each size checked (an integer in [1, kMaxWorldSize]; the
+  // error says the limit), but neither names nor the product: for texts whose items are not all
+  // mesh dims (`--parallel`'s ep). `what` names the text in errors.
+  static std::vector<MeshDim> parse_dims(std::string_view text, std::string_view what = "mesh");
 
   int ndim() const { return static_cast<int>(dims_.size()); }
   int size() const { return size_; }

@@ -30,6 +30,13 @@ enum class TpStyle : uint8_t { None, Colwise, Rowwise };
 DMUON_API std::string_view to_string(TpStyle t);
 DMUON_API TpStyle parse_tp_style(std::string_view name, std::string_view what = "tp");
 
+// Size limits on a parameter (checked by validate_param; errors name the parameter and the limit).
+// Elements: at most 2^60 per tensor (and per model), so that a tensor's bytes in fp32 (2^62) and
+// every multiple the planner forms of them fit int64 arithmetic; each extent is bounded the same way.
+// Expert stacks: at most 2^20 experts (the planner keeps per-expert owners and holders).
+inline constexpr int64_t kMaxParamElements = int64_t{1} << 60;
+inline constexpr int64_t kMaxExperts = int64_t{1} << 20;
+
 struct ParamSpec {
   std::string name;
   Shape shape;                        // global shape
@@ -49,7 +56,8 @@ struct ParamSpec {
 };
 
 // Throws std::invalid_argument "[inventory] parameter '<name>' ..." when: the name is empty; an
-// extent is negative; a Muon parameter is not 2-D, or is 3-D without `expert`; `expert` is set on a
+// extent is negative; its element count (or an extent) passes kMaxParamElements, or an expert stack
+// has more than kMaxExperts experts; a Muon parameter is not 2-D, or is 3-D without `expert`; `expert` is set on a
 // tensor that is not 3-D; placements do not match `mesh` (count, shard dim range); a QK tag sits on
 // an AdamW parameter or does not match the rows.
 DMUON_API void validate_param(const ParamSpec& p, const Mesh& mesh);

@@ -1,5 +1,6 @@
 // Model files: the JSON format of docs/model-format.md -> Inventory, with errors naming the field.
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -39,7 +40,11 @@ std::string get_string(const json& j, const char* key, std::string_view source, 
 }
 
 int get_int(const json& j, const char* key, std::string_view source, const std::string& where) {
-  return need(j, key, json::value_t::number_integer, "an integer", source, where).get<int>();
+  const json& v = need(j, key, json::value_t::number_integer, "an integer", source, where);
+  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX)
+                                           : v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX;
+  if (!fits) fail(source, where, std::string("field '") + key + "' is " + v.dump() + "; it must fit a 32-bit integer");
+  return v.get<int>();
 }
 
 QkTag parse_qk(const json& j, std::string_view source, const std::string& where) {
@@ -69,8 +74,12 @@ ParamSpec parse_param(const json& j, size_t index, const std::vector<std::string
     fail(source, where, "field 'shape' must have 1 to " + std::to_string(kMaxDims) + " extents");
   std::vector<int64_t> dims;
   for (const json& e : shape) {
-    if (!e.is_number_integer() || e.get<int64_t>() < 0)
+    if (!e.is_number_integer() || (!e.is_number_unsigned() && e.get<int64_t>() < 0))
       fail(source, where, "field 'shape' must hold non-negative integers");
+    // validate_param bounds the element count; here, extents that do not even fit int64
+    if (e.is_number_unsigned() && e.get<uint64_t>() > static_cast<uint64_t>(kMaxParamElements))
+      fail(source, where, "field 'shape' has extent " + e.dump() + "; dmuon supports at most 2^60 (" +
+                              std::to_string(kMaxParamElements) + ") elements and extents per tensor");
     dims.push_back(e.get<int64_t>());
   }
   p.shape = Shape(std::span<const int64_t>(dims));

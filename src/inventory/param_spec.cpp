@@ -1,6 +1,7 @@
 // ParamSpec names (role, tp style) and validation against its mesh.
 #include "dmuon/param_spec.h"
 
+#include "core/checked_math.h"
 #include "dmuon/box.h"
 #include "dmuon/error.h"
 
@@ -38,6 +39,15 @@ void validate_param(const ParamSpec& p, const Mesh& mesh) {
   DMUON_CHECK(p.shape.ndim() >= 1, "[inventory] ", what, ": field 'shape' is empty");
   for (int d = 0; d < p.shape.ndim(); ++d)
     DMUON_CHECK(p.shape[d] >= 0, "[inventory] ", what, ": field 'shape' has a negative extent");
+  const std::span<const int64_t> extents(p.shape.begin(), p.shape.end());
+  int64_t numel = 0;
+  bool fits = detail::checked_product(extents, kMaxParamElements, numel);
+  for (int64_t e : extents) fits &= e <= kMaxParamElements;  // a zero extent does not excuse a huge one
+  DMUON_CHECK(fits, "[inventory] ", what, " has ", detail::product_text(extents), " elements ", p.shape.to_string(),
+              "; dmuon supports at most 2^60 (", kMaxParamElements, ") elements and extents per tensor (2^62 bytes in fp32)");
+  if (p.expert && p.shape.ndim() == 3)
+    DMUON_CHECK(p.shape[0] <= kMaxExperts, "[inventory] ", what, " stacks ", p.shape[0], " experts ", p.shape.to_string(),
+                "; dmuon supports at most 2^20 (", kMaxExperts, ") experts per stack");
   if (p.expert)
     DMUON_CHECK(p.shape.ndim() == 3, "[inventory] ", what, " is marked 'expert' but has ", p.shape.ndim(),
                 " dims ", p.shape.to_string(), "; expert stacks are [E, out, in]");

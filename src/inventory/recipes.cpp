@@ -3,6 +3,7 @@
 #include <charconv>
 #include <map>
 
+#include "core/checked_math.h"
 #include "dmuon/box.h"
 #include "dmuon/error.h"
 #include "dmuon/inventory.h"
@@ -11,27 +12,43 @@ namespace dmuon {
 
 ParallelConfig parse_parallel(std::string_view text) {
   ParallelConfig c;
-  const Mesh items = Mesh::parse(text);  // same "name=size,..." syntax, sizes ≥ 1, no repeats
-  for (const MeshDim& d : items.dims()) {
-    if (d.name == "dp_replicate") c.dp_replicate = d.size;
-    else if (d.name == "dp_shard") c.dp_shard = d.size;
-    else if (d.name == "tp") c.tp = d.size;
-    else if (d.name == "ep") c.ep = d.size;
-    else
+  std::vector<std::string> seen;
+  for (const MeshDim& d : Mesh::parse_dims(text, "--parallel")) {  // sizes from 1 to kMaxWorldSize
+    int* field = d.name == "dp_replicate" ? &c.dp_replicate : d.name == "dp_shard" ? &c.dp_shard
+                 : d.name == "tp" ? &c.tp : d.name == "ep" ? &c.ep : nullptr;
+    if (!field)
       detail::throw_invalid_argument(detail::concat("[inventory] --parallel: unknown dim '", d.name,
                                                     "'; use dp_replicate, dp_shard, tp, ep"));
+    DMUON_CHECK(std::find(seen.begin(), seen.end(), d.name) == seen.end(), "[inventory] --parallel: dim '", d.name,
+                "' is given twice");
+    seen.push_back(d.name);
+    *field = d.size;
   }
+  // ep is carved out of dp_shard·tp, so only these three make the world
+  const int64_t world = int64_t{c.dp_replicate} * c.dp_shard * c.tp;  // each ≤ 2^20: fits
+  DMUON_CHECK(world <= kMaxWorldSize, "[inventory] --parallel ", text, " gives a world of ", world,
+              " ranks; dmuon supports at most ", kMaxWorldSize, " (2^20)");
   return c;
 }
 
+// Only the sizes that differ from 1 (what a user would type), so errors never quote a default.
 std::string to_string(const ParallelConfig& c) {
-  return "dp_replicate=" + std::to_string(c.dp_replicate) + ",dp_shard=" + std::to_string(c.dp_shard) +
-         ",tp=" + std::to_string(c.tp) + ",ep=" + std::to_string(c.ep);
+  std::string s;
+  const auto add = [&](const char* name, int v) {
+    if (v == 1) return;
+    if (!s.empty()) s += ',';
+    s.append(name).append("=").append(std::to_string(v));
+  };
+  add("dp_replicate", c.dp_replicate), add("dp_shard", c.dp_shard), add("tp", c.tp), add("ep", c.ep);
+  return s.empty() ? "(1 rank)" : s;
 }
 
 int64_t Inventory::num_elements() const {
   int64_t n = 0;
-  for (const ParamSpec& p : params) n += p.numel();
+  for (const ParamSpec& p : params)
+    DMUON_CHECK(detail::checked_add(n, p.numel(), n) && n <= kMaxParamElements, "[inventory] model '", model,
+                "': parameter '", p.name, "' ", p.shape.to_string(), " brings the total past 2^60 (", kMaxParamElements,
+                ") elements; dmuon supports at most 2^60 per model");
   return n;
 }
 
@@ -50,6 +67,7 @@ void Inventory::validate() const {
     validate_param(p, meshes[static_cast<size_t>(p.mesh)]);
     DMUON_CHECK(seen.emplace(p.name, i).second, "[inventory] parameter name '", p.name, "' appears twice");
   }
+  num_elements();  // the model's total must fit too (each parameter's does, by validate_param)
 }
 
 namespace {
@@ -100,7 +118,16 @@ std::vector<Placement> place(const ParamSpec& p, const MeshPlan& mp, int fsdp_di
 
 Inventory apply_parallel(const ModelDesc& model, const ParallelConfig& c) {
   DMUON_CHECK(c.dp_replicate >= 1 && c.dp_shard >= 1 && c.tp >= 1 && c.ep >= 1,
-              "[inventory] --parallel sizes must be ≥ 1 (", to_string(c), ")");
+              "[inventory] --parallel sizes must be ≥ 1 (dp_replicate=", c.dp_replicate, ", dp_shard=", c.dp_shard,
+              ", tp=", c.tp, ", ep=", c.ep, ")");
+  // a config built in C++ skips parse_parallel's checks: bound each size, then the product fits int64
+  DMUON_CHECK(c.dp_replicate <= kMaxWorldSize && c.dp_shard <= kMaxWorldSize && c.tp <= kMaxWorldSize &&
+                  c.ep <= kMaxWorldSize,
+              "[inventory] --parallel ", to_string(c), ": sizes must be at most ", kMaxWorldSize,
+              " (2^20, the most ranks dmuon supports)");
+  const int64_t world = int64_t{c.dp_replicate} * c.dp_shard * c.tp;
+  DMUON_CHECK(world <= kMaxWorldSize, "[inventory] --parallel ", to_string(c), " gives a world of ", world,
+              " ranks; dmuon supports at most ", kMaxWorldSize, " (2^20)");
   const bool has_ep = c.ep > 1;
   if (has_ep) {
     DMUON_CHECK(c.ep % c.tp == 0, "[inventory] --parallel ep=", c.ep, " must be a multiple of tp=", c.tp,

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/checked_math.h"
 #include "dmuon/error.h"
 
 namespace dmuon {
@@ -58,7 +59,19 @@ std::string IndexSet::to_string() const {
 
 int64_t Box::numel() const {
   int64_t n = 1;
-  for (const IndexSet& d : dims) n *= d.size();
+  bool zero = false, overflow = false;
+  for (const IndexSet& d : dims) {
+    const int64_t k = d.size();
+    zero |= k == 0;
+    overflow |= !detail::checked_mul(n, k, n);
+  }
+  if (zero) return 0;
+  if (overflow) {
+    std::vector<int64_t> sizes;
+    for (const IndexSet& d : dims) sizes.push_back(d.size());
+    detail::throw_invalid_argument(detail::concat("[layout] box ", to_string(), " has ", detail::product_text(sizes),
+                                                  " elements, more than int64 holds"));
+  }
   return n;
 }
 
@@ -75,8 +88,12 @@ std::string Box::to_string() const {
 }
 
 Range chunk_range(int64_t n, int64_t parts, int64_t index) {
-  const int64_t chunk = (n + parts - 1) / parts;
-  return {std::min(index * chunk, n), std::min((index + 1) * chunk, n)};
+  DMUON_CHECK(n >= 0 && parts >= 1 && index >= 0, "[layout] chunk_range(", n, ", ", parts, ", ", index,
+              ") needs n ≥ 0, parts ≥ 1, index ≥ 0");
+  // in 128 bits: n + parts − 1 and index·chunk may pass int64 for extents near its limit
+  const __int128 chunk = (static_cast<__int128>(n) + parts - 1) / parts;
+  const auto at = [&](__int128 i) { return static_cast<int64_t>(std::min<__int128>(i * chunk, n)); };
+  return {at(index), at(static_cast<__int128>(index) + 1)};
 }
 
 void check_placements(const Shape& shape, std::span<const Placement> placements, const Mesh& mesh,

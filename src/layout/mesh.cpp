@@ -3,9 +3,19 @@
 
 #include <charconv>
 
+#include "core/checked_math.h"
 #include "dmuon/error.h"
 
 namespace dmuon {
+namespace {
+
+std::string to_text(const std::vector<MeshDim>& dims) {
+  std::string s;
+  for (const MeshDim& d : dims) s += (s.empty() ? "" : ",") + d.name + "=" + std::to_string(d.size);
+  return s;
+}
+
+}  // namespace
 
 Mesh::Mesh(std::vector<MeshDim> dims) : dims_(std::move(dims)) {
   DMUON_CHECK(ndim() <= kMaxMeshDims, "[layout] mesh has ", ndim(), " dims; at most ", kMaxMeshDims,
@@ -18,8 +28,13 @@ Mesh::Mesh(std::vector<MeshDim> dims) : dims_(std::move(dims)) {
     for (size_t j = 0; j < i; ++j)
       DMUON_CHECK(dims_[j].name != dims_[i].name, "[layout] mesh dim name '", dims_[i].name,
                   "' appears twice");
-    size *= dims_[i].size;
-    DMUON_CHECK(size <= (int64_t{1} << 30), "[layout] mesh is too large (", size, " ranks)");
+    size *= dims_[i].size;  // ≤ 2^20 · 2^31 before the check: no overflow
+    if (size > kMaxWorldSize) {
+      std::vector<int64_t> sizes;
+      for (const MeshDim& d : dims_) sizes.push_back(d.size);
+      detail::throw_invalid_argument(detail::concat("[layout] mesh ", to_text(dims_), " has ", detail::product_text(sizes),
+                                                    " ranks; dmuon supports at most ", kMaxWorldSize, " (2^20)"));
+    }
   }
   size_ = static_cast<int>(size);
   strides_.assign(dims_.size(), 1);
@@ -27,24 +42,30 @@ Mesh::Mesh(std::vector<MeshDim> dims) : dims_(std::move(dims)) {
     strides_[static_cast<size_t>(i)] = strides_[static_cast<size_t>(i) + 1] * dims_[static_cast<size_t>(i) + 1].size;
 }
 
-Mesh Mesh::parse(std::string_view text) {
+std::vector<MeshDim> Mesh::parse_dims(std::string_view text, std::string_view what) {
   std::vector<MeshDim> dims;
   while (!text.empty()) {
     const size_t comma = text.find(',');
     std::string_view item = text.substr(0, comma);
     text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
     const size_t eq = item.find('=');
-    DMUON_CHECK(eq != std::string_view::npos && eq > 0, "[layout] mesh item '", item,
+    DMUON_CHECK(eq != std::string_view::npos && eq > 0, "[layout] ", what, " item '", item,
                 "' must be name=size, e.g. dp_shard=8");
-    int size = 0;
-    const std::string_view num = item.substr(eq + 1);
+    const std::string_view name = item.substr(0, eq), num = item.substr(eq + 1);
+    int64_t size = 0;
     const auto r = std::from_chars(num.data(), num.data() + num.size(), size);
-    DMUON_CHECK(r.ec == std::errc{} && r.ptr == num.data() + num.size(), "[layout] mesh dim '",
-                item.substr(0, eq), "' has size '", num, "'; give a positive integer");
-    dims.push_back({std::string(item.substr(0, eq)), size});
+    const bool integer = r.ptr == num.data() + num.size() && !num.empty() &&
+                         (r.ec == std::errc{} || r.ec == std::errc::result_out_of_range);
+    DMUON_CHECK(integer, "[layout] ", what, " dim '", name, "' has size '", num, "'; give an integer from 1 to ",
+                kMaxWorldSize);
+    DMUON_CHECK(r.ec == std::errc{} && size >= 1 && size <= kMaxWorldSize, "[layout] ", what, " dim '", name,
+                "' has size ", num, "; sizes must be from 1 to ", kMaxWorldSize, " (2^20, the most ranks dmuon supports)");
+    dims.push_back({std::string(name), static_cast<int>(size)});
   }
-  return Mesh(std::move(dims));
+  return dims;
 }
+
+Mesh Mesh::parse(std::string_view text) { return Mesh(parse_dims(text)); }
 
 int Mesh::find(std::string_view name) const {
   for (int i = 0; i < ndim(); ++i)
@@ -111,11 +132,6 @@ std::vector<int> Mesh::group_ranks(int rank, DimMask dims) const {
   return out;
 }
 
-std::string Mesh::to_string() const {
-  if (dims_.empty()) return "(1 rank)";
-  std::string s;
-  for (const MeshDim& d : dims_) s += (s.empty() ? "" : ",") + d.name + "=" + std::to_string(d.size);
-  return s;
-}
+std::string Mesh::to_string() const { return dims_.empty() ? "(1 rank)" : to_text(dims_); }
 
 }  // namespace dmuon

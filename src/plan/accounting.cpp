@@ -1,7 +1,15 @@
 // Internal: chunk formation under the buffer byte cap, and the per-rank accounting of the plan
 // (bytes, flops, peak buffers, collectives, predicted seconds).
+//
+// Cost: O(contributions) per entry plus O(world) once per plan (the final reductions); a chunk
+// costs O(ranks it touches), never O(world), so small chunks at large worlds stay cheap.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <tuple>
 
 #include "plan/cost_model.h"
 #include "plan/planner_steps.h"
@@ -9,37 +17,45 @@
 namespace dmuon::detail {
 namespace {
 
+// Per-rank totals, one record per rank (the six fields of Contribution).
 struct PerRank {
-  std::vector<double> sent, recv, sent_rep, recv_rep, flops, buffer;
-  explicit PerRank(size_t w) : sent(w), recv(w), sent_rep(w), recv_rep(w), flops(w), buffer(w) {}
-  void clear() {
-    for (auto* v : {&sent, &recv, &sent_rep, &recv_rep, &flops, &buffer}) std::fill(v->begin(), v->end(), 0.0);
-  }
+  std::vector<Contribution> at;
+  explicit PerRank(size_t w = 0) : at(w) {}
   void add(int r, const Contribution& c) {
-    const size_t i = static_cast<size_t>(r);
-    sent[i] += c.sent, recv[i] += c.recv, sent_rep[i] += c.sent_rep, recv_rep[i] += c.recv_rep;
-    flops[i] += c.flops, buffer[i] += c.buffer;
-  }
-  double comm_seconds(const MachineProfile& m) const {
-    double worst = 0;
-    for (size_t i = 0; i < sent.size(); ++i)
-      worst = std::max(worst, std::max(sent[i] - sent_rep[i], recv[i] - recv_rep[i]) / m.bandwidth_Bps +
-                                  std::max(sent_rep[i], recv_rep[i]) / m.replicate_bandwidth_Bps);
-    return worst;
+    Contribution& a = at[static_cast<size_t>(r)];
+    a.sent += c.sent, a.recv += c.recv, a.sent_rep += c.sent_rep, a.recv_rep += c.recv_rep;
+    a.flops += c.flops, a.buffer += c.buffer;
   }
 };
 
-double max_of(const std::vector<double>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
-double mean_of(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / static_cast<double>(v.size());
+double comm_seconds_of(const Contribution& a, const MachineProfile& m) {
+  return std::max(a.sent - a.sent_rep, a.recv - a.recv_rep) / m.bandwidth_Bps +
+         std::max(a.sent_rep, a.recv_rep) / m.replicate_bandwidth_Bps;
+}
+
+// Max and mean over every rank, in rank order (ranks without contributions count as 0).
+template <class Field>
+std::pair<double, double> max_mean(const PerRank& pr, Field field) {
+  double mx = 0, sum = 0;
+  bool first = true;
+  for (const Contribution& a : pr.at) {
+    const double x = a.*field;
+    mx = first ? x : std::max(mx, x), first = false;
+    sum += x;
+  }
+  return {mx, pr.at.empty() ? 0 : sum / static_cast<double>(pr.at.size())};
 }
 
 void summarize(const PerRank& pr, CostSummary& s) {
-  s.bytes_sent_max = max_of(pr.sent), s.bytes_sent_mean = mean_of(pr.sent);
-  s.bytes_recv_max = max_of(pr.recv), s.bytes_recv_mean = mean_of(pr.recv);
-  s.flops_max = max_of(pr.flops), s.flops_mean = mean_of(pr.flops);
+  std::tie(s.bytes_sent_max, s.bytes_sent_mean) = max_mean(pr, &Contribution::sent);
+  std::tie(s.bytes_recv_max, s.bytes_recv_mean) = max_mean(pr, &Contribution::recv);
+  std::tie(s.flops_max, s.flops_mean) = max_mean(pr, &Contribution::flops);
+}
+
+double comm_seconds_max(const PerRank& pr, const MachineProfile& m) {
+  double worst = 0;
+  for (const Contribution& a : pr.at) worst = std::max(worst, comm_seconds_of(a, m));
+  return worst;
 }
 
 // Latency bookkeeping of one chunk: per strategy, the largest group it runs a collective over.
@@ -53,21 +69,45 @@ struct ChunkGroups {
   }
 };
 
+// A per-rank array that remembers which ranks it touched, so clearing and scanning it cost
+// O(touched) (ranks in first-touch order; the reductions over them are order-free maxima).
+template <class T>
+struct Sparse {
+  std::vector<T> at;
+  std::vector<uint8_t> used;
+  std::vector<int> touched;
+  explicit Sparse(size_t w) : at(w), used(w) {}
+  T& operator[](int r) {
+    if (!used[static_cast<size_t>(r)]) used[static_cast<size_t>(r)] = 1, touched.push_back(r);
+    return at[static_cast<size_t>(r)];
+  }
+  void clear() {
+    for (int r : touched) at[static_cast<size_t>(r)] = T{}, used[static_cast<size_t>(r)] = 0;
+    touched.clear();
+  }
+};
+
 }  // namespace
 
 void form_chunks(std::vector<PlanEntry>& entries, ShardTables& tables, const Inventory& inv, const PlanOptions& o,
                  std::vector<Chunk>& chunks) {
   const double w = static_cast<double>(inv.world_size()), cap = static_cast<double>(o.chunk_bytes);
+  // an entry's buffer total depends on its table, strategy and split only: once per distinct triple
+  std::map<std::tuple<const ShardTable*, Strategy, bool>, double> memo;
   double mean_sum = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
-    PlanEntry e = entries[i];  // a copy with provisional owners
-    const ShardTable& t = tables.get(e.param);
-    const bool owned = e.strategy == Strategy::OwnerA2A || e.strategy == Strategy::Agrs;
-    e.owner_index.assign(owned ? static_cast<size_t>(t.units) : 0, 0);
-    e.owner_replica.assign(owned && e.replica_split ? static_cast<size_t>(t.units) : 0, 0);
-    double total = 0;
-    visit(e, t, inv.params[static_cast<size_t>(e.param)], o, [&](int, const Contribution& c) { total += c.buffer; });
-    const double mean = total / w;
+    const ShardTable& t = tables.get(entries[i].param);
+    const auto [it, fresh] = memo.try_emplace({&t, entries[i].strategy, entries[i].replica_split}, 0.0);
+    if (fresh) {
+      PlanEntry e = entries[i];  // a copy with provisional owners
+      const bool owned = e.strategy == Strategy::OwnerA2A || e.strategy == Strategy::Agrs;
+      e.owner_index.assign(owned ? static_cast<size_t>(t.units) : 0, 0);
+      e.owner_replica.assign(owned && e.replica_split ? static_cast<size_t>(t.units) : 0, 0);
+      double total = 0;
+      visit_entry(e, t, inv.params[static_cast<size_t>(e.param)], o, [&](int, const Contribution& c) { total += c.buffer; });
+      it->second = total;
+    }
+    const double mean = it->second / w;
     if (chunks.empty() || mean_sum + mean > cap) {
       mean_sum = 0;
       chunks.push_back({static_cast<int>(i), static_cast<int>(i)});
@@ -82,12 +122,13 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
                        const PlanOptions& o, std::vector<Chunk>& chunks, CostSummary& total,
                        std::array<CostSummary, kNumStrategies>& by_strategy) {
   const size_t w = static_cast<size_t>(inv.world_size());
-  PerRank all(w), cur(w);
-  std::vector<PerRank> strat(kNumStrategies, PerRank(w));
-  std::vector<std::vector<double>> strat_buf(kNumStrategies, std::vector<double>(w));
-  std::vector<std::vector<double>> window_bufs;  // buffers of the previous window−1 chunks
-  std::vector<double> peak(w);
-  std::vector<std::pair<int, Contribution>> contrib;
+  PerRank all(w);
+  std::array<PerRank, kNumStrategies> strat;            // allocated for the strategies used
+  std::array<std::unique_ptr<Sparse<double>>, kNumStrategies> strat_buf;  // this chunk's buffers
+  Sparse<Contribution> cur(w);                           // this chunk
+  std::deque<std::vector<std::pair<int, double>>> window_bufs;  // buffers of the previous window−1 chunks
+  Sparse<double> in_flight(w);                           // scratch: buffers of the chunks in flight
+  double peak = 0;
   ChunkGroups groups;
   double pipelined = 0;
   const int window = std::max(1, o.window);
@@ -96,8 +137,15 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
   const auto close_chunk = [&]() {
     if (chunk < 0) return;
     Chunk& c = chunks[static_cast<size_t>(chunk)];
-    c.compute_seconds = max_of(cur.flops) / o.machine.flops_per_s;
-    c.comm_seconds = cur.comm_seconds(o.machine);
+    double flops_max = 0, comm = 0, buffer_max = 0;
+    for (int r : cur.touched) {
+      const Contribution& a = cur.at[static_cast<size_t>(r)];
+      flops_max = std::max(flops_max, a.flops);
+      comm = std::max(comm, comm_seconds_of(a, o.machine));
+      buffer_max = std::max(buffer_max, a.buffer);
+    }
+    c.compute_seconds = flops_max / o.machine.flops_per_s;
+    c.comm_seconds = comm;
     for (int s = 0; s < kNumStrategies; ++s) {
       if (groups.g[static_cast<size_t>(s)] == 0) continue;
       const Strategy st = static_cast<Strategy>(s);
@@ -107,20 +155,24 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
       by_strategy[static_cast<size_t>(s)].comm_seconds += lat;
       by_strategy[static_cast<size_t>(s)].collectives += collectives_per_chunk(st, o);
       total.collectives += collectives_per_chunk(st, o);
-      auto& sb = strat_buf[static_cast<size_t>(s)];
-      by_strategy[static_cast<size_t>(s)].peak_buffer_bytes_max = std::max(by_strategy[static_cast<size_t>(s)].peak_buffer_bytes_max, max_of(sb));
-      std::fill(sb.begin(), sb.end(), 0.0);
+      Sparse<double>& sb = *strat_buf[static_cast<size_t>(s)];
+      double& peak_s = by_strategy[static_cast<size_t>(s)].peak_buffer_bytes_max;
+      for (int r : sb.touched) peak_s = std::max(peak_s, sb.at[static_cast<size_t>(r)]);
+      sb.clear();
     }
-    c.buffer_bytes_max = max_of(cur.buffer);
-    // peak: this chunk plus the window−1 before it are in flight together
-    for (size_t r = 0; r < w; ++r) {
-      double sum = cur.buffer[r];
-      for (const auto& prev : window_bufs) sum += prev[r];
-      peak[r] = std::max(peak[r], sum);
-    }
+    c.buffer_bytes_max = buffer_max;
+    // peak: this chunk plus the window−1 before it are in flight together (summed in that order)
+    for (int r : cur.touched) in_flight[r] = cur.at[static_cast<size_t>(r)].buffer;
+    for (const auto& prev : window_bufs)
+      for (const auto& [r, b] : prev) in_flight[r] += b;
+    for (int r : in_flight.touched) peak = std::max(peak, in_flight.at[static_cast<size_t>(r)]);
+    in_flight.clear();
     if (window > 1) {
-      window_bufs.push_back(cur.buffer);
-      if (static_cast<int>(window_bufs.size()) > window - 1) window_bufs.erase(window_bufs.begin());
+      std::vector<std::pair<int, double>> mine;
+      mine.reserve(cur.touched.size());
+      for (int r : cur.touched) mine.emplace_back(r, cur.at[static_cast<size_t>(r)].buffer);
+      window_bufs.push_back(std::move(mine));
+      if (static_cast<int>(window_bufs.size()) > window - 1) window_bufs.pop_front();
     }
     total.comm_seconds += c.comm_seconds;
     total.compute_seconds += c.compute_seconds;
@@ -132,20 +184,24 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
   for (size_t i = 0; i < entries.size(); ++i) {
     PlanEntry& e = entries[i];
     const ShardTable& t = tables.get(e.param);
-    contrib.clear();
-    visit_all(e, tables, inv, o, [&](int r, const Contribution& c) { contrib.emplace_back(r, c); });
     if (e.chunk != chunk) {
       close_chunk();
       chunk = e.chunk;
     }
     groups.add(e, t);
     const size_t s = static_cast<size_t>(e.strategy);
-    for (const auto& [r, c] : contrib) {
-      cur.add(r, c);
+    if (strat[s].at.empty()) strat[s] = PerRank(w);
+    if (!strat_buf[s]) strat_buf[s] = std::make_unique<Sparse<double>>(w);
+    PerRank& st = strat[s];
+    Sparse<double>& sb = *strat_buf[s];
+    visit_all_entry(e, tables, inv, o, [&](int r, const Contribution& c) {
+      Contribution& a = cur[r];
+      a.sent += c.sent, a.recv += c.recv, a.sent_rep += c.sent_rep, a.recv_rep += c.recv_rep;
+      a.flops += c.flops, a.buffer += c.buffer;
       all.add(r, c);
-      strat[s].add(r, c);
-      strat_buf[s][static_cast<size_t>(r)] += c.buffer;
-    }
+      st.add(r, c);
+      sb[r] += c.buffer;
+    });
     by_strategy[s].params += 1;
     by_strategy[s].matrices += t.units;
     total.params += 1;
@@ -155,13 +211,13 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
   if (!chunks.empty()) pipelined += window > 1 ? std::min(chunks.front().comm_seconds, chunks.front().compute_seconds) : 0;
 
   summarize(all, total);
-  total.peak_buffer_bytes_max = max_of(peak);
+  total.peak_buffer_bytes_max = peak;
   total.predicted_seconds = pipelined;
   for (int s = 0; s < kNumStrategies; ++s) {
     CostSummary& b = by_strategy[static_cast<size_t>(s)];
     if (b.params == 0) continue;
     summarize(strat[static_cast<size_t>(s)], b);
-    b.comm_seconds += strat[static_cast<size_t>(s)].comm_seconds(o.machine);
+    b.comm_seconds += comm_seconds_max(strat[static_cast<size_t>(s)], o.machine);
     b.compute_seconds = b.flops_max / o.machine.flops_per_s;
     b.predicted_seconds = b.comm_seconds + b.compute_seconds;  // as if it ran alone, unoverlapped
   }

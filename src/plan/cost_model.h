@@ -1,18 +1,15 @@
 // Internal: the cost model. For one plan entry it lists what every rank it touches sends, receives,
-// computes and buffers (`visit`), and what collectives a chunk of such entries issues.
+// computes and buffers (`visit`; the bodies are templates in plan/visit.h), and what collectives a
+// chunk of such entries issues.
 #pragma once
 
 #include <functional>
 
 #include "dmuon/plan.h"
 #include "plan/shard_table.h"
+#include "plan/visit.h"
 
 namespace dmuon::detail {
-
-// One rank's share of one entry. *_rep: the part that crosses replicate dims (HSDP split scatter).
-struct Contribution {
-  double sent = 0, recv = 0, sent_rep = 0, recv_rep = 0, flops = 0, buffer = 0;
-};
 
 using Visitor = std::function<void(int rank, const Contribution&)>;
 

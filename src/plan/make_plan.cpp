@@ -1,6 +1,8 @@
 // make_plan: strategy choice per Muon parameter (pin > env > cost model), then owners, chunks,
 // costs and the fingerprint (planner_steps.h), and the plan's accessors.
 #include <limits>
+#include <map>
+#include <tuple>
 
 #include "dmuon/error.h"
 #include "plan/cost_model.h"
@@ -20,13 +22,19 @@ void validate_options(const PlanOptions& o) {
               "[plan] machine profile '", m.name, "' needs positive bandwidths and flop rate and latency ≥ 0");
 }
 
-Strategy cost_choice(const ParamSpec& p, const ShardTable& t, bool split, const PlanOptions& o) {
+// amortized_seconds depends on the parameter only through its table (mesh, shape, placements):
+// computed once per (table, strategy, split), so a model of many equal layers costs one layer.
+using Memo = std::map<std::tuple<const ShardTable*, int, bool>, double>;
+
+Strategy cost_choice(const ParamSpec& p, const ShardTable& t, bool split, const PlanOptions& o, Memo& memo) {
   Strategy best = Strategy::Local;
   double best_s = std::numeric_limits<double>::infinity();
   for (int i = 0; i < kNumStrategies; ++i) {
     const Strategy s = static_cast<Strategy>(i);
     if (!detail::applies(s, p, t) || (o.exact && s == Strategy::GramAllReduce)) continue;
-    const double sec = detail::amortized_seconds(s, p, t, split, o);
+    const auto [it, fresh] = memo.try_emplace({&t, i, split}, 0.0);
+    if (fresh) it->second = detail::amortized_seconds(s, p, t, split, o);
+    const double sec = it->second;
     if (sec < best_s) best_s = sec, best = s;  // ties keep the earlier (simpler) strategy
   }
   return best;
@@ -50,9 +58,9 @@ bool rule_choice(const StrategyRules& rules, const char* source, const ParamSpec
   return false;
 }
 
-void build(const Inventory& inv, const PlanOptions& o, bool split, std::vector<PlanEntry>& entries,
-           std::vector<Chunk>& chunks, CostSummary& total, std::array<CostSummary, kNumStrategies>& by) {
-  detail::ShardTables tables(inv);
+void build(const Inventory& inv, const PlanOptions& o, bool split, detail::ShardTables& tables, Memo& memo,
+           std::vector<PlanEntry>& entries, std::vector<Chunk>& chunks, CostSummary& total,
+           std::array<CostSummary, kNumStrategies>& by) {
   for (size_t i = 0; i < inv.params.size(); ++i) {
     const ParamSpec& p = inv.params[i];
     if (p.role != Role::Muon) continue;
@@ -68,7 +76,7 @@ void build(const Inventory& inv, const PlanOptions& o, bool split, std::vector<P
     } else if (!fell_back && rule_choice(o.env_override, "DMUON_STRATEGY", p, t, e.strategy, fell_back)) {
       e.decision = Decision::Env;
     } else {
-      e.strategy = cost_choice(p, t, split, o);
+      e.strategy = cost_choice(p, t, split, o, memo);
       e.decision = fell_back ? Decision::Fallback : Decision::Cost;
     }
     e.replica_split = split && t.r > 1 && e.strategy == Strategy::OwnerA2A;
@@ -92,12 +100,14 @@ Plan make_plan(const Inventory& inventory, const PlanOptions& options) {
       const Mesh& mesh = inventory.meshes[static_cast<size_t>(p.mesh)];
       has_replicas |= mesh.group_size(replicate_dims(p.placements, mesh)) > 1;
     }
+  detail::ShardTables tables(inventory);  // shared by both builds of `auto`
+  Memo memo;
   const auto make = [&](bool split) {
     Plan plan;
     plan.inventory_ = inventory;
     plan.options_ = options;
     plan.options_.replica = split ? ReplicaMode::Split : ReplicaMode::Duplicate;
-    build(inventory, plan.options_, split, plan.entries_, plan.chunks_, plan.total_, plan.by_strategy_);
+    build(inventory, plan.options_, split, tables, memo, plan.entries_, plan.chunks_, plan.total_, plan.by_strategy_);
     plan.entry_of_param_.assign(inventory.params.size(), -1);
     for (size_t i = 0; i < plan.entries_.size(); ++i) plan.entry_of_param_[static_cast<size_t>(plan.entries_[i].param)] = static_cast<int>(i);
     plan.fingerprint_ = detail::plan_fingerprint(inventory, plan.options_, plan.entries_);

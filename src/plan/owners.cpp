@@ -52,9 +52,9 @@ void assign_owners(std::vector<PlanEntry>& entries, ShardTables& tables, const I
       }
     };
     const bool stack = inv.params[static_cast<size_t>(e.param)].expert;
-    const int32_t h0 = t.holder_offsets[static_cast<size_t>(job.unit)], h1 = t.holder_offsets[static_cast<size_t>(job.unit) + 1];
+    const int64_t h0 = t.holder_offsets[static_cast<size_t>(job.unit)], h1 = t.holder_offsets[static_cast<size_t>(job.unit) + 1];
     if (stack && h1 > h0) {
-      for (int32_t h = h0; h < h1; ++h) consider(t.holders[static_cast<size_t>(h)]);
+      for (int64_t h = h0; h < h1; ++h) consider(t.holders[static_cast<size_t>(h)]);
     } else {
       for (int k = 0; k < t.g; ++k) consider(k);
     }

@@ -2,6 +2,7 @@
 #include "plan/shard_table.h"
 
 #include "dmuon/box.h"
+#include "dmuon/error.h"
 #include "dmuon/update.h"
 
 namespace dmuon::detail {
@@ -13,42 +14,106 @@ std::string key_of(const ParamSpec& p) {
   return k;
 }
 
+// Visits the group positions whose local box is non-empty, in increasing position, with that box
+// (the same box as local_box). Depth-first over the shard dims in mesh order: a piece that is empty
+// stays empty deeper down, so the walk costs O(holders · shard dims), not O(group size).
+struct HolderWalk {
+  const std::vector<Placement>& placements;
+  const Mesh& mesh;
+  std::vector<int> dims;  // mesh dims that shard, in mesh order
+
+  template <class F>
+  void run(Box& box, size_t level, int64_t k, F&& emit) const {
+    if (level == dims.size()) return emit(static_cast<int>(k), box);
+    const int i = dims[level];
+    const Placement& p = placements[static_cast<size_t>(i)];
+    const int64_t w = mesh.dim(i).size;
+    IndexSet& set = box.dims[static_cast<size_t>(p.dim)];
+    const IndexSet saved = set;
+    const int64_t n = saved.size();
+    if (p.kind == PlacementKind::Shard) {
+      for (int64_t c = 0; c < w; ++c) {
+        const Range r = chunk_range(n, w, c);
+        if (r.size() <= 0) break;  // torch.chunk: every later piece is empty too
+        set = saved.slice(r.begin, r.end);
+        run(box, level + 1, k * w + c, emit);
+      }
+    } else {
+      // pieces c, c+W, ... of W·f; pieces from ceil(n / chunk) on are empty, so c past it holds none
+      const int64_t parts = w * p.split_factor, chunk = (n + parts - 1) / parts;
+      const int64_t non_empty = chunk == 0 ? 0 : (n + chunk - 1) / chunk;
+      for (int64_t c = 0; c < std::min(w, non_empty); ++c) {
+        IndexSet out;
+        for (int64_t j = 0; j < p.split_factor; ++j) {
+          const Range r = chunk_range(n, parts, c + j * w);
+          const IndexSet piece = saved.slice(r.begin, r.end);
+          for (const Range& pr : piece.ranges()) out.append(pr);
+        }
+        set = std::move(out);
+        run(box, level + 1, k * w + c, emit);
+      }
+    }
+    set = saved;
+  }
+};
+
 std::shared_ptr<ShardTable> build(const ParamSpec& p, const Mesh& mesh) {
   auto t = std::make_shared<ShardTable>();
   t->group_dims = shard_dims(p.placements);
   t->replica_dims = replicate_dims(p.placements, mesh);
   t->g = mesh.group_size(t->group_dims);
   t->r = mesh.group_size(t->replica_dims);
-  t->rank_of.resize(static_cast<size_t>(t->g) * t->r);
-  for (int j = 0; j < t->r; ++j) {
-    const int base = mesh.group_member(0, t->replica_dims, j);
-    for (int k = 0; k < t->g; ++k) t->rank_of[static_cast<size_t>(j) * t->g + k] = mesh.group_member(base, t->group_dims, k);
-  }
+  t->replica_base.resize(static_cast<size_t>(t->r));
+  for (int j = 0; j < t->r; ++j) t->replica_base[static_cast<size_t>(j)] = mesh.group_member(0, t->replica_dims, j);
+  t->group_offset.resize(static_cast<size_t>(t->g));
+  for (int k = 0; k < t->g; ++k) t->group_offset[static_cast<size_t>(k)] = mesh.group_member(0, t->group_dims, k);
   const int nd = p.shape.ndim();
   t->units = p.expert ? p.shape[0] : 1;
   t->unit_numel = p.shape[nd - 1] * (nd >= 2 ? p.shape[nd - 2] : 1);
-  t->numel.resize(static_cast<size_t>(t->g));
-  std::vector<std::vector<std::pair<int32_t, int64_t>>> per_unit(static_cast<size_t>(t->units));
-  for (int k = 0; k < t->g; ++k) {
-    const Box box = local_box(p.shape, p.placements, mesh, t->rank(0, k));
-    t->numel[static_cast<size_t>(k)] = box.numel();
-    if (box.numel() == 0) continue;
+  t->numel.assign(static_cast<size_t>(t->g), 0);
+  // pass 1: the holders and their boxes
+  check_placements(p.shape, p.placements, mesh, "parameter '" + p.name + "'");
+  HolderWalk walk{p.placements, mesh, {}};
+  for (int i = 0; i < mesh.ndim(); ++i)
+    if (t->group_dims >> i & 1) walk.dims.push_back(i);
+  std::vector<std::pair<int, Box>> held;
+  Box box;
+  for (int d = 0; d < nd; ++d) box.dims.push_back(IndexSet::full(p.shape[d]));
+  if (box.numel() > 0) walk.run(box, 0, 0, [&](int k, const Box& b) { held.emplace_back(k, b); });
+  // pass 2: per unit, its holders in increasing position (CSR)
+  int64_t pieces = 0;
+  for (const auto& [k, b] : held) pieces += p.expert ? b.dims[0].size() : 1;
+  DMUON_CHECK(pieces <= kMaxPlanPieces, "[plan] parameter '", p.name, "' ", p.shape.to_string(), " splits into ", pieces,
+              " (expert, rank) pieces on mesh ", mesh.to_string(), "; the planner handles at most 2^28 (", kMaxPlanPieces,
+              ") per parameter");
+  std::vector<int64_t> count(static_cast<size_t>(t->units) + 1, 0);
+  for (const auto& [k, b] : held) {
+    t->numel[static_cast<size_t>(k)] = b.numel();
+    if (!p.expert) count[1] += 1;
+    else
+      for (const Range& rg : b.dims[0].ranges())
+        for (int64_t e = rg.begin; e < rg.end; ++e) count[static_cast<size_t>(e) + 1] += 1;
+  }
+  for (size_t u = 1; u < count.size(); ++u) {
+    if (count[u] > 1) t->whole_units = false;
+    count[u] += count[u - 1];
+  }
+  t->holder_offsets = count;
+  t->holders.resize(static_cast<size_t>(pieces));
+  t->holder_elems.resize(static_cast<size_t>(pieces));
+  for (const auto& [k, b] : held) {  // positions increase, so each unit's list comes out sorted
+    const auto put = [&](int64_t u, int64_t n) {
+      const size_t at = static_cast<size_t>(count[static_cast<size_t>(u)]++);
+      t->holders[at] = k;
+      t->holder_elems[at] = n;
+    };
     if (!p.expert) {
-      per_unit[0].push_back({k, box.numel()});
+      put(0, b.numel());
       continue;
     }
-    const int64_t per_expert = box.dims[1].size() * box.dims[2].size();
-    for (const Range& rg : box.dims[0].ranges())
-      for (int64_t e = rg.begin; e < rg.end; ++e) per_unit[static_cast<size_t>(e)].push_back({k, per_expert});
-  }
-  t->holder_offsets.push_back(0);
-  for (const auto& hs : per_unit) {
-    for (const auto& [k, n] : hs) {
-      t->holders.push_back(k);
-      t->holder_elems.push_back(n);
-    }
-    t->holder_offsets.push_back(static_cast<int32_t>(t->holders.size()));
-    if (hs.size() > 1) t->whole_units = false;
+    const int64_t per_expert = b.dims[1].size() * b.dims[2].size();
+    for (const Range& rg : b.dims[0].ranges())
+      for (int64_t e = rg.begin; e < rg.end; ++e) put(e, per_expert);
   }
   if (!p.expert && nd == 2 && t->g > 1) {
     // the kernel's Gram side: rows when m <= n (shard cols), cols when m > n (shard rows)

@@ -42,18 +42,20 @@ void add_bench_plan_command(CLI::App& bench) {
   auto* cmd = bench.add_subcommand("plan", "Time make_plan (and its peak memory) at a given scale");
   auto args = std::make_shared<PlanArgs>();
   args->model = "deepseek-v3";
-  args->parallel = "dp_shard=1024";
   auto repeat = std::make_shared<int>(5);
   auto as_json = std::make_shared<bool>(false);
   add_plan_args(*cmd, *args);
   cmd->add_option("--repeat", *repeat, "Plans timed (best and median reported)")->capture_default_str();
   cmd->add_flag("--json", *as_json, "Print JSON");
   cmd->callback([args, repeat, as_json] {
+    if (args->parallel.empty() && args->model_file.empty()) args->parallel = "dp_shard=1024";  // bench's preset default
     const double rss0 = max_rss_mib();
     const PlanOptions options = make_plan_options(*args);
     PlanArgs small = *args;
     small.parallel = "dp_shard=8";
-    const Inventory base_inv = make_inventory(small);
+    // a model file that places itself has no smaller layout to compare with: it is its own baseline
+    const bool own_layout = !args->model_file.empty() && args->parallel.empty();
+    const Inventory base_inv = own_layout ? make_inventory(*args) : make_inventory(small);
     uint64_t fp_base = 0, fp = 0;
     const auto [base_best, base_median] = time_plans(base_inv, options, std::max(1, *repeat), fp_base);
     const Inventory inv = make_inventory(*args);

@@ -12,7 +12,9 @@ void add_plan_args(CLI::App& cmd, PlanArgs& a) {
   cmd.add_option("--model", a.model, "Preset: gpt2-124m, nanochat-d20, llama3-8b, llama3-70b, qwen3-30b-a3b, deepseek-v3")
       ->capture_default_str();
   cmd.add_option("--model-file", a.model_file, "Model JSON file (docs/model-format.md); overrides --model");
-  cmd.add_option("--parallel", a.parallel, "dp_replicate=R,dp_shard=S,tp=T,ep=E")->capture_default_str();
+  cmd.add_option("--parallel", a.parallel,
+                 std::string("dp_replicate=R,dp_shard=S,tp=T,ep=E, each from 1 to 1048576 (2^20) ranks in all ") +
+                     "[presets: " + kDefaultParallel + " (bench plan: dp_shard=1024); a model file: its own meshes]");
   cmd.add_option("--strategy", a.strategy, "auto (cost model) or a strategy for every parameter it can run")
       ->capture_default_str();
   cmd.add_option("--pin", a.pins, "PATTERN:STRATEGY user pin (repeatable; highest precedence)");
@@ -28,9 +30,12 @@ void add_plan_args(CLI::App& cmd, PlanArgs& a) {
 }
 
 Inventory make_inventory(const PlanArgs& a) {
-  const ParallelConfig config = parse_parallel(a.parallel);
-  if (!a.model_file.empty()) return load_inventory_file(a.model_file, &config);
-  return apply_parallel(preset_model(a.model), config);
+  if (!a.model_file.empty()) {
+    if (a.parallel.empty()) return load_inventory_file(a.model_file, nullptr);
+    const ParallelConfig config = parse_parallel(a.parallel);
+    return load_inventory_file(a.model_file, &config);
+  }
+  return apply_parallel(preset_model(a.model), parse_parallel(a.parallel.empty() ? kDefaultParallel : a.parallel));
 }
 
 PlanOptions make_plan_options(const PlanArgs& a) {
@@ -49,7 +54,9 @@ PlanOptions make_plan_options(const PlanArgs& a) {
   o.ns.schedule = parse_schedule(a.schedule);
   o.ns.method = parse_ns_method(a.method);
   o.ns.steps = a.ns_steps;
-  DMUON_CHECK(a.chunk_mib > 0, "[plan] --chunk-mib must be positive");
+  // chunk_bytes is int64: bound the MiB so the conversion cannot overflow (2^40 MiB = 1 EiB)
+  DMUON_CHECK(a.chunk_mib > 0 && a.chunk_mib <= 1099511627776.0, "[plan] --chunk-mib is ", a.chunk_mib,
+              "; give a positive number of at most 1099511627776 (2^40)");
   o.chunk_bytes = static_cast<int64_t>(a.chunk_mib * 1024 * 1024);
   o.window = a.window;
   o.exact = !a.allow_inexact;

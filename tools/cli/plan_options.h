@@ -12,8 +12,12 @@
 
 namespace dmuon::cli {
 
+inline constexpr const char* kDefaultParallel = "dp_shard=8";
+
 struct PlanArgs {
-  std::string model = "llama3-8b", model_file, parallel = "dp_shard=8", strategy = "auto";
+  // `parallel` empty: presets use kDefaultParallel; a model file must place itself (its meshes) or
+  // get --parallel, so no error ever quotes a layout the user did not type.
+  std::string model = "llama3-8b", model_file, parallel, strategy = "auto";
   std::vector<std::string> pins;
   std::string comm_dtype = "fp32", machine = "h100", replica = "auto", schedule = "jordan", method = "symmetric";
   int ns_steps = 5, window = 2;
