@@ -1,10 +1,11 @@
 # Numerics against PyTorch: dmuon.torch.Muon vs torch.optim.Muon (+ torch.optim.AdamW).
 #
-# Tolerance (docs/python.md): torch.optim.Muon orthogonalizes in bf16 (8 significant bits, unit
-# roundoff u = 2^-9) and dmuon in fp32, so each step's update differs by a few u relative; over T
-# steps |p_dmuon - p_torch| <= T * lr_adj * 2^-6 (8u per step, margin for the Newton-Schulz gain),
-# lr_adj the parameter's adjusted lr. With ns_bf16=True dmuon rounds like torch and the bound is
-# T * lr_adj * 2^-9; it must also be at least 4x closer than the fp32 path on average.
+# Tolerance (docs/python.md, tolerances.py): torch.optim.Muon orthogonalizes in bf16 and dmuon in
+# fp32 (to < 0.001 of these bounds from a float64 iteration), so the difference is torch's bf16
+# error: over T steps |p_dmuon - p_torch| <= T * lr_adj * B(m, n), B = min(1.5, 3 sqrt(ln(mn) /
+# max(m, n))) (2^-5 for vectors), lr_adj the parameter's adjusted lr. With ns_bf16=True dmuon rounds
+# like torch and the bound is B/8; the emulation must also be at least 4x closer on average.
+# tests/python/test_tolerances.py checks the bounds per step and per shape class on random seeds.
 import math
 import copy
 
@@ -12,10 +13,10 @@ import pytest
 import torch
 
 import dmuon.torch as dt
+from tolerances import per_step_bound
 
 STEPS, LR = 10, 0.02
-FP32_TOL = STEPS * LR * 2**-6  # for lr_adj = lr
-BF16_TOL = STEPS * LR * 2**-9
+FP32_TOL = STEPS * LR * 2**-6  # a scale for the negative control only
 
 
 def lr_adj(shape, adjust_lr_fn):
@@ -25,9 +26,9 @@ def lr_adj(shape, adjust_lr_fn):
     return LR * math.sqrt(max(1.0, a / b))
 
 
-def worst(d, params, adjust_lr_fn, per_step):
-    """Largest |dp| in units of its tolerance T * lr_adj * per_step."""
-    return max(x / (STEPS * lr_adj(tuple(p.shape), adjust_lr_fn) * per_step)
+def worst(d, params, adjust_lr_fn, mode):
+    """Largest |dp| in units of its tolerance T * lr_adj * (the mode's per-step bound)."""
+    return max(x / (STEPS * lr_adj(tuple(p.shape), adjust_lr_fn) * per_step_bound(mode, *p.shape))
                for x, p in zip(d, params))
 
 
@@ -75,8 +76,8 @@ def test_mlp_training_matches_torch_muon(adjust_lr_fn):
     final = {k: [p.detach() for p in m.parameters()] for k, (m, _) in runs.items()}
     max32, mean32 = diffs(final["fp32"], final["ref"])
     max16, mean16 = diffs(final["bf16"], final["ref"])
-    w32 = worst(max32, final["ref"], adjust_lr_fn, 2**-6)
-    w16 = worst(max16, final["ref"], adjust_lr_fn, 2**-9)
+    w32 = worst(max32, final["ref"], adjust_lr_fn, "fp32")
+    w16 = worst(max16, final["ref"], adjust_lr_fn, "ns_bf16")
     print(f"max |dp| / tolerance: fp32 {w32:.2f}, bf16 emulation {w16:.2f}; mean |dp| "
           f"{mean32:.2e} vs {mean16:.2e}")
     assert w32 < 1 and w16 < 1
@@ -90,7 +91,8 @@ def test_mlp_trained_on_its_own_gradients_stays_within_the_fp32_tolerance():
     m_ref, m = copy.deepcopy(base), copy.deepcopy(base)
     ref = train(m_ref, [torch.optim.Muon(m_ref.parameters(), lr=LR)], x, y)
     got = train(m, [dt.Muon(m.parameters(), lr=LR)], x, y)
-    assert max(diffs(got, ref)[0]) < FP32_TOL
+    # Not a bound (the loss landscape feeds differences back), but well inside the fp32 one.
+    assert worst(diffs(got, ref)[0], ref, None, "fp32") < 1
 
 
 @pytest.mark.parametrize("ns_method", ["plain", "symmetric", "gram"])
@@ -111,7 +113,8 @@ def test_fixed_gradients_match_torch_muon_including_tall_and_square(ns_method):
     ref = run(lambda ps: torch.optim.Muon(ps, lr=LR))
     max32, mean32 = diffs(run(lambda ps: dt.Muon(ps, lr=LR, ns_method=ns_method)), ref)
     max16, mean16 = diffs(run(lambda ps: dt.Muon(ps, lr=LR, ns_bf16=True)), ref)
-    assert max(max32) < FP32_TOL and max(max16) < BF16_TOL and mean16 * 4 < mean32
+    assert worst(max32, ref, None, "fp32") < 1 and worst(max16, ref, None, "ns_bf16") < 1
+    assert mean16 * 4 < mean32
 
 
 def test_adamw_groups_match_torch_adamw():

@@ -545,10 +545,10 @@ using Bf16Param = std::tuple<Schedule, NsMethod, Case>;
 class OrthogonalizeBf16Products : public ::testing::TestWithParam<Bf16Param> {};
 
 // Against the exact SVD as the fp32 test, with tolerances for bf16 operands: every product reads
-// values rounded to 8 significant bits (2^-9 relative), so the output σ carry errors of ~1e-2
+// values rounded to 8 significant bits (unit roundoff 2^-8), so the output σ carry errors of ~1e-2
 // (measured worst: 0.016 full rank; 0.065 for Polar Express on the rank-7 input, whose first step
 // multiplies by 8.3). Zero directions of a rank-deficient input receive the rounding noise of X
-// (2^-9 relative), which the iteration amplifies like any small σ — by up to the product of the a
+// (unit roundoff 2^-8), which the iteration amplifies like any small σ — by up to the product of the a
 // coefficients (< 500 for these schedules) — measured up to 0.27 (as torch.optim.Muon's bf16 NS
 // does); that noise also enters ‖out − U f(Σ) Vᵀ‖, so the singular-vector check is for full rank.
 // The fp32 path meets these bounds with a 20x margin; the checker's negative control is

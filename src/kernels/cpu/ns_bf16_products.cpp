@@ -1,8 +1,13 @@
 // Newton–Schulz with bf16 products (see ns_kernels.h). The algebra is the fp32 kernel's
 // (newton_schulz.cpp); here every matrix product reads bf16 operands, so each fp32 result that feeds
-// a product is rounded once to bf16. There is no bf16 Gram Newton–Schulz: it iterates on R = X·Xᵀ,
-// whose small eigenvalues σ² sit far below bf16's resolution of R's large ones (tested: σ errors of
-// 0.5 on a rank-20 200×500 input, against 0.015 for this kernel), so Orthogonalizer rejects it.
+// a product is rounded once to bf16. The polynomial Z = aI + b·A + c·A² takes A from the same bf16
+// copy that the A² product reads (as torch.optim.Muon does): Z is then a function of one rounded A,
+// whose error reaches Z through b + 2c·A, small where the iterates' σ² sit near 1 and A's rounding
+// errors are largest (Jordan, A = 1.23: 0.22, against 2c·A = 5.0 when b·A used the fp32 A and A²
+// the rounded one; that mix put a 64×1 output 6% off; docs/python.md has the measured errors).
+// There is no bf16 Gram Newton–Schulz: it iterates on R = X·Xᵀ, whose small eigenvalues σ² sit far
+// below bf16's resolution of R's large ones (tested: σ errors of 0.5 on a rank-20 200×500 input,
+// against 0.015 for this kernel), so Orthogonalizer rejects it.
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -63,34 +68,44 @@ DMUON_ELEMENTWISE void mirror_lower_bf16(uint16_t* a, int64_t s) {
       }
 }
 
-// full (s×s bf16) = the symmetric matrix whose lower triangle is b·G + c·G2 (+ a on the diagonal),
-// from the lower triangles of the fp32 G and G2 (G2 null: just G; b = 1, c = 0, a = 0 for a copy),
-// each entry rounded once. Reading only the lower triangle is what lets the products skip the upper
-// blocks.
-DMUON_ELEMENTWISE void lower_to_full_bf16(int64_t s, const float* g, const float* g2, float a, float b,
-                                          float c, BFloat16* full) {
+inline float bf16_value(uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); }
+
+// full (s×s bf16) = the symmetric matrix whose lower triangle is the fp32 G's, each entry rounded
+// once. Reading only the lower triangle is what lets the products skip the upper blocks.
+DMUON_ELEMENTWISE void lower_to_full_bf16(int64_t s, const float* g, BFloat16* full) {
   auto* out = reinterpret_cast<uint16_t*>(full);
   for (int64_t i = 0; i < s; ++i) {
     const float* gi = g + i * s;
     uint16_t* oi = out + i * s;
-    if (g2 == nullptr) {
-      for (int64_t j = 0; j <= i; ++j) oi[j] = bf16_bits(gi[j]);
-    } else {
-      const float* g2i = g2 + i * s;
-      for (int64_t j = 0; j <= i; ++j) oi[j] = bf16_bits(b * gi[j] + c * g2i[j]);
-      oi[i] = bf16_bits(b * gi[i] + c * g2i[i] + a);
-    }
+    for (int64_t j = 0; j <= i; ++j) oi[j] = bf16_bits(gi[j]);
   }
   mirror_lower_bf16(out, s);
 }
 
-// R = X·Xᵀ (wide) or Xᵀ·X (tall): fp32 into r (lower triangle, or full when plain) and its full
-// bf16 copy into rb.
+// zb = bf16(a·I + b·A + c·A2), A the bf16 matrix `ab` (full, symmetric), A2 fp32: the lower
+// triangle then a mirror (plain: every entry, no mirror), each entry rounded once.
+DMUON_ELEMENTWISE void polynomial_to_bf16(int64_t s, const BFloat16* ab, const float* a2, float a,
+                                          float b, float c, bool plain, BFloat16* zb) {
+  const auto* in = reinterpret_cast<const uint16_t*>(ab);
+  auto* out = reinterpret_cast<uint16_t*>(zb);
+  for (int64_t i = 0; i < s; ++i) {
+    const uint16_t* ai = in + i * s;
+    const float* a2i = a2 + i * s;
+    uint16_t* oi = out + i * s;
+    const int64_t end = plain ? s : i + 1;
+    for (int64_t j = 0; j < end; ++j) oi[j] = bf16_bits(b * bf16_value(ai[j]) + c * a2i[j]);
+    oi[i] = bf16_bits(b * bf16_value(ai[i]) + c * a2i[i] + a);
+  }
+  if (!plain) mirror_lower_bf16(out, s);
+}
+
+// R = X·Xᵀ (wide) or Xᵀ·X (tall): fp32 into r (lower triangle, or full when plain), then its full
+// bf16 copy into rb, the only form of R that is used.
 void gram_bf16(Bf16Matmul& mm, const GramSide& g, const BFloat16* x, bool plain, float* r,
                BFloat16* rb) {
   mm.lower_product(g.s, g.k, g.left(x), g.right(x), r, plain);
   if (plain) return to_bf16(r, rb, g.s * g.s);
-  lower_to_full_bf16(g.s, r, nullptr, 0, 1, 0, rb);
+  lower_to_full_bf16(g.s, r, rb);
 }
 
 // c = A² for the s×s symmetric A (bf16): its lower triangle in fp32 (in full when plain).
@@ -98,16 +113,11 @@ void square_symmetric(Bf16Matmul& mm, int64_t s, const BFloat16* a, bool plain, 
   mm.lower_product(s, s, {a, s}, {a, s}, c, plain);
 }
 
-// zb = bf16(a·I + b·G + c·G2) from the lower triangles of G and G2 (full when plain).
-void polynomial_bf16(const Coefficients& k, int64_t s, const float* g, const float* g2, bool plain,
+// zb = bf16(a·I + b·A + c·A2) from the bf16 A (rb) and the fp32 A2 (lower triangle, full when plain).
+void polynomial_bf16(const Coefficients& k, int64_t s, const BFloat16* ab, const float* a2, bool plain,
                      BFloat16* zb) {
-  const float a = static_cast<float>(k.a), b = static_cast<float>(k.b), c = static_cast<float>(k.c);
-  if (!plain) return lower_to_full_bf16(s, g, g2, a, b, c, zb);
-  auto* out = reinterpret_cast<uint16_t*>(zb);
-  for (int64_t i = 0; i < s; ++i) {
-    for (int64_t j = 0; j < s; ++j) out[i * s + j] = bf16_bits(b * g[i * s + j] + c * g2[i * s + j]);
-    out[i * s + i] = bf16_bits(b * g[i * s + i] + c * g2[i * s + i] + a);
-  }
+  polynomial_to_bf16(s, ab, a2, static_cast<float>(k.a), static_cast<float>(k.b),
+                     static_cast<float>(k.c), plain, zb);
 }
 
 // dst = Z·X (wide) or X·Z (tall), fp32 or bf16 output.
@@ -142,11 +152,11 @@ void newton_schulz_bf16_products(const float* in, float inv, float* out, int64_t
   scale_to_bf16(in, inv, x, mn);  // `in` is read only here
   const int steps = static_cast<int>(coefficients.size());
 
-  // Per step: A = X·Xᵀ, A², Z = aI + bA + cA², X ← Z·X (bf16 between steps, fp32 at the end).
+  // Per step: A = bf16(X·Xᵀ), A², Z = aI + bA + cA², X ← Z·X (bf16 between steps, fp32 at the end).
   for (int step = 0; step < steps; ++step) {
     gram_bf16(mm, g, x, plain, r, rb);
     square_symmetric(mm, g.s, rb, plain, sq);  // A² (fp32 only: it feeds the polynomial)
-    polynomial_bf16(coefficients[static_cast<size_t>(step)], g.s, r, sq, plain, zb);
+    polynomial_bf16(coefficients[static_cast<size_t>(step)], g.s, rb, sq, plain, zb);
     if (step == steps - 1) {
       apply_factor(mm, g, zb, x, out);
     } else {
