@@ -2,24 +2,13 @@
 // inventory, meshes, numerics and chunking options, and every decision).
 #include <cstring>
 
+#include "core/hash.h"
 #include "plan/planner_steps.h"
 
 namespace dmuon::detail {
 namespace {
 
-struct Hasher {
-  uint64_t h = 0xcbf29ce484222325ull;
-  void bytes(const void* p, size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
-  }
-  template <class T>
-  void pod(const T& v) { bytes(&v, sizeof(v)); }
-  void str(std::string_view s) {
-    pod(s.size());
-    bytes(s.data(), s.size());
-  }
-};
+using Hasher = Fnv1a;
 
 void add_param(Hasher& hs, const ParamSpec& p) {
   hs.str(p.name);
