@@ -28,6 +28,11 @@
 //   After a timeout the MPI state of the process is unusable: later collectives on any mpi
 //   communicator throw dmuon::Error. The job must end through dmuon::abort_all (the CLI does).
 // - COUNTERS: see CommCounters and the comm_bytes_* predictors (the planner uses the same ones).
+// - LIMITS: counts are size_t / int64_t here; a backend that cannot address a count (MPI's are C
+//   ints) splits the operation where it can and otherwise throws std::invalid_argument "[mpi] ..."
+//   (mpi: reduce_scatter over 2^31-1 elements in all; all_to_all_v / all_gather_v whose counts and
+//   displacements above it share no factor that brings them under it).
+// - POINT-TO-POINT (send/recv, groups) is not collective: see the contract above send().
 // - REDUCTIONS: max and min are exact. Integer sums are exact (wrap on overflow). fp32/bf16 sums
 //   are exact while every partial sum is representable (integer-valued data in tests); otherwise
 //   the summation order is the MPI library's and may change with rank count and message size.
@@ -107,11 +112,18 @@ using Deadline = CommClock::time_point;
 
 namespace detail {
 class WorkImpl;  // backend state of one posted collective (src/comm/work_impl.h)
+// One validated send or recv as a backend posts it. A recv writes through buf.data (a send only reads).
+struct P2pOp {
+  bool is_send = false;
+  int peer = 0;
+  InBuffer buf;
+};
 }
 
 // Handle to one posted collective (c10d style). Move-only; collectives return it [[nodiscard]]. A default-constructed Work is complete.
 // Destroying an unfinished Work waits for it with the default timeout (buffers stay valid for MPI);
-// after a timeout anywhere in the process it does not wait (the job must be aborted anyway).
+// after a timeout anywhere in the process it does not wait (the job must be aborted anyway). On the
+// single backend an unmatched send/recv is withdrawn instead (no other rank could complete it).
 class DMUON_API Work {
  public:
   Work();
@@ -164,8 +176,15 @@ DMUON_API std::vector<int64_t> balanced_counts(int64_t count, int size);
 // Exclusive prefix sums: displacements of blocks packed back to back.
 DMUON_API std::vector<int64_t> packed_displs(std::span<const int64_t> counts);
 
+// Point-to-point: a send of `count` elements to `peer` counts as sent, a recv from `peer` as
+// received; 0 when peer == rank (a self-copy). A group counts the sum of its sends and recvs.
+DMUON_API ByteCount comm_bytes_send(int rank, int peer, int64_t count, size_t elem_size);
+DMUON_API ByteCount comm_bytes_recv(int rank, int peer, int64_t count, size_t elem_size);
+
 // Per communicator, summed over the collectives posted on it since creation or reset_counters()
 // (counted when posted). Sub-communicators count separately; split() itself is not counted.
+// Point-to-point counts as one "collective" per ungrouped send or recv and one per group_end
+// (an empty group included), when posted; sends and recvs inside a group count at group_end.
 struct CommCounters {
   uint64_t bytes_sent = 0;
   uint64_t bytes_recv = 0;
@@ -214,6 +233,32 @@ class DMUON_API Communicator {
   [[nodiscard]] Work broadcast(OutBuffer buf, int root, std::string_view label);
   [[nodiscard]] Work barrier(std::string_view label);
 
+  // Point-to-point (NCCL's vocabulary; not collective: only the two ends call). MATCHING: the i-th
+  // send from rank a to rank b matches the i-th recv on b from a, counting in the order the ops are
+  // posted on this communicator (ungrouped: at the call; grouped: at group_end, in call order).
+  // Collectives and other communicators never match them. Both ends pass the same count and type:
+  // a larger send than recv fails the wait (dmuon::Error), a smaller one leaves the tail unwritten.
+  // peer == rank() is a local copy through the same matching (post both before waiting on a send:
+  // like MPI, a send may stay incomplete until its recv is posted; a group needs no such care).
+  // VALIDATION (std::invalid_argument before posting): peer outside [0, size()), a null buffer
+  // with a nonzero count. In an open group the rejected op is not added and the group stays open.
+  // GROUPED (between group_begin and group_end) the op is only collected: the Work returned is a
+  // default (complete) one and must not be used to wait; the group's Work from group_end is.
+  // BUFFERS, THREADS, DEADLINES as for collectives; timeouts name the op "send", "recv" or "group".
+  [[nodiscard]] Work send(InBuffer buf, int peer, std::string_view label);
+  [[nodiscard]] Work recv(OutBuffer buf, int peer, std::string_view label);
+
+  // Opens a group (ncclGroupStart): sends and recvs are collected until group_end. Local. Throws
+  // std::invalid_argument when a group is already open (no nesting). While a group is open every
+  // collective and split throws std::invalid_argument, posting nothing.
+  void group_begin();
+  // Posts the collected ops together (ncclGroupEnd; MPI: Isend/Irecv each, in call order) and
+  // closes the group. The Work (op "group") completes when all of them have; an empty group gives
+  // a complete Work. Throws std::invalid_argument without a group_begin, or (closing the group,
+  // posting nothing) when a recv buffer overlaps another buffer of the group.
+  [[nodiscard]] Work group_end(std::string_view label);
+  bool in_group() const { return group_open_; }
+
   // COLLECTIVE and blocking (bounded by the default timeout): ranks with the same color form a new
   // communicator, ordered by (key, rank). color < 0: this rank joins none and gets nullptr.
   // `name` is used in error messages (default "<parent>/<color>").
@@ -238,7 +283,8 @@ class DMUON_API Communicator {
  protected:
   Communicator(int rank, int size, std::string name);
 
-  // Backends post already-validated operations (counts fit in int, arrays sized size()).
+  // Backends post already-validated operations (arrays sized size(), blocks inside buffers);
+  // limits of their own (MPI's int counts) they check and report themselves.
   virtual Work post_all_to_all_v(InBuffer send, std::span<const int64_t> send_counts,
                                  std::span<const int64_t> send_displs, OutBuffer recv,
                                  std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
@@ -251,15 +297,21 @@ class DMUON_API Communicator {
   virtual Work post_broadcast(OutBuffer buf, int root, std::string_view label) = 0;
   virtual Work post_barrier(std::string_view label) = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key, std::string name) = 0;
+  // Posts `ops` (at least one) in order as one Work named `op`: "send", "recv" or "group".
+  virtual Work post_p2p(std::span<const detail::P2pOp> ops, std::string_view op, std::string_view label) = 0;
 
  private:
   void count(ByteCount b);
+  void check_no_group(std::string_view op, std::string_view label) const;
+  Work p2p(detail::P2pOp op, std::string_view label);
 
   int rank_;
   int size_;
   std::string name_;
   std::chrono::milliseconds default_timeout_;
   CommCounters counters_;
+  bool group_open_ = false;
+  std::vector<detail::P2pOp> group_;
 };
 
 // The size-1 communicator: every collective is a local copy (or nothing), complete when posted.

@@ -1,7 +1,6 @@
 // Communicator, shared part: argument validation (before anything is posted), byte counters,
 // default timeout, sub-communicator helpers, backend selection. Backends only post.
 #include <algorithm>
-#include <climits>
 #include <cstdlib>
 #include <numeric>
 #include <string>
@@ -23,8 +22,6 @@ std::chrono::milliseconds detail::default_timeout_from_env() {
 }
 
 namespace {
-
-constexpr int64_t kMaxMpiCount = INT_MAX;  // MPI counts and displacements are C ints
 
 // Names the collective and label in every validation message.
 struct Op {
@@ -56,22 +53,26 @@ void check_counts(const Op& o, std::string_view what, std::span<const int64_t> c
               " entries; give one per rank (", size, ")");
   for (size_t j = 0; j < counts.size(); ++j) {
     DMUON_CHECK(counts[j] >= 0, where(o), what, "[", j, "] = ", counts[j], " is negative");
-    DMUON_CHECK(counts[j] <= kMaxMpiCount, where(o), what, "[", j, "] = ", counts[j],
-                " exceeds the 2^31-1 elements one MPI call can address; use smaller chunks");
   }
 }
 
-// Block j (displ, count) must lie inside a buffer of `capacity` elements.
+// Block j (displ, count) must lie inside a buffer of `capacity` elements (written so as not to overflow).
 void check_blocks(const Op& o, std::string_view what, size_t capacity, std::span<const int64_t> displs,
                   std::span<const int64_t> counts) {
   for (size_t j = 0; j < counts.size(); ++j) {
-    DMUON_CHECK(displs[j] + counts[j] <= static_cast<int64_t>(capacity), where(o), what, " block ", j,
+    const auto cap = static_cast<uint64_t>(capacity), c = static_cast<uint64_t>(counts[j]);
+    DMUON_CHECK(c <= cap && static_cast<uint64_t>(displs[j]) <= cap - c, where(o), what, " block ", j,
                 " (displacement ", displs[j], ", count ", counts[j], ") runs past the end of the ", capacity,
                 "-element buffer");
   }
 }
 
-int64_t total(std::span<const int64_t> counts) { return std::accumulate(counts.begin(), counts.end(), int64_t{0}); }
+// Sum of non-negative counts, saturating at INT64_MAX (callers compare it with a buffer size).
+int64_t total(std::span<const int64_t> counts) {
+  int64_t sum = 0;
+  for (int64_t c : counts) sum = c > INT64_MAX - sum ? INT64_MAX : sum + c;
+  return sum;
+}
 
 }  // namespace
 
@@ -95,6 +96,7 @@ Work Communicator::all_to_all_v(InBuffer send, std::span<const int64_t> send_cou
                                 std::span<const int64_t> send_displs, OutBuffer recv,
                                 std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
                                 std::string_view label) {
+  check_no_group("all_to_all", label);
   const Op o{"all_to_all", label};
   check_same_type(o, send.type, recv.type);
   check_buffer(o, "send buffer", send.data, send.count);
@@ -115,6 +117,7 @@ Work Communicator::all_to_all_v(InBuffer send, std::span<const int64_t> send_cou
 }
 
 Work Communicator::all_to_all(InBuffer send, OutBuffer recv, std::string_view label) {
+  check_no_group("all_to_all", label);
   const Op o{"all_to_all", label};
   DMUON_CHECK(send.count == recv.count && send.count % static_cast<size_t>(size_) == 0, where(o),
               "equal blocks need send and receive counts equal and divisible by the size ", size_, " (got ",
@@ -127,6 +130,7 @@ Work Communicator::all_to_all(InBuffer send, OutBuffer recv, std::string_view la
 
 Work Communicator::all_gather_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts,
                                 std::span<const int64_t> recv_displs, std::string_view label) {
+  check_no_group("all_gather", label);
   const Op o{"all_gather", label};
   check_same_type(o, send.type, recv.type);
   check_buffer(o, "send buffer", send.data, send.count);
@@ -145,12 +149,14 @@ Work Communicator::all_gather_v(InBuffer send, OutBuffer recv, std::span<const i
 
 Work Communicator::all_gather_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts,
                                 std::string_view label) {
+  check_no_group("all_gather", label);
   check_counts(Op{"all_gather", label}, "recv_counts", recv_counts, size_);
   const std::vector<int64_t> displs = packed_displs(recv_counts);
   return all_gather_v(send, recv, recv_counts, displs, label);
 }
 
 Work Communicator::all_gather(InBuffer send, OutBuffer recv, std::string_view label) {
+  check_no_group("all_gather", label);
   DMUON_CHECK(recv.count == send.count * static_cast<size_t>(size_), where(Op{"all_gather", label}),
               "equal blocks need a receive count of size x send count (", size_, " x ", send.count, "), got ",
               recv.count, "; use all_gather_v");
@@ -160,6 +166,7 @@ Work Communicator::all_gather(InBuffer send, OutBuffer recv, std::string_view la
 
 Work Communicator::reduce_scatter_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts,
                                     ReduceOp op, std::string_view label) {
+  check_no_group("reduce_scatter", label);
   const Op o{"reduce_scatter", label};
   check_same_type(o, send.type, recv.type);
   check_buffer(o, "send buffer", send.data, send.count);
@@ -177,6 +184,7 @@ Work Communicator::reduce_scatter_v(InBuffer send, OutBuffer recv, std::span<con
 }
 
 Work Communicator::reduce_scatter(InBuffer send, OutBuffer recv, ReduceOp op, std::string_view label) {
+  check_no_group("reduce_scatter", label);
   DMUON_CHECK(send.count == recv.count * static_cast<size_t>(size_), where(Op{"reduce_scatter", label}),
               "equal blocks need a send count of size x receive count (", size_, " x ", recv.count, "), got ",
               send.count, "; use reduce_scatter_v");
@@ -185,14 +193,13 @@ Work Communicator::reduce_scatter(InBuffer send, OutBuffer recv, ReduceOp op, st
 }
 
 Work Communicator::all_reduce(InBuffer send, OutBuffer recv, ReduceOp op, std::string_view label) {
+  check_no_group("all_reduce", label);
   const Op o{"all_reduce", label};
   check_same_type(o, send.type, recv.type);
   check_buffer(o, "send buffer", send.data, send.count);
   check_buffer(o, "receive buffer", recv.data, recv.count);
   DMUON_CHECK(send.count == recv.count, where(o), "send has ", send.count, " elements but receive has ",
               recv.count, "; they must match");
-  DMUON_CHECK(static_cast<int64_t>(send.count) <= kMaxMpiCount, where(o), send.count,
-              " elements exceed the 2^31-1 one MPI call can address; use smaller chunks");
   if (send.data != recv.data) check_no_overlap(o, send, recv);
   Work work = post_all_reduce(send, recv, op, label);
   count(comm_bytes_all_reduce(rank_, size_, static_cast<int64_t>(send.count), comm_type_size(send.type)));
@@ -204,24 +211,25 @@ Work Communicator::all_reduce(OutBuffer inout, ReduceOp op, std::string_view lab
 }
 
 Work Communicator::broadcast(OutBuffer buf, int root, std::string_view label) {
+  check_no_group("broadcast", label);
   const Op o{"broadcast", label};
   DMUON_CHECK(root >= 0 && root < size_, where(o), "root ", root, " is not a rank of this communicator (size ",
               size_, ")");
   check_buffer(o, "buffer", buf.data, buf.count);
-  DMUON_CHECK(static_cast<int64_t>(buf.count) <= kMaxMpiCount, where(o), buf.count,
-              " elements exceed the 2^31-1 one MPI call can address; use smaller chunks");
   Work work = post_broadcast(buf, root, label);
   count(comm_bytes_broadcast(rank_, size_, root, static_cast<int64_t>(buf.count), comm_type_size(buf.type)));
   return work;
 }
 
 Work Communicator::barrier(std::string_view label) {
+  check_no_group("barrier", label);
   Work work = post_barrier(label);
   count({});
   return work;
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string_view name) {
+  check_no_group("split", name);
   std::string n = name.empty() ? detail::concat(name_, "/", color) : std::string(name);
   auto out = do_split(color < 0 ? -1 : color, key, std::move(n));
   if (out) out->set_default_timeout(default_timeout_);
@@ -229,6 +237,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, std::strin
 }
 
 std::unique_ptr<Communicator> Communicator::subgroup(std::span<const int> ranks, std::string_view name) {
+  check_no_group("subgroup", name);
   std::vector<int> seen(static_cast<size_t>(size_), 0);
   int key = -1;
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -245,6 +254,7 @@ std::unique_ptr<Communicator> Communicator::subgroup(std::span<const int> ranks,
 std::unique_ptr<Communicator> Communicator::split_mesh_dims(std::span<const int64_t> mesh_shape,
                                                             std::span<const int64_t> coords,
                                                             std::span<const int> dims, std::string_view name) {
+  check_no_group("split_mesh_dims", name);
   const size_t nd = mesh_shape.size();
   DMUON_CHECK(coords.size() == nd, "[comm] split_mesh_dims: coords has ", coords.size(),
               " entries but the mesh has ", nd, " dims");

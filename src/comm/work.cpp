@@ -18,12 +18,12 @@ class CompletedWork final : public WorkImpl {
 };
 
 std::string timeout_message(const WorkInfo& w, std::chrono::milliseconds waited) {
+  const bool p2p = w.op == "send" || w.op == "recv" || w.op == "group";
   return fmt::format(
       "[{}] rank {}: {} '{}' timed out after {:g} s on communicator '{}' (rank {} of {}); a peer "
-      "died or did not post this collective; communication is now unusable: end the job "
-      "(dmuon::abort_all)",
+      "died or did not post {}; communication is now unusable: end the job (dmuon::abort_all)",
       w.backend, w.world_rank, w.op, w.label, static_cast<double>(waited.count()) / 1000.0, w.comm_name,
-      w.comm_rank, w.comm_size);
+      w.comm_rank, w.comm_size, p2p ? "the matching send or recv" : "this collective");
 }
 
 }  // namespace
@@ -54,6 +54,7 @@ Work::~Work() {
       // Destructors never throw; the timeout already marked the process broken.
     }
   }
+  if (impl_->abandon()) return;  // the backend let go of the buffers (single backend's unmatched p2p)
   // The backend may still read or write through this state (MPI requests cannot be freed while a
   // collective is active): leak it on purpose. The job is going to be aborted.
   (void)impl_.release();

@@ -12,7 +12,7 @@ namespace dmuon::detail {
 // What a Work needs to name itself in a timeout error.
 struct WorkInfo {
   std::string_view backend;  // "single" | "mpi"
-  std::string_view op;       // "all_to_all", "all_gather", ...
+  std::string_view op;       // "all_to_all", "all_gather", ..., "send", "recv", "group"
   std::string label;         // the caller's label, e.g. "chunk 3 gather"
   std::string comm_name;
   int world_rank = 0;
@@ -32,6 +32,9 @@ class WorkImpl {
   virtual void on_timeout() {}
   // False when a destructor must not wait for this Work (process already broken).
   virtual bool destructor_may_wait() const { return true; }
+  // Called when an unfinished Work is destroyed without completing: true when the backend has let
+  // go of the buffers (the state is then freed), false to leak it (MPI may still use them).
+  virtual bool abandon() { return false; }
 
   const WorkInfo& info() const { return info_; }
   bool done = false;

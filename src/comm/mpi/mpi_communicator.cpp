@@ -1,7 +1,10 @@
-// The `mpi` backend: each collective is one Open MPI non-blocking call (MPI_Ialltoallv, ...) whose
-// request a Work polls with MPI_Test until completion or its deadline.
+// The `mpi` backend: each collective is one Open MPI non-blocking call (MPI_Ialltoallv, ...), each
+// send/recv one MPI_Isend/MPI_Irecv (tag 0: MPI's order per (peer, tag, communicator) is the
+// matching rule); a Work polls its requests with MPI_Testall until completion or its deadline.
+// Counts beyond MPI's int limit are split into pieces or sent in contiguous units (mpi_counts.h).
 #include <vector>
 
+#include "comm/mpi/mpi_counts.h"
 #include "comm/mpi/mpi_runtime.h"
 #include "comm/work_impl.h"
 #include "dmuon/error.h"
@@ -12,16 +15,17 @@ namespace {
 using detail::MpiRuntime;
 using detail::WorkInfo;
 
-// One posted request plus what MPI reads until it completes (count and displacement arrays).
+// Posted requests plus what MPI reads until they complete (count and displacement arrays).
 class MpiWork final : public detail::WorkImpl {
  public:
   explicit MpiWork(WorkInfo info) : WorkImpl(std::move(info)) {}
-  MPI_Request request = MPI_REQUEST_NULL;
+  std::vector<MPI_Request> requests;
   std::vector<int> arrays[4];
 
+  MPI_Request* add() { return &requests.emplace_back(MPI_REQUEST_NULL); }  // call before posting, one at a time
   bool poll() override {
     int flag = 0;
-    DMUON_CHECK_MPI(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
+    DMUON_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE));
     if (flag && timed_out_) detail::mpi_runtime().stuck -= 1;
     return flag != 0;
   }
@@ -37,7 +41,39 @@ class MpiWork final : public detail::WorkImpl {
   bool timed_out_ = false;
 };
 
-std::vector<int> to_int(std::span<const int64_t> v) { return std::vector<int>(v.begin(), v.end()); }
+// Values in units of `unit` elements (mpi_unit made them fit).
+std::vector<int> to_int(std::span<const int64_t> v, int64_t unit = 1) {
+  std::vector<int> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = static_cast<int>(v[i] / unit);
+  return out;
+}
+
+// The element type in units of `unit` elements: the basic type, or a contiguous type that is freed
+// when this goes out of scope (MPI keeps it alive for operations already posted with it).
+class UnitType {
+ public:
+  UnitType(CommType t, int64_t unit) : type_(detail::mpi_datatype(t)) {
+    if (unit == 1) return;
+    MPI_Datatype basic = type_;
+    DMUON_CHECK_MPI(MPI_Type_contiguous(static_cast<int>(unit), basic, &type_));
+    DMUON_CHECK_MPI(MPI_Type_commit(&type_));
+    owned_ = true;
+  }
+  ~UnitType() {
+    if (owned_) MPI_Type_free(&type_);
+  }
+  UnitType(const UnitType&) = delete;
+  UnitType& operator=(const UnitType&) = delete;
+  MPI_Datatype get() const { return type_; }
+
+ private:
+  MPI_Datatype type_;
+  bool owned_ = false;
+};
+
+const std::byte* at(const void* p, int64_t offset, CommType t) {
+  return static_cast<const std::byte*>(p) + offset * static_cast<int64_t>(comm_type_size(t));
+}
 
 // MPI implementations may reject null buffers even for zero counts.
 const void* nonnull(const void* p) {
@@ -74,58 +110,72 @@ class MpiCommunicator final : public Communicator {
   Work post_all_to_all_v(InBuffer send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
                          OutBuffer recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
                          std::string_view label) override {
+    const int64_t unit = detail::mpi_unit({send_counts, send_displs, recv_counts, recv_displs});
+    check_unit(unit, "all_to_all", label);
     auto w = start("all_to_all", label);
-    w->arrays[0] = to_int(send_counts);
-    w->arrays[1] = to_int(send_displs);
-    w->arrays[2] = to_int(recv_counts);
-    w->arrays[3] = to_int(recv_displs);
-    const MPI_Datatype t = detail::mpi_datatype(send.type);
-    DMUON_CHECK_MPI(MPI_Ialltoallv(nonnull(send.data), w->arrays[0].data(), w->arrays[1].data(), t,
-                                   nonnull(recv.data), w->arrays[2].data(), w->arrays[3].data(), t, comm_,
-                                   &w->request));
+    w->arrays[0] = to_int(send_counts, unit);
+    w->arrays[1] = to_int(send_displs, unit);
+    w->arrays[2] = to_int(recv_counts, unit);
+    w->arrays[3] = to_int(recv_displs, unit);
+    const UnitType t(send.type, unit);
+    DMUON_CHECK_MPI(MPI_Ialltoallv(nonnull(send.data), w->arrays[0].data(), w->arrays[1].data(), t.get(),
+                                   nonnull(recv.data), w->arrays[2].data(), w->arrays[3].data(), t.get(), comm_,
+                                   w->add()));
     return Work(std::move(w));
   }
 
   Work post_all_gather_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts,
                          std::span<const int64_t> recv_displs, std::string_view label) override {
+    const int64_t unit = detail::mpi_unit({recv_counts, recv_displs});  // send.count is recv_counts[rank]
+    check_unit(unit, "all_gather", label);
     auto w = start("all_gather", label);
-    w->arrays[0] = to_int(recv_counts);
-    w->arrays[1] = to_int(recv_displs);
-    const MPI_Datatype t = detail::mpi_datatype(send.type);
-    DMUON_CHECK_MPI(MPI_Iallgatherv(nonnull(send.data), static_cast<int>(send.count), t, nonnull(recv.data),
-                                    w->arrays[0].data(), w->arrays[1].data(), t, comm_, &w->request));
+    w->arrays[0] = to_int(recv_counts, unit);
+    w->arrays[1] = to_int(recv_displs, unit);
+    const UnitType t(send.type, unit);
+    DMUON_CHECK_MPI(MPI_Iallgatherv(nonnull(send.data), static_cast<int>(static_cast<int64_t>(send.count) / unit),
+                                    t.get(), nonnull(recv.data), w->arrays[0].data(), w->arrays[1].data(), t.get(),
+                                    comm_, w->add()));
     return Work(std::move(w));
   }
 
   Work post_reduce_scatter_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts, ReduceOp op,
                              std::string_view label) override {
+    // Reductions need the basic type (bf16 sums are a user op on elements): no unit type here, and
+    // the total must fit too (MPI_Ireduce_scatter adds the counts up in an int).
+    DMUON_CHECK(static_cast<int64_t>(send.count) <= detail::kMpiMaxCount, "[mpi] reduce_scatter '", label, "': ",
+                send.count, " elements in all exceed the 2^31-1 elements (C int counts) one MPI_Ireduce_scatter "
+                "can address; split the buffer into smaller chunks");
     auto w = start("reduce_scatter", label);
     w->arrays[0] = to_int(recv_counts);
     DMUON_CHECK_MPI(MPI_Ireduce_scatter(nonnull(send.data), nonnull(recv.data), w->arrays[0].data(),
                                         detail::mpi_datatype(send.type), detail::mpi_op(op, send.type), comm_,
-                                        &w->request));
+                                        w->add()));
     return Work(std::move(w));
   }
 
   Work post_all_reduce(InBuffer send, OutBuffer recv, ReduceOp op, std::string_view label) override {
+    // Element-wise, so pieces of at most 2^31-1 elements are independent all-reduces.
     auto w = start("all_reduce", label);
-    const void* src = send.data == recv.data ? MPI_IN_PLACE : nonnull(send.data);
-    DMUON_CHECK_MPI(MPI_Iallreduce(src, nonnull(recv.data), static_cast<int>(send.count),
-                                   detail::mpi_datatype(send.type), detail::mpi_op(op, send.type), comm_,
-                                   &w->request));
+    const bool in_place = send.data == recv.data;
+    for (const detail::MpiPiece& p : detail::mpi_pieces(static_cast<int64_t>(send.count))) {
+      const void* src = in_place ? MPI_IN_PLACE : nonnull(at(send.data, p.offset, send.type));
+      DMUON_CHECK_MPI(MPI_Iallreduce(src, nonnull(const_cast<std::byte*>(at(recv.data, p.offset, recv.type))), p.count,
+                                     detail::mpi_datatype(send.type), detail::mpi_op(op, send.type), comm_, w->add()));
+    }
     return Work(std::move(w));
   }
 
   Work post_broadcast(OutBuffer buf, int root, std::string_view label) override {
     auto w = start("broadcast", label);
-    DMUON_CHECK_MPI(MPI_Ibcast(nonnull(buf.data), static_cast<int>(buf.count), detail::mpi_datatype(buf.type),
-                               root, comm_, &w->request));
+    for (const detail::MpiPiece& p : detail::mpi_pieces(static_cast<int64_t>(buf.count)))
+      DMUON_CHECK_MPI(MPI_Ibcast(nonnull(const_cast<std::byte*>(at(buf.data, p.offset, buf.type))), p.count,
+                                 detail::mpi_datatype(buf.type), root, comm_, w->add()));
     return Work(std::move(w));
   }
 
   Work post_barrier(std::string_view label) override {
     auto w = start("barrier", label);
-    DMUON_CHECK_MPI(MPI_Ibarrier(comm_, &w->request));
+    DMUON_CHECK_MPI(MPI_Ibarrier(comm_, w->add()));
     return Work(std::move(w));
   }
 
@@ -136,7 +186,7 @@ class MpiCommunicator final : public Communicator {
     std::vector<int> all(2 * static_cast<size_t>(size()));
     {
       auto w = start("split", name);
-      DMUON_CHECK_MPI(MPI_Iallgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm_, &w->request));
+      DMUON_CHECK_MPI(MPI_Iallgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm_, w->add()));
       Work(std::move(w)).wait();
     }
     // pass 2: the split itself.
@@ -146,7 +196,32 @@ class MpiCommunicator final : public Communicator {
     return wrap(sub, std::move(name));
   }
 
+  Work post_p2p(std::span<const detail::P2pOp> ops, std::string_view op, std::string_view label) override {
+    // Messages above 2^31-1 elements go as consecutive pieces; both ends split the same count the
+    // same way, and MPI keeps their order, so piece i still matches piece i.
+    auto w = start(op, label);
+    for (const detail::P2pOp& o : ops) {
+      const MPI_Datatype t = detail::mpi_datatype(o.buf.type);
+      for (const detail::MpiPiece& p : detail::mpi_pieces(static_cast<int64_t>(o.buf.count))) {
+        const std::byte* data = at(o.buf.data, p.offset, o.buf.type);
+        if (o.is_send)
+          DMUON_CHECK_MPI(MPI_Isend(nonnull(data), p.count, t, o.peer, kP2pTag, comm_, w->add()));
+        else
+          DMUON_CHECK_MPI(MPI_Irecv(nonnull(const_cast<std::byte*>(data)), p.count, t, o.peer, kP2pTag, comm_, w->add()));
+      }
+    }
+    return Work(std::move(w));
+  }
+
  private:
+  static constexpr int kP2pTag = 0;  // one tag: matching is by order per (peer, communicator)
+
+  // all_to_all_v / all_gather_v: counts or displacements past MPI's int limit with no common unit.
+  static void check_unit(int64_t unit, std::string_view op, std::string_view label) {
+    DMUON_CHECK(unit > 0, "[mpi] ", op, " '", label, "': counts or displacements exceed the 2^31-1 elements (C int) "
+                "MPI can address and share no factor that brings them under it; split the exchange into smaller chunks");
+  }
+
   std::unique_ptr<MpiWork> start(std::string_view op, std::string_view label) {
     const MpiRuntime& rt = detail::mpi_runtime();
     DMUON_CHECK_RUNTIME(!rt.broken, "[mpi] rank ", rt.world_rank, ": cannot post ", op, " '", label,
@@ -169,7 +244,7 @@ std::unique_ptr<Communicator> make_mpi_communicator() {
   MPI_Comm comm = MPI_COMM_NULL;
   auto w = std::make_unique<MpiWork>(WorkInfo{"mpi", "comm_dup", "make_mpi_communicator", "MPI_COMM_WORLD",
                                               rt.world_rank, rt.world_rank, rt.world_size, {}});
-  DMUON_CHECK_MPI(MPI_Comm_idup(MPI_COMM_WORLD, &comm, &w->request));
+  DMUON_CHECK_MPI(MPI_Comm_idup(MPI_COMM_WORLD, &comm, w->add()));
   Work(std::move(w)).wait(detail::default_timeout_from_env());
   return MpiCommunicator::wrap(comm, "world");
 }

@@ -1,12 +1,54 @@
 // The `single` backend: one rank, so every collective is a local copy and completes when posted.
-// Lets one process run the whole engine without MPI (mlx's EmptyGroup).
+// Lets one process run the whole engine without MPI (mlx's EmptyGroup). Sends and recvs (all to
+// self) are matched in FIFO order as MPI would: an op waits in a queue until its partner is posted.
+#include <algorithm>
 #include <cstring>
+#include <deque>
 
 #include "comm/work_impl.h"
 #include "dmuon/comm.h"
+#include "dmuon/error.h"
 
 namespace dmuon {
 namespace {
+
+// One posted send or recv; `error` is set when its partner did not fit (count or type).
+struct Match {
+  bool done = false;
+  std::string error;
+};
+struct Pending {
+  detail::P2pOp op;
+  std::shared_ptr<Match> match;
+};
+// Unmatched sends and recvs, oldest first; shared with the Works so that an abandoned one can leave.
+struct Queues {
+  std::deque<Pending> sends, recvs;
+};
+
+class P2pWork final : public detail::WorkImpl {
+ public:
+  P2pWork(detail::WorkInfo info, std::weak_ptr<Queues> queues) : WorkImpl(std::move(info)), queues_(std::move(queues)) {}
+  std::vector<std::shared_ptr<Match>> matches;
+
+  bool poll() override {
+    for (const auto& m : matches) DMUON_CHECK_RUNTIME(m->error.empty(), m->error);
+    return std::all_of(matches.begin(), matches.end(), [](const auto& m) { return m->done; });
+  }
+  // One rank, one thread: nothing can post the partner while a destructor waits.
+  bool destructor_may_wait() const override { return false; }
+  bool abandon() override {
+    if (auto q = queues_.lock()) {
+      const auto ours = [&](const Pending& p) { return std::find(matches.begin(), matches.end(), p.match) != matches.end(); };
+      std::erase_if(q->sends, ours);
+      std::erase_if(q->recvs, ours);
+    }
+    return true;
+  }
+
+ private:
+  std::weak_ptr<Queues> queues_;
+};
 
 void copy_elems(void* dst, int64_t dst_off, const void* src, int64_t src_off, int64_t n, size_t elem) {
   if (n <= 0 || (dst == src && dst_off == src_off)) return;
@@ -47,12 +89,45 @@ class SingleCommunicator final : public Communicator {
     if (color < 0) return nullptr;
     return std::make_unique<SingleCommunicator>(std::move(name));
   }
+  Work post_p2p(std::span<const detail::P2pOp> ops, std::string_view op, std::string_view label) override {
+    auto w = std::make_unique<P2pWork>(detail::WorkInfo{"single", op, std::string(label), name(), 0, 0, 1, default_timeout()},
+                                       queues_);
+    for (const detail::P2pOp& p : ops) w->matches.push_back(post_one(p, label));
+    return Work(std::move(w));
+  }
 
  private:
+  // Pairs `p` with the oldest unmatched op of the other kind, or queues it.
+  std::shared_ptr<Match> post_one(const detail::P2pOp& p, std::string_view label) {
+    auto mine = std::make_shared<Match>();
+    std::deque<Pending>& partners = p.is_send ? queues_->recvs : queues_->sends;
+    if (partners.empty()) {
+      (p.is_send ? queues_->sends : queues_->recvs).push_back({p, mine});
+      return mine;
+    }
+    Pending other = std::move(partners.front());
+    partners.pop_front();
+    const detail::P2pOp& s = p.is_send ? p : other.op;
+    const detail::P2pOp& r = p.is_send ? other.op : p;
+    if (s.buf.type != r.buf.type || s.buf.count > r.buf.count) {
+      mine->error = detail::concat("[single] rank 0: '", label, "' on communicator '", name(), "': a send of ", s.buf.count,
+                                   " ", to_string(s.buf.type), " elements met a recv of ", r.buf.count, " ",
+                                   to_string(r.buf.type), "; both ends must pass the same count and type");
+      other.match->error = mine->error;
+    } else {
+      copy_elems(const_cast<void*>(r.buf.data), 0, s.buf.data, 0, static_cast<int64_t>(s.buf.count),
+                 comm_type_size(s.buf.type));
+    }
+    mine->done = other.match->done = true;
+    return mine;
+  }
+
   Work done(std::string_view op, std::string_view label) const {
     return detail::make_completed_work(
         {"single", op, std::string(label), name(), 0, 0, 1, default_timeout()});
   }
+
+  std::shared_ptr<Queues> queues_ = std::make_shared<Queues>();
 };
 
 }  // namespace
