@@ -38,6 +38,7 @@
 #include "dmuon/export.h"
 #include "dmuon/inventory.h"
 #include "dmuon/local_optimizer.h"
+#include "dmuon/mesh_comms.h"
 #include "dmuon/optim_options.h"
 #include "dmuon/plan.h"
 #include "dmuon/tensor.h"
@@ -92,6 +93,12 @@ class DMUON_API Optimizer {
   // std::invalid_argument on bad inputs (before any collective), dmuon::Error on disagreement.
   Optimizer(std::shared_ptr<Communicator> comm, Inventory inventory, std::vector<ParamGroup> groups,
             OptimizerOptions options = {});
+  // The same over mesh communicators owned outside the optimizer (comms->world() is the
+  // communicator): the sub-communicators the plan needs (agrs reduce-scatters, gram_allreduce) come
+  // from `comms` and stay shared with any other component using it (created on first use, in plan
+  // order: COLLECTIVE). The constructor above makes its own MeshCommunicators over `comm`.
+  Optimizer(std::shared_ptr<MeshCommunicators> comms, Inventory inventory, std::vector<ParamGroup> groups,
+            OptimizerOptions options = {});
   ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
@@ -113,6 +120,7 @@ class DMUON_API Optimizer {
   const std::vector<ParamGroup>& groups() const;
   const Plan& plan() const;
   const Inventory& inventory() const;
+  const std::shared_ptr<MeshCommunicators>& mesh_communicators() const;
   int rank() const;
   Box local_box(size_t param) const;
   Shape local_shape(size_t param) const;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dmuon/mesh_comms.h"
 #include "dmuon/optimizer.h"
 #include "exec/routes.h"
 
@@ -19,8 +20,9 @@ struct ParamState {
 };
 
 struct Optimizer::Impl {
-  std::shared_ptr<Communicator> user_comm;
-  std::unique_ptr<Communicator> comm;  // the optimizer's own split of the user's communicator
+  std::shared_ptr<Communicator> user_comm;               // the world the caller gave (MeshCommunicators::world)
+  std::shared_ptr<Communicator> comm;                    // the optimizer's own split of it (step traffic)
+  std::shared_ptr<MeshCommunicators> mesh_comms;         // shared with other components
   std::vector<ParamGroup> groups;
   OptimizerOptions options;
   Plan plan;
@@ -31,7 +33,7 @@ struct Optimizer::Impl {
   std::vector<bool> param_normuon;      // per parameter
   std::vector<std::string> names;       // per parameter (error messages)
   detail::Routes routes;
-  std::vector<std::unique_ptr<Communicator>> group_comms;  // parallel to routes.group_keys
+  std::vector<Communicator*> group_comms;  // parallel to routes.group_keys; owned by mesh_comms
   std::vector<ParamState> state;
   std::vector<std::unique_ptr<Orthogonalizer>> orth;       // per Muon group (compute thread)
   uint64_t predicted_sent = 0, predicted_recv = 0;          // the plan's figures for this rank

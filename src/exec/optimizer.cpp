@@ -104,12 +104,24 @@ void local_apply(Optimizer::Impl& s, const StepInputs& in, int param, const floa
 
 }  // namespace detail
 
+namespace {
+std::shared_ptr<MeshCommunicators> mesh_communicators_of(std::shared_ptr<Communicator> comm) {
+  DMUON_CHECK(comm != nullptr, "[optim] the communicator is null; pass make_mpi_communicator() or make_single_communicator()");
+  return std::make_shared<MeshCommunicators>(std::move(comm));
+}
+}  // namespace
+
 Optimizer::Optimizer(std::shared_ptr<Communicator> comm, Inventory inventory, std::vector<ParamGroup> groups,
                      OptimizerOptions options)
+    : Optimizer(mesh_communicators_of(std::move(comm)), std::move(inventory), std::move(groups), std::move(options)) {}
+
+Optimizer::Optimizer(std::shared_ptr<MeshCommunicators> comms, Inventory inventory, std::vector<ParamGroup> groups,
+                     OptimizerOptions options)
     : impl_(std::make_unique<Impl>()) {
-  DMUON_CHECK(comm != nullptr, "[optim] the communicator is null; pass make_mpi_communicator() or make_single_communicator()");
+  DMUON_CHECK(comms != nullptr, "[optim] the mesh communicators are null; pass std::make_shared<MeshCommunicators>(world)");
   Impl& s = *impl_;
-  s.user_comm = std::move(comm);
+  s.user_comm = comms->world_ptr();
+  s.mesh_comms = std::move(comms);
   s.options = std::move(options);
   s.groups = std::move(groups);
   s.rank = s.user_comm->rank();
@@ -190,17 +202,8 @@ Optimizer::Optimizer(std::shared_ptr<Communicator> comm, Inventory inventory, st
   s.comm = s.user_comm->split(0, s.rank, "dmuon.optimizer");
   s.routes = detail::build_routes(s.plan, s.rank, s.param_normuon);
   const Inventory& inv = s.plan.inventory();
-  for (const detail::GroupKey& k : s.routes.group_keys) {
-    const Mesh& mesh = inv.meshes[static_cast<size_t>(k.mesh)];
-    std::vector<int64_t> shape, coords;
-    std::vector<int> dims;
-    for (int d = 0; d < mesh.ndim(); ++d) {
-      shape.push_back(mesh.dim(d).size);
-      coords.push_back(mesh.coord(s.rank, d));
-      if (k.dims & (DimMask{1} << d)) dims.push_back(d);
-    }
-    s.group_comms.push_back(s.comm->split_mesh_dims(shape, coords, dims, detail::concat("dmuon.group.", k.mesh, ".", k.dims)));
-  }
+  for (const detail::GroupKey& k : s.routes.group_keys)  // collective on first use of a key, in plan order
+    s.group_comms.push_back(&s.mesh_comms->get(inv.meshes[static_cast<size_t>(k.mesh)], k.dims));
   s.state.resize(inv.params.size());
   s.orth.resize(s.groups.size());
   for (size_t g = 0; g < s.groups.size(); ++g)
@@ -345,6 +348,7 @@ GroupOptions& Optimizer::options(size_t g) {
 const std::vector<ParamGroup>& Optimizer::groups() const { return impl_->groups; }
 const Plan& Optimizer::plan() const { return impl_->plan; }
 const Inventory& Optimizer::inventory() const { return impl_->plan.inventory(); }
+const std::shared_ptr<MeshCommunicators>& Optimizer::mesh_communicators() const { return impl_->mesh_comms; }
 int Optimizer::rank() const { return impl_->rank; }
 const StepStats& Optimizer::last_stats() const { return impl_->stats; }
 

@@ -349,3 +349,35 @@ TEST(OptimizerSafety, BadLocalShapeRejectedOnEveryRank) {
 
 }  // namespace
 }  // namespace dmuon
+
+namespace dmuon {
+namespace {
+
+// Mesh communicators owned outside: two optimizers (and anything else) share the sub-communicators
+// the plan needs instead of each splitting its own; both still step.
+TEST(OptimizerComms, SharesMeshCommunicators) {
+  if (comm().size() < 2) GTEST_SKIP() << "agrs needs a shard group of ≥ 2 ranks";
+  auto comms = std::make_shared<MeshCommunicators>(shared_comm());
+  Inventory inv = make_inventory("dp_shard=" + std::to_string(comm().size()));
+  const OptimizerOptions o = options_for({"", "agrs", DType::F32});
+  Optimizer a(comms, inv, test_groups(inv.params.size()), o);
+  const size_t made = comms->size();
+  EXPECT_GT(made, 0u) << "agrs entries need a shard-group communicator";
+  Optimizer b(comms, inv, test_groups(inv.params.size()), o);
+  EXPECT_EQ(comms->size(), made) << "the second optimizer split new communicators";
+  EXPECT_EQ(a.mesh_communicators(), comms);
+  for (Optimizer* opt : {&a, &b}) {
+    std::vector<std::vector<float>> w, g;
+    std::vector<TensorView> lw, lg;
+    for (size_t i = 0; i < inv.params.size(); ++i) {
+      w.emplace_back(static_cast<size_t>(opt->local_shape(i).numel()), 1.0f);
+      g.emplace_back(static_cast<size_t>(opt->local_shape(i).numel()), 0.5f);
+    }
+    for (size_t i = 0; i < inv.params.size(); ++i) lw.emplace_back(w[i].data(), opt->local_shape(i)), lg.emplace_back(g[i].data(), opt->local_shape(i));
+    EXPECT_TRUE(opt->step(lw, lg, {{0, {50.0f, 3.0f}}}));
+    EXPECT_EQ(opt->last_stats().bytes_sent, opt->last_stats().bytes_sent_predicted);
+  }
+}
+
+}  // namespace
+}  // namespace dmuon
