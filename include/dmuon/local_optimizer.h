@@ -52,6 +52,8 @@ struct LocalOptimizerOptions {
   // (each parameter's arithmetic is the same; the BLAS and oneDNN products used give the same bits
   // on 1 or more threads, tested). 0: the BLAS thread count at each step.
   int threads = 1;
+  // Around each parameter's state use, on the thread that steps it (optim_options.h).
+  StateHooks state_hooks;
 };
 
 class DMUON_API LocalOptimizer {

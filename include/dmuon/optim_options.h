@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <span>
 #include <string_view>
 
 #include "dmuon/export.h"
@@ -54,6 +56,15 @@ struct GroupOptions {
   // AdamW
   double beta1 = 0.9, beta2 = 0.999;  // in [0, 1)
   double eps = 1e-8;                   // > 0
+};
+
+// Called by a step around its use of optimizer state: acquire(params) before it reads or writes the
+// state of those parameters (indices into the optimizer's parameters), release(params) after; once
+// per pipeline chunk (distributed), per AdamW pass, per parameter (LocalOptimizer), on the thread
+// that uses the state. Where state offload plugs in (bring the tensors in / write them back). Empty:
+// nothing is called. A hook that throws fails the step (state may then be partly updated).
+struct StateHooks {
+  std::function<void(std::span<const size_t> params)> acquire, release;
 };
 
 // Throws std::invalid_argument naming the group and the field ("[optim] group 1: momentum 1.2 is

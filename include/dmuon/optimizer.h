@@ -60,6 +60,7 @@ struct OptimizerOptions {
   // BLAS threads while a step runs: 0 = 1 when the communicator has > 1 rank, else unchanged.
   int blas_threads = 0;
   bool compute_thread = true;          // orthogonalize on a worker thread (false: on the caller's)
+  StateHooks state_hooks;              // around each chunk's and the AdamW pass's state use (optim_options.h)
 };
 
 // The counters of the last step() (this rank). Seconds are wall-clock.

@@ -11,13 +11,9 @@
 #include "dmuon/mesh_comms.h"
 #include "dmuon/optimizer.h"
 #include "exec/routes.h"
+#include "state/state_store.h"
 
 namespace dmuon {
-
-struct ParamState {
-  std::vector<float> momentum, exp_avg, exp_avg_sq, normuon_v;  // local shard shapes
-  int64_t steps = 0;
-};
 
 struct Optimizer::Impl {
   std::shared_ptr<Communicator> user_comm;               // the world the caller gave (MeshCommunicators::world)
@@ -34,7 +30,7 @@ struct Optimizer::Impl {
   std::vector<std::string> names;       // per parameter (error messages)
   detail::Routes routes;
   std::vector<Communicator*> group_comms;  // parallel to routes.group_keys; owned by mesh_comms
-  std::vector<ParamState> state;
+  detail::StateStore state;            // every parameter's state, local shard layout
   std::vector<std::unique_ptr<Orthogonalizer>> orth;       // per Muon group (compute thread)
   uint64_t predicted_sent = 0, predicted_recv = 0;          // the plan's figures for this rank
   StepStats stats;

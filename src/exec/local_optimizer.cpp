@@ -16,15 +16,12 @@
 #include "dmuon/update.h"
 #include "exec/muon_math.h"
 #include "kernels/cpu/blas.h"
+#include "state/state_store.h"
 
 namespace dmuon {
 namespace {
 
-struct ParamState {
-  std::vector<float> momentum, exp_avg, exp_avg_sq, normuon_v;
-  Shape normuon_shape;
-  int64_t steps = 0;
-};
+
 
 
 
@@ -40,7 +37,7 @@ struct Worker {
 struct LocalOptimizer::Impl {
   std::vector<Algorithm> algorithm;  // per group, fixed at construction
   std::vector<bool> normuon;         // per group, fixed at construction (its state exists or not)
-  std::vector<ParamState> state;
+  detail::StateStore state;
   std::vector<std::unique_ptr<Orthogonalizer>> orth;  // per Muon group, for orth[g]->options()
   std::vector<float> update, v_mean;                  // scratch, grown to the largest parameter
   std::vector<Worker> workers;                        // threads 2..n of a parallel step
@@ -99,31 +96,27 @@ LocalOptimizer::LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamG
 
   // Eager state: everything a checkpoint holds exists from the start.
   Impl& s = *impl_;
-  s.state.resize(n);
   s.orth.resize(groups_.size());
   size_t largest = 0, largest_v = 0;
+  std::vector<detail::StateSpec> specs(n);
   for (size_t g = 0; g < groups_.size(); ++g) {
     const GroupOptions& o = groups_[g].options;
     s.algorithm.push_back(o.algorithm);
     s.normuon.push_back(o.algorithm == Algorithm::Muon && o.normuon);
     if (o.algorithm == Algorithm::Muon) s.orth[g] = std::make_unique<Orthogonalizer>(o.ns);
     for (size_t i : groups_[g].params) {
-      const auto numel = static_cast<size_t>(params_[i].shape.numel());
-      ParamState& st = s.state[i];
-      if (o.algorithm == Algorithm::AdamW) {
-        st.exp_avg.assign(numel, 0.0f);
-        st.exp_avg_sq.assign(numel, 0.0f);
-        continue;
-      }
-      st.momentum.assign(numel, 0.0f);
-      largest = std::max(largest, numel);
+      const ParamInfo& p = params_[i];
+      specs[i] = {p.name, o.algorithm, o.algorithm == Algorithm::Muon && o.normuon, p.shape, Shape{}};
+      if (o.algorithm == Algorithm::AdamW) continue;
+      largest = std::max(largest, static_cast<size_t>(p.shape.numel()));
       if (o.normuon) {
-        st.normuon_shape = normuon_state_shape(params_[i].shape, params_[i].expert_stack);
-        st.normuon_v.assign(static_cast<size_t>(st.normuon_shape.numel()), 0.0f);
-        largest_v = std::max(largest_v, st.normuon_v.size());
+        specs[i].v_shape = normuon_state_shape(p.shape, p.expert_stack);
+        largest_v = std::max(largest_v, static_cast<size_t>(specs[i].v_shape.numel()));
       }
     }
   }
+  s.state.init(std::move(specs));
+  s.state.set_hooks(options.state_hooks);
   s.update.resize(largest);
   s.v_mean.resize(largest_v);
   DMUON_CHECK(options.threads >= 0, "[optim] threads must be >= 0 (0: the BLAS thread count), got ",
@@ -234,25 +227,31 @@ bool LocalOptimizer::step(std::span<const TensorView> params, std::span<const Te
     const size_t g = group_of[i];
     const GroupOptions& o = groups_[g].options;
     const ParamInfo& info = params_[i];
-    ParamState& st = s.state[i];
     float* p = params[i].f32();
     const int64_t numel = info.shape.numel();
-    ++st.steps;
+    s.state.add_step(i);
+    const size_t one[1] = {i};
+    s.state.acquire(one);
+    struct Release {
+      const detail::StateStore& st;
+      std::span<const size_t> ps;
+      ~Release() { st.release(ps); }
+    } release{s.state, one};
     if (o.algorithm == Algorithm::AdamW) {
-      adamw_step({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, st.steps}, p, grads[i],
-                 st.exp_avg.data(), st.exp_avg_sq.data());
+      adamw_step({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, s.state.steps(i)}, p, grads[i],
+                 s.state.data(i, detail::StateKey::ExpAvg), s.state.data(i, detail::StateKey::ExpAvgSq));
       return;
     }
     if (numel == 0) return;
     float* u = update.data();
-    momentum_step({o.momentum_kind, o.momentum, o.nesterov}, st.momentum.data(), grads[i], u);
+    momentum_step({o.momentum_kind, o.momentum, o.nesterov}, s.state.data(i, detail::StateKey::Momentum), grads[i], u);
     // the same per-matrix code as the distributed executor (exec/muon_math.h)
     detail::round_to_comm(u, numel, comm_dtype_);
     const MatrixDims d = matrix_dims(info.shape, info.expert_stack);
     const int64_t len = normuon_state_size(d.rows, d.cols);
     for (int64_t e = 0; e < d.batch; ++e)
       detail::muon_unit(*orth[g], u + e * d.rows * d.cols, d.rows, d.cols,
-                        o.normuon ? st.normuon_v.data() + e * len : nullptr, v_mean.data(),
+                        o.normuon ? s.state.data(i, detail::StateKey::NormuonV) + e * len : nullptr, v_mean.data(),
                         o.normuon_beta2, comm_dtype_);
     apply_update({o.lr, adjusted_lr(o.lr, o.lr_rule, d.rows, d.cols), o.weight_decay, o.cautious_wd},
                  p, u, numel);
@@ -305,45 +304,9 @@ bool LocalOptimizer::step(std::span<const TensorView> params, std::span<const Te
   return true;
 }
 
-TensorView LocalOptimizer::state(size_t param, std::string_view key) {
-  DMUON_CHECK(param < params_.size(), "[optim] parameter index ", param, " out of range (",
-              params_.size(), " parameters)");
-  ParamState& st = impl_->state[param];
-  const Shape& shape = params_[param].shape;
-  for (const std::string& k : state_keys(param)) {
-    if (k != key) continue;
-    if (k == "momentum_buffer") return TensorView(st.momentum.data(), shape);
-    if (k == "exp_avg") return TensorView(st.exp_avg.data(), shape);
-    if (k == "exp_avg_sq") return TensorView(st.exp_avg_sq.data(), shape);
-    if (k == "normuon_v") return TensorView(st.normuon_v.data(), st.normuon_shape);
-  }
-  std::string keys;
-  for (const std::string& k : state_keys(param)) keys += (keys.empty() ? "" : ", ") + k;
-  detail::throw_invalid_argument(detail::concat("[optim] parameter '", params_[param].name,
-                                                "' has no state '", key, "'; its keys are: ", keys));
-}
-
-std::vector<std::string> LocalOptimizer::state_keys(size_t param) const {
-  DMUON_CHECK(param < params_.size(), "[optim] parameter index ", param, " out of range");
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    const auto& ps = groups_[g].params;
-    if (std::find(ps.begin(), ps.end(), param) == ps.end()) continue;
-    if (impl_->algorithm[g] == Algorithm::AdamW) return {"exp_avg", "exp_avg_sq"};
-    if (impl_->normuon[g]) return {"momentum_buffer", "normuon_v"};
-    return {"momentum_buffer"};
-  }
-  return {};
-}
-
-int64_t LocalOptimizer::step_count(size_t param) const {
-  DMUON_CHECK(param < params_.size(), "[optim] parameter index ", param, " out of range");
-  return impl_->state[param].steps;
-}
-
-void LocalOptimizer::set_step_count(size_t param, int64_t count) {
-  DMUON_CHECK(param < params_.size(), "[optim] parameter index ", param, " out of range");
-  DMUON_CHECK(count >= 0, "[optim] step count ", count, " of '", params_[param].name, "' is negative");
-  impl_->state[param].steps = count;
-}
+TensorView LocalOptimizer::state(size_t param, std::string_view key) { return impl_->state.view(param, key); }
+std::vector<std::string> LocalOptimizer::state_keys(size_t param) const { return impl_->state.keys(param); }
+int64_t LocalOptimizer::step_count(size_t param) const { return impl_->state.steps(param); }
+void LocalOptimizer::set_step_count(size_t param, int64_t count) { impl_->state.set_steps(param, count); }
 
 }  // namespace dmuon

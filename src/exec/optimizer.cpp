@@ -80,7 +80,7 @@ void local_momentum(Optimizer::Impl& s, const StepInputs& in, int param, std::ve
     return;
   }
   const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(param)])];
-  momentum_step({o.momentum_kind, o.momentum, o.nesterov}, s.state[static_cast<size_t>(param)].momentum.data(),
+  momentum_step({o.momentum_kind, o.momentum, o.nesterov}, s.state.data(static_cast<size_t>(param), detail::StateKey::Momentum),
                 in.grads[static_cast<size_t>(param)], update.data());
   round_to_comm(update.data(), L.local_numel, s.options.comm_dtype);
 }
@@ -204,21 +204,17 @@ Optimizer::Optimizer(std::shared_ptr<MeshCommunicators> comms, Inventory invento
   const Inventory& inv = s.plan.inventory();
   for (const detail::GroupKey& k : s.routes.group_keys)  // collective on first use of a key, in plan order
     s.group_comms.push_back(&s.mesh_comms->get(inv.meshes[static_cast<size_t>(k.mesh)], k.dims));
-  s.state.resize(inv.params.size());
   s.orth.resize(s.groups.size());
   for (size_t g = 0; g < s.groups.size(); ++g)
     if (s.algorithm[g] == Algorithm::Muon) s.orth[g] = std::make_unique<Orthogonalizer>(s.groups[g].options.ns);
+  std::vector<detail::StateSpec> specs;  // eager state: everything a checkpoint holds exists from the start
   for (size_t i = 0; i < inv.params.size(); ++i) {
     const ParamLayout& L = s.routes.layouts[i];
-    ParamState& st = s.state[i];
-    if (s.algorithm[static_cast<size_t>(s.group_of[i])] == Algorithm::AdamW) {
-      st.exp_avg.assign(static_cast<size_t>(L.local_numel), 0.0f);
-      st.exp_avg_sq.assign(static_cast<size_t>(L.local_numel), 0.0f);
-      continue;
-    }
-    st.momentum.assign(static_cast<size_t>(L.local_numel), 0.0f);
-    if (s.param_normuon[i]) st.normuon_v.assign(static_cast<size_t>(L.local_v), 0.0f);
+    specs.push_back({inv.params[i].name, s.algorithm[static_cast<size_t>(s.group_of[i])], static_cast<bool>(s.param_normuon[i]),
+                     L.box.shape(), L.v_box.shape()});
   }
+  s.state.init(std::move(specs));
+  s.state.set_hooks(s.options.state_hooks);
   // the plan's byte prediction for this rank (what StepStats compares the counters with)
   detail::ShardTables tables(inv);
   double sent = 0, recv = 0;
@@ -243,7 +239,7 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
   detail::StepClaim claim;
   claim.has_grad.assign(n, 0);
   claim.step_counts.resize(n);
-  for (size_t i = 0; i < n; ++i) claim.step_counts[i] = s.state[i].steps;
+  for (size_t i = 0; i < n; ++i) claim.step_counts[i] = s.state.steps(i);
   std::vector<std::unique_ptr<Orthogonalizer>> fresh(s.groups.size());
   double claim_seconds = 0;
   try {  // pass 1: validate everything locally
@@ -319,16 +315,21 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
     return c;
   };
   const CommCounters before = counters();
-  for (size_t i = 0; i < n; ++i) s.state[i].steps += in.active[i];
+  for (size_t i = 0; i < n; ++i)
+    if (in.active[i]) s.state.add_step(i);
   detail::run_pipeline(s, in);
   const auto ta = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < n; ++i) {
+  std::vector<size_t> adamw;
+  for (size_t i = 0; i < n; ++i)
+    if (s.algorithm[static_cast<size_t>(s.group_of[i])] == Algorithm::AdamW && in.active[i] && s.routes.layouts[i].local_numel > 0)
+      adamw.push_back(i);
+  s.state.acquire(adamw);
+  for (size_t i : adamw) {
     const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[i])];
-    if (o.algorithm != Algorithm::AdamW || !in.active[i] || s.routes.layouts[i].local_numel == 0) continue;
-    ParamState& st = s.state[i];
-    adamw_step({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, st.steps}, params[i].f32(), grads[i], st.exp_avg.data(),
-               st.exp_avg_sq.data());
+    adamw_step({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, s.state.steps(i)}, params[i].f32(), grads[i],
+               s.state.data(i, detail::StateKey::ExpAvg), s.state.data(i, detail::StateKey::ExpAvgSq));
   }
+  s.state.release(adamw);
   s.stats.update_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();
   const CommCounters after = counters();
   s.stats.applied = true;
@@ -358,39 +359,9 @@ Box Optimizer::local_box(size_t param) const {
 }
 Shape Optimizer::local_shape(size_t param) const { return local_box(param).shape(); }
 
-std::vector<std::string> Optimizer::state_keys(size_t param) const {
-  DMUON_CHECK(param < impl_->state.size(), "[optim] parameter index ", param, " out of range");
-  const size_t g = static_cast<size_t>(impl_->group_of[param]);
-  if (impl_->algorithm[g] == Algorithm::AdamW) return {"exp_avg", "exp_avg_sq"};
-  if (impl_->normuon[g]) return {"momentum_buffer", "normuon_v"};
-  return {"momentum_buffer"};
-}
-
-TensorView Optimizer::state(size_t param, std::string_view key) {
-  std::vector<std::string> keys = state_keys(param);
-  ParamState& st = impl_->state[param];
-  const ParamLayout& L = impl_->routes.layouts[param];
-  if (std::find(keys.begin(), keys.end(), key) != keys.end()) {
-    if (key == "momentum_buffer") return TensorView(st.momentum.data(), L.box.shape());
-    if (key == "exp_avg") return TensorView(st.exp_avg.data(), L.box.shape());
-    if (key == "exp_avg_sq") return TensorView(st.exp_avg_sq.data(), L.box.shape());
-    if (key == "normuon_v") return TensorView(st.normuon_v.data(), L.v_box.shape());
-  }
-  std::string list;
-  for (const std::string& k : keys) list += (list.empty() ? "" : ", ") + k;
-  detail::throw_invalid_argument(detail::concat("[optim] parameter '", impl_->plan.inventory().params[param].name,
-                                                "' has no state '", key, "'; its keys are: ", list));
-}
-
-int64_t Optimizer::step_count(size_t param) const {
-  DMUON_CHECK(param < impl_->state.size(), "[optim] parameter index ", param, " out of range");
-  return impl_->state[param].steps;
-}
-
-void Optimizer::set_step_count(size_t param, int64_t count) {
-  DMUON_CHECK(param < impl_->state.size(), "[optim] parameter index ", param, " out of range");
-  DMUON_CHECK(count >= 0, "[optim] step count ", count, " is negative");
-  impl_->state[param].steps = count;
-}
+std::vector<std::string> Optimizer::state_keys(size_t param) const { return impl_->state.keys(param); }
+TensorView Optimizer::state(size_t param, std::string_view key) { return impl_->state.view(param, key); }
+int64_t Optimizer::step_count(size_t param) const { return impl_->state.steps(param); }
+void Optimizer::set_step_count(size_t param, int64_t count) { impl_->state.set_steps(param, count); }
 
 }  // namespace dmuon

@@ -32,6 +32,7 @@ struct ChunkRun {
   int index = 0;
   const ChunkRoutes* r = nullptr;
   int first_entry = 0;
+  std::vector<size_t> params;                     // the chunk's parameters (state acquired / released)
   std::vector<std::vector<float>> update;         // per chunk entry: local shard update values
   std::vector<std::vector<float>> full, full_v;   // per assembly
   std::map<std::pair<int, int64_t>, size_t> assembly_of;
@@ -249,6 +250,8 @@ class Pipeline {
     c->r = &s_.routes.chunks[static_cast<size_t>(index)];
     c->first_entry = plan_.chunks()[static_cast<size_t>(index)].first_entry;
     c->update.resize(c->r->entries.size());
+    for (int e : c->r->entries) c->params.push_back(static_cast<size_t>(param_of(e)));
+    s_.state.acquire(c->params);  // released when the chunk finishes (offload plugs in here)
     for (size_t k = 0; k < c->r->entries.size(); ++k) {
       const int param = param_of(c->r->entries[k]);
       local_momentum(s_, in_, param, c->update[k]);
@@ -271,7 +274,7 @@ class Pipeline {
         put_data(dst, c->update[static_cast<size_t>(t.entry - c->first_entry)].data() + sp.offset, t.count);
       } else {
         const UnitSpan sp = unit_span(L.v_box, L.expert, t.unit);
-        std::memcpy(dst, s_.state[static_cast<size_t>(param)].normuon_v.data() + sp.offset, static_cast<size_t>(t.count) * 4);
+        std::memcpy(dst, s_.state.data(static_cast<size_t>(param), StateKey::NormuonV) + sp.offset, static_cast<size_t>(t.count) * 4);
         c->state_sent += static_cast<uint64_t>(t.count) * 4;
       }
       cursor[static_cast<size_t>(t.peer)] += static_cast<int64_t>(payload_bytes(t));
@@ -307,7 +310,7 @@ class Pipeline {
         src += len;
       });
       if (!c.full_v[i].empty()) {
-        const float* vs = s_.state[static_cast<size_t>(param)].normuon_v.data() + unit_span(L.v_box, L.expert, a.unit).offset;
+        const float* vs = s_.state.data(static_cast<size_t>(param), StateKey::NormuonV) + unit_span(L.v_box, L.expert, a.unit).offset;
         for_each_run(L.v_box, L.v_shape, L.expert, a.unit, [&](int64_t off, int64_t len) {
           std::memcpy(c.full_v[i].data() + off, vs, static_cast<size_t>(len) * 4);
           vs += len;
@@ -374,7 +377,7 @@ class Pipeline {
         });
       }
       if (a.compute && !c.full_v[i].empty()) {
-        float* vd = s_.state[static_cast<size_t>(param)].normuon_v.data() + unit_span(L.v_box, L.expert, a.unit).offset;
+        float* vd = s_.state.data(static_cast<size_t>(param), StateKey::NormuonV) + unit_span(L.v_box, L.expert, a.unit).offset;
         for_each_run(L.v_box, L.v_shape, L.expert, a.unit, [&](int64_t off, int64_t len) {
           std::memcpy(vd, c.full_v[i].data() + off, static_cast<size_t>(len) * 4);
           vd += len;
@@ -464,7 +467,7 @@ class Pipeline {
       if (t.what == Payload::Data) {
         get_data(c.update[static_cast<size_t>(t.entry - c.first_entry)].data() + unit_span(L.box, L.expert, t.unit).offset, src, t.count);
       } else {
-        std::memcpy(s_.state[static_cast<size_t>(param)].normuon_v.data() + unit_span(L.v_box, L.expert, t.unit).offset, src,
+        std::memcpy(s_.state.data(static_cast<size_t>(param), StateKey::NormuonV) + unit_span(L.v_box, L.expert, t.unit).offset, src,
                     static_cast<size_t>(t.count) * 4);
         c.state_recv += static_cast<uint64_t>(t.count) * 4;
       }
@@ -485,6 +488,7 @@ class Pipeline {
       local_apply(s_, in_, param_of(e), c.update[static_cast<size_t>(e - c.first_entry)].data());
     }
     s_.stats.update_seconds += seconds_since(t1);
+    s_.state.release(c.params);
     s_.stats.bytes_sent_state += c.state_sent;
     s_.stats.bytes_recv_state += c.state_recv;
     c.done = true;
