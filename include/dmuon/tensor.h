@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 
+#include "dmuon/device.h"
 #include "dmuon/dtype.h"
 #include "dmuon/error.h"
 #include "dmuon/export.h"
@@ -54,6 +55,7 @@ struct DMUON_API TensorView {
   DType dtype = DType::F32;
   Shape shape;
   Shape strides;  // in elements
+  Device device;  // where `data` lives (CPU unless a backend says otherwise)
 
   TensorView() = default;
   TensorView(void* data, DType dtype, Shape shape);  // contiguous

@@ -10,6 +10,7 @@
 
 #include "dmuon/mesh_comms.h"
 #include "dmuon/optimizer.h"
+#include "backend/backend.h"
 #include "exec/routes.h"
 #include "state/state_store.h"
 
@@ -19,6 +20,7 @@ struct Optimizer::Impl {
   std::shared_ptr<Communicator> user_comm;               // the world the caller gave (MeshCommunicators::world)
   std::shared_ptr<Communicator> comm;                    // the optimizer's own split of it (step traffic)
   std::shared_ptr<MeshCommunicators> mesh_comms;         // shared with other components
+  std::shared_ptr<detail::Backend> backend;              // kernels, streams, thread control
   std::vector<ParamGroup> groups;
   OptimizerOptions options;
   Plan plan;

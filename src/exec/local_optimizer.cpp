@@ -14,8 +14,7 @@
 #include "dmuon/blas.h"
 #include "dmuon/orthogonalize.h"
 #include "dmuon/update.h"
-#include "exec/muon_math.h"
-#include "kernels/cpu/blas.h"
+#include "backend/backend.h"
 #include "state/state_store.h"
 
 namespace dmuon {
@@ -35,6 +34,7 @@ struct Worker {
 };
 
 struct LocalOptimizer::Impl {
+  std::shared_ptr<detail::Backend> backend = detail::make_cpu_backend();
   std::vector<Algorithm> algorithm;  // per group, fixed at construction
   std::vector<bool> normuon;         // per group, fixed at construction (its state exists or not)
   detail::StateStore state;
@@ -103,7 +103,7 @@ LocalOptimizer::LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamG
     const GroupOptions& o = groups_[g].options;
     s.algorithm.push_back(o.algorithm);
     s.normuon.push_back(o.algorithm == Algorithm::Muon && o.normuon);
-    if (o.algorithm == Algorithm::Muon) s.orth[g] = std::make_unique<Orthogonalizer>(o.ns);
+    if (o.algorithm == Algorithm::Muon) s.orth[g] = s.backend->make_orthogonalizer(o.ns);
     for (size_t i : groups_[g].params) {
       const ParamInfo& p = params_[i];
       specs[i] = {p.name, o.algorithm, o.algorithm == Algorithm::Muon && o.normuon, p.shape, Shape{}};
@@ -171,7 +171,7 @@ bool LocalOptimizer::step(std::span<const TensorView> params, std::span<const Te
     DMUON_CHECK(!o.normuon || s.normuon[g], "[optim] group ", g,
                 ": normuon was off at construction, so its state does not exist; enable it before "
                 "constructing the optimizer");
-    if (o.ns != s.orth[g]->options()) fresh[g] = std::make_unique<Orthogonalizer>(o.ns);
+    if (o.ns != s.orth[g]->options()) fresh[g] = s.backend->make_orthogonalizer(o.ns);
     any_muon = any_muon || !groups_[g].params.empty();
   }
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -201,12 +201,12 @@ bool LocalOptimizer::step(std::span<const TensorView> params, std::span<const Te
       validate_qk_logits(*info.qk, it->second, info.name);
     }
   }
-  if (any_muon) (void)cpu::blas();  // a missing BLAS fails here, before anything is modified
+  if (any_muon) (void)s.backend->threads();  // loads the BLAS: a missing one fails here, before anything is modified
 
   // pass 2: non-finite gradients (raise or skip; nothing modified either way).
   for (size_t i = 0; i < n; ++i) {
     if (grads[i].is_none()) continue;
-    const int64_t bad = detail::first_non_finite(grads[i]);
+    const int64_t bad = s.backend->first_non_finite(grads[i]);
     if (bad < 0) continue;
     if (policy_ == NonFinitePolicy::Skip) return false;
     detail::throw_error(detail::concat("[optim] gradient of parameter '", params_[i].name,
@@ -238,29 +238,27 @@ bool LocalOptimizer::step(std::span<const TensorView> params, std::span<const Te
       ~Release() { st.release(ps); }
     } release{s.state, one};
     if (o.algorithm == Algorithm::AdamW) {
-      adamw_step({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, s.state.steps(i)}, p, grads[i],
+      s.backend->adamw({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, s.state.steps(i)}, p, grads[i],
                  s.state.data(i, detail::StateKey::ExpAvg), s.state.data(i, detail::StateKey::ExpAvgSq));
       return;
     }
     if (numel == 0) return;
     float* u = update.data();
-    momentum_step({o.momentum_kind, o.momentum, o.nesterov}, s.state.data(i, detail::StateKey::Momentum), grads[i], u);
-    // the same per-matrix code as the distributed executor (exec/muon_math.h)
-    detail::round_to_comm(u, numel, comm_dtype_);
+    s.backend->momentum({o.momentum_kind, o.momentum, o.nesterov}, s.state.data(i, detail::StateKey::Momentum), grads[i], u);
+    // the same per-matrix code as the distributed executor (the backend's muon_units)
+    s.backend->round_to_comm(u, numel, comm_dtype_);
     const MatrixDims d = matrix_dims(info.shape, info.expert_stack);
-    const int64_t len = normuon_state_size(d.rows, d.cols);
-    for (int64_t e = 0; e < d.batch; ++e)
-      detail::muon_unit(*orth[g], u + e * d.rows * d.cols, d.rows, d.cols,
-                        o.normuon ? s.state.data(i, detail::StateKey::NormuonV) + e * len : nullptr, v_mean.data(),
-                        o.normuon_beta2, comm_dtype_);
-    apply_update({o.lr, adjusted_lr(o.lr, o.lr_rule, d.rows, d.cols), o.weight_decay, o.cautious_wd},
+    s.backend->muon_units(*orth[g], u, d.batch, d.rows, d.cols,
+                          o.normuon ? s.state.data(i, detail::StateKey::NormuonV) : nullptr, v_mean.data(),
+                          o.normuon_beta2, comm_dtype_);
+    s.backend->apply_update({o.lr, adjusted_lr(o.lr, o.lr_rule, d.rows, d.cols), o.weight_decay, o.cautious_wd},
                  p, u, numel);
     if (o.qk_clip_threshold > 0 && info.qk) {
-      qk_clip_rows(*info.qk, qk_logits.at(info.qk->layer), o.qk_clip_threshold, p, 0, d.rows, d.cols);
+      s.backend->qk_clip_rows(*info.qk, qk_logits.at(info.qk->layer), o.qk_clip_threshold, p, 0, d.rows, d.cols);
     }
   };
 
-  int threads = threads_ > 0 ? threads_ : (any_muon ? blas_get_num_threads() : 1);
+  int threads = threads_ > 0 ? threads_ : (any_muon ? s.backend->threads() : 1);
   threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), std::max<size_t>(n, 1)));
   if (threads <= 1) {
     for (size_t i : s.order) apply(i, s.orth, s.update, s.v_mean);
@@ -273,12 +271,11 @@ bool LocalOptimizer::step(std::span<const TensorView> params, std::span<const Te
     wk.orth.resize(groups_.size());
     for (size_t g = 0; g < groups_.size(); ++g)
       if (s.orth[g] && (!wk.orth[g] || wk.orth[g]->options() != s.orth[g]->options()))
-        wk.orth[g] = std::make_unique<Orthogonalizer>(s.orth[g]->options());
+        wk.orth[g] = s.backend->make_orthogonalizer(s.orth[g]->options());
     wk.update.resize(s.update.size());
     wk.v_mean.resize(s.v_mean.size());
   }
-  const int blas_threads = any_muon ? blas_get_num_threads() : 1;
-  if (any_muon) blas_set_num_threads(1);
+  const int blas_threads = any_muon ? s.backend->set_threads(1) : 1;
   std::atomic<size_t> next{0};
   std::exception_ptr failure;
   std::mutex failure_mutex;
@@ -299,7 +296,7 @@ bool LocalOptimizer::step(std::span<const TensorView> params, std::span<const Te
   }
   run(s.orth, s.update, s.v_mean);
   for (std::thread& t : pool) t.join();
-  if (any_muon) blas_set_num_threads(blas_threads);
+  if (any_muon) s.backend->set_threads(blas_threads);
   if (failure) std::rethrow_exception(failure);
   return true;
 }

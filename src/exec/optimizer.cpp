@@ -12,7 +12,6 @@
 #include "core/hash.h"
 #include "exec/agreement.h"
 #include "exec/executor.h"
-#include "exec/muon_math.h"
 #include "plan/cost_model.h"
 #include "plan/shard_table.h"
 
@@ -80,9 +79,9 @@ void local_momentum(Optimizer::Impl& s, const StepInputs& in, int param, std::ve
     return;
   }
   const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(param)])];
-  momentum_step({o.momentum_kind, o.momentum, o.nesterov}, s.state.data(static_cast<size_t>(param), detail::StateKey::Momentum),
+  s.backend->momentum({o.momentum_kind, o.momentum, o.nesterov}, s.state.data(static_cast<size_t>(param), detail::StateKey::Momentum),
                 in.grads[static_cast<size_t>(param)], update.data());
-  round_to_comm(update.data(), L.local_numel, s.options.comm_dtype);
+  s.backend->round_to_comm(update.data(), L.local_numel, s.options.comm_dtype);
 }
 
 void local_apply(Optimizer::Impl& s, const StepInputs& in, int param, const float* update) {
@@ -91,13 +90,13 @@ void local_apply(Optimizer::Impl& s, const StepInputs& in, int param, const floa
   const ParamSpec& p = s.plan.inventory().params[static_cast<size_t>(param)];
   const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(param)])];
   float* w = in.params[static_cast<size_t>(param)].f32();
-  apply_update({o.lr, adjusted_lr(o.lr, o.lr_rule, L.rows, L.cols), o.weight_decay, o.cautious_wd}, w, update, L.local_numel);
+  s.backend->apply_update({o.lr, adjusted_lr(o.lr, o.lr_rule, L.rows, L.cols), o.weight_decay, o.cautious_wd}, w, update, L.local_numel);
   if (o.qk_clip_threshold <= 0 || !p.qk) return;
   // QK-clip scales whole rows: each contiguous range of local rows on its own (StridedShard has several)
   const int64_t lc = L.box.dims[1].size();
   int64_t pos = 0;
   for (const Range& r : L.box.dims[0].ranges()) {
-    qk_clip_rows(*p.qk, in.qk_logits->at(p.qk->layer), o.qk_clip_threshold, w + pos * lc, r.begin, r.end, lc);
+    s.backend->qk_clip_rows(*p.qk, in.qk_logits->at(p.qk->layer), o.qk_clip_threshold, w + pos * lc, r.begin, r.end, lc);
     pos += r.size();
   }
 }
@@ -122,6 +121,7 @@ Optimizer::Optimizer(std::shared_ptr<MeshCommunicators> comms, Inventory invento
   Impl& s = *impl_;
   s.user_comm = comms->world_ptr();
   s.mesh_comms = std::move(comms);
+  s.backend = detail::make_cpu_backend();
   s.options = std::move(options);
   s.groups = std::move(groups);
   s.rank = s.user_comm->rank();
@@ -206,7 +206,7 @@ Optimizer::Optimizer(std::shared_ptr<MeshCommunicators> comms, Inventory invento
     s.group_comms.push_back(&s.mesh_comms->get(inv.meshes[static_cast<size_t>(k.mesh)], k.dims));
   s.orth.resize(s.groups.size());
   for (size_t g = 0; g < s.groups.size(); ++g)
-    if (s.algorithm[g] == Algorithm::Muon) s.orth[g] = std::make_unique<Orthogonalizer>(s.groups[g].options.ns);
+    if (s.algorithm[g] == Algorithm::Muon) s.orth[g] = s.backend->make_orthogonalizer(s.groups[g].options.ns);
   std::vector<detail::StateSpec> specs;  // eager state: everything a checkpoint holds exists from the start
   for (size_t i = 0; i < inv.params.size(); ++i) {
     const ParamLayout& L = s.routes.layouts[i];
@@ -253,7 +253,7 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
       DMUON_CHECK(!o.normuon || s.normuon[g], "[optim] group ", g,
                   ": normuon was off at construction, so its state does not exist; enable it before constructing");
       DMUON_CHECK(o.normuon || !s.normuon[g], "[optim] group ", g, ": normuon may not be turned off after construction");
-      if (o.ns != s.orth[g]->options()) fresh[g] = std::make_unique<Orthogonalizer>(o.ns);
+      if (o.ns != s.orth[g]->options()) fresh[g] = s.backend->make_orthogonalizer(o.ns);
     }
     std::vector<std::pair<int, const std::vector<float>*>> logits;  // the layers QK-clip reads, once each
     for (size_t i = 0; i < n; ++i) {
@@ -287,9 +287,9 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
     claim.fields = detail::step_fields(in.options, s.options.non_finite, logits);
     claim_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tc).count();
     const int threads = s.options.blas_threads > 0 ? s.options.blas_threads : (s.comm->size() > 1 ? 1 : 0);
-    if (threads > 0) blas_set_num_threads(threads);  // also loads the BLAS: a missing one fails here
+    s.backend->set_threads(threads);  // also loads the BLAS: a missing one fails here
     for (size_t i = 0; i < n && claim.bad_param < 0; ++i)
-      if (claim.has_grad[i] && detail::first_non_finite(grads[i]) >= 0) claim.bad_param = static_cast<int64_t>(i);
+      if (claim.has_grad[i] && s.backend->first_non_finite(grads[i]) >= 0) claim.bad_param = static_cast<int64_t>(i);
   } catch (const std::exception& e) {
     claim.error = e.what();
   }
@@ -326,7 +326,7 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
   s.state.acquire(adamw);
   for (size_t i : adamw) {
     const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[i])];
-    adamw_step({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, s.state.steps(i)}, params[i].f32(), grads[i],
+    s.backend->adamw({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, s.state.steps(i)}, params[i].f32(), grads[i],
                s.state.data(i, detail::StateKey::ExpAvg), s.state.data(i, detail::StateKey::ExpAvgSq));
   }
   s.state.release(adamw);

@@ -15,7 +15,6 @@
 #include "dmuon/bf16.h"
 #include "dmuon/update.h"
 #include "exec/executor.h"
-#include "exec/muon_math.h"
 
 namespace dmuon::detail {
 namespace {
@@ -39,81 +38,12 @@ struct ChunkRun {
   PeerBuffers g, sc;
   std::vector<std::vector<std::byte>> rs_send, rs_recv;
   uint64_t state_sent = 0, state_recv = 0, bytes = 0;
-  std::atomic<bool> computed{false};
+  Event computed{std::make_shared<std::atomic<bool>>(false)};  // the compute stream passed this chunk
   bool gathered = false, scattered_posted = false, done = false;
   Clock::time_point gather_posted, scatter_posted;
   // Works last: destroyed first, while the buffers they use are still alive.
   Work gather, scatter;
   std::vector<Work> rs;
-};
-
-// One compute thread per step; runs queued chunks in order.
-class Worker {
- public:
-  explicit Worker(bool threaded) : threaded_(threaded) {
-    if (threaded_) thread_ = std::thread([this] { loop(); });
-  }
-  ~Worker() {
-    if (!threaded_) return;
-    {
-      std::lock_guard<std::mutex> lk(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void submit(std::function<void()> job) {
-    if (!threaded_) return run(job);
-    {
-      std::lock_guard<std::mutex> lk(m_);
-      jobs_.push_back(std::move(job));
-      busy_ = true;
-    }
-    cv_.notify_all();
-  }
-  bool busy() {
-    std::lock_guard<std::mutex> lk(m_);
-    return busy_;
-  }
-  void rethrow() {
-    std::lock_guard<std::mutex> lk(m_);
-    if (error_) std::rethrow_exception(error_);
-  }
-  double seconds() const { return seconds_.load(); }
-
- private:
-  void run(const std::function<void()>& job) {
-    const auto t = Clock::now();
-    job();
-    seconds_.store(seconds_.load() + seconds_since(t));
-  }
-  void loop() {
-    std::unique_lock<std::mutex> lk(m_);
-    for (;;) {
-      cv_.wait(lk, [&] { return stop_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;
-      auto job = std::move(jobs_.front());
-      jobs_.pop_front();
-      lk.unlock();
-      try {
-        if (!error_) run(job);
-      } catch (...) {
-        lk.lock();
-        error_ = std::current_exception();
-        lk.unlock();
-      }
-      lk.lock();
-      busy_ = !jobs_.empty();
-    }
-  }
-  bool threaded_;
-  std::thread thread_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool busy_ = false, stop_ = false;
-  std::exception_ptr error_;
-  std::atomic<double> seconds_{0};
 };
 
 class Pipeline {
@@ -127,7 +57,8 @@ class Pipeline {
     const int n = static_cast<int>(chunks.size());
     const int window = std::max(1, s_.options.window);
     std::vector<std::unique_ptr<ChunkRun>> runs(static_cast<size_t>(n));
-    Worker worker(s_.options.compute_thread);
+    std::unique_ptr<Stream> compute = s_.backend->make_stream(s_.options.compute_thread);  // the compute thread
+    Stream& worker = *compute;
     int started = 0, assembled = 0, scattered = 0, finished = 0;
     auto last = Clock::now();
     while (finished < n) {
@@ -143,7 +74,8 @@ class Pipeline {
         if (ready(c.gather, c.gather_posted)) {
           assemble(c);
           ChunkRun* cp = &c;
-          worker.submit([this, cp] { compute(*cp); });
+          worker.submit([this, cp] { compute_chunk(*cp); });
+          c.computed = worker.record();
           ++assembled, progress = true;
         }
       }
@@ -151,7 +83,7 @@ class Pipeline {
       // pass 3: scatter of the oldest computed chunk
       if (scattered < assembled) {
         ChunkRun& c = *runs[static_cast<size_t>(scattered)];
-        if (c.computed.load()) {
+        if (c.computed.done()) {
           post_scatter(c);
           ++scattered, progress = true;
         }
@@ -184,7 +116,7 @@ class Pipeline {
       }
     }
     worker.rethrow();
-    s_.stats.orthogonalize_seconds += worker.seconds();
+    s_.stats.orthogonalize_seconds += worker.busy_seconds();
     s_.stats.overlap = s_.stats.comm_seconds > 0 ? hidden_ / s_.stats.comm_seconds : 0;
     s_.stats.chunks = n;
   }
@@ -344,7 +276,7 @@ class Pipeline {
   }
 
   // compute thread: orthogonalize (+ NorMuon) every unit this rank computes
-  void compute(ChunkRun& c) {
+  void compute_chunk(ChunkRun& c) {
     std::vector<float> v_mean;
     const auto& as = c.r->assemblies;
     for (size_t i = 0; i < as.size(); ++i) {
@@ -356,9 +288,9 @@ class Pipeline {
       const GroupOptions& o = in_.options[g];
       float* v = c.full_v[i].empty() ? nullptr : c.full_v[i].data();
       v_mean.resize(static_cast<size_t>(L.v_len));
-      muon_unit(*s_.orth[g], c.full[i].data(), L.rows, L.cols, v, v_mean.data(), o.normuon_beta2, s_.options.comm_dtype);
+      s_.backend->muon_units(*s_.orth[g], c.full[i].data(), 1, L.rows, L.cols, v, v_mean.data(), o.normuon_beta2,
+                             s_.options.comm_dtype);
     }
-    c.computed.store(true);
   }
 
   // pass: own results out of the full units, pack and post the scatter (+ agrs reduce-scatters)

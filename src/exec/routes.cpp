@@ -8,7 +8,6 @@
 
 #include "dmuon/error.h"
 #include "dmuon/update.h"
-#include "exec/muon_math.h"
 
 namespace dmuon::detail {
 

@@ -1,0 +1,21 @@
+// Where memory lives and kernels run: a device kind and index. Tensor views and backend buffers carry
+// one; the CPU is the default everywhere.
+#pragma once
+
+#include <string>
+
+#include "dmuon/export.h"
+
+namespace dmuon {
+
+enum class DeviceKind : unsigned char { Cpu, Cuda };
+
+struct Device {
+  DeviceKind kind = DeviceKind::Cpu;
+  int index = 0;  // CUDA ordinal; 0 for the CPU
+  friend bool operator==(const Device&, const Device&) = default;
+};
+
+DMUON_API std::string to_string(const Device& d);  // "cpu", "cuda:0"
+
+}  // namespace dmuon

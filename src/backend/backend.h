@@ -1,0 +1,136 @@
+// Internal: the device seam. A Backend owns where the step's memory lives and how its kernels run:
+// buffers from its allocator, streams and events, the element-wise update kernels, batched
+// orthogonalization (Gram Newton–Schulz with a reduce callback, so no BLAS call lives outside a
+// backend) and its thread control. The executor and LocalOptimizer call only this interface.
+// Implementations: `cpu` (OpenBLAS, oneDNN; cpu/), `cuda` (no_cuda.cpp until it exists).
+//
+// Contract: pointers passed to a kernel are the backend's device memory (host memory for cpu).
+// Kernels run on the calling thread (cpu) unless submitted to a Stream. Numerics are those of the
+// kernels in update.h / orthogonalize.h; for a given backend the results do not depend on the
+// stream, the thread or the thread count (the basis of bitwise layout invariance).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "dmuon/device.h"
+#include "dmuon/optim_options.h"
+#include "dmuon/orthogonalize.h"
+#include "dmuon/qk_clip.h"
+#include "dmuon/tensor.h"
+#include "dmuon/update.h"
+
+namespace dmuon::detail {
+
+enum class MemoryKind : unsigned char { Host, PinnedHost, Device };
+
+// Owning memory from a backend's allocator (move-only; freed by the backend that made it).
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(void* data, size_t bytes, MemoryKind kind, Device device, std::function<void(void*)> free)
+      : data_(data), bytes_(bytes), kind_(kind), device_(device), free_(std::move(free)) {}
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept;
+  ~Buffer() { reset(); }
+  void reset();
+  void* data() const { return data_; }
+  template <class T> T* as() const { return static_cast<T*>(data_); }
+  size_t bytes() const { return bytes_; }
+  MemoryKind kind() const { return kind_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  MemoryKind kind_ = MemoryKind::Host;
+  Device device_;
+  std::function<void(void*)> free_;
+};
+
+// Completion of the work a stream had when the event was recorded.
+class Event {
+ public:
+  Event() : done_(std::make_shared<std::atomic<bool>>(true)) {}
+  explicit Event(std::shared_ptr<std::atomic<bool>> done) : done_(std::move(done)) {}
+  bool done() const { return done_->load(std::memory_order_acquire); }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> done_;
+};
+
+// An ordered queue of work (cpu: a worker thread, or the caller's thread when synchronous).
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual void submit(std::function<void()> job) = 0;  // runs after everything submitted before
+  virtual Event record() = 0;                          // done once all work submitted so far is
+  virtual bool busy() = 0;                             // work queued or running
+  virtual void synchronize() = 0;                      // waits for all work; rethrows its first error
+  virtual void rethrow() = 0;                          // rethrows a failed job's error, if any
+  virtual double busy_seconds() const = 0;             // time spent running jobs
+};
+
+struct BackendCaps {
+  bool bf16_products = false;     // NsOptions::matmul_dtype BF16
+  bool gram_newton_schulz = true;
+  bool batched = true;            // expert stacks / same-shape batches in one call
+  bool device_memory = false;     // buffers live off the host
+  int max_streams = 0;            // 0: no limit
+};
+
+// Gram NS's collective: sums `a` (count floats, an s×s Gram matrix) over the shard group in place.
+using GramReduce = std::function<void(float* a, size_t count, int step)>;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;  // "cpu" | "cuda"
+  virtual Device device() const = 0;
+  virtual BackendCaps capabilities() const = 0;
+
+  virtual Buffer allocate(size_t bytes, MemoryKind kind) = 0;  // zero-filled
+  // threaded = false: a stream that runs each job on the caller's thread at submit.
+  virtual std::unique_ptr<Stream> make_stream(bool threaded) = 0;
+
+  // Thread control of the backend's own kernels (cpu: the BLAS thread count); 0 leaves it. Returns
+  // the previous value. Loads the libraries it needs: a missing one fails here (dmuon::Error).
+  virtual int set_threads(int threads) = 0;
+  virtual int threads() const = 0;
+
+  // ---- element-wise update kernels (update.h, qk_clip.h numerics) ----
+  virtual void momentum(const MomentumOptions& o, float* buf, const TensorView& grad, float* update) = 0;
+  virtual void apply_update(const ApplyOptions& o, float* param, const float* update, int64_t n) = 0;
+  virtual void adamw(const AdamWOptions& o, float* param, const TensorView& grad, float* exp_avg, float* exp_avg_sq) = 0;
+  virtual void qk_clip_rows(const QkTag& tag, std::span<const float> logits, double threshold, float* w,
+                            int64_t row_begin, int64_t row_end, int64_t cols) = 0;
+  // Rounds n values to the communication dtype and back (bf16: as the wire format; fp32: no-op).
+  virtual void round_to_comm(float* x, int64_t n, DType comm) = 0;
+  // Index of the first non-finite element of a contiguous fp32 / bf16 view, or -1.
+  virtual int64_t first_non_finite(const TensorView& g) = 0;
+
+  // ---- orthogonalization ----
+  virtual std::unique_ptr<Orthogonalizer> make_orthogonalizer(const NsOptions& o) = 0;
+  // `batch` matrices rows × cols back to back, input already rounded to the comm dtype: each
+  // orthogonalized in place, then NorMuon when `v` is not null (v: batch × normuon_state_size
+  // values; v_mean: scratch of one matrix's size), then rounded to the comm dtype.
+  virtual void muon_units(Orthogonalizer& orth, float* u, int64_t batch, int64_t rows, int64_t cols, float* v,
+                          float* v_mean, double beta2, DType comm) = 0;
+  // Gram Newton–Schulz on a slice of a matrix sharded along its long dim: x is the local slice
+  // (local_rows × local_cols, row-major), the Gram side is rows when `wide` (else cols) of size s;
+  // `reduce` sums each step's s×s Gram matrix over the shard group. Result rounded to `comm`.
+  virtual void gram_newton_schulz(const NsOptions& o, float* x, int64_t local_rows, int64_t local_cols, bool wide,
+                                  int64_t s, const GramReduce& reduce, DType comm) = 0;
+};
+
+// "cpu" (always built) or "cuda" (dmuon::Error "[cuda] dmuon was built without CUDA" in this build).
+std::shared_ptr<Backend> make_backend(std::string_view name);
+std::shared_ptr<Backend> make_cpu_backend();
+std::shared_ptr<Backend> make_cuda_backend(int device);
+
+}  // namespace dmuon::detail

@@ -1,0 +1,11 @@
+// Internal: the cpu backend (OpenBLAS fp32 products, oneDNN bf16 products, the update kernels of
+// src/kernels/cpu), its stream and its thread control (the BLAS thread count).
+#pragma once
+
+#include "backend/backend.h"
+
+namespace dmuon::detail {
+
+std::unique_ptr<Stream> make_cpu_stream(bool threaded);
+
+}  // namespace dmuon::detail
