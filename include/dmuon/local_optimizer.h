@@ -46,7 +46,7 @@ struct LocalOptimizerOptions {
   // distributed run with that comm dtype matches this reference bitwise. fp32: no rounding.
   DType comm_dtype = DType::F32;
   // Parameters updated at once. 1: one after another, each product using the BLAS's own threads.
-  // n ≥ 2: n threads each take whole parameters (largest first) and run their products on one
+  // n ≥ 2: n threads (this one and n − 1 persistent backend streams) each take whole parameters (largest first) and run their products on one
   // BLAS / oneDNN thread, so the element-wise work between products runs in parallel too (OpenBLAS is
   // set to 1 thread for the step and restored after). Results are bitwise the same for every value
   // (each parameter's arithmetic is the same; the BLAS and oneDNN products used give the same bits

@@ -8,7 +8,6 @@
 #include <exception>
 #include <mutex>
 #include <numeric>
-#include <thread>
 
 #include "dmuon/bf16.h"
 #include "dmuon/blas.h"
@@ -29,6 +28,7 @@ namespace {
 // What one thread of a step needs of its own: an Orthogonalizer per Muon group (its workspace) and
 // the update / NorMuon scratch, sized for the largest parameter.
 struct Worker {
+  std::unique_ptr<detail::Stream> stream;  // a backend stream (cpu: a persistent thread)
   std::vector<std::unique_ptr<Orthogonalizer>> orth;
   std::vector<float> update, v_mean;
 };
@@ -40,7 +40,7 @@ struct LocalOptimizer::Impl {
   detail::StateStore state;
   std::vector<std::unique_ptr<Orthogonalizer>> orth;  // per Muon group, for orth[g]->options()
   std::vector<float> update, v_mean;                  // scratch, grown to the largest parameter
-  std::vector<Worker> workers;                        // threads 2..n of a parallel step
+  std::vector<Worker> workers;                        // streams 2..n of a parallel step
   std::vector<size_t> order;                          // parameters, most work first
 };
 
@@ -268,6 +268,7 @@ bool LocalOptimizer::step(std::span<const TensorView> params, std::span<const Te
   if (s.workers.size() < static_cast<size_t>(threads - 1)) s.workers.resize(static_cast<size_t>(threads - 1));
   for (int w = 0; w < threads - 1; ++w) {
     Worker& wk = s.workers[static_cast<size_t>(w)];
+    if (!wk.stream) wk.stream = s.backend->make_stream(true);
     wk.orth.resize(groups_.size());
     for (size_t g = 0; g < groups_.size(); ++g)
       if (s.orth[g] && (!wk.orth[g] || wk.orth[g]->options() != s.orth[g]->options()))
@@ -289,13 +290,12 @@ bool LocalOptimizer::step(std::span<const TensorView> params, std::span<const Te
       next = n;  // the others stop taking parameters
     }
   };
-  std::vector<std::thread> pool;
-  for (int w = 0; w < threads - 1; ++w) {
+  for (int w = 0; w < threads - 1; ++w) {  // streams 2..n, then this thread as the first
     Worker& wk = s.workers[static_cast<size_t>(w)];
-    pool.emplace_back([&run, &wk] { run(wk.orth, wk.update, wk.v_mean); });
+    wk.stream->submit([&run, &wk] { run(wk.orth, wk.update, wk.v_mean); });
   }
   run(s.orth, s.update, s.v_mean);
-  for (std::thread& t : pool) t.join();
+  for (int w = 0; w < threads - 1; ++w) s.workers[static_cast<size_t>(w)].stream->synchronize();  // run() catches
   if (any_muon) s.backend->set_threads(blas_threads);
   if (failure) std::rethrow_exception(failure);
   return true;
