@@ -128,6 +128,23 @@ TEST(DType, Names) {
   }
 }
 
+TEST(Errors, ChecksSayWhereTheyFired) {
+  try {
+    DMUON_CHECK(1 + 1 == 3, "[test] arithmetic ", 42);
+    FAIL();
+  } catch (const std::invalid_argument& e) {  // still a std::invalid_argument for callers
+    EXPECT_STREQ(e.what(), "[test] arithmetic 42");  // the message itself is unchanged
+    EXPECT_EQ(dmuon::error_location(e).rfind("tests/unit/core_test.cpp:", 0), 0u) << dmuon::error_location(e);
+  }
+  try {
+    DMUON_CHECK_RUNTIME(false, "[test] runtime");
+    FAIL();
+  } catch (const dmuon::Error& e) {
+    EXPECT_NE(e.where().find("core_test.cpp:"), std::string::npos) << e.where();
+  }
+  EXPECT_EQ(dmuon::error_location(std::runtime_error("plain")), "");  // negative control
+}
+
 TEST(Blas, LoadsFastCore) {
   const dmuon::BlasInfo info = dmuon::blas_info();
   EXPECT_FALSE(info.library.empty());
