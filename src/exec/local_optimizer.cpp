@@ -115,7 +115,7 @@ LocalOptimizer::LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamG
       }
     }
   }
-  s.state.init(std::move(specs));
+  s.state.init(std::move(specs), *s.backend);
   s.state.set_hooks(options.state_hooks);
   s.update.resize(largest);
   s.v_mean.resize(largest_v);

@@ -213,7 +213,7 @@ Optimizer::Optimizer(std::shared_ptr<MeshCommunicators> comms, Inventory invento
     specs.push_back({inv.params[i].name, s.algorithm[static_cast<size_t>(s.group_of[i])], static_cast<bool>(s.param_normuon[i]),
                      L.box.shape(), L.v_box.shape()});
   }
-  s.state.init(std::move(specs));
+  s.state.init(std::move(specs), *s.backend);
   s.state.set_hooks(s.options.state_hooks);
   // the plan's byte prediction for this rank (what StepStats compares the counters with)
   detail::ShardTables tables(inv);

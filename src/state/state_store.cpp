@@ -15,12 +15,12 @@ std::string_view to_string(StateKey key) {
   return "?";
 }
 
-void StateStore::init(std::vector<StateSpec> specs) {
+void StateStore::init(std::vector<StateSpec> specs, Backend& backend) {
   params_.clear();
   params_.reserve(specs.size());
   for (StateSpec& s : specs) {
     Param p;
-    const auto zeros = [](const Shape& sh) { return std::vector<float>(static_cast<size_t>(sh.numel()), 0.0f); };
+    const auto zeros = [&](const Shape& sh) { return backend.allocate(static_cast<size_t>(sh.numel()) * sizeof(float), MemoryKind::Host); };
     if (s.algorithm == Algorithm::AdamW) {
       p.tensors.push_back({StateKey::ExpAvg, s.shape, zeros(s.shape)});
       p.tensors.push_back({StateKey::ExpAvgSq, s.shape, zeros(s.shape)});
@@ -40,7 +40,7 @@ const StateStore::Param& StateStore::param(size_t i) const {
 
 float* StateStore::data(size_t i, StateKey key) {
   for (Tensor& t : params_[i].tensors)
-    if (t.key == key) return t.data.empty() ? nullptr : t.data.data();
+    if (t.key == key) return t.data.as<float>();
   throw_invalid_argument(concat("[optim] internal: parameter '", params_[i].spec.name, "' has no state ", to_string(key)));
 }
 
@@ -53,7 +53,7 @@ std::vector<std::string> StateStore::keys(size_t i) const {
 TensorView StateStore::view(size_t i, std::string_view key) {
   const Param& p = param(i);
   for (Tensor& t : params_[i].tensors)
-    if (to_string(t.key) == key) return TensorView(t.data.data(), t.shape);
+    if (to_string(t.key) == key) return TensorView(t.data.as<float>(), t.shape);
   std::string list;
   for (const Tensor& t : p.tensors) list += (list.empty() ? "" : ", ") + std::string(to_string(t.key));
   throw_invalid_argument(concat("[optim] parameter '", p.spec.name, "' has no state '", key, "'; its keys are: ", list));

@@ -3,8 +3,8 @@
 // per parameter. Both engines (LocalOptimizer and the distributed Optimizer) keep their state here,
 // and the state views of the C++ and Python APIs come from it. The step calls acquire() before it
 // touches a set of parameters' state and release() after (per pipeline chunk, per AdamW pass, per
-// LocalOptimizer parameter): the hooks are where state offload plugs in. Memory is host memory for
-// now; it moves to the backend's allocator with the device seam.
+// LocalOptimizer parameter): the hooks are where state offload plugs in. Memory comes from the
+// backend's allocator (host memory on the cpu backend).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/backend.h"
 #include "dmuon/optim_options.h"
 #include "dmuon/tensor.h"
 
@@ -33,7 +34,8 @@ struct StateSpec {
 
 class StateStore {
  public:
-  void init(std::vector<StateSpec> specs);  // all state zero, step counts 0
+  // All state zero (host memory from `backend`), step counts 0.
+  void init(std::vector<StateSpec> specs, Backend& backend);
   size_t size() const { return params_.size(); }
 
   // Raw fp32 storage of a key (nullptr when the shard is empty). The key must exist.
@@ -55,7 +57,7 @@ class StateStore {
   struct Tensor {
     StateKey key;
     Shape shape;
-    std::vector<float> data;
+    Buffer data;  // shape.numel() floats from the backend's allocator (zeroed)
   };
   struct Param {
     StateSpec spec;
