@@ -1,11 +1,18 @@
 // Shared declarations of the `dmuon._core` binding files: one init_<area>(m) per file, called from
-// module.cpp, and the DLPack -> TensorView conversion every binding uses.
+// module.cpp, the DLPack -> TensorView conversion every binding uses, and the methods both engines
+// (LocalOptimizer, Optimizer) bind alike.
 #pragma once
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
+#include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "dmuon/tensor.h"
@@ -30,6 +37,33 @@ std::vector<TensorView> grad_views(const std::vector<Grad>& grads);
 // A torch tensor aliasing fp32 engine state `v`; `owner` (the optimizer object) is kept alive by it.
 using StateTensor = nb::ndarray<nb::pytorch, float>;
 StateTensor state_tensor(const TensorView& v, nb::handle owner);
+
+// The methods LocalOptimizer and Optimizer share: step (views taken with the GIL held, the step
+// itself without it), state (tensors aliasing the engine's memory; they keep the engine alive),
+// state_keys, step_count, set_step_count and options (live GroupOptions). The docs name what
+// differs: whole parameters or local shards, collective or not.
+template <class Engine>
+void bind_engine_methods(nb::class_<Engine>& cls, const char* step_doc, const char* state_doc) {
+  using Logits = std::map<int, std::vector<float>>;
+  cls.def(
+         "step",
+         [](Engine& e, const std::vector<Array>& params, const std::vector<Grad>& grads, const Logits& qk_logits) {
+           const std::vector<TensorView> p = views(params, "parameter");
+           const std::vector<TensorView> g = grad_views(grads);
+           nb::gil_scoped_release release;
+           return e.step(p, g, qk_logits);
+         },
+         nb::arg("params"), nb::arg("grads"), nb::arg("qk_logits") = Logits{}, step_doc)
+      .def(
+          "state",
+          [](Engine& e, size_t param, const std::string& key) { return state_tensor(e.state(param, key), nb::find(&e)); },
+          nb::arg("param"), nb::arg("key"), state_doc)
+      .def("state_keys", &Engine::state_keys, nb::arg("param"))
+      .def("step_count", &Engine::step_count, nb::arg("param"))
+      .def("set_step_count", &Engine::set_step_count, nb::arg("param"), nb::arg("count"))
+      .def("options", &Engine::options, nb::arg("group"), nb::rv_policy::reference_internal,
+           "The live GroupOptions of a group: writes take effect at the next step.");
+}
 
 void init_errors(nb::module_& m);
 void init_blas(nb::module_& m);

@@ -1,12 +1,6 @@
 // dmuon.LocalOptimizer: the single-process engine. Parameters and gradients cross as DLPack views
 // each step (no copies); the state lives in the engine and is exposed as torch tensors that alias
 // it (so the optimizer's state dict and the engine share memory). The GIL is released in step().
-#include <nanobind/stl/map.h>
-#include <nanobind/stl/optional.h>
-#include <nanobind/stl/string.h>
-#include <nanobind/stl/vector.h>
-
-#include <map>
 #include <string>
 #include <vector>
 
@@ -16,10 +10,10 @@
 namespace dmuon::python {
 
 void init_local_optimizer(nb::module_& m) {
-  nb::class_<LocalOptimizer>(m, "LocalOptimizer",
-                             "Single-process optimizer step over whole parameters "
-                             "(dmuon/local_optimizer.h). Not thread-safe.")
-      .def(
+  nb::class_<LocalOptimizer> cls(m, "LocalOptimizer",
+                                 "Single-process optimizer step over whole parameters "
+                                 "(dmuon/local_optimizer.h). Not thread-safe.");
+  cls.def(
           "__init__",
           [](LocalOptimizer* self, std::vector<ParamInfo> params, std::vector<ParamGroup> groups,
              const std::string& policy, const std::string& comm_dtype, int threads) {
@@ -39,33 +33,11 @@ void init_local_optimizer(nb::module_& m) {
       .def_prop_ro("comm_dtype", [](const LocalOptimizer& o) { return std::string(to_string(o.comm_dtype())); })
       .def_prop_ro("params", &LocalOptimizer::params)
       .def_prop_ro("groups", &LocalOptimizer::groups)
-      .def("options", &LocalOptimizer::options, nb::arg("group"), nb::rv_policy::reference_internal,
-           "The live GroupOptions of a group: writes take effect at the next step.")
       .def_prop_rw(
           "non_finite", [](const LocalOptimizer& o) { return std::string(to_string(o.policy())); },
-          [](LocalOptimizer& o, const std::string& v) { o.set_policy(parse_non_finite_policy(v)); })
-      .def(
-          "step",
-          [](LocalOptimizer& o, const std::vector<Array>& params, const std::vector<Grad>& grads,
-             const std::map<int, std::vector<float>>& qk_logits) {
-            const std::vector<TensorView> p = views(params, "parameter");
-            const std::vector<TensorView> g = grad_views(grads);
-            nb::gil_scoped_release release;
-            return o.step(p, g, qk_logits);
-          },
-          nb::arg("params"), nb::arg("grads"), nb::arg("qk_logits") = std::map<int, std::vector<float>>{},
-          "One step; params updated in place. Returns False when skipped (non-finite, policy skip).")
-      .def(
-          "state",
-          [](LocalOptimizer& o, size_t param, const std::string& key) {
-            // The owner is this LocalOptimizer: the tensor keeps the engine (and its state) alive.
-            return state_tensor(o.state(param, key), nb::find(&o));
-          },
-          nb::arg("param"), nb::arg("key"),
-          "A torch.Tensor aliasing the engine's fp32 state (read-write; stable across steps).")
-      .def("state_keys", &LocalOptimizer::state_keys, nb::arg("param"))
-      .def("step_count", &LocalOptimizer::step_count, nb::arg("param"))
-      .def("set_step_count", &LocalOptimizer::set_step_count, nb::arg("param"), nb::arg("count"));
+          [](LocalOptimizer& o, const std::string& v) { o.set_policy(parse_non_finite_policy(v)); });
+  bind_engine_methods(cls, "One step; params updated in place. Returns False when skipped (non-finite, policy skip).",
+                      "A torch.Tensor aliasing the engine's fp32 state (read-write; stable across steps).");
 }
 
 }  // namespace dmuon::python

@@ -2,15 +2,10 @@
 // types it needs (Mesh, Placement, ParamSpec, Inventory, local_box). Parameters and gradients cross
 // as DLPack views of LOCAL shards each step (no copies); state is exposed as torch tensors aliasing
 // the engine's memory. The GIL is released during step() and during the collective constructor.
-#include <nanobind/stl/map.h>
-#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
-#include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
-#include <nanobind/stl/vector.h>
 
-#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -142,15 +137,16 @@ void init_optimizer(nb::module_& m) {
   m.def("abort_all", [](int code) { abort_all(code); }, nb::arg("code"),
         "Ends the whole job (MPI_Abort when MPI runs): after a communication error or timeout.");
 
-  nb::class_<Optimizer>(m, "Optimizer",
-                        "The distributed optimizer step over local shards (dmuon/optimizer.h). "
-                        "COLLECTIVE: construct and step on every rank in the same order.")
-      .def(
+  nb::class_<Optimizer> cls(m, "Optimizer",
+                            "The distributed optimizer step over local shards (dmuon/optimizer.h). "
+                            "COLLECTIVE: construct and step on every rank in the same order.");
+  cls.def(
           "__init__",
           [](Optimizer* self, std::shared_ptr<Communicator> comm, Inventory inventory,
              std::vector<ParamGroup> groups, const std::string& non_finite, const std::string& comm_dtype,
-             int window, int64_t chunk_bytes, int blas_threads, double timeout_s) {
+             int window, int64_t chunk_bytes, int blas_threads, double timeout_s, const std::string& machine) {
             OptimizerOptions options;
+            options.machine = MachineProfile::named(machine);
             options.non_finite = parse_non_finite_policy(non_finite);
             options.comm_dtype = parse_dtype(comm_dtype, "comm_dtype");
             options.window = window;
@@ -162,39 +158,20 @@ void init_optimizer(nb::module_& m) {
           },
           nb::arg("comm"), nb::arg("inventory"), nb::arg("groups"), nb::arg("non_finite") = "raise",
           nb::arg("comm_dtype") = "fp32", nb::arg("window") = 2, nb::arg("chunk_bytes") = int64_t{32} << 20,
-          nb::arg("blas_threads") = 0, nb::arg("timeout_s") = 0.0)
+          nb::arg("blas_threads") = 0, nb::arg("timeout_s") = 0.0, nb::arg("machine") = "h100")
       .def_prop_ro("rank", &Optimizer::rank)
       .def_prop_ro("groups", &Optimizer::groups)
-      .def("options", &Optimizer::options, nb::arg("group"), nb::rv_policy::reference_internal,
-           "The live GroupOptions of a group: writes take effect at the next step (same on every rank).")
       .def("local_shape", [](const Optimizer& o, size_t i) { return from_shape(o.local_shape(i)); },
            nb::arg("param"))
       .def("local_box", [](const Optimizer& o, size_t i) { return box_ranges(o.local_box(i)); },
            nb::arg("param"))
       .def("plan_string", [](const Optimizer& o) { return o.plan().to_string(); })
-      .def(
-          "step",
-          [](Optimizer& o, const std::vector<Array>& params, const std::vector<Grad>& grads,
-             const std::map<int, std::vector<float>>& qk_logits) {
-            const std::vector<TensorView> p = views(params, "parameter");
-            const std::vector<TensorView> g = grad_views(grads);
-            nb::gil_scoped_release release;
-            return o.step(p, g, qk_logits);
-          },
-          nb::arg("params"), nb::arg("grads"), nb::arg("qk_logits") = std::map<int, std::vector<float>>{},
-          "COLLECTIVE. One step on local shards, updated in place. False when skipped.")
-      .def(
-          "state",
-          [](Optimizer& o, size_t param, const std::string& key) {
-            return state_tensor(o.state(param, key), nb::find(&o));
-          },
-          nb::arg("param"), nb::arg("key"),
-          "A torch.Tensor aliasing the engine's fp32 state of this rank's shard (stable across steps).")
-      .def("state_keys", &Optimizer::state_keys, nb::arg("param"))
-      .def("step_count", &Optimizer::step_count, nb::arg("param"))
-      .def("set_step_count", &Optimizer::set_step_count, nb::arg("param"), nb::arg("count"))
+      .def("plan_json", [](const Optimizer& o) { return o.plan().to_json(); },
+           "The plan as JSON (docs/plan.md): totals, options and every Muon parameter's entry.")
       .def("last_stats", [](const Optimizer& o) { return stats_dict(o.last_stats()); },
            "The counters of the last step on this rank (dmuon::StepStats) as a dict.");
+  bind_engine_methods(cls, "COLLECTIVE. One step on local shards, updated in place. False when skipped.",
+                      "A torch.Tensor aliasing the engine's fp32 state of this rank's shard (stable across steps).");
 }
 
 }  // namespace dmuon::python

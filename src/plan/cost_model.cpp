@@ -10,11 +10,11 @@ double log2_steps(int g) { return g <= 1 ? 0.0 : std::ceil(std::log2(static_cast
 
 }  // namespace
 
-bool applies(Strategy s, const ParamSpec& p, const ShardTable& t) {
+bool applies(Strategy s, const ParamSpec& p, const ShardTable& t, bool split) {
   switch (s) {
     case Strategy::Local: return !p.expert && t.whole_units;
     case Strategy::ExpertLocal: return p.expert && t.whole_units;
-    case Strategy::OwnerA2A: return t.g > 1;
+    case Strategy::OwnerA2A: return t.g > 1 || (split && t.r > 1);
     case Strategy::AllGather: return t.g > 1;
     case Strategy::Agrs: return !p.expert && t.g > 1;
     case Strategy::GramAllReduce: return !p.expert && t.long_dim_only;

@@ -26,7 +26,9 @@ void visit_state(const PlanEntry& entry, const ShardTable& t, const ShardTable& 
 void visit_all(const PlanEntry& entry, ShardTables& tables, const Inventory& inv, const PlanOptions& o,
                const Visitor& fn);
 
-bool applies(Strategy s, const ParamSpec& p, const ShardTable& t);
+// `split`: owners may be spread over replicas (ReplicaMode::Split); then owner_a2a also runs a
+// replicated-only parameter (shard group of 1): one replica computes, the result is scattered.
+bool applies(Strategy s, const ParamSpec& p, const ShardTable& t, bool split = false);
 
 // Collective calls a chunk issues for the entries of strategy `s`, and their latency for a group
 // of `g` ranks (log2 steps per call; an all-reduce is two passes).

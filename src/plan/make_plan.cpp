@@ -31,7 +31,7 @@ Strategy cost_choice(const ParamSpec& p, const ShardTable& t, bool split, const 
   double best_s = std::numeric_limits<double>::infinity();
   for (int i = 0; i < kNumStrategies; ++i) {
     const Strategy s = static_cast<Strategy>(i);
-    if (!detail::applies(s, p, t) || (o.exact && s == Strategy::GramAllReduce)) continue;
+    if (!detail::applies(s, p, t, split) || (o.exact && s == Strategy::GramAllReduce)) continue;
     const auto [it, fresh] = memo.try_emplace({&t, i, split}, 0.0);
     if (fresh) it->second = detail::amortized_seconds(s, p, t, split, o);
     const double sec = it->second;
@@ -42,12 +42,12 @@ Strategy cost_choice(const ParamSpec& p, const ShardTable& t, bool split, const 
 
 // Pin or env rule for `p`, when one applies. A pattern naming a parameter that the strategy cannot
 // run is a caller mistake; a `default:` rule that cannot run it falls back to the cost model.
-bool rule_choice(const StrategyRules& rules, const char* source, const ParamSpec& p, const ShardTable& t,
+bool rule_choice(const StrategyRules& rules, const char* source, const ParamSpec& p, const ShardTable& t, bool split,
                  Strategy& out, bool& fell_back) {
   bool by_pattern = false;
   const auto s = rules.match(p.name, &by_pattern);
   if (!s) return false;
-  if (detail::applies(*s, p, t)) {
+  if (detail::applies(*s, p, t, split)) {
     out = *s;
     return true;
   }
@@ -71,9 +71,9 @@ void build(const Inventory& inv, const PlanOptions& o, bool split, detail::Shard
     e.group_dims = t.group_dims;
     e.replica_dims = t.replica_dims;
     bool fell_back = false;
-    if (rule_choice(o.pins, "a user pin", p, t, e.strategy, fell_back)) {
+    if (rule_choice(o.pins, "a user pin", p, t, split, e.strategy, fell_back)) {
       e.decision = Decision::Pin;
-    } else if (!fell_back && rule_choice(o.env_override, "DMUON_STRATEGY", p, t, e.strategy, fell_back)) {
+    } else if (!fell_back && rule_choice(o.env_override, "DMUON_STRATEGY", p, t, split, e.strategy, fell_back)) {
       e.decision = Decision::Env;
     } else {
       e.strategy = cost_choice(p, t, split, o, memo);

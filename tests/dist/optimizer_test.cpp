@@ -151,6 +151,7 @@ std::vector<std::string> parallels() {
   if (w % 2 == 0) out.push_back("dp_shard=" + std::to_string(w / 2) + ",tp=2");          // FSDP × TP (StridedShard)
   if (w == 3) out.push_back("tp=3");
   if (w > 1) out.push_back("dp_shard=" + std::to_string(w) + ",ep=" + std::to_string(w));  // experts whole
+  if (w > 1) out.push_back("dp_replicate=" + std::to_string(w));                          // replicated only (DDP)
   if (w == 4) out.push_back("dp_shard=4,ep=2");                                           // experts split (efsdp·ep > E)
   return out;
 }

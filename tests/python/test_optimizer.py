@@ -257,3 +257,27 @@ def test_comm_dtype_bf16_rounds_the_update_where_it_would_travel(comm_dtype):
     assert is_bf16 == (comm_dtype == "bf16")
     with pytest.raises(ValueError, match="comm_dtype"):
         dt.Muon([torch.nn.Parameter(torch.zeros(2, 2))], comm_dtype="fp16")
+
+
+def test_engine_choice_and_the_distributed_core_on_plain_tensors():
+    # one process: plain tensors take the local core; engine="distributed" forces the other core
+    # (single communicator, Replicate on no mesh dims): bitwise the same parameters and state
+    m0 = model()
+    runs = {}
+    for kind in (None, "distributed"):
+        m = copy.deepcopy(m0)
+        opt = make(m, lr=0.05, engine=kind, normuon=True)
+        assert opt.engine == (kind or "local")
+        assert (opt.last_step_stats is None) == (kind is None)
+        train(m, opt, 3)
+        runs[kind] = (m, opt)
+    (ml, ol), (md, od) = runs[None], runs["distributed"]
+    for pl, pd in zip(ml.parameters(), md.parameters()):
+        assert torch.equal(pl, pd)
+        assert sorted(ol.state[pl]) == sorted(od.state[pd])
+        for key, value in ol.state[pl].items():
+            assert type(od.state[pd][key]) is torch.Tensor and torch.equal(value, od.state[pd][key])
+    assert od.last_step_stats["applied"]
+    assert not torch.equal(next(ml.parameters()), next(m0.parameters()))  # the steps changed it
+    with pytest.raises(ValueError, match="engine="):
+        make(model(), engine="mpi")

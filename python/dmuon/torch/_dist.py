@@ -1,10 +1,10 @@
-"""Processes and the distributed engine behind dmuon.torch.Muon.
+"""Processes and DTensor layouts for the distributed core behind dmuon.torch.Muon.
 
 `init_distributed()` sets up both process groups of a job launched with `mpirun -np N python ...`:
-the torch one (gloo, from the Open MPI environment) and the engine's MPI communicator.
-`DistEngine` drives dmuon.Optimizer on DTensor parameters (FSDP2 / HSDP / TP / EP): it reads each
-DTensor's mesh, placements and global shape, builds the engine's inventory once, checks that the
-engine's local box is the DTensor's local shard, and hands the local shards to the engine each step.
+the torch one (gloo, from the Open MPI environment) and the engine's MPI communicator. The layout
+helpers map a DTensor's mesh and placements to the engine's (the Engine in _engine.py builds its
+inventory with them), check that the engine's local box is the DTensor's local shard, and wrap the
+engine's state and take the gradients' local shards in the DTensor's layout.
 """
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ import torch
 import torch.distributed as dist
 
 from .. import _core
-from ._engine import param_name
-from ._options import make_group_options
 
 _COMM: Optional["_core.Communicator"] = None
 
@@ -59,6 +57,20 @@ def init_distributed(master_port: int = 29500, timeout_s: Optional[float] = None
     return rank, world
 
 
+def job_size() -> int:
+    """Ranks of the job as dmuon's communicator sees it: init_distributed()'s communicator, or Open
+    MPI's world size under mpirun; 1 otherwise (one process, or a launcher dmuon has no
+    communicator for yet, such as torchrun)."""
+    if _COMM is not None:
+        return _COMM.size
+    return int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+
+
+def world_size() -> int:
+    """The distributed core's world: torch's process group when there is one, else job_size()."""
+    return dist.get_world_size() if dist.is_initialized() else job_size()
+
+
 def communicator(world: int) -> "_core.Communicator":
     """The engine's communicator for a job of `world` ranks: the one init_distributed() made, the
     single one for one rank, or (under mpirun) a new MPI one."""
@@ -67,12 +79,12 @@ def communicator(world: int) -> "_core.Communicator":
         if world == 1:
             return _core.make_single_communicator()
         if "OMPI_COMM_WORLD_SIZE" not in os.environ:
-            raise RuntimeError(f"[torch] DTensor parameters span {world} ranks but dmuon has no "
+            raise RuntimeError(f"[torch] the parameters span {world} ranks but dmuon has no "
                                f"communicator: launch with `mpirun -np {world} python ...` and call "
                                f"dmuon.torch.init_distributed() first")
         _COMM = _core.make_mpi_communicator()
     if _COMM.size != world:
-        raise ValueError(f"[torch] DTensor meshes span {world} ranks but dmuon's communicator has "
+        raise ValueError(f"[torch] the parameters span {world} ranks but dmuon's communicator has "
                          f"{_COMM.size}; every mesh must span the whole job")
     return _COMM
 
@@ -131,146 +143,50 @@ def _mesh_key(mesh: Any) -> tuple:
     return tuple(zip(names, (int(s) for s in mesh.mesh.shape)))
 
 
-class DistEngine:
-    """dmuon.Optimizer over the local shards of DTensor parameters (plain tensors among them are
-    replicated on a 1-D mesh over the whole job). Same interface as LocalEngine."""
+def check_local_shards(params: list, inventory: "_core.Inventory", names: list[str]) -> None:
+    """The engine's local box of every parameter must be its local shard (shape; a plain tensor is
+    whole), and the shard must be contiguous (the engine works in place on it). Before any
+    collective: raises ValueError on the rank that differs."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    for i, p in enumerate(params):
+        local = p._local_tensor if is_dtensor(p) else p
+        spec = inventory.params[i]
+        box = _core.local_box(spec.shape, spec.placements, inventory.meshes[spec.mesh], rank)
+        want = [sum(e - b for b, e in dim) for dim in box]
+        if list(local.shape) != want:
+            raise ValueError(f"[torch] parameter '{names[i]}': local shard has shape "
+                             f"{tuple(local.shape)} but its placements {list(spec.placements)} "
+                             f"give {tuple(want)} on rank {rank}")
+        if not local.is_contiguous():
+            raise ValueError(f"[torch] parameter '{names[i]}': the local shard (shape "
+                             f"{tuple(local.shape)}, stride {local.stride()}) is not contiguous; "
+                             f"the engine updates it in place and needs a contiguous shard")
 
-    kind = "distributed"
 
-    def __init__(self, param_groups: list[dict], qk_tags: dict, non_finite: str, comm_dtype: str):
-        flat = [p for group in param_groups for p in group["params"]]
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        inventory = _core.Inventory()
-        inventory.model = "torch"
-        mesh_index: dict[tuple, int] = {}
-        self.dist_meshes: list = []      # DeviceMesh per engine mesh (None: the plain-tensor mesh)
-        specs, groups, names, layouts = [], [], [], []
-        meshes, mesh_names = [], []
+def as_layout(local: torch.Tensor, layout: Optional[tuple], p: Any, key: str) -> torch.Tensor:
+    """Engine state `local` of parameter `p` in p's layout: itself for a plain parameter (layout
+    None), else a DTensor with p's mesh and placements whose local tensor is `local` (no copy)."""
+    if layout is None:
+        return local
+    from torch.distributed.tensor import DTensor
+    mesh, placements = layout
+    shape = list(p.shape)
+    if key == "normuon_v":
+        shape = list(_core.normuon_state_shape(shape, p.ndim == 3))
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(local, mesh, placements, run_check=False, shape=torch.Size(shape),
+                              stride=stride)
 
-        def engine_mesh(key: tuple, device_mesh) -> int:
-            if key not in mesh_index:
-                mesh_index[key] = len(meshes)
-                meshes.append(_core.Mesh([(n, s) for n, s in key]))
-                mesh_names.append("x".join(n for n, _ in key) or "world")
-                self.dist_meshes.append(device_mesh)
-            return mesh_index[key]
 
-        for g, group in enumerate(param_groups):
-            pg = _core.ParamGroup()
-            pg.options = make_group_options(group, g)
-            muon = group.get("algorithm", "muon") == "muon"
-            indices = []
-            for j, p in enumerate(group["params"]):
-                spec = _core.ParamSpec()
-                spec.name = param_name(group, g, j)
-                where = f"parameter '{spec.name}'"
-                spec.shape = list(p.shape)
-                spec.role = "muon" if muon else "adamw"
-                spec.expert = muon and p.ndim == 3 and bool(group.get("expert_stacks"))
-                if is_dtensor(p):
-                    mesh, placements = _lift(p.device_mesh, list(p.placements), world, where)
-                    spec.mesh = engine_mesh(_mesh_key(mesh), mesh)
-                    spec.placements = [_placement(pl, p.ndim, where) for pl in placements]
-                    layouts.append((p.device_mesh, tuple(p.placements)))
-                else:
-                    key = (("world", world),) if world > 1 else ()
-                    spec.mesh = engine_mesh(key, None)
-                    spec.placements = [_core.Placement.replicate()] * len(key)
-                    layouts.append(None)
-                tag = qk_tags.get(id(p))
-                if tag is not None:
-                    spec.qk = tag
-                indices.append(len(specs))
-                specs.append(spec)
-                names.append(spec.name)
-            pg.params = indices
-            groups.append(pg)
-        inventory.meshes, inventory.mesh_names, inventory.params = meshes, mesh_names, specs
-        inventory.validate()
-        self.params: list[torch.Tensor] = flat
-        self.names = names
-        self.layouts = layouts
-        self._check_local_shards(inventory, world)
-        self.comm = communicator(world)
-        self.core = _core.Optimizer(self.comm, inventory, groups, non_finite, comm_dtype)
-        self._state_cache: dict[int, dict[str, torch.Tensor]] = {}
-
-    def _check_local_shards(self, inventory, world: int) -> None:
-        # Before any collective: the engine's local box of every parameter must be the DTensor's
-        # local shard (shape), and the shard must be contiguous (the engine works in place on it).
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        for i, p in enumerate(self.params):
-            local = p._local_tensor if is_dtensor(p) else p
-            spec = inventory.params[i]
-            box = _core.local_box(spec.shape, spec.placements, inventory.meshes[spec.mesh], rank)
-            want = [sum(e - b for b, e in dim) for dim in box]
-            if list(local.shape) != want:
-                raise ValueError(f"[torch] parameter '{self.names[i]}': local shard has shape "
-                                 f"{tuple(local.shape)} but its placements {list(spec.placements)} "
-                                 f"give {tuple(want)} on rank {rank}")
-            if not local.is_contiguous():
-                raise ValueError(f"[torch] parameter '{self.names[i]}': the local shard (shape "
-                                 f"{tuple(local.shape)}, stride {local.stride()}) is not contiguous; "
-                                 f"the engine updates it in place and needs a contiguous shard")
-
-    # ---- the engine interface (as LocalEngine) ---------------------------------------------------
-
-    def state(self, i: int) -> dict[str, torch.Tensor]:
-        """State of parameter i: DTensors with the parameter's mesh and placements whose local
-        tensors alias the engine's memory (plain tensors for plain parameters). Cached: the same
-        objects each call."""
-        cached = self._state_cache.get(i)
-        if cached is not None:
-            return dict(cached)
-        out = {}
-        for key in self.core.state_keys(i):
-            local = self.core.state(i, key)
-            layout = self.layouts[i]
-            if layout is None:
-                out[key] = local
-                continue
-            from torch.distributed.tensor import DTensor
-            mesh, placements = layout
-            p = self.params[i]
-            shape = list(p.shape)
-            if key == "normuon_v":
-                shape = list(_core.normuon_state_shape(shape, p.ndim == 3))
-            stride = torch.empty(shape, device="meta").stride()
-            out[key] = DTensor.from_local(local, mesh, placements, run_check=False,
-                                          shape=torch.Size(shape), stride=stride)
-        self._state_cache[i] = out
-        return dict(out)
-
-    def options(self, g: int) -> "_core.GroupOptions":
-        return self.core.options(g)
-
-    def step_count(self, i: int) -> int:
-        return self.core.step_count(i)
-
-    def set_step_count(self, i: int, count: int) -> None:
-        self.core.set_step_count(i, count)
-
-    def last_stats(self) -> dict:
-        return self.core.last_stats()
-
-    def step(self, params: list[torch.Tensor], grads: list[torch.Tensor],
-             qk_logits: dict[int, list[float]]) -> bool:
-        local_params, local_grads = [], []
-        for i, (p, g) in enumerate(zip(params, grads)):
-            if g is None:  # no gradient: the engine leaves it untouched (agreed with every rank)
-                local_params.append((p._local_tensor if is_dtensor(p) else p).detach())
-                local_grads.append(None)
-                continue
-            if is_dtensor(p):
-                layout = self.layouts[i]
-                if not is_dtensor(g):
-                    raise TypeError(f"[torch] gradient of DTensor parameter '{self.names[i]}' is a "
-                                    f"plain tensor; expected a DTensor like the parameter")
-                if tuple(g.placements) != layout[1]:
-                    raise ValueError(f"[torch] gradient of '{self.names[i]}' has placements "
-                                     f"{tuple(g.placements)}, the parameter {layout[1]}; "
-                                     f"redistribute (reduce) it first")
-                p, g = p._local_tensor, g._local_tensor
-            local_params.append(p.detach())
-            local_grads.append(g.detach().contiguous())  # no copy when contiguous (FSDP2's are)
-        return self.core.step(local_params, local_grads, qk_logits)
+def local_grad(g: Any, layout: tuple, name: str) -> Optional[torch.Tensor]:
+    """The local shard of the gradient of DTensor parameter `name` (layout: its mesh and
+    placements); None stays None (no gradient)."""
+    if g is None:
+        return None
+    if not is_dtensor(g):
+        raise TypeError(f"[torch] gradient of DTensor parameter '{name}' is a plain tensor; "
+                        f"expected a DTensor like the parameter")
+    if tuple(g.placements) != layout[1]:
+        raise ValueError(f"[torch] gradient of '{name}' has placements {tuple(g.placements)}, "
+                         f"the parameter {layout[1]}; redistribute (reduce) it first")
+    return g._local_tensor

@@ -1,20 +1,25 @@
 """The engine behind dmuon.torch.Muon: builds the engine's inventory from the torch param groups
 once (again only when groups change), exposes its state as torch tensors, and runs steps.
 
-Single process (plain tensors): dmuon.LocalOptimizer. The distributed engine (DTensor parameters:
-FSDP2 / HSDP / TP / EP) will plug in here behind the same four methods (`state`, `options`,
-`step`, `step_count` / `set_step_count`), so Muon's API does not change.
+One class over two native cores. dmuon.Optimizer (kind "distributed") runs DTensor parameters
+(FSDP2 / HSDP / TP / EP) over their local shards, and plain tensors of a job of several ranks with
+a dmuon communicator (init_distributed() or mpirun) as Replicate on a 1-D "world" mesh; it is
+collective. dmuon.LocalOptimizer (kind "local") runs one process, and plain tensors of a job dmuon
+has no communicator for (torchrun: each rank steps its replica alone).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from .. import _core
+from . import _dist
+from ._dist import is_dtensor
 from ._options import make_group_options
 
 QK_KEYS = ("layer", "kind", "heads", "head_dim", "rope_dim", "v_dim")
+KINDS = ("local", "distributed")
 
 
 def qk_tag(spec: Any, where: str) -> "_core.QkTag":
@@ -41,40 +46,100 @@ def param_name(group: dict, group_index: int, j: int) -> str:
     return str(names[j]) if names else f"param_groups[{group_index}][{j}]"
 
 
-class LocalEngine:
-    """dmuon.LocalOptimizer over whole parameters. `params` is the flat list in group order (the
-    order of the optimizer's state_dict); `qk_tags` maps id(param) to its QkTag."""
+def engine_kind(params: list[torch.Tensor], requested: Optional[str]) -> str:
+    """'distributed' for DTensor parameters, or plain ones in a job of several ranks that dmuon has
+    a communicator for; 'local' otherwise. `requested` ("local" / "distributed") overrides."""
+    dtensors = any(is_dtensor(p) for p in params)
+    if requested == "local" and dtensors:
+        raise ValueError("[torch] engine='local' cannot run DTensor parameters; leave engine=None")
+    if requested is not None:
+        return requested
+    return "distributed" if dtensors or _dist.job_size() > 1 else "local"
 
-    kind = "local"
+
+class Engine:
+    """One native core over the optimizer's parameters. `params` is the flat list in group order
+    (the order of the optimizer's state_dict); `qk_tags` maps id(param) to its QkTag."""
 
     def __init__(self, param_groups: list[dict], qk_tags: dict[int, "_core.QkTag"],
-                 non_finite: str, comm_dtype: str):
-        infos, groups, flat = [], [], []
+                 non_finite: str, comm_dtype: str, threads: int = 0, kind: Optional[str] = None):
+        self.params: list[torch.Tensor] = [p for group in param_groups for p in group["params"]]
+        self.kind = engine_kind(self.params, kind)
+        distributed = self.kind == "distributed"
+        world = _dist.world_size() if distributed else 1
+        inventory, groups = self._inventory(param_groups, qk_tags, world)
+        self.names: list[str] = [spec.name for spec in inventory.params]
+        self._state_cache: dict[int, dict[str, torch.Tensor]] = {}
+        if not distributed:
+            self.core = _core.LocalOptimizer([_info(spec) for spec in inventory.params], groups,
+                                             non_finite, comm_dtype, threads)
+            return
+        inventory.validate()
+        _dist.check_local_shards(self.params, inventory, self.names)  # before any collective
+        self.comm = _dist.communicator(world)
+        # the cost model's constants are those of the device the step runs on: the CPU here
+        self.core = _core.Optimizer(self.comm, inventory, groups, non_finite, comm_dtype, machine="cpu")
+
+    def _inventory(self, param_groups: list[dict], qk_tags: dict, world: int):
+        """The engine's inventory (one dmuon.Mesh per distinct DeviceMesh; plain tensors Replicate on
+        a 1-D "world" mesh, no mesh dims in one process) and its groups; sets self.layouts (per
+        parameter its DTensor's (mesh, placements), None for a plain tensor)."""
+        inventory = _core.Inventory()
+        inventory.model = "torch"
+        mesh_index: dict[tuple, int] = {}
+        specs, groups, meshes, mesh_names, self.layouts = [], [], [], [], []
+
+        def engine_mesh(key: tuple) -> int:
+            if key not in mesh_index:
+                mesh_index[key] = len(meshes)
+                meshes.append(_core.Mesh([(n, s) for n, s in key]))
+                mesh_names.append("x".join(n for n, _ in key) or "world")
+            return mesh_index[key]
+
         for g, group in enumerate(param_groups):
             pg = _core.ParamGroup()
             pg.options = make_group_options(group, g)
             muon = group.get("algorithm", "muon") == "muon"
             indices = []
             for j, p in enumerate(group["params"]):
-                info = _core.ParamInfo()
-                info.name = param_name(group, g, j)
-                info.shape = list(p.shape)
-                info.expert_stack = muon and p.ndim == 3 and bool(group.get("expert_stacks"))
+                spec = _core.ParamSpec()
+                spec.name = param_name(group, g, j)
+                spec.shape = list(p.shape)
+                spec.role = "muon" if muon else "adamw"
+                spec.expert = muon and p.ndim == 3 and bool(group.get("expert_stacks"))
+                if is_dtensor(p):
+                    where = f"parameter '{spec.name}'"
+                    mesh, placements = _dist._lift(p.device_mesh, list(p.placements), world, where)
+                    spec.mesh = engine_mesh(_dist._mesh_key(mesh))
+                    spec.placements = [_dist._placement(pl, p.ndim, where) for pl in placements]
+                    self.layouts.append((p.device_mesh, tuple(p.placements)))
+                else:
+                    key = (("world", world),) if world > 1 else ()
+                    spec.mesh = engine_mesh(key)
+                    spec.placements = [_core.Placement.replicate()] * len(key)
+                    self.layouts.append(None)
                 tag = qk_tags.get(id(p))
                 if tag is not None:
-                    info.qk = tag
-                indices.append(len(infos))
-                infos.append(info)
-                flat.append(p)
+                    spec.qk = tag
+                indices.append(len(specs))
+                specs.append(spec)
             pg.params = indices
             groups.append(pg)
-        self.core = _core.LocalOptimizer(infos, groups, non_finite, comm_dtype)
-        self.params: list[torch.Tensor] = flat
-        self.names: list[str] = [i.name for i in infos]
+        inventory.meshes, inventory.mesh_names, inventory.params = meshes, mesh_names, specs
+        return inventory, groups
+
+    # ---- the interface Muon uses -----------------------------------------------------------------
 
     def state(self, i: int) -> dict[str, torch.Tensor]:
-        """The engine's state of parameter i as tensors aliasing its memory (stable pointers)."""
-        return {key: self.core.state(i, key) for key in self.core.state_keys(i)}
+        """State of parameter i as tensors aliasing the engine's memory (stable pointers): plain
+        tensors for a plain parameter, DTensors with the parameter's mesh and placements for a
+        DTensor one. Cached: the same objects each call."""
+        cached = self._state_cache.get(i)
+        if cached is None:
+            cached = {key: _dist.as_layout(self.core.state(i, key), self.layouts[i], self.params[i],
+                                           key) for key in self.core.state_keys(i)}
+            self._state_cache[i] = cached
+        return dict(cached)
 
     def options(self, g: int) -> "_core.GroupOptions":
         return self.core.options(g)
@@ -85,7 +150,27 @@ class LocalEngine:
     def set_step_count(self, i: int, count: int) -> None:
         self.core.set_step_count(i, count)
 
-    def step(self, params: list[torch.Tensor], grads: list[torch.Tensor],
+    def last_stats(self) -> Optional[dict]:
+        return self.core.last_stats() if self.kind == "distributed" else None
+
+    def step(self, params: list[torch.Tensor], grads: list[Optional[torch.Tensor]],
              qk_logits: dict[int, list[float]]) -> bool:
         # detach(): DLPack refuses tensors that require grad; the views share storage (zero-copy).
-        return self.core.step([p.detach() for p in params], grads, qk_logits)
+        local_params, local_grads = [], []
+        for i, (p, g) in enumerate(zip(params, grads)):
+            if is_dtensor(p):
+                p, g = p._local_tensor, _dist.local_grad(g, self.layouts[i], self.names[i])
+            local_params.append(p.detach())
+            if g is not None and self.kind == "distributed":
+                g = g.detach().contiguous()  # no copy when contiguous (FSDP2's are)
+            local_grads.append(g)  # None: the engine leaves the parameter untouched
+        return self.core.step(local_params, local_grads, qk_logits)
+
+
+def _info(spec: "_core.ParamSpec") -> "_core.ParamInfo":
+    """The local core's view of an inventory parameter (whole, unplaced)."""
+    info = _core.ParamInfo()
+    info.name, info.shape, info.expert_stack = spec.name, spec.shape, spec.expert
+    if spec.qk is not None:
+        info.qk = spec.qk
+    return info

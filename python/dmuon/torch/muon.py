@@ -6,8 +6,8 @@ from typing import Any, Optional
 
 import torch
 
-from ._dist import DistEngine, is_dtensor
-from ._engine import LocalEngine, qk_tag
+from ._dist import is_dtensor
+from ._engine import KINDS, Engine, qk_tag
 from ._options import (ADAMW_DEFAULTS, MUON_DEFAULTS, MUON_ONLY, STRUCTURAL, apply_group,
                        check_group_keys)
 
@@ -51,8 +51,10 @@ class Muon(torch.optim.Optimizer):
 
     DTensor parameters (FSDP2 / HSDP / TP / EP; launch with mpirun and call
     dmuon.torch.init_distributed()) run on the distributed engine over their local shards; their
-    state tensors are DTensors with the parameter's mesh and placements (DCP reshards them).
-    Construction and step() are then collective. See docs/python.md.
+    state tensors are DTensors with the parameter's mesh and placements (DCP reshards them). Plain
+    tensors of a job of several ranks with a dmuon communicator (mpirun) run there too, replicated.
+    Construction and step() are then collective. `engine="local"` / `"distributed"` overrides the
+    choice (tests, diagnostics). See docs/python.md.
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class Muon(torch.optim.Optimizer):
         adamw_defaults: Optional[dict] = None,
         non_finite: str = "raise",
         threads: Optional[int] = None,
+        engine: Optional[str] = None,
     ) -> None:
         if non_finite not in ("raise", "skip"):
             raise ValueError(f"[torch] non_finite={non_finite!r}; use 'raise' or 'skip'")
@@ -93,6 +96,10 @@ class Muon(torch.optim.Optimizer):
             raise ValueError(f"[torch] threads={threads!r}; use an int >= 1, or None for the BLAS "
                              f"thread count")
         self._threads = 0 if threads is None else threads
+        if engine is not None and engine not in KINDS:
+            raise ValueError(f"[torch] engine={engine!r}; use None (automatic), 'local' or "
+                             f"'distributed'")
+        self._engine_kind = engine
         defaults = dict(MUON_DEFAULTS, lr=lr, weight_decay=weight_decay, momentum=momentum,
                         nesterov=nesterov, ns_coefficients=tuple(ns_coefficients), eps=eps,
                         ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, ns_schedule=ns_schedule,
@@ -213,14 +220,10 @@ class Muon(torch.optim.Optimizer):
         old, old_index = self._engine, {}
         if old is not None:
             old_index = {id(p): i for i, p in enumerate(old.params)}
-        # DTensor parameters (FSDP2 / HSDP / TP / EP) -> the distributed engine over MPI. Plain
-        # tensors only -> the local engine, also in a multi-rank job: every rank holds the whole
-        # parameter and the same (all-reduced) gradient, so each steps its replica identically.
-        dtensors = any(is_dtensor(p) for g in self.param_groups for p in g["params"])
-        cls = DistEngine if dtensors else LocalEngine
-        engine = cls(self.param_groups, self._qk_tags(), self._non_finite, self._comm_dtype)
-        if engine.kind == "local":
-            engine.core.threads = self._threads
+        # The core: distributed for DTensors, and for plain tensors of a multi-rank job with a
+        # dmuon communicator (replicated; the planner places the work); local otherwise.
+        engine = Engine(self.param_groups, self._qk_tags(), self._non_finite, self._comm_dtype,
+                        self._threads, self._engine_kind)
         for i, p in enumerate(engine.params):
             state = engine.state(i)
             j = old_index.get(id(p))
@@ -244,7 +247,7 @@ class Muon(torch.optim.Optimizer):
         """One optimizer step (see torch.optim.Optimizer.step). `qk_logits` (keyword only, after
         the base class's `closure`): {layer: per-query-head max pre-softmax logits} for QK-clip.
         Parameters whose .grad is None are left untouched (state included), as torch does.
-        With DTensor parameters the step is COLLECTIVE: every rank calls it, also a rank whose
+        With the distributed engine the step is COLLECTIVE: every rank calls it, also a rank whose
         gradients are all None, and the ranks agree on which gradients exist, step counts,
         hyperparameters and policies; any difference raises dmuon.DmuonError on every rank,
         naming it, before anything is modified."""
@@ -347,8 +350,9 @@ class Muon(torch.optim.Optimizer):
 
     @property
     def engine(self) -> str:
-        """Which engine runs the step: 'local' (plain tensors: dmuon.LocalOptimizer in this
-        process) or 'distributed' (DTensor parameters: dmuon.Optimizer over MPI)."""
+        """Which engine runs the step: 'local' (dmuon.LocalOptimizer in this process: one process,
+        or plain tensors without a dmuon communicator) or 'distributed' (dmuon.Optimizer over MPI:
+        DTensor parameters, or plain tensors of a job of several ranks under mpirun)."""
         return self._engine.kind
 
     @property
@@ -356,5 +360,4 @@ class Muon(torch.optim.Optimizer):
         """This rank's counters of the last step (seconds and bytes, the fields of
         dmuon::StepStats: step_seconds, comm_wait_seconds, orthogonalize_seconds, bytes_sent, ...)
         with the distributed engine; None with the local engine."""
-        stats = getattr(self._engine, "last_stats", None)
-        return stats() if stats is not None else None
+        return self._engine.last_stats()

@@ -1,4 +1,4 @@
-"""Multi-rank cases of dmuon.torch.Muon on DTensors, run under mpirun by test_dist.py (one launch per
+"""Multi-rank cases of dmuon.torch.Muon on DTensors (and plain tensors), run under mpirun by test_dist.py (one launch per
 world size runs several cases). Each case steps a sharded model with deterministic gradients and
 compares parameters and state (full tensors) BITWISE with the single-process dmuon run of the same
 model; it also checks that the engine's local box is the DTensor's local shard (values and offsets).
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import sys
 import traceback
@@ -85,11 +86,12 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 class Reference:
-    """The single-process dmuon run (plain tensors, dmuon.LocalOptimizer) of a model."""
+    """The single-process dmuon run (plain tensors, dmuon.LocalOptimizer) of a model. Under mpirun
+    plain tensors would go to the distributed engine: engine="local" keeps this run local."""
 
     def __init__(self, model, normuon=False):
         self.model = copy.deepcopy(model)
-        self.opt = dt.Muon(groups(self.model, normuon), **MUON)
+        self.opt = dt.Muon(groups(self.model, normuon), engine="local", **MUON)
         assert self.opt.engine == "local"
         self.steps = 0
 
@@ -235,6 +237,47 @@ def case_ep(world):
     ref_model.experts = nn.Parameter(model.experts.full_tensor())
     ref_model.gain = nn.Parameter(model.gain.detach().clone())
     train_and_compare(model, "ep", ref=Reference(ref_model))
+
+
+def case_plain(world):
+    """Plain tensors (no DTensor) after init_distributed(): the distributed engine, Replicate on a
+    1-D world mesh, identical gradients on every rank; bitwise the single-process run, and the step
+    is agreed (a differing lr raises on every rank). The work is split: the planner gives each matrix
+    one owner among the replicas (owner_a2a with replica split, the cpu cost model) and scatters the
+    result, so results move between ranks instead of every rank orthogonalizing every matrix."""
+    torch.manual_seed(6)
+    model = Net()
+    ref = Reference(model, normuon=True)
+    opt, _ = train_and_compare(model, "plain", normuon=True, ref=ref)
+    assert all(not isinstance(v, DTensor) for s in opt.state.values() for v in s.values())
+    plan = json.loads(opt._engine.core.plan_json())
+    entries = {e["name"]: e for e in plan["entries"]}
+    assert sorted(entries) == ["experts", "fc1.weight", "fc2.weight"], sorted(entries)
+    for name, e in entries.items():
+        assert e["placements"] == "R" and e["replica_dims"] == "world", (name, e)
+    # matrices worth splitting on the cpu cost model (the tiny ones above are cheaper duplicated):
+    # each has one owner among the replicas, the others receive its result; bitwise as one process
+    torch.manual_seed(7)
+    big = nn.Sequential(nn.Linear(256, 256, bias=False), nn.Linear(256, 192, bias=False),
+                        nn.Linear(192, 320, bias=False))
+    big_opt, _ = train_and_compare(big, "plain-split", ref=Reference(big))
+    entries = {e["name"]: e for e in json.loads(big_opt._engine.core.plan_json())["entries"]}
+    for name, e in entries.items():
+        assert e["strategy"] == "owner_a2a" and e["replica_split"], (name, e)
+    stats = big_opt.last_step_stats
+    assert stats["bytes_sent"] == stats["bytes_sent_predicted"], stats
+    # measured per-rank work: every rank receives results it did not compute (the owners')
+    assert stats["bytes_recv"] > 0 and stats["bytes_recv"] == stats["bytes_recv_predicted"], stats
+    # negative control: the same model with engine="local" is the local engine (no agreement)
+    assert dt.Muon(groups(copy.deepcopy(model)), engine="local", **MUON).engine == "local"
+    others = ", ".join(str(r) for r in range(world) if r != 1)
+    others = ("rank " if world == 2 else "ranks ") + others
+    set_grads(model, 3)
+    if rank() == 1:
+        opt.param_groups[0]["lr"] = 0.03
+    before = model.fc1.weight.detach().clone()
+    _expect_error(opt.step, "group 0 option 'lr' is 0.02 on " + others + "; 0.03 on rank 1")
+    assert same(model.fc1.weight.detach(), before)
 
 
 def _dcp_models(world, mesh_shape, names):
@@ -396,6 +439,8 @@ def main():
             case_bad_input(world)
         elif name == "agreement":
             case_agreement(world)
+        elif name == "plain":
+            case_plain(world)
         elif name == "dcp_save":
             case_dcp_save(world, args.ckpt)
         elif name == "dcp_load_fsdp":
