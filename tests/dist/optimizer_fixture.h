@@ -121,5 +121,18 @@ bool same_everywhere(const std::string& msg) {
   return true;
 }
 
+// This rank's shards of every parameter of `opt`: parameters all `w`, gradients all `g`, and views.
+struct LocalShards {
+  std::vector<std::vector<float>> w, g;
+  std::vector<TensorView> lw, lg;
+  LocalShards(const Optimizer& opt, size_t n, float wv = 1.0f, float gv = 0.5f) {
+    for (size_t i = 0; i < n; ++i) {
+      w.emplace_back(static_cast<size_t>(opt.local_shape(i).numel()), wv);
+      g.emplace_back(static_cast<size_t>(opt.local_shape(i).numel()), gv);
+    }
+    for (size_t i = 0; i < n; ++i) lw.emplace_back(w[i].data(), opt.local_shape(i)), lg.emplace_back(g[i].data(), opt.local_shape(i));
+  }
+};
+
 }  // namespace
 }  // namespace dmuon

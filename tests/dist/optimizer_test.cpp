@@ -368,14 +368,8 @@ TEST(OptimizerComms, SharesMeshCommunicators) {
   EXPECT_EQ(comms->size(), made) << "the second optimizer split new communicators";
   EXPECT_EQ(a.mesh_communicators(), comms);
   for (Optimizer* opt : {&a, &b}) {
-    std::vector<std::vector<float>> w, g;
-    std::vector<TensorView> lw, lg;
-    for (size_t i = 0; i < inv.params.size(); ++i) {
-      w.emplace_back(static_cast<size_t>(opt->local_shape(i).numel()), 1.0f);
-      g.emplace_back(static_cast<size_t>(opt->local_shape(i).numel()), 0.5f);
-    }
-    for (size_t i = 0; i < inv.params.size(); ++i) lw.emplace_back(w[i].data(), opt->local_shape(i)), lg.emplace_back(g[i].data(), opt->local_shape(i));
-    EXPECT_TRUE(opt->step(lw, lg, {{0, {50.0f, 3.0f}}}));
+    LocalShards x(*opt, inv.params.size());
+    EXPECT_TRUE(opt->step(x.lw, x.lg, {{0, {50.0f, 3.0f}}}));
     EXPECT_EQ(opt->last_stats().bytes_sent, opt->last_stats().bytes_sent_predicted);
   }
 }

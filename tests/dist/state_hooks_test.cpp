@@ -35,14 +35,8 @@ TEST(StateHooks, DistributedStepAcquiresAndReleasesEachParameterOnce) {
   OptimizerOptions o = options_for({"", "auto", DType::F32});
   o.state_hooks = rec.hooks();
   Optimizer opt(shared_comm(), inv, test_groups(inv.params.size()), o);
-  std::vector<std::vector<float>> w, g;
-  std::vector<TensorView> lw, lg;
-  for (size_t i = 0; i < inv.params.size(); ++i) {
-    w.emplace_back(static_cast<size_t>(opt.local_shape(i).numel()), 1.0f);
-    g.emplace_back(static_cast<size_t>(opt.local_shape(i).numel()), 0.5f);
-  }
-  for (size_t i = 0; i < inv.params.size(); ++i) lw.emplace_back(w[i].data(), opt.local_shape(i)), lg.emplace_back(g[i].data(), opt.local_shape(i));
-  ASSERT_TRUE(opt.step(lw, lg, {{0, {50.0f, 3.0f}}}));
+  LocalShards x(opt, inv.params.size());
+  ASSERT_TRUE(opt.step(x.lw, x.lg, {{0, {50.0f, 3.0f}}}));
   EXPECT_FALSE(rec.misuse) << "acquired twice, or released without acquire";
   for (size_t i = 0; i < inv.params.size(); ++i) {
     const bool adamw = inv.params[i].role == Role::AdamW;

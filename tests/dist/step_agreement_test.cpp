@@ -16,21 +16,17 @@ namespace dmuon {
 namespace {
 
 // One optimizer on FSDP over the world, with its local buffers (params 1.0, grads 0.5).
-struct Rig {
+struct Planned {
   Inventory inv = make_inventory("dp_shard=" + std::to_string(comm().size()));
   Optimizer opt;
-  std::vector<std::vector<float>> w, g;
-  std::vector<TensorView> lw, lg;
+  explicit Planned(const OptimizerOptions& o) : opt(shared_comm(), inv, test_groups(inv.params.size()), o) {}
+};
+
+struct Rig : Planned, LocalShards {
   std::map<int, std::vector<float>> logits{{0, {50.0f, 3.0f}}};
 
   explicit Rig(OptimizerOptions o = options_for({"", "auto", DType::F32}))
-      : opt(shared_comm(), inv, test_groups(inv.params.size()), o) {
-    for (size_t i = 0; i < inv.params.size(); ++i) {
-      w.emplace_back(static_cast<size_t>(opt.local_shape(i).numel()), 1.0f);
-      g.emplace_back(static_cast<size_t>(opt.local_shape(i).numel()), 0.5f);
-    }
-    for (size_t i = 0; i < inv.params.size(); ++i) lw.emplace_back(w[i].data(), opt.local_shape(i)), lg.emplace_back(g[i].data(), opt.local_shape(i));
-  }
+      : Planned(o), LocalShards(opt, inv.params.size()) {}
 
   // Steps; returns the dmuon::Error message ("" when none) and checks nothing was modified on error.
   std::string step() {

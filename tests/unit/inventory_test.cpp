@@ -3,19 +3,13 @@
 #include <gtest/gtest.h>
 
 #include "dmuon/box.h"
+#include "test_support.h"
 #include "dmuon/inventory.h"
 
 namespace dmuon {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 const ParamSpec& find(const Inventory& inv, const std::string& name) {
   for (const ParamSpec& p : inv.params)

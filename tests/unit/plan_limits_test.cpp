@@ -22,14 +22,7 @@ using test::expect_invalid;
 
 std::string model_json(const std::string& params) { return R"J({"model": "m", "params": [)J" + params + "]}"; }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 // The issue's three shapes: before, they planned with 0 or negative element counts and bytes.
 TEST(PlanLimits, OverflowingShapesAreRefusedNamingParameterAndLimit) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -43,6 +44,16 @@ inline void normuon_reference(double* u, int m, int n, double* v, double beta2) 
   const double ratio = std::sqrt(norm_sq) / std::max(std::sqrt(new_sq), 1e-10);
   for (int i = 0; i < m; ++i)
     for (int j = 0; j < n; ++j) u[i * n + j] *= step[per_row ? i : j] * ratio;
+}
+
+// The message of the std::invalid_argument `f` throws, or "" when it throws none.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace dmuon::test
