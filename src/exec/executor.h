@@ -51,6 +51,16 @@ struct StepInputs {
 // Runs every chunk of the plan (pipelined) and the gram_allreduce entries; updates Muon parameters.
 void run_pipeline(Optimizer::Impl& s, const StepInputs& in);
 
+// One unit batch to orthogonalize (+ NorMuon when v): `batch` matrices rows × cols at data.
+struct UnitJob {
+  int param = 0;
+  float* data = nullptr;
+  float* v = nullptr;
+  int64_t batch = 1, rows = 0, cols = 0;
+};
+// Orthogonalizes every job (compute.cpp); called on the compute stream.
+void compute_units(Optimizer::Impl& s, const StepInputs& in, std::span<const UnitJob> jobs);
+
 // gram_allreduce entries of one chunk: blocking, on the driving thread.
 void run_gram(Optimizer::Impl& s, const StepInputs& in, int entry, std::vector<float>& update);
 

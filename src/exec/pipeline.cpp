@@ -275,22 +275,18 @@ class Pipeline {
     s_.stats.pack_seconds += seconds_since(t0);
   }
 
-  // compute thread: orthogonalize (+ NorMuon) every unit this rank computes
+  // compute stream: orthogonalize (+ NorMuon) every unit this rank computes
   void compute_chunk(ChunkRun& c) {
-    std::vector<float> v_mean;
+    std::vector<UnitJob> jobs;
     const auto& as = c.r->assemblies;
     for (size_t i = 0; i < as.size(); ++i) {
       if (!as[i].compute) continue;
       const int param = param_of(as[i].entry);
       if (!in_.active[static_cast<size_t>(param)]) continue;  // no gradient anywhere: zeros travel, nothing computed
       const ParamLayout& L = layout(param);
-      const size_t g = static_cast<size_t>(s_.group_of[static_cast<size_t>(param)]);
-      const GroupOptions& o = in_.options[g];
-      float* v = c.full_v[i].empty() ? nullptr : c.full_v[i].data();
-      v_mean.resize(static_cast<size_t>(L.v_len));
-      s_.backend->muon_units(*s_.orth[g], c.full[i].data(), 1, L.rows, L.cols, v, v_mean.data(), o.normuon_beta2,
-                             s_.options.comm_dtype);
+      jobs.push_back({param, c.full[i].data(), c.full_v[i].empty() ? nullptr : c.full_v[i].data(), 1, L.rows, L.cols});
     }
+    compute_units(s_, in_, jobs);
   }
 
   // pass: own results out of the full units, pack and post the scatter (+ agrs reduce-scatters)
