@@ -7,6 +7,14 @@
 // parameter is QK-tagged. AdamW group: fused AdamW (any shape, 1-D included).
 // Determinism: same inputs and options → bitwise the same results, whatever the thread counts.
 // Not thread-safe: one step at a time.
+//
+// One engine: LocalOptimizer is a facade over dmuon::Optimizer (optimizer.h) on a one-rank
+// communicator (make_single_communicator()). ParamInfo exists only at this boundary: the list is
+// converted once, at construction, into the engine's one parameter type (ParamSpec) on a one-rank
+// mesh: every placement Replicate, role from the group's algorithm, `expert` = expert_stack and the
+// QK tag copied (Muon groups; AdamW ignores both). The options become OptimizerOptions (comm_dtype,
+// non-finite policy, state hooks, `threads` as compute_streams; DMUON_STRATEGY is not read).
+// Everything else (step validation, state, the per-matrix sequence) is the engine's.
 #pragma once
 
 #include <cstddef>
@@ -26,16 +34,12 @@
 
 namespace dmuon {
 
+// A whole parameter of LocalOptimizer (converted to a ParamSpec at construction; see above).
 struct ParamInfo {
-  std::string name;
+  std::string name;            // non-empty, unique
   Shape shape;                 // global shape
   bool expert_stack = false;   // 3-D [E, A, B]: E independent A×B matrices
   std::optional<QkTag> qk;     // QK-clip tag (used by Muon groups with qk_clip_threshold > 0)
-};
-
-struct ParamGroup {
-  GroupOptions options;
-  std::vector<size_t> params;  // indices into the ParamInfo list
 };
 
 struct LocalOptimizerOptions {
@@ -45,24 +49,27 @@ struct LocalOptimizerOptions {
   // rounded to bf16 and back before the update, exactly where dmuon::Optimizer sends them, so a
   // distributed run with that comm dtype matches this reference bitwise. fp32: no rounding.
   DType comm_dtype = DType::F32;
-  // Parameters updated at once. 1: one after another, each product using the BLAS's own threads.
-  // n ≥ 2: n threads (this one and n − 1 persistent backend streams) each take whole parameters (largest first) and run their products on one
-  // BLAS / oneDNN thread, so the element-wise work between products runs in parallel too (OpenBLAS is
-  // set to 1 thread for the step and restored after). Results are bitwise the same for every value
-  // (each parameter's arithmetic is the same; the BLAS and oneDNN products used give the same bits
-  // on 1 or more threads, tested). 0: the BLAS thread count at each step.
+  // Matrices orthogonalized at once (OptimizerOptions::compute_streams). 1: one after another, each
+  // product using the BLAS's own threads. n ≥ 2: n streams (this thread and n − 1 persistent backend
+  // streams) each take whole matrices (largest first) and run their products on one BLAS / oneDNN
+  // thread, so the element-wise work inside Newton–Schulz runs in parallel too (OpenBLAS is set to 1
+  // thread for the step and restored after). Results are bitwise the same for every value (each
+  // matrix's arithmetic is the same; the BLAS and oneDNN products used give the same bits on 1 or
+  // more threads, tested). 0: the BLAS thread count at each step.
   int threads = 1;
-  // Around each parameter's state use, on the thread that steps it (optim_options.h).
+  // Around the step's state use: per chunk of the engine's plan and per AdamW pass, on the calling
+  // thread (optim_options.h).
   StateHooks state_hooks;
 };
 
 class DMUON_API LocalOptimizer {
  public:
-  // Validates (throws std::invalid_argument naming the parameter or group): every parameter in
-  // exactly one group, Muon parameters 2-D or expert stacks (1-D / 3-D without expert_stack: route
-  // to AdamW), QK tags consistent with the shape, hyperparameters in range. Creates all state
-  // eagerly (zeros, shaped like each parameter; NorMuon's per-row / per-column state shaped [A, 1] /
-  // [1, B], or [E, A, 1] / [E, 1, B] for a stack) and per-parameter step counters at 0.
+  // Validates (throws std::invalid_argument naming the parameter or group): names non-empty and
+  // unique, every parameter in exactly one group, Muon parameters 2-D or expert stacks (1-D / 3-D
+  // without expert_stack: route to AdamW), QK tags consistent with the shape, hyperparameters in
+  // range. Creates all state eagerly (zeros, shaped like each parameter; NorMuon's per-row /
+  // per-column state shaped [A, 1] / [1, B], or [E, A, 1] / [E, 1, B] for a stack) and
+  // per-parameter step counters at 0.
   LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamGroup> groups,
                  NonFinitePolicy policy = NonFinitePolicy::Raise);
   LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamGroup> groups,
@@ -75,13 +82,13 @@ class DMUON_API LocalOptimizer {
   LocalOptimizer& operator=(LocalOptimizer&&) noexcept;
 
   const std::vector<ParamInfo>& params() const { return params_; }
-  const std::vector<ParamGroup>& groups() const { return groups_; }
+  const std::vector<ParamGroup>& groups() const;
   // Mutable hyperparameters of group g (LR schedules write lr here between steps). Membership is
   // fixed at construction. A Muon group's `algorithm` and `normuon` may not change (their state
   // exists only for the choice made at construction); step() rejects such a change.
   GroupOptions& options(size_t group);
-  NonFinitePolicy policy() const { return policy_; }
-  void set_policy(NonFinitePolicy policy) { policy_ = policy; }
+  NonFinitePolicy policy() const;
+  void set_policy(NonFinitePolicy policy);
 
   // One step. params[i]: fp32, contiguous, shape == params()[i].shape (updated in place).
   // grads[i]: fp32 or bf16, contiguous, same shape (read only); a default-constructed view
@@ -105,10 +112,8 @@ class DMUON_API LocalOptimizer {
   void set_step_count(size_t param, int64_t count);  // checkpoint loading; count ≥ 0
 
  private:
-  struct Impl;
+  struct Impl;  // the engine (dmuon::Optimizer on one rank)
   std::vector<ParamInfo> params_;
-  std::vector<ParamGroup> groups_;
-  NonFinitePolicy policy_;
   DType comm_dtype_ = DType::F32;
   int threads_ = 1;
   std::unique_ptr<Impl> impl_;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "dmuon/export.h"
 #include "dmuon/orthogonalize.h"
@@ -58,11 +59,21 @@ struct GroupOptions {
   double eps = 1e-8;                   // > 0
 };
 
+// A parameter group: its hyperparameters and the indices of its parameters (into the optimizer's
+// parameter list: the inventory's for dmuon::Optimizer, the ParamInfo list for LocalOptimizer).
+// Every parameter is in exactly one group.
+struct ParamGroup {
+  GroupOptions options;
+  std::vector<size_t> params;
+};
+
 // Called by a step around its use of optimizer state: acquire(params) before it reads or writes the
 // state of those parameters (indices into the optimizer's parameters), release(params) after; once
-// per pipeline chunk (distributed), per AdamW pass, per parameter (LocalOptimizer), on the thread
-// that uses the state. Where state offload plugs in (bring the tensors in / write them back). Empty:
-// nothing is called. A hook that throws fails the step (state may then be partly updated).
+// per pipeline chunk and once for the AdamW pass (both engines: LocalOptimizer runs the same
+// pipeline on one rank), on the step's driving thread. A parameter whose state the step does not
+// touch (no gradient on every rank, and no NorMuon state to carry) is left out. Where state offload
+// plugs in (bring the tensors in / write them back). Empty: nothing is called. A hook that throws
+// fails the step (state may then be partly updated).
 struct StateHooks {
   std::function<void(std::span<const size_t> params)> acquire, release;
 };

@@ -16,7 +16,8 @@
 //   and the QK logits used. A difference raises the same dmuon::Error on every rank, naming the
 //   first differing parameter or field and the ranks on each side, before anything is modified.
 // - THREADS: one thread calls step(); it drives every collective. step() runs orthogonalization on one
-//   internal compute thread (OptimizerOptions::compute_thread) while it drives communication.
+//   internal compute thread (OptimizerOptions::compute_thread) while it drives communication, fanned
+//   out over OptimizerOptions::compute_streams streams.
 // - BUFFERS: step() reads gradients and updates parameters in the caller's buffers in place
 //   (zero-copy). State lives inside the optimizer shaped like each parameter's LOCAL shard.
 // - ERRORS: caller mistakes throw std::invalid_argument naming the parameter; every rank throws (ranks
@@ -37,7 +38,6 @@
 #include "dmuon/comm.h"
 #include "dmuon/export.h"
 #include "dmuon/inventory.h"
-#include "dmuon/local_optimizer.h"
 #include "dmuon/mesh_comms.h"
 #include "dmuon/optim_options.h"
 #include "dmuon/plan.h"
@@ -57,9 +57,18 @@ struct OptimizerOptions {
   int window = 2;                      // chunks in flight; 1 disables overlap
   NonFinitePolicy non_finite = NonFinitePolicy::Raise;
   std::chrono::milliseconds timeout{0};  // per wait; 0 = the communicator's default timeout
-  // BLAS threads while a step runs: 0 = 1 when the communicator has > 1 rank, else unchanged.
+  // BLAS threads while a step runs (restored when it returns): 0 = 1 when the communicator has
+  // > 1 rank, else unchanged.
   int blas_threads = 0;
   bool compute_thread = true;          // orthogonalize on a worker thread (false: on the caller's)
+  // Compute streams per chunk: the compute thread and compute_streams − 1 persistent backend
+  // streams take whole units (matrices to orthogonalize, largest first) from the chunk, each with
+  // its own Orthogonalizers and scratch, and run their products on one BLAS thread (the backend is
+  // set to 1 thread while the step runs with k > 1, and restored after). 0 = the backend's thread
+  // count as the step runs (after blas_threads: 1 by default on several ranks), read at each step.
+  // Results are bitwise the same for every value (a unit's arithmetic does not depend on the
+  // stream or the thread count). LocalOptimizer's `threads` is this option on one rank.
+  int compute_streams = 1;
   StateHooks state_hooks;              // around each chunk's and the AdamW pass's state use (optim_options.h)
 };
 
@@ -135,6 +144,13 @@ class DMUON_API Optimizer {
   void set_step_count(size_t param, int64_t count);
 
   const StepStats& last_stats() const;
+
+  // Options that may change between steps (read at the next step; the non-finite policy is part of
+  // the step's agreement, so set it alike on every rank). Throw std::invalid_argument on bad values.
+  NonFinitePolicy non_finite() const;
+  void set_non_finite(NonFinitePolicy policy);
+  int compute_streams() const;
+  void set_compute_streams(int streams);  // ≥ 0, as OptimizerOptions::compute_streams
 
   struct Impl;
 

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/pack.h"
 #include "dmuon/device.h"
 #include "dmuon/optim_options.h"
 #include "dmuon/orthogonalize.h"
@@ -102,6 +103,9 @@ class Backend {
   // the previous value. Loads the libraries it needs: a missing one fails here (dmuon::Error).
   virtual int set_threads(int threads) = 0;
   virtual int threads() const = 0;
+
+  // Runs a pack table (pack.h) over `bases` (the buffers its runs name), on the calling thread.
+  virtual void pack(std::span<const PackRun> runs, std::span<std::byte* const> bases) = 0;
 
   // ---- element-wise update kernels (update.h, qk_clip.h numerics) ----
   virtual void momentum(const MomentumOptions& o, float* buf, const TensorView& grad, float* update) = 0;

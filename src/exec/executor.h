@@ -36,6 +36,17 @@ struct Optimizer::Impl {
   std::vector<std::unique_ptr<Orthogonalizer>> orth;       // per Muon group (compute thread)
   uint64_t predicted_sent = 0, predicted_recv = 0;          // the plan's figures for this rank
   StepStats stats;
+  std::vector<detail::Buffer> arenas;   // free chunk arenas (backend memory), reused step to step
+  // compute_streams (compute.cpp): streams 2..k, persistent, each with its Orthogonalizer per Muon
+  // group (same NsOptions as orth[g]); the count this step resolved (options.compute_streams, 0:
+  // the backend's threads).
+  std::vector<std::unique_ptr<detail::Stream>> extra_streams;
+  std::vector<std::vector<std::unique_ptr<Orthogonalizer>>> extra_orth;  // [stream − 1][group]
+  int step_streams = 1;
+  // Per parameter, this step: its state is not touched (no gradient, no NorMuon state to carry),
+  // so the state hooks leave it out.
+  std::vector<uint8_t> state_untouched;
+  std::vector<Shape> local_shapes;      // per parameter: this rank's box's shape (step validation)
 };
 
 namespace detail {
@@ -62,10 +73,10 @@ struct UnitJob {
 void compute_units(Optimizer::Impl& s, const StepInputs& in, std::span<const UnitJob> jobs);
 
 // gram_allreduce entries of one chunk: blocking, on the driving thread.
-void run_gram(Optimizer::Impl& s, const StepInputs& in, int entry, std::vector<float>& update);
+void run_gram(Optimizer::Impl& s, const StepInputs& in, int entry, float* update);
 
 // Momentum of one parameter's local shard into `update`, rounded to the comm dtype.
-void local_momentum(Optimizer::Impl& s, const StepInputs& in, int param, std::vector<float>& update);
+void local_momentum(Optimizer::Impl& s, const StepInputs& in, int param, float* update);
 // Weight decay + update + QK-clip on one parameter's local shard.
 void local_apply(Optimizer::Impl& s, const StepInputs& in, int param, const float* update);
 

@@ -9,7 +9,7 @@
 
 namespace dmuon::detail {
 
-void run_gram(Optimizer::Impl& s, const StepInputs& in, int entry, std::vector<float>& update) {
+void run_gram(Optimizer::Impl& s, const StepInputs& in, int entry, float* update) {
   const PlanEntry& e = s.plan.entries()[static_cast<size_t>(entry)];
   const ParamLayout& L = s.routes.layouts[static_cast<size_t>(e.param)];
   const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(e.param)])];
@@ -25,7 +25,7 @@ void run_gram(Optimizer::Impl& s, const StepInputs& in, int entry, std::vector<f
     Work w = comm.all_reduce(OutBuffer(a, CommType::F32, count), ReduceOp::Sum, base + std::to_string(step));
     wait_work(s, w);
   };
-  s.backend->gram_newton_schulz(o.ns, update.data(), local[0], local[1], wide, wide ? L.rows : L.cols, reduce,
+  s.backend->gram_newton_schulz(o.ns, update, local[0], local[1], wide, wide ? L.rows : L.cols, reduce,
                                 s.options.comm_dtype);
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "dmuon/error.h"
+#include "exec/param_groups.h"
 
 namespace dmuon {
 namespace {
@@ -84,4 +85,24 @@ void validate_group_options(const GroupOptions& o, size_t g) {
   }
 }
 
+namespace detail {
+
+std::vector<int> validate_param_groups(std::span<const ParamGroup> groups, size_t n,
+                                       const std::function<std::string_view(size_t)>& name) {
+  std::vector<int> group_of(n, -1);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    validate_group_options(groups[g].options, g);
+    for (size_t i : groups[g].params) {
+      DMUON_CHECK(i < n, "[optim] group ", g, " lists parameter index ", i, " but there are ", n, " parameters");
+      DMUON_CHECK(group_of[i] < 0, "[optim] parameter '", name(i), "' is in groups ", group_of[i], " and ", g,
+                  "; put each parameter in exactly one group");
+      group_of[i] = static_cast<int>(g);
+    }
+  }
+  for (size_t i = 0; i < n; ++i)
+    DMUON_CHECK(group_of[i] >= 0, "[optim] parameter '", name(i), "' is in no group; add it to a Muon or AdamW group");
+  return group_of;
+}
+
+}  // namespace detail
 }  // namespace dmuon

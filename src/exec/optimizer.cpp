@@ -12,6 +12,7 @@
 #include "core/hash.h"
 #include "exec/agreement.h"
 #include "exec/executor.h"
+#include "exec/param_groups.h"
 #include "plan/cost_model.h"
 #include "plan/shard_table.h"
 
@@ -36,21 +37,15 @@ void validate_construction(const Optimizer::Impl& s, const Inventory& inv, const
   DMUON_CHECK(o.comm_dtype == DType::F32 || o.comm_dtype == DType::BF16, "[optim] comm_dtype must be fp32 or bf16");
   DMUON_CHECK(o.window >= 1, "[optim] option 'window' must be ≥ 1 (got ", o.window, ")");
   DMUON_CHECK(o.blas_threads >= 0, "[optim] option 'blas_threads' must be ≥ 0");
+  DMUON_CHECK(o.compute_streams >= 0, "[optim] option 'compute_streams' must be ≥ 0 (0: the backend's thread count), got ",
+              o.compute_streams);
+  DMUON_CHECK(o.non_finite == NonFinitePolicy::Raise || o.non_finite == NonFinitePolicy::Skip,
+              "[optim] invalid non-finite policy");
   DMUON_CHECK(o.timeout.count() >= 0, "[optim] option 'timeout' must be ≥ 0");
   const size_t n = inv.params.size();
-  group_of.assign(n, -1);
-  for (size_t g = 0; g < groups.size(); ++g) {
-    validate_group_options(groups[g].options, g);
-    for (size_t i : groups[g].params) {
-      DMUON_CHECK(i < n, "[optim] group ", g, " lists parameter index ", i, " but there are ", n, " parameters");
-      DMUON_CHECK(group_of[i] < 0, "[optim] parameter '", inv.params[i].name, "' is in groups ", group_of[i], " and ", g,
-                  "; put each parameter in exactly one group");
-      group_of[i] = static_cast<int>(g);
-    }
-  }
+  group_of = detail::validate_param_groups(groups, n, [&](size_t i) -> std::string_view { return inv.params[i].name; });
   for (size_t i = 0; i < n; ++i) {
     const ParamSpec& p = inv.params[i];
-    DMUON_CHECK(group_of[i] >= 0, "[optim] parameter '", p.name, "' is in no group; add it to a Muon or AdamW group");
     const Algorithm a = groups[static_cast<size_t>(group_of[i])].options.algorithm;
     const bool ok = (a == Algorithm::Muon) == (p.role == Role::Muon);
     DMUON_CHECK(ok, "[optim] parameter '", p.name, "' has role ", to_string(p.role), " in the inventory but is in ",
@@ -59,6 +54,33 @@ void validate_construction(const Optimizer::Impl& s, const Inventory& inv, const
                 "; master parameters must be fp32");
   }
 }
+
+// The caller's state hooks, leaving out the parameters whose state this step does not touch
+// (s.state_untouched: no gradient, and no NorMuon state that travels anyway).
+StateHooks filtered_hooks(const Optimizer::Impl& s, const StateHooks& user) {
+  using Hook = std::function<void(std::span<const size_t>)>;
+  const auto filter = [&s](const Hook& hook) -> Hook {
+    if (!hook) return {};
+    return [&s, hook](std::span<const size_t> params) {
+      const auto untouched = [&](size_t p) { return p < s.state_untouched.size() && s.state_untouched[p]; };
+      if (std::none_of(params.begin(), params.end(), untouched)) return hook(params);
+      std::vector<size_t> kept;
+      for (size_t p : params)
+        if (!untouched(p)) kept.push_back(p);
+      if (!kept.empty()) hook(kept);
+    };
+  };
+  return {filter(user.acquire), filter(user.release)};
+}
+
+// Restores the backend's thread count when a step returns or throws.
+struct ThreadRestore {
+  detail::Backend* backend = nullptr;
+  int threads = 0;
+  ~ThreadRestore() {
+    if (backend) backend->set_threads(threads);
+  }
+};
 
 }  // namespace
 
@@ -70,18 +92,17 @@ std::chrono::milliseconds work_timeout(const Optimizer::Impl& s, const Communica
 
 void wait_work(const Optimizer::Impl& s, Work& w) { w.wait(work_timeout(s, s.comm ? *s.comm : *s.user_comm)); }
 
-void local_momentum(Optimizer::Impl& s, const StepInputs& in, int param, std::vector<float>& update) {
+void local_momentum(Optimizer::Impl& s, const StepInputs& in, int param, float* update) {
   const ParamLayout& L = s.routes.layouts[static_cast<size_t>(param)];
-  update.resize(static_cast<size_t>(L.local_numel));
   if (L.local_numel == 0) return;
   if (!in.active[static_cast<size_t>(param)]) {  // no gradient: the momentum stays, zeros travel
-    std::fill(update.begin(), update.end(), 0.0f);
+    std::fill(update, update + L.local_numel, 0.0f);
     return;
   }
   const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(param)])];
   s.backend->momentum({o.momentum_kind, o.momentum, o.nesterov}, s.state.data(static_cast<size_t>(param), detail::StateKey::Momentum),
-                in.grads[static_cast<size_t>(param)], update.data());
-  s.backend->round_to_comm(update.data(), L.local_numel, s.options.comm_dtype);
+                in.grads[static_cast<size_t>(param)], update);
+  s.backend->round_to_comm(update, L.local_numel, s.options.comm_dtype);
 }
 
 void local_apply(Optimizer::Impl& s, const StepInputs& in, int param, const float* update) {
@@ -210,20 +231,16 @@ Optimizer::Optimizer(std::shared_ptr<MeshCommunicators> comms, Inventory invento
   std::vector<detail::StateSpec> specs;  // eager state: everything a checkpoint holds exists from the start
   for (size_t i = 0; i < inv.params.size(); ++i) {
     const ParamLayout& L = s.routes.layouts[i];
+    s.local_shapes.push_back(L.box.shape());
     specs.push_back({inv.params[i].name, s.algorithm[static_cast<size_t>(s.group_of[i])], static_cast<bool>(s.param_normuon[i]),
                      L.box.shape(), L.v_box.shape()});
   }
   s.state.init(std::move(specs), *s.backend);
-  s.state.set_hooks(s.options.state_hooks);
-  // the plan's byte prediction for this rank (what StepStats compares the counters with)
-  detail::ShardTables tables(inv);
-  double sent = 0, recv = 0;
-  for (const PlanEntry& e : s.plan.entries())
-    detail::visit_all(e, tables, inv, s.plan.options(), [&](int r, const detail::Contribution& c) {
-      if (r == s.rank) sent += c.sent, recv += c.recv;
-    });
-  s.predicted_sent = static_cast<uint64_t>(std::llround(sent));
-  s.predicted_recv = static_cast<uint64_t>(std::llround(recv));
+  s.state.set_hooks(filtered_hooks(s, s.options.state_hooks));
+  // the plan's byte prediction for this rank (what StepStats compares the counters with): the
+  // routes summed it from the plan's transfers while taking this rank's share of them
+  s.predicted_sent = s.routes.predicted_sent;
+  s.predicted_recv = s.routes.predicted_recv;
 }
 
 Optimizer::~Optimizer() = default;
@@ -242,6 +259,7 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
   for (size_t i = 0; i < n; ++i) claim.step_counts[i] = s.state.steps(i);
   std::vector<std::unique_ptr<Orthogonalizer>> fresh(s.groups.size());
   double claim_seconds = 0;
+  ThreadRestore restore;  // the backend's threads as the step found them, when it returns or throws
   try {  // pass 1: validate everything locally
     DMUON_CHECK(params.size() == n && grads.size() == n, "[optim] step got ", params.size(), " parameters and ",
                 grads.size(), " gradients; expected ", n, " of each (one local shard per inventory parameter)");
@@ -258,7 +276,7 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
     std::vector<std::pair<int, const std::vector<float>*>> logits;  // the layers QK-clip reads, once each
     for (size_t i = 0; i < n; ++i) {
       const ParamSpec& p = inv.params[i];
-      const Shape local = s.routes.layouts[i].box.shape();
+      const Shape& local = s.local_shapes[i];
       const TensorView& w = params[i];
       const TensorView& gr = grads[i];
       claim.has_grad[i] = gr.is_none() ? 0 : 1;
@@ -277,8 +295,8 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
       const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[i])];
       if (o.algorithm != Algorithm::Muon || o.qk_clip_threshold <= 0 || !p.qk) continue;
       const auto it = qk_logits.find(p.qk->layer);
-      DMUON_CHECK(it != qk_logits.end(), "[optim] parameter '", p.name, "' is QK-tagged (layer ", p.qk->layer,
-                  ") and its group has qk_clip_threshold > 0, but no logits were given for that layer");
+      DMUON_CHECK(it != qk_logits.end(), "[optim] parameter '", p.name, "' is QK-tagged (layer ", p.qk->layer, ") and group ",
+                  s.group_of[i], " has qk_clip_threshold > 0, but no logits were given for layer ", p.qk->layer);
       validate_qk_logits(*p.qk, it->second, p.name);
       if (std::none_of(logits.begin(), logits.end(), [&](const auto& l) { return l.first == it->first; }))
         logits.emplace_back(it->first, &it->second);
@@ -286,8 +304,14 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
     const auto tc = std::chrono::steady_clock::now();
     claim.fields = detail::step_fields(in.options, s.options.non_finite, logits);
     claim_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tc).count();
-    const int threads = s.options.blas_threads > 0 ? s.options.blas_threads : (s.comm->size() > 1 ? 1 : 0);
-    s.backend->set_threads(threads);  // also loads the BLAS: a missing one fails here
+    if (!s.plan.entries().empty()) {  // Muon parameters: BLAS threads, compute streams
+      const int threads = s.options.blas_threads > 0 ? s.options.blas_threads : (s.comm->size() > 1 ? 1 : 0);
+      restore.threads = s.backend->set_threads(threads);  // also loads the BLAS: a missing one fails here
+      restore.backend = s.backend.get();
+      const int streams = s.options.compute_streams > 0 ? s.options.compute_streams : s.backend->threads();
+      s.step_streams = std::max(1, streams);
+      if (s.step_streams > 1) s.backend->set_threads(1);  // each stream's products on one thread
+    }
     for (size_t i = 0; i < n && claim.bad_param < 0; ++i)
       if (claim.has_grad[i] && s.backend->first_non_finite(grads[i]) >= 0) claim.bad_param = static_cast<int64_t>(i);
   } catch (const std::exception& e) {
@@ -304,6 +328,8 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
     return false;
   }
   in.active = std::move(claim.has_grad);
+  s.state_untouched.resize(n);
+  for (size_t i = 0; i < n; ++i) s.state_untouched[i] = !in.active[i] && !s.param_normuon[i];
   for (size_t g = 0; g < s.groups.size(); ++g)
     if (fresh[g]) s.orth[g] = std::move(fresh[g]);
 
@@ -352,6 +378,17 @@ const Inventory& Optimizer::inventory() const { return impl_->plan.inventory(); 
 const std::shared_ptr<MeshCommunicators>& Optimizer::mesh_communicators() const { return impl_->mesh_comms; }
 int Optimizer::rank() const { return impl_->rank; }
 const StepStats& Optimizer::last_stats() const { return impl_->stats; }
+
+NonFinitePolicy Optimizer::non_finite() const { return impl_->options.non_finite; }
+void Optimizer::set_non_finite(NonFinitePolicy policy) {
+  DMUON_CHECK(policy == NonFinitePolicy::Raise || policy == NonFinitePolicy::Skip, "[optim] invalid non-finite policy");
+  impl_->options.non_finite = policy;
+}
+int Optimizer::compute_streams() const { return impl_->options.compute_streams; }
+void Optimizer::set_compute_streams(int streams) {
+  DMUON_CHECK(streams >= 0, "[optim] option 'compute_streams' must be ≥ 0 (0: the backend's thread count), got ", streams);
+  impl_->options.compute_streams = streams;
+}
 
 Box Optimizer::local_box(size_t param) const {
   DMUON_CHECK(param < impl_->routes.layouts.size(), "[optim] parameter index ", param, " out of range");

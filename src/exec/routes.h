@@ -1,18 +1,22 @@
-// Internal: the executor's static routing. From the plan it derives, once at construction, which
-// units (matrices / experts) this rank assembles and computes in each chunk, and every transfer of
-// the chunk's gather and scatter all-to-alls that this rank takes part in, in a canonical order that
-// sender and receiver both derive (so the byte streams match without any metadata on the wire).
+// Internal: the executor's static routing. At construction it takes, from the plan's transfers
+// (plan/transfers.h, the same list the planner's byte accounting sums), the items this rank takes
+// part in, and lays each chunk out once: one transient arena (byte offsets of every region), the
+// messages and group collectives to post, the units to compute, and four pack tables (backend/pack.h)
+// that move data between the arena and the state tensors. A step then only runs tables and posts.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "backend/pack.h"
 #include "dmuon/box.h"
+#include "dmuon/comm.h"
 #include "dmuon/plan.h"
+#include "plan/transfers.h"
 
 namespace dmuon::detail {
 
-// Per parameter: this rank's box, and the boxes of every rank it exchanges with.
+// Per parameter: this rank's box and its NorMuon state box.
 struct ParamLayout {
   bool expert = false;
   Shape shape, v_shape;          // global shape; NorMuon state shape
@@ -27,54 +31,30 @@ struct UnitSpan {
 };
 UnitSpan unit_span(const Box& box, bool expert, int64_t unit);
 
-// Calls fn(global_offset_in_unit, length) for the contiguous runs of `box` inside unit `unit`, in
-// the box's local order (the order of the unit's elements in the local tensor).
+// The runs of `box` inside unit `u` of a tensor of `shape` (expert: dim 0 indexes units), as 2-D
+// blocks: fn(unit_offset, unit_stride, local_offset, local_stride, len, rows) in elements. Unit
+// offsets index the full unit (row-major); local offsets count from the holder's first element of
+// the unit in its local tensor (row-major over the box's index sets). The pack tables are made of
+// these blocks; full-width blocks are merged into one run.
 template <class F>
-void for_each_run(const Box& box, const Shape& shape, bool expert, int64_t unit, F&& fn) {
+void box_runs(const Box& box, const Shape& shape, bool expert, int64_t u, F&& fn) {
   const int nd = shape.ndim();
   const int64_t cols = shape[nd - 1];
   const IndexSet& rs = box.dims[static_cast<size_t>(nd - 2)];
   const IndexSet& cs = box.dims[static_cast<size_t>(nd - 1)];
-  if (expert && !box.dims[0].contains(unit)) return;
-  for (const Range& r : rs.ranges())
-    for (int64_t row = r.begin; row < r.end; ++row)
-      for (const Range& c : cs.ranges()) fn(row * cols + c.begin, c.size());
+  if (expert && !box.dims[0].contains(u)) return;
+  const int64_t lc = cs.size();
+  int64_t pr = 0;
+  for (const Range& r : rs.ranges()) {
+    int64_t pc = 0;
+    for (const Range& c : cs.ranges()) {
+      if (c.size() == cols && lc == cols) fn(r.begin * cols, cols, pr * lc, lc, c.size() * r.size(), int64_t{1});
+      else fn(r.begin * cols + c.begin, cols, pr * lc + pc, lc, c.size(), r.size());
+      pc += c.size();
+    }
+    pr += r.size();
+  }
 }
-
-enum class Payload : uint8_t { Data, State };  // comm-dtype update values / fp32 NorMuon state
-
-struct Transfer {
-  int peer = 0;      // world rank of the other side
-  int entry = 0;     // plan entry index
-  int64_t unit = 0;
-  Payload what = Payload::Data;
-  int64_t count = 0;  // elements
-};
-
-// A unit this rank assembles in full (and computes when `compute`).
-struct Assembly {
-  int entry = 0;
-  int64_t unit = 0;
-  bool compute = false;
-  bool holder = false;   // this rank holds elements of the unit (takes its result locally)
-  bool result_local = false;  // the result for this rank's own elements is taken from here
-};
-
-// An agrs reduce-scatter of one chunk over one shard-group communicator.
-struct ReduceScatter {
-  int comm = 0;                  // index into the executor's group communicators
-  std::vector<int> entries;      // plan entries, in order
-  std::vector<int> members;      // world ranks in communicator order
-  std::vector<int64_t> counts;   // per member: elements it receives (its local elements, all entries)
-};
-
-struct ChunkRoutes {
-  std::vector<int> entries;  // plan entry indices in this chunk
-  std::vector<Transfer> gather_send, gather_recv, scatter_send, scatter_recv;  // canonical order
-  std::vector<Assembly> assemblies;
-  std::vector<ReduceScatter> reduce_scatters;
-  std::vector<int> gram_entries;
-};
 
 // Identifies a shard-group communicator: (mesh index, dims).
 struct GroupKey {
@@ -83,10 +63,51 @@ struct GroupKey {
   friend bool operator==(const GroupKey&, const GroupKey&) = default;
 };
 
+// One message of a grouped point-to-point exchange on the optimizer's communicator: a region of the
+// chunk's arena (every item this rank exchanges with `peer` in this phase, back to back).
+struct Message {
+  int peer = 0;
+  int64_t offset = 0, bytes = 0;
+};
+
+// One collective over a shard-group communicator (Routes::group_keys[comm]).
+struct GroupCall {
+  Channel channel = Channel::AllGather;  // AllGather (gather phase) or ReduceScatter (scatter phase)
+  int comm = 0;
+  CommType type = CommType::U8;          // U8: all-gather blocks (data and state bytes); reduce-scatter: the comm dtype
+  std::vector<int64_t> counts;           // per member, elements of `type`
+  int64_t send_offset = 0, recv_offset = 0;  // arena bytes
+  int64_t send_count = 0, recv_count = 0;    // elements of `type`
+};
+
+// A unit this rank orthogonalizes, at arena byte offsets (v_offset < 0: no NorMuon state).
+struct ComputeUnit {
+  int entry = 0, param = 0;
+  int64_t full_offset = 0, v_offset = -1;
+};
+
+struct ChunkRoutes {
+  std::vector<int> entries;            // plan entries of the chunk
+  std::vector<int> gram_entries;       // gram_allreduce entries (run before the chunk's collectives)
+  std::vector<size_t> params;          // the entries' parameters (state acquired / released)
+  std::vector<int> state_params;       // parameters whose NorMuon state the tables touch: buffer 1 + index
+  std::vector<int64_t> update_offset;  // per chunk entry: arena bytes of its local shard's update (fp32)
+  std::vector<ComputeUnit> compute;
+  std::vector<Message> gather_send, gather_recv, scatter_send, scatter_recv;
+  std::vector<GroupCall> gather_calls, scatter_calls;
+  // update / state -> send regions; own elements and received ones -> full units; results -> own
+  // update, state and send regions (and −0 for the reduce-scatters of units computed elsewhere);
+  // received results -> update / state.
+  std::vector<PackRun> pack_gather, unpack_gather, pack_scatter, unpack_scatter;
+  int64_t arena_bytes = 0;
+  uint64_t state_sent = 0, state_recv = 0;  // NorMuon state bytes this rank moves (StepStats)
+};
+
 struct Routes {
   std::vector<ParamLayout> layouts;  // per inventory parameter
   std::vector<ChunkRoutes> chunks;
-  std::vector<GroupKey> group_keys;  // communicators to create (agrs, gram_allreduce), in order
+  std::vector<GroupKey> group_keys;  // communicators to create (collectives over shard groups), in plan order
+  uint64_t predicted_sent = 0, predicted_recv = 0;  // this rank's bytes, summed from the same transfers
 };
 
 // `normuon[param]`: whether the parameter's group runs NorMuon (its state travels).

@@ -58,14 +58,50 @@ double comm_seconds_max(const PerRank& pr, const MachineProfile& m) {
   return worst;
 }
 
-// Latency bookkeeping of one chunk: per strategy, the largest group it runs a collective over.
-struct ChunkGroups {
-  std::array<int, kNumStrategies> g{}, g_split{};
-  std::array<bool, kNumStrategies> split{};
-  void add(const PlanEntry& e, const ShardTable& t) {
-    const size_t s = static_cast<size_t>(e.strategy);
-    g[s] = std::max(g[s], t.g);
-    if (e.replica_split) split[s] = true, g_split[s] = std::max(g_split[s], t.g * t.r);
+// The collectives one chunk posts, as the executor runs them (exec/routes.cpp): one grouped
+// point-to-point exchange per phase with messages, one all-gather / reduce-scatter per shard-group
+// communicator (its entries' items share it), each gram entry's all-reduces. Each is charged to the
+// strategy of the entry that opened it. Replica groups run theirs side by side: counted once.
+struct ChunkCalls {
+  struct Call {
+    Channel channel;
+    Phase phase;
+    int mesh;
+    DimMask dims;
+    int g, calls;
+    Strategy owner;
+  };
+  std::vector<Call> calls;
+  void p2p(Phase phase, Strategy s) {
+    for (const Call& c : calls)
+      if (c.channel == Channel::PointToPoint && c.phase == phase) return;
+    calls.push_back({Channel::PointToPoint, phase, 0, 0, 2, 1, s});
+  }
+  void group(const GroupTransfer& x, const PlanEntry& e) {
+    if (x.replica != 0) return;
+    if (x.channel != Channel::AllReduce)
+      for (const Call& c : calls)
+        if (c.channel == x.channel && c.mesh == e.mesh && c.dims == e.group_dims) return;
+    calls.push_back({x.channel, x.phase, e.mesh, e.group_dims, x.table->g, x.channel == Channel::AllReduce ? x.calls : 1, e.strategy});
+  }
+};
+
+// Bytes of an entry's transfers (BytesSink) and the calls they belong to.
+// Messages go through `p2p_bytes`, group collectives through `group_bytes`.
+template <class P, class G>
+struct AccountSink {
+  static constexpr bool kAssemblies = false;
+  BytesSink<P> p2p_bytes;
+  BytesSink<G> group_bytes;
+  ChunkCalls& calls;
+  const PlanEntry& e;
+  void p2p(const P2pTransfer& x) {
+    p2p_bytes.p2p(x);
+    calls.p2p(x.phase, e.strategy);
+  }
+  void group(const GroupTransfer& x) {
+    group_bytes.group(x);
+    calls.group(x, e);
   }
 };
 
@@ -126,10 +162,11 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
   std::array<PerRank, kNumStrategies> strat;            // allocated for the strategies used
   std::array<std::unique_ptr<Sparse<double>>, kNumStrategies> strat_buf;  // this chunk's buffers
   Sparse<Contribution> cur(w);                           // this chunk
+  Sparse<Contribution> entry_bytes(w);                   // this entry's message bytes
   std::deque<std::vector<std::pair<int, double>>> window_bufs;  // buffers of the previous window−1 chunks
   Sparse<double> in_flight(w);                           // scratch: buffers of the chunks in flight
   double peak = 0;
-  ChunkGroups groups;
+  ChunkCalls calls;
   double pipelined = 0;
   const int window = std::max(1, o.window);
 
@@ -146,15 +183,15 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
     }
     c.compute_seconds = flops_max / o.machine.flops_per_s;
     c.comm_seconds = comm;
-    for (int s = 0; s < kNumStrategies; ++s) {
-      if (groups.g[static_cast<size_t>(s)] == 0) continue;
-      const Strategy st = static_cast<Strategy>(s);
-      const double lat = collective_latency(st, groups.g[static_cast<size_t>(s)], groups.split[static_cast<size_t>(s)],
-                                            groups.g_split[static_cast<size_t>(s)], o);
+    for (const ChunkCalls::Call& k : calls.calls) {
+      const double lat = call_latency(k.channel, k.g, k.calls, o.machine);
       c.comm_seconds += lat;
-      by_strategy[static_cast<size_t>(s)].comm_seconds += lat;
-      by_strategy[static_cast<size_t>(s)].collectives += collectives_per_chunk(st, o);
-      total.collectives += collectives_per_chunk(st, o);
+      by_strategy[static_cast<size_t>(k.owner)].comm_seconds += lat;
+      by_strategy[static_cast<size_t>(k.owner)].collectives += k.calls;
+      total.collectives += k.calls;
+    }
+    for (int s = 0; s < kNumStrategies; ++s) {
+      if (!strat_buf[static_cast<size_t>(s)]) continue;
       Sparse<double>& sb = *strat_buf[static_cast<size_t>(s)];
       double& peak_s = by_strategy[static_cast<size_t>(s)].peak_buffer_bytes_max;
       for (int r : sb.touched) peak_s = std::max(peak_s, sb.at[static_cast<size_t>(r)]);
@@ -178,7 +215,7 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
     total.compute_seconds += c.compute_seconds;
     pipelined += window > 1 ? std::max(c.comm_seconds, c.compute_seconds) : c.comm_seconds + c.compute_seconds;
     cur.clear();
-    groups = ChunkGroups{};
+    calls = ChunkCalls{};
   };
 
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -188,20 +225,33 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
       close_chunk();
       chunk = e.chunk;
     }
-    groups.add(e, t);
     const size_t s = static_cast<size_t>(e.strategy);
     if (strat[s].at.empty()) strat[s] = PerRank(w);
     if (!strat_buf[s]) strat_buf[s] = std::make_unique<Sparse<double>>(w);
     PerRank& st = strat[s];
     Sparse<double>& sb = *strat_buf[s];
-    visit_all_entry(e, tables, inv, o, [&](int r, const Contribution& c) {
+    const auto add = [&](int r, const Contribution& c) {
       Contribution& a = cur[r];
       a.sent += c.sent, a.recv += c.recv, a.sent_rep += c.sent_rep, a.recv_rep += c.recv_rep;
       a.flops += c.flops, a.buffer += c.buffer;
       all.add(r, c);
       st.add(r, c);
       sb[r] += c.buffer;
-    });
+    };
+    const ParamSpec& p = inv.params[static_cast<size_t>(e.param)];
+    visit_entry(e, t, p, o, add);
+    const bool state = static_cast<size_t>(e.param) < o.normuon.size() && o.normuon[static_cast<size_t>(e.param)];
+    // message bytes: summed per rank over the entry first, then added once per rank touched (group
+    // collectives, which touch each rank once, go straight to `add`); measured the fastest order
+    const auto bytes = [&](int r, const Contribution& c) {
+      Contribution& a = entry_bytes[r];
+      a.sent += c.sent, a.recv += c.recv, a.sent_rep += c.sent_rep, a.recv_rep += c.recv_rep;
+    };
+    for_each_transfer(e, t, state ? &tables.get_state(e.param) : nullptr, p, o.ns.steps,
+                      AccountSink<decltype(bytes), decltype(add)>{{bytes, dtype_size(o.comm_dtype)},
+                                                                  {add, dtype_size(o.comm_dtype)}, calls, e});
+    for (int r : entry_bytes.touched) add(r, entry_bytes.at[static_cast<size_t>(r)]);
+    entry_bytes.clear();
     by_strategy[s].params += 1;
     by_strategy[s].matrices += t.units;
     total.params += 1;

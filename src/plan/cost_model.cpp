@@ -6,6 +6,22 @@
 namespace dmuon::detail {
 namespace {
 
+// Sums of a transfer list's bytes over every rank (amortized_seconds).
+struct Totals {
+  static constexpr bool kAssemblies = false;
+  double &sent, &recv, &rep;
+  size_t elem;
+  void p2p(const P2pTransfer& x) {
+    const double b = static_cast<double>(x.count) * static_cast<double>(x.payload == Payload::Data ? elem : 4);
+    if (x.cross_replica) rep += 2 * b;  // max(sent_rep, recv_rep) of each side
+    else sent += b, recv += b;
+  }
+  void group(const GroupTransfer& x) {
+    const auto [s, r] = bytes_total(x, elem);
+    sent += s, recv += r;
+  }
+};
+
 double log2_steps(int g) { return g <= 1 ? 0.0 : std::ceil(std::log2(static_cast<double>(g))); }
 
 }  // namespace
@@ -23,39 +39,14 @@ bool applies(Strategy s, const ParamSpec& p, const ShardTable& t, bool split) {
   return false;
 }
 
-int collectives_per_chunk(Strategy s, const PlanOptions& o) {
-  switch (s) {
-    case Strategy::OwnerA2A: return 2;      // gather a2a, scatter a2a
-    case Strategy::AllGather: return 1;
-    case Strategy::Agrs: return 2;          // all-gather, reduce-scatter
-    case Strategy::GramAllReduce: return o.ns.steps;  // one Gram all-reduce per step (norm from the first)
-    case Strategy::ExpertSubgroup: return 1;
-    default: return 0;
+double call_latency(Channel channel, int g, int calls, const MachineProfile& m) {
+  switch (channel) {
+    case Channel::PointToPoint: return calls * m.latency_s;
+    case Channel::AllGather:
+    case Channel::ReduceScatter: return calls * m.latency_s * log2_steps(g);
+    case Channel::AllReduce: return calls * 2 * m.latency_s * log2_steps(g);
   }
-}
-
-double collective_latency(Strategy s, int g, bool split_scatter, int g_split, const PlanOptions& o) {
-  const double a = o.machine.latency_s;
-  switch (s) {
-    case Strategy::OwnerA2A: return a * (log2_steps(g) + log2_steps(split_scatter ? g_split : g));
-    case Strategy::AllGather:
-    case Strategy::ExpertSubgroup: return a * log2_steps(g);
-    case Strategy::Agrs: return 2 * a * log2_steps(g);
-    case Strategy::GramAllReduce: return collectives_per_chunk(s, o) * 2 * a * log2_steps(g);
-    default: return 0;
-  }
-}
-
-void visit(const PlanEntry& e, const ShardTable& t, const ParamSpec& p, const PlanOptions& o, const Visitor& fn) {
-  visit_entry(e, t, p, o, fn);
-}
-
-void visit_state(const PlanEntry& e, const ShardTable& t, const ShardTable& vt, const Visitor& fn) {
-  visit_state_entry(e, t, vt, fn);
-}
-
-void visit_all(const PlanEntry& e, ShardTables& tables, const Inventory& inv, const PlanOptions& o, const Visitor& fn) {
-  visit_all_entry(e, tables, inv, o, fn);
+  return 0;
 }
 
 double amortized_seconds(Strategy s, const ParamSpec& p, const ShardTable& t, bool split, const PlanOptions& o) {
@@ -66,12 +57,10 @@ double amortized_seconds(Strategy s, const ParamSpec& p, const ShardTable& t, bo
   e.owner_index.assign(static_cast<size_t>(t.units), 0);
   e.owner_replica.assign(static_cast<size_t>(t.units), 0);
   double sent = 0, recv = 0, rep = 0, flops = 0;
-  visit_entry(e, t, p, o, [&](int, const Contribution& c) {
-    sent += c.sent - c.sent_rep;
-    recv += c.recv - c.recv_rep;
-    rep += std::max(c.sent_rep, c.recv_rep);
-    flops += c.flops;
-  });
+  visit_entry(e, t, p, o, [&](int, const Contribution& c) { flops += c.flops; });
+  // the transfers' byte sums over ranks (group collectives in O(1), not per rank)
+  Totals totals{sent, recv, rep, dtype_size(o.comm_dtype)};
+  for_each_transfer(e, t, nullptr, p, o.ns.steps, totals);
   // Latency is left out: collectives are batched per chunk, so it is shared by the chunk's
   // parameters and enters the plan's totals instead.
   const double w = static_cast<double>(t.g) * t.r;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "kernels/cpu/bf16_matmul.h"
 #include "dmuon/bf16.h"
+#include "dmuon/blas.h"
 #include "dmuon/local_optimizer.h"
 #include "test_support.h"
 
@@ -505,6 +507,90 @@ TEST(LocalOptimizerSetup, RejectsBadGroupingNamingTheParameter) {
   EXPECT_EQ(dmuon::to_string(dmuon::MomentumKind::HeavyBall), "heavy_ball");
   EXPECT_EQ(dmuon::parse_non_finite_policy("skip"), dmuon::NonFinitePolicy::Skip);
   EXPECT_THROW(dmuon::parse_momentum_kind("nesterov"), std::invalid_argument);
+}
+
+// ---- one engine: edge shapes, threads, environment ---------------------------------------------
+
+// Empty matrices and stacks, 1-D and empty AdamW parameters, a bf16 gradient and an absent one,
+// NorMuon on: every thread count gives bitwise the results of threads = 1; a skipped step modifies
+// nothing.
+TEST(LocalOptimizerEngine, EdgeShapesBitwiseOnEveryThreadCount) {
+  std::vector<ParamInfo> info = {{"rows0", {0, 16}},       {"cols0", {16, 0}},   {"stack0", {0, 4, 4}, true},
+                                 {"stack_empty", {2, 0, 5}, true}, {"w", {40, 24}}, {"w_t", {24, 40}},
+                                 {"stack", {3, 6, 10}, true}, {"bias", {7}},        {"bias0", {0}},
+                                 {"one", {1}}};
+  GroupOptions muon, adamw;
+  muon.normuon = true;
+  muon.cautious_wd = true;
+  adamw.algorithm = Algorithm::AdamW;
+  const std::vector<ParamGroup> groups = {{muon, {0, 1, 2, 3, 4, 5, 6}}, {adamw, {7, 8, 9}}};
+  std::vector<std::vector<float>> first;
+  for (int threads : {1, 2, 4, 0}) {
+    dmuon::LocalOptimizerOptions o;
+    o.threads = threads;
+    dmuon::LocalOptimizer opt(info, groups, o);
+    Tensors x(info, 11);
+    for (int t = 1; t <= 3; ++t) {
+      x.make_grads(info, t);  // parameter 0's gradient is bf16 (an empty one here); make 4's bf16 too
+      std::vector<dmuon::BFloat16> wb(x.grads[4].size());
+      for (size_t j = 0; j < wb.size(); ++j) wb[j] = dmuon::float_to_bf16(x.grads[4][j]);
+      x.gv[4] = TensorView(wb.data(), info[4].shape);
+      if (t == 2) x.gv[5] = x.gv[7] = TensorView();  // no gradient: left alone
+      ASSERT_TRUE(opt.step(x.pv, x.gv));
+    }
+    EXPECT_EQ(opt.step_count(5), 2);
+    EXPECT_EQ(opt.step_count(7), 2);
+    EXPECT_EQ(opt.step_count(8), 3);
+    std::vector<std::vector<float>> got = x.params;
+    for (size_t i = 0; i < info.size(); ++i)
+      for (const std::string& k : opt.state_keys(i)) {
+        const TensorView v = opt.state(i, k);
+        got.emplace_back(v.f32(), v.f32() + v.numel());
+      }
+    if (first.empty()) first = got;
+    EXPECT_EQ(got, first) << "threads " << threads;
+    // Skip: a non-finite gradient returns false and modifies nothing.
+    opt.set_policy(dmuon::NonFinitePolicy::Skip);
+    EXPECT_EQ(opt.policy(), dmuon::NonFinitePolicy::Skip);
+    x.make_grads(info, 4);
+    x.grads[9][0] = NAN;
+    const Snapshot before = snapshot(opt, x);
+    EXPECT_FALSE(opt.step(x.pv, x.gv));
+    expect_unchanged(opt, x, before);
+  }
+}
+
+// threads ≥ 2 runs the step's products on one BLAS thread and restores the count after; set_threads
+// changes later steps. Observed from the state hooks, which run on the step's own thread.
+TEST(LocalOptimizerEngine, ThreadsSetBlasToOneDuringTheStepAndRestoreIt) {
+  const int outside = 2;
+  dmuon::blas_set_num_threads(outside);
+  if (dmuon::blas_get_num_threads() != outside) GTEST_SKIP() << "the BLAS does not take 2 threads here";
+  const auto info = model_params();
+  std::vector<int> seen;
+  dmuon::LocalOptimizerOptions o;
+  o.state_hooks.acquire = [&](std::span<const size_t>) { seen.push_back(dmuon::blas_get_num_threads()); };
+  dmuon::LocalOptimizer opt(info, model_groups(), o);
+  Tensors x(info, 2);
+  for (int threads : {1, 2, 0, 4, 1}) {
+    opt.set_threads(threads);
+    EXPECT_EQ(opt.threads(), threads);
+    seen.clear();
+    x.make_grads(info, 1);
+    ASSERT_TRUE(opt.step(x.pv, x.gv, logits_at(1)));
+    ASSERT_FALSE(seen.empty());
+    for (int b : seen) EXPECT_EQ(b, threads == 1 ? outside : 1) << "threads " << threads;
+    EXPECT_EQ(dmuon::blas_get_num_threads(), outside) << "threads " << threads;
+  }
+  EXPECT_THROW(opt.set_threads(-1), std::invalid_argument);
+}
+
+// DMUON_STRATEGY steers distributed plans only: LocalOptimizer does not read it (an invalid value
+// would throw if it did).
+TEST(LocalOptimizerEngine, IgnoresTheStrategyEnvironment) {
+  ASSERT_EQ(setenv("DMUON_STRATEGY", "default:no_such_strategy", 1), 0);
+  EXPECT_NO_THROW(dmuon::LocalOptimizer(model_params(), model_groups()));
+  unsetenv("DMUON_STRATEGY");
 }
 
 }  // namespace

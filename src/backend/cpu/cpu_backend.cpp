@@ -34,6 +34,8 @@ class CpuBackend final : public Backend {
   }
   std::unique_ptr<Stream> make_stream(bool threaded) override { return make_cpu_stream(threaded); }
 
+  void pack(std::span<const PackRun> runs, std::span<std::byte* const> bases) override { cpu_pack(runs, bases); }
+
   int set_threads(int threads) override {
     const int before = blas_get_num_threads();  // also loads the BLAS: a missing one fails here
     if (threads > 0 && threads != before) blas_set_num_threads(threads);

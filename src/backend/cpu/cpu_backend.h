@@ -7,5 +7,6 @@
 namespace dmuon::detail {
 
 std::unique_ptr<Stream> make_cpu_stream(bool threaded);
+void cpu_pack(std::span<const PackRun> runs, std::span<std::byte* const> bases);
 
 }  // namespace dmuon::detail
