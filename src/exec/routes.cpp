@@ -133,6 +133,24 @@ class Builder {
       b.comm_index(GroupKey{e.mesh, e.group_dims});
       if (x.channel != Channel::AllReduce) b.groups_.push_back({entry, x});
     }
+    // this rank's messages of the exchange, in the pair order (a, then b) both sides derive
+    void exchange(const Exchange& x) {
+      if (x.replica != replica) return;
+      const int me = b.me_;
+      const auto mine = std::find_if(x.members.begin(), x.members.end(), [&](int k) { return x.table->rank(replica, k) == me; });
+      if (mine == x.members.end()) return;
+      const size_t i = static_cast<size_t>(mine - x.members.begin());
+      for (size_t a = 0; a < x.members.size(); ++a) {
+        const int ra = x.table->rank(replica, x.members[a]);
+        if (a == i) {
+          for (size_t c = 0; c < x.members.size(); ++c)
+            if (c != a && x.counts[a] > 0)
+              p2p(P2pTransfer{x.phase, x.payload, x.unit, ra, x.table->rank(replica, x.members[c]), x.counts[a], false});
+        } else if (x.counts[a] > 0) {
+          p2p(P2pTransfer{x.phase, x.payload, x.unit, ra, me, x.counts[a], false});
+        }
+      }
+    }
     void assemble(const UnitAssembly& a) {
       if (a.rank == b.me_) asms.emplace_back(entry, a);
     }

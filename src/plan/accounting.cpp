@@ -103,6 +103,10 @@ struct AccountSink {
     group_bytes.group(x);
     calls.group(x, e);
   }
+  void exchange(const Exchange& x) {  // each member once: straight to `add`
+    group_bytes.exchange(x);
+    if (x.members.size() > 1) calls.p2p(x.phase, e.strategy);
+  }
 };
 
 // A per-rank array that remembers which ranks it touched, so clearing and scanning it cost

@@ -20,6 +20,9 @@ struct Totals {
     const auto [s, r] = bytes_total(x, elem);
     sent += s, recv += r;
   }
+  void exchange(const Exchange& x) {
+    bytes_of(x, elem, [&](int, double s, double r, double, double) { sent += s, recv += r; });
+  }
 };
 
 double log2_steps(int g) { return g <= 1 ? 0.0 : std::ceil(std::log2(static_cast<double>(g))); }

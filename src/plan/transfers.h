@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "dmuon/plan.h"
 #include "plan/shard_table.h"
@@ -59,6 +60,20 @@ struct GroupTransfer {
   int calls = 1;
 };
 
+// An all-pairs exchange among a subset of the shard group, as point-to-point messages: member i
+// (group position members[i] of replica group `replica`) sends its counts[i] elements of the unit to
+// every other member. Equivalent to one message per ordered pair (a, b), a != b, in the order a,
+// then b; listed as one item so that accounting costs O(members), not O(members²).
+struct Exchange {
+  Phase phase = Phase::Gather;
+  Payload payload = Payload::Data;
+  int64_t unit = 0;
+  int replica = 0;
+  const ShardTable* table = nullptr;
+  std::span<const int32_t> members;
+  std::span<const int64_t> counts;  // per member (may be 0)
+};
+
 // A rank that holds the whole unit after the gather: computes it (`compute`), has elements of it
 // (`holder`), and takes its own elements of the result from this assembly (`result_local`).
 struct UnitAssembly {
@@ -67,7 +82,7 @@ struct UnitAssembly {
   bool compute = false, holder = false, result_local = false;
 };
 
-// Sinks provide p2p(const P2pTransfer&), group(const GroupTransfer&), and when
+// Sinks provide p2p(const P2pTransfer&), group(const GroupTransfer&), exchange(const Exchange&), and when
 // `Sink::kAssemblies` is true, assemble(const UnitAssembly&).
 template <class Sink>
 void for_each_transfer(const PlanEntry& e, const ShardTable& t, const ShardTable* vt, const ParamSpec& p, int ns_steps,
@@ -175,26 +190,27 @@ void for_each_transfer(const PlanEntry& e, const ShardTable& t, const ShardTable
         if constexpr (kAsm) sink.assemble(UnitAssembly{u, o, true, data_held(u, o_k), true});
       }
       return;
-    case Strategy::ExpertSubgroup:  // each expert's holders exchange their parts and all compute it
+    case Strategy::ExpertSubgroup: {  // each expert's holders exchange their parts and all compute it
+      std::vector<int64_t> vcounts;
       for (int64_t u = 0; u < t.units; ++u) {
         const auto [dh, dn] = span_of(t, u);
+        if (vt) {  // each data holder's state elements of the unit (0 where it has none)
+          vcounts.assign(dh.size(), 0);
+          const auto [sh, sn] = span_of(*vt, u);
+          for (size_t a = 0; a < dh.size(); ++a) {
+            const auto it = std::lower_bound(sh.begin(), sh.end(), dh[a]);
+            if (it != sh.end() && *it == dh[a]) vcounts[a] = sn[static_cast<size_t>(it - sh.begin())];
+          }
+        }
         for (int j = 0; j < t.r; ++j) {
-          for (size_t a = 0; a < dh.size(); ++a)
-            for (size_t b = 0; b < dh.size(); ++b) {
-              if (a == b) continue;
-              int64_t vn = 0;
-              if (vt) {
-                const auto [sh, sn] = span_of(*vt, u);
-                const auto it = std::lower_bound(sh.begin(), sh.end(), dh[a]);
-                if (it != sh.end() && *it == dh[a]) vn = sn[static_cast<size_t>(it - sh.begin())];
-              }
-              both(Phase::Gather, u, t.rank(j, dh[a]), t.rank(j, dh[b]), dn[a], vn, false);
-            }
+          sink.exchange(Exchange{Phase::Gather, Payload::Data, u, j, &t, dh, dn});
+          if (vt) sink.exchange(Exchange{Phase::Gather, Payload::State, u, j, &t, dh, vcounts});
           if constexpr (kAsm)
             for (int k : dh) sink.assemble(UnitAssembly{u, t.rank(j, k), true, true, true});
         }
       }
       return;
+    }
   }
 }
 
@@ -233,6 +249,18 @@ void bytes_of(const GroupTransfer& x, size_t elem, F&& fn) {
     const double own_out = n * (g - 1) * B, others = (total - n) * B;
     if (x.channel == Channel::AllGather) fn(t.rank(x.replica, k), own_out, others, 0.0, 0.0);
     else fn(t.rank(x.replica, k), others, own_out, 0.0, 0.0);  // reduce-scatter
+  }
+}
+
+template <class F>
+void bytes_of(const Exchange& x, size_t elem, F&& fn) {
+  const double B = static_cast<double>(x.payload == Payload::Data ? elem : 4);
+  double total = 0;
+  for (int64_t n : x.counts) total += static_cast<double>(n);
+  const double others = static_cast<double>(x.members.size()) - 1;
+  for (size_t i = 0; i < x.members.size(); ++i) {
+    const double n = static_cast<double>(x.counts[i]);
+    fn(x.table->rank(x.replica, x.members[i]), n * others * B, (total - n) * B, 0.0, 0.0);
   }
 }
 

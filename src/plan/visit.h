@@ -96,6 +96,7 @@ struct BytesSink {
   void add(int r, double s, double rv, double sr, double rr) { fn(r, Contribution{s, rv, sr, rr, 0, 0}); }
   void p2p(const P2pTransfer& x) { bytes_of(x, elem, [&](int r, double s, double rv, double sr, double rr) { add(r, s, rv, sr, rr); }); }
   void group(const GroupTransfer& x) { bytes_of(x, elem, [&](int r, double s, double rv, double sr, double rr) { add(r, s, rv, sr, rr); }); }
+  void exchange(const Exchange& x) { bytes_of(x, elem, [&](int r, double s, double rv, double sr, double rr) { add(r, s, rv, sr, rr); }); }
 };
 
 // The bytes of `e`'s transfers (vt: the NorMuon state's table, or null when no state travels).
