@@ -162,7 +162,6 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
                        const PlanOptions& o, std::vector<Chunk>& chunks, CostSummary& total,
                        std::array<CostSummary, kNumStrategies>& by_strategy) {
   const size_t w = static_cast<size_t>(inv.world_size());
-  PerRank all(w);
   std::array<PerRank, kNumStrategies> strat;            // allocated for the strategies used
   std::array<std::unique_ptr<Sparse<double>>, kNumStrategies> strat_buf;  // this chunk's buffers
   Sparse<Contribution> cur(w);                           // this chunk
@@ -238,7 +237,6 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
       Contribution& a = cur[r];
       a.sent += c.sent, a.recv += c.recv, a.sent_rep += c.sent_rep, a.recv_rep += c.recv_rep;
       a.flops += c.flops, a.buffer += c.buffer;
-      all.add(r, c);
       st.add(r, c);
       sb[r] += c.buffer;
     };
@@ -264,6 +262,9 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
   close_chunk();
   if (!chunks.empty()) pipelined += window > 1 ? std::min(chunks.front().comm_seconds, chunks.front().compute_seconds) : 0;
 
+  PerRank all(w);  // every strategy's per-rank sums (integer-valued, so the order does not matter)
+  for (const PerRank& st : strat)
+    for (size_t r = 0; r < st.at.size(); ++r) all.add(static_cast<int>(r), st.at[r]);
   summarize(all, total);
   total.peak_buffer_bytes_max = peak;
   total.predicted_seconds = pipelined;
