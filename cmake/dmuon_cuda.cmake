@@ -1,0 +1,87 @@
+# DMUON_WITH_CUDA = AUTO | ON | OFF decides whether src/backend/cuda is built.
+#   AUTO: on when nvcc and the cuBLAS headers are found, else off (the summary says why).
+#   ON:   the same search; anything missing is a configure error naming it.
+# nvcc: CMAKE_CUDA_COMPILER, $CUDACXX, $CUDA_HOME/bin, /usr/local/cuda/bin or PATH.
+# cuBLAS headers: DMUON_CUBLAS_INCLUDE_DIR, the toolkit's include dir, or the PyPI wheel
+# nvidia-cublas (site-packages/nvidia/cu13/include or nvidia/cublas/include, found through python3).
+# Outputs: DMUON_CUDA_ENABLED, DMUON_CUDA_WHY, DMUON_CUBLAS_INCLUDE_DIR, DMUON_CUBLAS_LIBRARY_DIR
+# (the wheel's lib dir, baked in as a dlopen fallback), CMAKE_CUDA_ARCHITECTURES (default 90).
+string(TOUPPER "${DMUON_WITH_CUDA}" _dmuon_cuda_mode)
+if(_dmuon_cuda_mode MATCHES "^(1|YES|TRUE|Y)$")
+  set(_dmuon_cuda_mode ON)
+elseif(_dmuon_cuda_mode MATCHES "^(0|NO|FALSE|N)$")
+  set(_dmuon_cuda_mode OFF)
+endif()
+if(NOT _dmuon_cuda_mode MATCHES "^(AUTO|ON|OFF)$")
+  message(FATAL_ERROR "DMUON_WITH_CUDA must be AUTO, ON or OFF (got '${DMUON_WITH_CUDA}')")
+endif()
+
+set(DMUON_CUDA_ENABLED OFF)
+set(DMUON_CUDA_WHY "-DDMUON_WITH_CUDA=OFF")
+if(NOT _dmuon_cuda_mode STREQUAL "OFF")
+  set(_dmuon_missing "")
+  # nvcc
+  if(NOT CMAKE_CUDA_COMPILER)
+    find_program(DMUON_NVCC nvcc HINTS ENV CUDACXX ENV CUDA_HOME ENV CUDA_PATH /usr/local/cuda
+                 PATH_SUFFIXES bin NO_CACHE)
+    if(DMUON_NVCC)
+      set(_dmuon_nvcc "${DMUON_NVCC}")
+    endif()
+  else()
+    set(_dmuon_nvcc "${CMAKE_CUDA_COMPILER}")
+  endif()
+  if(NOT _dmuon_nvcc)
+    list(APPEND _dmuon_missing "nvcc (install the CUDA toolkit or set CUDACXX / CUDA_HOME)")
+  endif()
+  # cuBLAS headers: the toolkit's, else the nvidia-cublas wheel's.
+  set(_dmuon_cublas_hints "")
+  if(_dmuon_nvcc)
+    get_filename_component(_dmuon_cuda_root "${_dmuon_nvcc}" DIRECTORY)
+    get_filename_component(_dmuon_cuda_root "${_dmuon_cuda_root}" DIRECTORY)
+    list(APPEND _dmuon_cublas_hints "${_dmuon_cuda_root}/include")
+  endif()
+  find_program(DMUON_PYTHON3 NAMES python3 python NO_CACHE)
+  if(DMUON_PYTHON3)
+    execute_process(COMMAND "${DMUON_PYTHON3}" -c
+      "import site, sys; print(';'.join(site.getsitepackages() + [site.getusersitepackages()] + sys.path))"
+      OUTPUT_VARIABLE _dmuon_site OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    foreach(_d IN LISTS _dmuon_site)
+      if(_d AND IS_DIRECTORY "${_d}/nvidia")
+        list(APPEND _dmuon_cublas_hints "${_d}/nvidia/cu13/include" "${_d}/nvidia/cublas/include")
+      endif()
+    endforeach()
+  endif()
+  find_path(DMUON_CUBLAS_INCLUDE_DIR cublas_api.h HINTS ${_dmuon_cublas_hints} NO_DEFAULT_PATH)
+  if(NOT DMUON_CUBLAS_INCLUDE_DIR)
+    find_path(DMUON_CUBLAS_INCLUDE_DIR cublas_api.h)
+  endif()
+  if(NOT DMUON_CUBLAS_INCLUDE_DIR)
+    list(APPEND _dmuon_missing "the cuBLAS headers (pip install nvidia-cublas, see scripts/requirements.txt, or -DDMUON_CUBLAS_INCLUDE_DIR=...)")
+  else()
+    get_filename_component(_dmuon_cublas_lib "${DMUON_CUBLAS_INCLUDE_DIR}/../lib" ABSOLUTE)
+    if(EXISTS "${_dmuon_cublas_lib}/libcublas.so.13")
+      set(DMUON_CUBLAS_LIBRARY_DIR "${_dmuon_cublas_lib}")
+    endif()
+  endif()
+
+  if(_dmuon_missing)
+    list(JOIN _dmuon_missing "; " _dmuon_missing_text)
+    if(_dmuon_cuda_mode STREQUAL "ON")
+      message(FATAL_ERROR "DMUON_WITH_CUDA=ON but ${_dmuon_missing_text} not found; or configure with -DDMUON_WITH_CUDA=OFF")
+    endif()
+    set(DMUON_CUDA_WHY "AUTO: not found: ${_dmuon_missing_text}")
+  else()
+    if(NOT CMAKE_CUDA_COMPILER)
+      set(CMAKE_CUDA_COMPILER "${_dmuon_nvcc}")
+    endif()
+    if(NOT CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)  # H100 / H200; one arch keeps the compile short
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    set(DMUON_CUDA_ENABLED ON)
+    set(DMUON_CUDA_WHY "")
+  endif()
+endif()

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Builds dmuon with the cuda backend on a GPU machine that has no package registry, runs the CUDA
+# tests and prints a summary table. Expected there: CUDA 13 nvcc (/usr/local/cuda or PATH), PyTorch
+# cu13 with the PyPI wheels nvidia-cublas and nvidia-nccl-cu13, cmake, ninja, nanobind,
+# scikit-build-core; NOT expected: OpenBLAS, LAPACKE, Open MPI, GoogleTest, fmt, spdlog, ... as Debian
+# packages. Those come as .debs in shared/debs/, fetched beforehand on a machine with a Debian
+# bookworm registry by scripts/fetch_gpu_debs.sh, and are unpacked here (dpkg-deb -x, no root, no
+# install) into a prefix that CMake, pkg-config and the loader are pointed at.
+#
+# Usage: bash scripts/gpu_check.sh            (from the repository root)
+# Environment:
+#   DEBS=shared/debs      the .deb folder           PREFIX=/tmp/dmuon-gpu-prefix  where they unpack
+#   BUILD=build-gpu       the build folder          JOBS=$(nproc)
+#   GPU_CHECK_MPI=OFF     ON: also build the mpi communicator from the unpacked Open MPI (and its tests)
+#   CUDA_ARCH=90          CMAKE_CUDA_ARCHITECTURES (90: H100 / H200)
+# Exit status: 0 when the build and every CUDA test pass (a skipped CUDA test counts as a failure
+# here: this script exists to run them on a device).
+set -uo pipefail
+
+DEBS=${DEBS:-shared/debs}
+PREFIX=${PREFIX:-/tmp/dmuon-gpu-prefix}
+BUILD=${BUILD:-build-gpu}
+JOBS=${JOBS:-$(nproc)}
+GPU_CHECK_MPI=${GPU_CHECK_MPI:-OFF}
+CUDA_ARCH=${CUDA_ARCH:-90}
+PY=${PYTHON:-python3}
+LOGDIR=${LOGDIR:-$BUILD/gpu_check_logs}
+
+declare -a ROWS=()
+row() { ROWS+=("$(printf '%-34s %-8s %s' "$1" "$2" "${3:-}")"); }
+summary() {
+  echo
+  echo "==== dmuon gpu_check summary ===="
+  printf '%-34s %-8s %s\n' "step" "result" "detail"
+  for r in "${ROWS[@]}"; do echo "$r"; done
+}
+fail() {
+  row "$1" FAIL "${2:-}"
+  summary
+  exit 1
+}
+
+[[ -f CMakeLists.txt && -d src/backend ]] || { echo "gpu_check: run from the dmuon repository root" >&2; exit 2; }
+mkdir -p "$LOGDIR"
+
+# ---- 1. the machine ----
+NVCC=$(command -v nvcc || true)
+[[ -z "$NVCC" && -x /usr/local/cuda/bin/nvcc ]] && NVCC=/usr/local/cuda/bin/nvcc
+[[ -n "$NVCC" ]] || fail "nvcc" "not found (PATH, /usr/local/cuda/bin)"
+row "nvcc" ok "$("$NVCC" --version | tail -1)"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  row "gpu" ok "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)"
+else
+  row "gpu" "?" "nvidia-smi not found"
+fi
+CUBLAS_INC=$("$PY" - <<'EOF' 2>/dev/null
+import os, site, sys
+for d in site.getsitepackages() + [site.getusersitepackages()] + sys.path:
+    for sub in ("nvidia/cu13/include", "nvidia/cublas/include"):
+        if os.path.exists(os.path.join(d, sub, "cublas_api.h")):
+            print(os.path.join(d, sub)); sys.exit(0)
+EOF
+)
+[[ -n "$CUBLAS_INC" ]] || fail "cuBLAS headers" "no nvidia-cublas wheel with headers found by $PY"
+row "cuBLAS headers" ok "$CUBLAS_INC"
+CUBLAS_LIB=$(cd "$CUBLAS_INC/../lib" 2>/dev/null && pwd)
+
+# ---- 2. the Debian packages, unpacked into a prefix ----
+shopt -s nullglob
+debs=("$DEBS"/*.deb)
+((${#debs[@]})) || fail "debs" "none in $DEBS: run scripts/fetch_gpu_debs.sh on a machine with a registry, copy $DEBS here"
+mkdir -p "$PREFIX"
+for d in "${debs[@]}"; do dpkg-deb -x "$d" "$PREFIX" || fail "unpack" "$d"; done
+LIBDIR="$PREFIX/usr/lib/x86_64-linux-gnu"
+# Debian wires BLAS / LAPACK through update-alternatives (links made at install time): make them here.
+for lib in libblas.so.3 libblas.so liblapack.so.3 liblapack.so; do
+  [[ -e "$LIBDIR/$lib" ]] && continue
+  for cand in "$LIBDIR/openblas-pthread/$lib" "$LIBDIR/blas/$lib" "$LIBDIR/lapack/$lib"; do
+    [[ -e "$cand" ]] && { ln -sf "$cand" "$LIBDIR/$lib"; break; }
+  done
+done
+[[ -e "$LIBDIR/libopenblas.so.0" ]] || { [[ -e "$LIBDIR/openblas-pthread/libopenblas.so.0" ]] &&
+  ln -sf "$LIBDIR/openblas-pthread/libopenblas.so.0" "$LIBDIR/libopenblas.so.0"; }
+# pkg-config files name prefix=/usr: point them at the prefix.
+for pc in "$LIBDIR"/pkgconfig/*.pc "$PREFIX"/usr/share/pkgconfig/*.pc "$LIBDIR"/openblas-pthread/pkgconfig/*.pc; do
+  sed -i "s|^prefix=/usr\$|prefix=$PREFIX/usr|; s|=/usr/|=$PREFIX/usr/|g" "$pc"
+done
+row "debs unpacked" ok "${#debs[@]} packages into $PREFIX"
+
+export PKG_CONFIG_PATH="$LIBDIR/pkgconfig:$PREFIX/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+export LD_LIBRARY_PATH="$LIBDIR:$LIBDIR/openblas-pthread${CUBLAS_LIB:+:$CUBLAS_LIB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export CMAKE_PREFIX_PATH="$PREFIX/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+export OPAL_PREFIX="$PREFIX/usr"   # a relocated Open MPI finds its components here
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+
+# ---- 3. configure and build ----
+MPI_ARGS=(-DDMUON_WITH_MPI=OFF)
+if [[ "$GPU_CHECK_MPI" == ON ]]; then
+  MPI_ARGS=(-DDMUON_WITH_MPI=ON -DMPI_C_COMPILER="$PREFIX/usr/bin/mpicc"
+            -DMPI_C_HEADER_DIR="$LIBDIR/openmpi/include" -DMPI_C_LIB_NAMES=mpi -DMPI_mpi_LIBRARY="$LIBDIR/libmpi.so")
+fi
+GEN=Ninja
+command -v ninja >/dev/null 2>&1 || GEN="Unix Makefiles"
+t0=$(date +%s)
+cmake -S . -B "$BUILD" -G "$GEN" -DCMAKE_BUILD_TYPE=Release -DDMUON_WITH_CUDA=ON \
+  -DCMAKE_CUDA_COMPILER="$NVCC" -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" -DDMUON_CUBLAS_INCLUDE_DIR="$CUBLAS_INC" \
+  -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DDMUON_BUILD_BENCH=OFF "${MPI_ARGS[@]}" >"$LOGDIR/configure.log" 2>&1 ||
+  fail "configure (cuda ON)" "see $LOGDIR/configure.log: $(grep -m1 -A2 'CMake Error' "$LOGDIR/configure.log" | tr '\n' ' ')"
+row "configure (cuda ON)" ok "sm_$CUDA_ARCH, mpi $GPU_CHECK_MPI, $(( $(date +%s) - t0 )) s"
+t0=$(date +%s)
+cmake --build "$BUILD" -j "$JOBS" >"$LOGDIR/build.log" 2>&1 ||
+  fail "build" "see $LOGDIR/build.log: $(grep -m1 -E 'error' "$LOGDIR/build.log")"
+row "build" ok "$(( $(date +%s) - t0 )) s"
+
+# ---- 4. the CUDA tests (each test binary run directly, so skips are visible) ----
+status=0
+out=$("$BUILD/bin/cuda_backend_test" 2>&1)
+echo "$out" >"$LOGDIR/cuda_backend_test.log"
+passed=$(echo "$out" | grep -c '^\[       OK \]')
+failed=$(echo "$out" | grep -c '^\[  FAILED  \] CudaBackend\.')
+skipped=$(echo "$out" | grep -c '^\[  SKIPPED \] CudaBackend\.')
+if ((failed == 0 && skipped <= 1 && passed > 0)); then  # NoDeviceGivesAClearError skips on a GPU machine
+  row "cuda_backend_test" ok "$passed passed, $skipped skipped (the no-device check)"
+else
+  row "cuda_backend_test" FAIL "$passed passed, $failed failed, $skipped skipped; $LOGDIR/cuda_backend_test.log"
+  status=1
+fi
+if ctest --test-dir "$BUILD" --timeout 600 -E 'install_consumer' >"$LOGDIR/ctest.log" 2>&1; then
+  row "ctest (all built tests)" ok "$(grep -E 'tests passed' "$LOGDIR/ctest.log")"
+else
+  row "ctest (all built tests)" FAIL "$(grep -E 'tests passed' "$LOGDIR/ctest.log"); $LOGDIR/ctest.log"
+  status=1
+fi
+
+# ---- 5. the orthogonalization benchmark (the cpu backend: a reference point, not a GPU figure) ----
+if [[ -x "$BUILD/bin/dmuon" ]] && "$BUILD/bin/dmuon" bench ns --help >/dev/null 2>&1; then
+  if "$BUILD/bin/dmuon" bench ns --shape 1024x4096 --schedule polar_express --steps 5 >"$LOGDIR/bench_ns.log" 2>&1; then
+    row "dmuon bench ns (cpu backend)" ok "$(grep -m1 -E 'ms|GFLOP' "$LOGDIR/bench_ns.log" | tr -s ' ' | cut -c1-90)"
+  else
+    row "dmuon bench ns (cpu backend)" FAIL "$LOGDIR/bench_ns.log"
+  fi
+else
+  row "dmuon bench ns" skip "not built"
+fi
+
+summary
+exit $status

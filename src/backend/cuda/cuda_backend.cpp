@@ -1,0 +1,543 @@
+// Internal: the cuda backend (backend.h) on one CUDA device. Buffers from cudaMalloc /
+// cudaMallocHost / calloc; the element-wise kernels of cuda_kernels.cu (the cpu kernels' bits);
+// Newton–Schulz through cuBLAS, which is dlopen'd at first use (libdmuon links only the static
+// cudart, so it loads and runs its cpu paths on machines without a GPU, a driver or cuBLAS).
+//
+// First version, correctness before overlap: every kernel call enqueues on the calling thread's
+// current stream (a CudaStream's while one of its jobs runs, else the legacy default stream) and
+// synchronizes it before returning, so "a kernel has returned" means "its results are in memory", as
+// on the cpu backend. A CudaStream runs its host jobs in order on a worker thread (the cpu stream)
+// with its own cudaStream_t current; its Events are the cpu stream's.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublas_api.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "dmuon/error.h"
+#include "kernels/cpu/bf16_matmul.h"
+#include "kernels/cpu/elementwise.h"
+
+namespace dmuon::detail {
+namespace {
+
+thread_local cudaStream_t tl_stream = nullptr;  // the current stream of this thread (nullptr: legacy default)
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw_error(concat("[cuda] ", what, ": ", cudaGetErrorString(e)));
+}
+
+// Finishes a kernel call: launch errors, then the stream's completion.
+void finish(cudaError_t launch, const char* what) {
+  check(launch, what);
+  check(cudaStreamSynchronize(tl_stream), what);
+}
+
+// ---- cuBLAS, loaded at run time ----------------------------------------------------------------
+
+struct Cublas {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  decltype(&cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&cublasSgemm_v2) sgemm = nullptr;
+  // cublasGemmEx is overloaded in C++ (cudaDataType / cublasComputeType_t): the compute-type form.
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                            const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                            cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+  std::string library;
+};
+
+Cublas load_cublas() {
+  std::string tried;
+  std::string wheel = DMUON_CUBLAS_WHEEL_DIR;
+  if (!wheel.empty()) wheel += "/libcublas.so.13";
+  const char* user = std::getenv("DMUON_CUBLAS_LIBRARY");
+  const char* candidates[] = {user, "libcublas.so.13", wheel.empty() ? nullptr : wheel.c_str(), "libcublas.so"};
+  for (const char* name : candidates) {
+    if (name == nullptr || *name == '\0') continue;
+    void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+      tried += concat(tried.empty() ? "" : ", ", name, " (", dlerror(), ")");
+      continue;
+    }
+    Cublas api;
+    api.create = reinterpret_cast<decltype(api.create)>(dlsym(h, "cublasCreate_v2"));
+    api.set_stream = reinterpret_cast<decltype(api.set_stream)>(dlsym(h, "cublasSetStream_v2"));
+    api.set_math_mode = reinterpret_cast<decltype(api.set_math_mode)>(dlsym(h, "cublasSetMathMode"));
+    api.sgemm = reinterpret_cast<decltype(api.sgemm)>(dlsym(h, "cublasSgemm_v2"));
+    api.gemm_ex = reinterpret_cast<decltype(api.gemm_ex)>(dlsym(h, "cublasGemmEx"));
+    if (!api.create || !api.set_stream || !api.set_math_mode || !api.sgemm || !api.gemm_ex) {
+      tried += concat(tried.empty() ? "" : ", ", name, " (missing cublasCreate_v2/SetStream_v2/SetMathMode/Sgemm_v2/GemmEx)");
+      dlclose(h);
+      continue;
+    }
+    api.library = name;
+    return api;
+  }
+  throw_error(concat("[cuda] could not load cuBLAS; tried ", tried,
+                     ". pip install nvidia-cublas (scripts/requirements.txt) or set DMUON_CUBLAS_LIBRARY"));
+}
+
+const Cublas& cublas() {
+  static const Cublas api = load_cublas();
+  return api;
+}
+
+void check_blas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw_error(concat("[cuda] ", what, ": cuBLAS status ", static_cast<int>(s)));
+}
+
+// One handle per thread and device (never destroyed: a handle outliving the runtime at exit is harmless,
+// destroying it after the runtime is not). fp32 products in true fp32: CUBLAS_PEDANTIC_MATH (no TF32).
+cublasHandle_t blas_handle(int device) {
+  thread_local std::vector<cublasHandle_t> handles;
+  if (static_cast<int>(handles.size()) <= device) handles.resize(static_cast<size_t>(device) + 1, nullptr);
+  if (handles[static_cast<size_t>(device)] == nullptr) {
+    cublasHandle_t h = nullptr;
+    check_blas(cublas().create(&h), "cublasCreate");
+    check_blas(cublas().set_math_mode(h, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+    handles[static_cast<size_t>(device)] = h;
+  }
+  cublasHandle_t h = handles[static_cast<size_t>(device)];
+  check_blas(cublas().set_stream(h, tl_stream), "cublasSetStream");
+  return h;
+}
+
+// ---- device memory helpers -----------------------------------------------------------------------
+
+class DeviceMem {
+ public:
+  explicit DeviceMem(size_t bytes) {
+    if (bytes) check(cudaMalloc(&p_, bytes), "cudaMalloc (scratch)");
+  }
+  ~DeviceMem() {
+    if (p_) cudaFree(p_);
+  }
+  DeviceMem(const DeviceMem&) = delete;
+  DeviceMem& operator=(const DeviceMem&) = delete;
+  template <class T> T* as() const { return static_cast<T*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+};
+
+void upload(void* dst, const void* src, size_t bytes) {
+  if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, tl_stream), "cudaMemcpy to device");
+}
+void download(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, tl_stream), "cudaMemcpy to host");
+  check(cudaStreamSynchronize(tl_stream), "cudaMemcpy to host");
+}
+
+// ---- the stream ----------------------------------------------------------------------------------
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(int device, bool threaded) : device_(device) {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    host_ = make_cpu_stream(threaded);
+  }
+  ~CudaStream() override {
+    host_.reset();  // drains and joins the worker first
+    cudaStreamDestroy(stream_);
+  }
+  void submit(std::function<void()> job) override {
+    host_->submit([this, job = std::move(job)] {
+      const cudaStream_t before = tl_stream;
+      tl_stream = stream_;
+      struct Restore {
+        cudaStream_t s;
+        ~Restore() { tl_stream = s; }
+      } restore{before};
+      check(cudaSetDevice(device_), "cudaSetDevice");
+      job();
+    });
+  }
+  Event record() override { return host_->record(); }  // jobs finish their device work before returning
+  bool busy() override { return host_->busy(); }
+  void synchronize() override { host_->synchronize(); }
+  void rethrow() override { host_->rethrow(); }
+  double busy_seconds() const override { return host_->busy_seconds(); }
+
+ private:
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<Stream> host_;
+};
+
+// ---- the backend -----------------------------------------------------------------------------------
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {}
+
+  std::string_view name() const override { return "cuda"; }
+  Device device() const override { return {DeviceKind::Cuda, device_}; }
+  BackendCaps capabilities() const override {
+    BackendCaps c;
+    // The Orthogonalizer's constructor validates bf16 options against oneDNN on the host (see
+    // make_orthogonalizer), so bf16 products are offered only where that passes.
+    c.bf16_products = cpu::bf16_matmul_info().available;
+    c.gram_newton_schulz = false;  // gram_newton_schulz is not implemented here yet
+    c.device_memory = true;
+    return c;
+  }
+
+  Buffer allocate(size_t bytes, MemoryKind kind) override {
+    enter();
+    if (bytes == 0) return Buffer(nullptr, 0, kind, device(), nullptr);
+    void* p = nullptr;
+    switch (kind) {
+      case MemoryKind::Host:
+        p = std::calloc(bytes, 1);
+        DMUON_CHECK_RUNTIME(p, "[cuda] out of host memory allocating ", bytes, " bytes");
+        return Buffer(p, bytes, kind, {}, [](void* q) { std::free(q); });
+      case MemoryKind::PinnedHost:
+        check(cudaMallocHost(&p, bytes), concat("cudaMallocHost of ", bytes, " bytes").c_str());
+        std::memset(p, 0, bytes);
+        return Buffer(p, bytes, kind, {}, [](void* q) { cudaFreeHost(q); });
+      case MemoryKind::Device: {
+        check(cudaMalloc(&p, bytes), concat("cudaMalloc of ", bytes, " bytes").c_str());
+        Buffer b(p, bytes, kind, device(), [](void* q) { cudaFree(q); });
+        check(cudaMemsetAsync(p, 0, bytes, tl_stream), "cudaMemset");
+        check(cudaStreamSynchronize(tl_stream), "cudaMemset");
+        return b;
+      }
+    }
+    return {};
+  }
+  std::unique_ptr<Stream> make_stream(bool threaded) override {
+    return std::make_unique<CudaStream>(device_, threaded);
+  }
+
+  int set_threads(int) override { return 1; }
+  int threads() const override { return 1; }
+
+  void pack(std::span<const PackRun> runs, std::span<std::byte* const> bases) override {
+    enter();
+    std::vector<PackRun> live;
+    std::vector<int64_t> prefix{0};
+    for (const PackRun& r : runs)
+      if (r.len > 0 && r.rows > 0) live.push_back(r), prefix.push_back(prefix.back() + r.len * r.rows);
+    if (live.empty()) return;
+    const size_t runs_bytes = live.size() * sizeof(PackRun), prefix_bytes = prefix.size() * sizeof(int64_t);
+    const size_t bases_bytes = bases.size() * sizeof(std::byte*);
+    std::vector<std::byte> table(runs_bytes + prefix_bytes + bases_bytes);  // one upload
+    std::memcpy(table.data(), live.data(), runs_bytes);
+    std::memcpy(table.data() + runs_bytes, prefix.data(), prefix_bytes);
+    std::memcpy(table.data() + runs_bytes + prefix_bytes, bases.data(), bases_bytes);
+    DeviceMem d(table.size());
+    upload(d.as<std::byte>(), table.data(), table.size());
+    finish(cuda::pack(d.as<PackRun>(), reinterpret_cast<const int64_t*>(d.as<std::byte>() + runs_bytes),
+                      static_cast<int>(live.size()),
+                      reinterpret_cast<std::byte* const*>(d.as<std::byte>() + runs_bytes + prefix_bytes), prefix.back(),
+                      tl_stream),
+           "pack");
+  }
+
+  // ---- element-wise kernels: the cpu kernels' argument checks, then the same arithmetic ----
+
+  void momentum(const MomentumOptions& o, float* buf, const TensorView& grad, float* update) override {
+    DMUON_CHECK(grad.is_contiguous(), "[momentum] gradient view is not contiguous");
+    const int64_t n = grad.numel();
+    cpu::check_unit_interval(o.momentum, "momentum", "momentum");
+    cpu::check_buffer(buf, n, "momentum", "buf");
+    cpu::check_buffer(grad.data, n, "momentum", "grad");
+    cpu::check_buffer(update, n, "momentum", "update");
+    if (n == 0) return;
+    const std::less<const float*> before;
+    DMUON_CHECK(!before(update, buf + n) || !before(buf, update + n),
+                "[momentum] update overlaps the momentum buffer; give a separate output");
+    enter();
+    const bool bf16 = grad.dtype == DType::BF16;
+    const float mu = cpu::to_scalar(o.momentum);
+    if (o.kind == MomentumKind::Ema)
+      finish(cuda::momentum_ema(buf, grad.data, bf16, update, n, cpu::to_scalar(1.0 - o.momentum), mu, o.nesterov,
+                                tl_stream),
+             "momentum");
+    else
+      finish(cuda::momentum_heavy_ball(buf, grad.data, bf16, update, n, mu, o.nesterov, tl_stream), "momentum");
+  }
+
+  void apply_update(const ApplyOptions& o, float* param, const float* update, int64_t n) override {
+    DMUON_CHECK(std::isfinite(o.lr) && o.lr >= 0, "[update] lr ", o.lr, " must be finite and >= 0");
+    DMUON_CHECK(std::isfinite(o.adjusted_lr) && o.adjusted_lr >= 0, "[update] adjusted_lr ", o.adjusted_lr,
+                " must be finite and >= 0");
+    DMUON_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "[update] weight_decay ", o.weight_decay,
+                " must be finite and >= 0");
+    cpu::check_buffer(param, n, "update", "param");
+    cpu::check_buffer(update, n, "update", "update");
+    if (n == 0) return;
+    const std::less<const float*> before;
+    DMUON_CHECK(!before(update, param + n) || !before(param, update + n),
+                "[update] update overlaps the parameter; give a separate buffer");
+    enter();
+    if (o.cautious)
+      finish(cuda::apply_cautious(param, update, n, cpu::to_scalar(o.adjusted_lr), cpu::to_scalar(o.lr * o.weight_decay),
+                                  tl_stream),
+             "apply_update");
+    else
+      finish(cuda::apply_decoupled(param, update, n, cpu::to_scalar(1.0 - o.lr * o.weight_decay),
+                                   cpu::to_scalar(-o.adjusted_lr), tl_stream),
+             "apply_update");
+  }
+
+  void adamw(const AdamWOptions& o, float* p, const TensorView& grad, float* m, float* v) override {
+    DMUON_CHECK(grad.is_contiguous(), "[adamw] gradient view is not contiguous");
+    const int64_t n = grad.numel();
+    DMUON_CHECK(std::isfinite(o.lr) && o.lr >= 0, "[adamw] lr ", o.lr, " must be finite and >= 0");
+    DMUON_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "[adamw] weight_decay ", o.weight_decay,
+                " must be finite and >= 0");
+    cpu::check_unit_interval(o.beta1, "adamw", "beta1");
+    cpu::check_unit_interval(o.beta2, "adamw", "beta2");
+    DMUON_CHECK(std::isfinite(o.eps) && o.eps > 0, "[adamw] eps ", o.eps, " must be finite and > 0");
+    DMUON_CHECK(o.step >= 1, "[adamw] step ", o.step, " must be >= 1 (the step being taken)");
+    cpu::check_buffer(p, n, "adamw", "param");
+    cpu::check_buffer(grad.data, n, "adamw", "grad");
+    cpu::check_buffer(m, n, "adamw", "exp_avg");
+    cpu::check_buffer(v, n, "adamw", "exp_avg_sq");
+    if (n == 0) return;
+    const std::less<const float*> before;
+    auto disjoint = [&](const float* a, const float* b) { return !before(a, b + n) || !before(b, a + n); };
+    DMUON_CHECK(disjoint(p, m) && disjoint(p, v) && disjoint(m, v),
+                "[adamw] param, exp_avg and exp_avg_sq must not overlap");
+    const double t = static_cast<double>(o.step);
+    const double bc1 = 1.0 - std::pow(o.beta1, t);
+    const double bc2 = 1.0 - std::pow(o.beta2, t);
+    const cuda::AdamScalars s{cpu::to_scalar(1.0 - o.lr * o.weight_decay), cpu::to_scalar(1.0 - o.beta1),
+                              cpu::to_scalar(o.beta2),                     cpu::to_scalar(1.0 - o.beta2),
+                              cpu::to_scalar(std::sqrt(bc2)),              cpu::to_scalar(o.eps),
+                              cpu::to_scalar(-(o.lr / bc1))};
+    enter();
+    finish(cuda::adamw(s, p, grad.data, grad.dtype == DType::BF16, m, v, n, tl_stream), "adamw");
+  }
+
+  void qk_clip_rows(const QkTag& tag, std::span<const float> logits, double tau, float* w, int64_t row_begin,
+                    int64_t row_end, int64_t cols) override {
+    validate_qk_tag(tag, "<unnamed>");
+    validate_qk_logits(tag, logits, "<unnamed>");
+    DMUON_CHECK(std::isfinite(tau) && tau > 0, "[qk_clip] threshold ", tau, " must be finite and > 0");
+    DMUON_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= qk_tag_rows(tag), "[qk_clip] row range [",
+                row_begin, ", ", row_end, ") is outside the ", qk_tag_rows(tag), " rows of the tagged parameter");
+    DMUON_CHECK(cols >= 0, "[qk_clip] cols ", cols, " is negative");
+    DMUON_CHECK(w != nullptr || row_begin == row_end || cols == 0, "[qk_clip] rows is null");
+    const int64_t rows = row_end - row_begin;
+    if (rows == 0 || cols == 0) return;
+    std::vector<float> f(static_cast<size_t>(rows));  // the factors on the host (double math, as the cpu)
+    bool any = false;
+    for (int64_t r = 0; r < rows; ++r) {
+      f[static_cast<size_t>(r)] = qk_clip_row_factor(tag, logits, tau, row_begin + r);
+      any = any || f[static_cast<size_t>(r)] != 1.0f;
+    }
+    if (!any) return;
+    enter();
+    DeviceMem d(f.size() * sizeof(float));
+    upload(d.as<float>(), f.data(), f.size() * sizeof(float));
+    finish(cuda::scale_rows(w, d.as<float>(), rows, cols, tl_stream), "qk_clip_rows");
+  }
+
+  void round_to_comm(float* x, int64_t n, DType comm) override {
+    if (comm == DType::F32 || n <= 0) return;
+    enter();
+    finish(cuda::round_bf16(x, n, tl_stream), "round_to_comm");
+  }
+
+  int64_t first_non_finite(const TensorView& g) override {
+    const int64_t n = g.numel();
+    if (n == 0) return -1;
+    enter();
+    DeviceMem d(sizeof(unsigned long long));
+    check(cudaMemsetAsync(d.as<void>(), 0xFF, sizeof(unsigned long long), tl_stream), "cudaMemset");
+    check(cuda::first_non_finite(g.data, g.dtype == DType::BF16, n, d.as<unsigned long long>(), tl_stream),
+          "first_non_finite");
+    unsigned long long idx = 0;
+    download(&idx, d.as<void>(), sizeof idx);  // the one synchronization
+    return idx == ~0ull ? -1 : static_cast<int64_t>(idx);
+  }
+
+  // ---- orthogonalization ----
+
+  // The Orthogonalizer carries the options and the schedule; its run() is the cpu kernel, so on this
+  // backend only muon_units uses it. Validation is the cpu's: matmul_dtype bf16 needs oneDNN on the
+  // host for that check (to be lifted when the Orthogonalizer becomes per-backend).
+  std::unique_ptr<Orthogonalizer> make_orthogonalizer(const NsOptions& o) override {
+    DMUON_CHECK(!o.bf16_rounding,
+                "[cuda] bf16_rounding (torch's bf16 emulation) is not implemented on the cuda backend; use "
+                "matmul_dtype bf16 or the cpu backend");
+    return std::make_unique<Orthogonalizer>(o);
+  }
+
+  void muon_units(Orthogonalizer& orth, float* u, int64_t batch, int64_t rows, int64_t cols, float* v, float* v_mean,
+                  double beta2, DType comm) override {
+    if (rows == 0 || cols == 0 || batch == 0) return;
+    DMUON_CHECK(rows <= INT_MAX && cols <= INT_MAX, "[orth] matrix ", rows, "x", cols,
+                " exceeds the BLAS int range; split it or orthogonalize per expert");
+    enter();
+    NsWork w(rows, cols, orth.options().matmul_dtype == DType::BF16);
+    const int64_t len = normuon_state_size(rows, cols);
+    for (int64_t e = 0; e < batch; ++e) {
+      float* x = u + e * rows * cols;
+      orthogonalize(orth, x, rows, cols, w);
+      if (v != nullptr) normuon_on_host(x, rows, cols, v_mean, v + e * len, beta2);
+      round_to_comm(x, rows * cols, comm);
+    }
+  }
+
+  void gram_newton_schulz(const NsOptions&, float*, int64_t, int64_t, bool, int64_t, const GramReduce&,
+                          DType) override {
+    throw_error("[cuda] gram_allreduce is not implemented on the cuda backend yet");
+  }
+
+ private:
+  void enter() const { check(cudaSetDevice(device_), "cudaSetDevice"); }
+
+  // Scratch of one muon_units call: the ping-pong X, the s×s G, G², Z, and bf16 operand copies.
+  struct NsWork {
+    NsWork(int64_t m, int64_t n, bool bf16)
+        : s(std::min(m, n)),
+          mem(static_cast<size_t>(m * n + 3 * s * s + 1) * sizeof(float) +
+              (bf16 ? static_cast<size_t>(m * n + 2 * s * s) * sizeof(uint16_t) : 0) + 16) {
+      float* f = mem.as<float>();
+      norm2 = reinterpret_cast<double*>(f), f += 2;  // 8 bytes, aligned
+      x = f, f += m * n;
+      g = f, f += s * s;
+      g2 = f, f += s * s;
+      z = f, f += s * s;
+      if (bf16) {
+        uint16_t* b = reinterpret_cast<uint16_t*>(f);
+        xb = b, b += m * n;
+        gb = b, b += s * s;
+        zb = b;
+      }
+    }
+    int64_t s;
+    DeviceMem mem;
+    double* norm2 = nullptr;
+    float *x = nullptr, *g = nullptr, *g2 = nullptr, *z = nullptr;
+    uint16_t *xb = nullptr, *gb = nullptr, *zb = nullptr;
+  };
+
+  // Column-major C (M×N) = op(A)·op(B), fp32 or bf16 operands with fp32 accumulation and output.
+  void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb,
+            float* C, int64_t ldc, bool bf16) {
+    const float one = 1.0f, zero = 0.0f;
+    cublasHandle_t h = blas_handle(device_);
+    const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
+    if (!bf16)
+      check_blas(cublas().sgemm(h, oa, ob, m, n, k, &one, static_cast<const float*>(A), static_cast<int>(lda),
+                                static_cast<const float*>(B), static_cast<int>(ldb), &zero, C, static_cast<int>(ldc)),
+                 "cublasSgemm");
+    else
+      check_blas(cublas().gemm_ex(h, oa, ob, m, n, k, &one, A, CUDA_R_16BF, static_cast<int>(lda), B, CUDA_R_16BF,
+                                  static_cast<int>(ldb), &zero, C, CUDA_R_32F, static_cast<int>(ldc),
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+  }
+
+  // Newton–Schulz on the row-major m×n device matrix x in place, as the cpu Orthogonalizer::run:
+  // X₀ = x / (‖x‖·scale + eps) (or max), per step G = X·Xᵀ (wide) / XᵀX (tall), Z = aI + bG + cG²,
+  // X ← Z·X / X·Z. Row-major X is column-major Xᵀ (ld n) for cuBLAS. Products are GEMMs (cuBLAS has no
+  // symmetric-output product that pays here); method gram runs as the standard iteration.
+  void orthogonalize(Orthogonalizer& orth, float* x, int64_t m, int64_t n, NsWork& w) {
+    const NsOptions& o = orth.options();
+    const bool bf16 = o.matmul_dtype == DType::BF16;
+    check(cudaMemsetAsync(w.norm2, 0, sizeof(double), tl_stream), "cudaMemset");
+    check(cuda::sum_squares(x, m * n, w.norm2, tl_stream), "ns norm");
+    double norm2 = 0;
+    download(&norm2, w.norm2, sizeof norm2);
+    const double norm = std::sqrt(norm2), scaled = norm * o.scale;
+    const double denom = o.eps_mode == EpsMode::Add ? scaled + o.eps : std::max(scaled, static_cast<double>(o.eps));
+    if (norm == 0 || denom == 0) {
+      check(cudaMemsetAsync(x, 0, static_cast<size_t>(m * n) * sizeof(float), tl_stream), "cudaMemset");
+      check(cudaStreamSynchronize(tl_stream), "ns zero");
+      return;
+    }
+    check(cuda::scale(x, w.x, m * n, static_cast<float>(1.0 / denom), tl_stream), "ns normalize");
+    const bool wide = m <= n;
+    const int64_t s = w.s;
+    float* cur = w.x;
+    float* other = x;
+    for (const Coefficients& k : orth.coefficients()) {
+      const void* xa = cur;
+      if (bf16) check(cuda::to_bf16(cur, w.xb, m * n, tl_stream), "ns bf16"), xa = w.xb;
+      if (wide) gemm(true, false, s, s, n, xa, n, xa, n, w.g, s, bf16);
+      else gemm(false, true, s, s, m, xa, n, xa, n, w.g, s, bf16);
+      const void* ga = w.g;
+      if (bf16) check(cuda::to_bf16(w.g, w.gb, s * s, tl_stream), "ns bf16"), ga = w.gb;
+      gemm(false, false, s, s, s, ga, s, ga, s, w.g2, s, bf16);
+      check(cuda::ns_polynomial(w.g, w.g2, w.z, s, static_cast<float>(k.a), static_cast<float>(k.b),
+                                static_cast<float>(k.c), tl_stream),
+            "ns polynomial");
+      const void* za = w.z;
+      if (bf16) check(cuda::to_bf16(w.z, w.zb, s * s, tl_stream), "ns bf16"), za = w.zb;
+      if (wide) gemm(false, false, n, m, m, xa, n, za, m, other, n, bf16);
+      else gemm(false, false, n, m, n, za, n, xa, n, other, n, bf16);
+      std::swap(cur, other);
+    }
+    if (cur != x)
+      check(cudaMemcpyAsync(x, cur, static_cast<size_t>(m * n) * sizeof(float), cudaMemcpyDeviceToDevice, tl_stream),
+            "ns copy");
+    check(cudaStreamSynchronize(tl_stream), "newton_schulz");
+  }
+
+  // NorMuon through the cpu kernels on host copies (exact cpu numerics; a device kernel is future work).
+  void normuon_on_host(float* x, int64_t rows, int64_t cols, float* v_mean, float* v, double beta2) {
+    const size_t numel = static_cast<size_t>(rows * cols), len = static_cast<size_t>(normuon_state_size(rows, cols));
+    std::vector<float> hx(numel), hv(len), hm(len);
+    download(hx.data(), x, numel * sizeof(float));
+    download(hv.data(), v, len * sizeof(float));
+    normuon_mean_square(hx.data(), rows, cols, hm.data());
+    normuon_finish(hx.data(), rows, cols, hm.data(), hv.data(), beta2);
+    upload(x, hx.data(), numel * sizeof(float));
+    upload(v, hv.data(), len * sizeof(float));
+    if (v_mean != nullptr) upload(v_mean, hm.data(), len * sizeof(float));
+    check(cudaStreamSynchronize(tl_stream), "normuon");
+  }
+
+  int device_;
+};
+
+}  // namespace
+
+bool cuda_device_available(std::string* why) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    if (why) *why = cudaGetErrorString(e);
+    return false;
+  }
+  if (count == 0) {
+    if (why) *why = "cudaGetDeviceCount found 0 devices";
+    return false;
+  }
+  return true;
+}
+
+std::shared_ptr<Backend> make_cuda_backend(int device) {
+  std::string why;
+  if (!cuda_device_available(&why)) throw_error(concat("[cuda] no CUDA device: ", why));
+  int count = 0;
+  check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  DMUON_CHECK_RUNTIME(device >= 0 && device < count, "[cuda] device ", device, " requested but only ", count,
+                      " CUDA device(s) are visible");
+  check(cudaSetDevice(device), "cudaSetDevice");
+  return std::make_shared<CudaBackend>(device);
+}
+
+}  // namespace dmuon::detail

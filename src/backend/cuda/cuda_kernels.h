@@ -1,0 +1,51 @@
+// Internal: the cuda backend's kernels (cuda_kernels.cu, compiled by nvcc with -fmad=false), behind
+// a plain launcher interface so that the host side (cuda_backend.cpp) is ordinary C++. Each launcher
+// enqueues on `stream` and returns the launch's error; none synchronizes. Numerics are exactly those
+// of the cpu kernels (src/kernels/cpu, update.h): scalars arrive already rounded to fp32 as the cpu
+// code rounds them, fma only where the cpu code calls std::fma.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/pack.h"
+
+namespace dmuon::cuda {
+
+using detail::PackConv;
+using detail::PackRun;
+
+struct AdamScalars {  // as src/kernels/cpu/adamw.cpp
+  float keep, w1, beta2, one_m_b2, bc2_sqrt, eps, neg_step;
+};
+
+cudaError_t momentum_ema(float* buf, const void* grad, bool grad_bf16, float* update, int64_t n, float w_grad,
+                         float mu, bool nesterov, cudaStream_t s);
+cudaError_t momentum_heavy_ball(float* buf, const void* grad, bool grad_bf16, float* update, int64_t n, float mu,
+                                bool nesterov, cudaStream_t s);
+cudaError_t apply_decoupled(float* p, const float* u, int64_t n, float keep, float neg_lr, cudaStream_t s);
+cudaError_t apply_cautious(float* p, const float* u, int64_t n, float lr_adj, float lr_wd, cudaStream_t s);
+cudaError_t adamw(const AdamScalars& k, float* p, const void* grad, bool grad_bf16, float* m, float* v, int64_t n,
+                  cudaStream_t s);
+// rows × cols row-major, row r scaled by factors[r] (device) unless that factor is exactly 1.
+cudaError_t scale_rows(float* w, const float* factors, int64_t rows, int64_t cols, cudaStream_t s);
+// x ← fp32(bf16(x)) (round to nearest even, NaN → 0x7FC0, as dmuon/bf16.h).
+cudaError_t round_bf16(float* x, int64_t n, cudaStream_t s);
+// *result = min index of a non-finite element (must be preset to UINT64_MAX).
+cudaError_t first_non_finite(const void* g, bool bf16, int64_t n, unsigned long long* result, cudaStream_t s);
+// A pack table (device copies of the runs, their element prefix sums (nruns + 1), the bases).
+cudaError_t pack(const PackRun* runs, const int64_t* prefix, int nruns, std::byte* const* bases, int64_t total,
+                 cudaStream_t s);
+// *out += Σ x² in double (preset *out to 0).
+cudaError_t sum_squares(const float* x, int64_t n, double* out, cudaStream_t s);
+// out = in · inv (each product rounded once).
+cudaError_t scale(const float* in, float* out, int64_t n, float inv, cudaStream_t s);
+// s×s: z = b·g + c·g2 (each product rounded, then the sum), then z_ii += a (as gram_polynomial).
+cudaError_t ns_polynomial(const float* g, const float* g2, float* z, int64_t side, float a, float b, float c,
+                          cudaStream_t s);
+// y = bf16(x) as raw bits.
+cudaError_t to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t s);
+
+}  // namespace dmuon::cuda

@@ -1,0 +1,319 @@
+// The cuda backend (src/backend/cuda) against the cpu backend: every element-wise kernel bitwise on
+// random inputs (fp32 and bf16 gradients), pack tables against pack_reference, first_non_finite,
+// buffers, streams and events, Newton–Schulz (fp32 and bf16 operands, wide and tall) against the cpu
+// result and against the exact polar factor from LAPACK SVD. Every test needs a CUDA device and is
+// skipped without one (ctest shows "Skipped"), except the one that checks make_cuda_backend's error
+// on a machine without a device. Built only when the cuda backend is (DMUON_WITH_CUDA).
+// Run: build/bin/cuda_backend_test
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <lapacke.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "dmuon/bf16.h"
+#include "dmuon/error.h"
+
+namespace dmuon::detail {
+namespace {
+
+#define REQUIRE_CUDA()                                                         \
+  do {                                                                         \
+    std::string why_;                                                          \
+    if (!cuda_device_available(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
+  } while (0)
+
+std::vector<float> randn(size_t n, unsigned seed, float scale = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+
+std::vector<BFloat16> to_bf16(const std::vector<float>& v) {
+  std::vector<BFloat16> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(v[i]);
+  return b;
+}
+
+// A device buffer holding a copy of `host`; read back with `get`.
+template <class T>
+Buffer put(Backend& be, const std::vector<T>& host) {
+  Buffer b = be.allocate(host.size() * sizeof(T), MemoryKind::Device);
+  if (!host.empty()) EXPECT_EQ(cudaMemcpy(b.data(), host.data(), b.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  return b;
+}
+template <class T>
+std::vector<T> get(const Buffer& b) {
+  std::vector<T> host(b.bytes() / sizeof(T));
+  if (!host.empty()) EXPECT_EQ(cudaMemcpy(host.data(), b.data(), b.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  return host;
+}
+
+void expect_bitwise(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    uint32_t x, y;
+    std::memcpy(&x, &a[i], 4), std::memcpy(&y, &b[i], 4);
+    ASSERT_EQ(x, y) << what << ": element " << i << " cpu " << a[i] << " cuda " << b[i];
+  }
+}
+
+TEST(CudaBackend, NoDeviceGivesAClearError) {
+  std::string why;
+  if (cuda_device_available(&why)) GTEST_SKIP() << "a CUDA device is present; this checks the error without one";
+  try {
+    make_cuda_backend(0);
+    FAIL() << "make_cuda_backend succeeded without a device";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[cuda] no CUDA device: "), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(make_backend("cuda"), Error);
+}
+
+TEST(CudaBackend, BuffersStreamsAndCapabilities) {
+  REQUIRE_CUDA();
+  auto be = make_cuda_backend(0);
+  EXPECT_EQ(be->name(), "cuda");
+  EXPECT_TRUE(be->capabilities().device_memory);
+  EXPECT_EQ(to_string(be->device()), "cuda:0");
+  for (MemoryKind k : {MemoryKind::Host, MemoryKind::PinnedHost, MemoryKind::Device}) {
+    Buffer b = be->allocate(4096 + 3, k);
+    std::vector<unsigned char> host(b.bytes(), 1);
+    if (k == MemoryKind::Device) cudaMemcpy(host.data(), b.data(), b.bytes(), cudaMemcpyDeviceToHost);
+    else std::memcpy(host.data(), b.data(), b.bytes());
+    for (unsigned char c : host) ASSERT_EQ(c, 0);
+  }
+  EXPECT_EQ(be->set_threads(4), 1);
+  for (bool threaded : {true, false}) {
+    auto s = be->make_stream(threaded);
+    Buffer x = put(*be, randn(1000, 1));
+    std::vector<int> order;
+    for (int i = 0; i < 20; ++i)
+      s->submit([&, i] {
+        order.push_back(i);
+        be->round_to_comm(x.as<float>(), 1000, DType::BF16);
+      });
+    Event e = s->record();
+    s->synchronize();
+    EXPECT_TRUE(e.done());
+    ASSERT_EQ(order.size(), 20u);
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(order[static_cast<size_t>(i)], i);
+    s->submit([] { throw Error("boom"); });
+    EXPECT_THROW(s->synchronize(), Error);
+  }
+}
+
+TEST(CudaBackend, MomentumIsBitwiseTheCpuKernel) {
+  REQUIRE_CUDA();
+  auto cuda = make_cuda_backend(0);
+  auto cpu = make_cpu_backend();
+  const int64_t n = 100003;
+  for (MomentumKind kind : {MomentumKind::Ema, MomentumKind::HeavyBall})
+    for (bool nesterov : {true, false})
+      for (bool bf16 : {false, true}) {
+        const MomentumOptions o{kind, 0.95, nesterov};
+        std::vector<float> buf = randn(n, 2), g = randn(n, 3), upd(n);
+        std::vector<BFloat16> gb = to_bf16(g);
+        Buffer dbuf = put(*cuda, buf), dupd = put(*cuda, upd);
+        Buffer dg = bf16 ? put(*cuda, gb) : put(*cuda, g);
+        const DType dt = bf16 ? DType::BF16 : DType::F32;
+        cpu->momentum(o, buf.data(), TensorView(bf16 ? static_cast<void*>(gb.data()) : g.data(), dt, Shape{n}), upd.data());
+        cuda->momentum(o, dbuf.as<float>(), TensorView(dg.data(), dt, Shape{n}), dupd.as<float>());
+        const std::string what = "momentum kind " + std::to_string(int(kind)) + " nesterov " + std::to_string(nesterov) +
+                                 " bf16 " + std::to_string(bf16);
+        expect_bitwise(buf, get<float>(dbuf), what + " buf");
+        expect_bitwise(upd, get<float>(dupd), what + " update");
+      }
+}
+
+TEST(CudaBackend, ApplyUpdateAndAdamWAreBitwiseTheCpuKernels) {
+  REQUIRE_CUDA();
+  auto cuda = make_cuda_backend(0);
+  auto cpu = make_cpu_backend();
+  const int64_t n = 65537;
+  for (bool cautious : {false, true}) {
+    std::vector<float> p = randn(n, 4), u = randn(n, 5);
+    for (int64_t i = 0; i < n; i += 97) u[static_cast<size_t>(i)] = 0.0f, p[static_cast<size_t>(i + 1)] = -0.0f;
+    const ApplyOptions o{0.02, 0.02 * 3.3, 0.1, cautious};
+    Buffer dp = put(*cuda, p), du = put(*cuda, u);
+    cpu->apply_update(o, p.data(), u.data(), n);
+    cuda->apply_update(o, dp.as<float>(), du.as<float>(), n);
+    expect_bitwise(p, get<float>(dp), cautious ? "cautious" : "decoupled");
+  }
+  for (bool bf16 : {false, true})
+    for (int64_t step : {1, 7}) {
+      AdamWOptions o;
+      o.lr = 3e-4, o.weight_decay = 0.01, o.step = step;
+      std::vector<float> p = randn(n, 6), g = randn(n, 7), m = randn(n, 8, 0.1f), v = randn(n, 9, 0.01f);
+      for (float& x : v) x = x * x;
+      std::vector<BFloat16> gb = to_bf16(g);
+      Buffer dp = put(*cuda, p), dm = put(*cuda, m), dv = put(*cuda, v);
+      Buffer dg = bf16 ? put(*cuda, gb) : put(*cuda, g);
+      const DType dt = bf16 ? DType::BF16 : DType::F32;
+      cpu->adamw(o, p.data(), TensorView(bf16 ? static_cast<void*>(gb.data()) : g.data(), dt, Shape{n}), m.data(), v.data());
+      cuda->adamw(o, dp.as<float>(), TensorView(dg.data(), dt, Shape{n}), dm.as<float>(), dv.as<float>());
+      expect_bitwise(p, get<float>(dp), "adamw param");
+      expect_bitwise(m, get<float>(dm), "adamw exp_avg");
+      expect_bitwise(v, get<float>(dv), "adamw exp_avg_sq");
+    }
+}
+
+TEST(CudaBackend, QkClipRoundingAndNonFiniteScanMatchTheCpu) {
+  REQUIRE_CUDA();
+  auto cuda = make_cuda_backend(0);
+  auto cpu = make_cpu_backend();
+  const QkTag tag{0, QkKind::Q, 4, 8, 2, 0};
+  const std::vector<float> logits{120.0f, 50.0f, 300.0f, 99.0f};
+  const int64_t cols = 33;
+  std::vector<float> w = randn(static_cast<size_t>(24 * cols), 10);
+  Buffer dw = put(*cuda, w);
+  cpu->qk_clip_rows(tag, logits, 100.0, w.data(), 4, 28, cols);
+  cuda->qk_clip_rows(tag, logits, 100.0, dw.as<float>(), 4, 28, cols);
+  expect_bitwise(w, get<float>(dw), "qk_clip_rows");
+
+  std::vector<float> x = randn(50001, 11, 100.0f);
+  x[5] = std::numeric_limits<float>::quiet_NaN(), x[6] = std::numeric_limits<float>::infinity(), x[7] = 3.0e38f;
+  Buffer dx = put(*cuda, x);
+  cpu->round_to_comm(x.data(), static_cast<int64_t>(x.size()), DType::BF16);
+  cuda->round_to_comm(dx.as<float>(), static_cast<int64_t>(x.size()), DType::BF16);
+  expect_bitwise(x, get<float>(dx), "round_to_comm");
+
+  for (bool bf16 : {false, true})
+    for (int64_t bad : {int64_t{-1}, int64_t{0}, int64_t{4097}, int64_t{99999}}) {
+      std::vector<float> g = randn(100000, 12);
+      if (bad >= 0) g[static_cast<size_t>(bad)] = std::numeric_limits<float>::infinity(), g[99999] = NAN;
+      std::vector<BFloat16> gb = to_bf16(g);
+      Buffer dg = bf16 ? put(*cuda, gb) : put(*cuda, g);
+      const TensorView hv(bf16 ? static_cast<void*>(gb.data()) : g.data(), bf16 ? DType::BF16 : DType::F32, Shape{100000});
+      const TensorView dv(dg.data(), hv.dtype, Shape{100000});
+      EXPECT_EQ(cuda->first_non_finite(dv), cpu->first_non_finite(hv)) << "bad " << bad << " bf16 " << bf16;
+    }
+}
+
+TEST(CudaBackend, PackMatchesTheReferenceOnRandomTables) {
+  REQUIRE_CUDA();
+  auto cuda = make_cuda_backend(0);
+  std::mt19937 rng(7);
+  const PackConv convs[] = {PackConv::Copy32, PackConv::F32ToBF16, PackConv::BF16ToF32, PackConv::FillNegZero32,
+                            PackConv::FillNegZeroBF16};
+  for (int trial = 0; trial < 50; ++trial) {
+    constexpr size_t kBytes = 1 << 16;
+    std::vector<std::byte> src(kBytes), a(kBytes);
+    for (size_t i = 0; i + 4 <= kBytes; i += 4) {
+      const float f = std::uniform_real_distribution<float>(-8, 8)(rng);
+      std::memcpy(&src[i], &f, 4);
+    }
+    std::vector<PackRun> runs;
+    const int nruns = 1 + static_cast<int>(rng() % 12);
+    int64_t dst_at = 0;
+    for (int r = 0; r < nruns; ++r) {
+      PackRun run;
+      run.src = 0, run.dst = 1, run.conv = convs[rng() % 5];
+      run.len = static_cast<int64_t>(rng() % 40), run.rows = 1 + static_cast<int64_t>(rng() % 6);
+      run.src_stride = run.len * 4 + static_cast<int64_t>(rng() % 3) * 4;
+      run.dst_stride = run.len * 4 + static_cast<int64_t>(rng() % 3) * 4;
+      run.src_off = static_cast<int64_t>(rng() % 1000) * 4;
+      run.dst_off = dst_at;
+      dst_at += run.rows * run.dst_stride + 16;
+      if (dst_at + 1024 > static_cast<int64_t>(kBytes)) break;
+      runs.push_back(run);
+    }
+    Buffer dsrc = put(*cuda, src), ddst = put(*cuda, a);
+    std::byte* hbases[] = {src.data(), a.data()};
+    std::byte* dbases[] = {dsrc.as<std::byte>(), ddst.as<std::byte>()};
+    pack_reference(runs, hbases);
+    cuda->pack(runs, dbases);
+    const std::vector<std::byte> got = get<std::byte>(ddst);
+    ASSERT_EQ(std::memcmp(got.data(), a.data(), kBytes), 0) << "trial " << trial;
+  }
+}
+
+// ---- Newton–Schulz ----
+
+// max over i of |σ_i(x) − 1| (x m×n, full rank input gives σ near 1 after NS) via LAPACK.
+std::vector<double> singular_values(const std::vector<float>& x, int m, int n) {
+  std::vector<double> a(x.begin(), x.end()), s(static_cast<size_t>(std::min(m, n))), superb(s.size() + 2);
+  EXPECT_EQ(LAPACKE_dgesvd(LAPACK_ROW_MAJOR, 'N', 'N', m, n, a.data(), n, s.data(), nullptr, 1, nullptr, 1,
+                           superb.data()),
+            0);
+  return s;
+}
+
+TEST(CudaBackend, NewtonSchulzMatchesTheCpuAndTheSvdOracle) {
+  REQUIRE_CUDA();
+  auto cuda = make_cuda_backend(0);
+  auto cpu = make_cpu_backend();
+  struct Case {
+    int m, n;
+    bool bf16;
+    NsMethod method;
+  };
+  const Case cases[] = {{64, 256, false, NsMethod::Symmetric}, {256, 64, false, NsMethod::Plain},
+                        {128, 128, false, NsMethod::Symmetric}, {96, 300, true, NsMethod::Symmetric},
+                        {300, 96, true, NsMethod::Plain}};
+  for (const Case& c : cases) {
+    if (c.bf16 && !cuda->capabilities().bf16_products) continue;  // Orthogonalizer validation needs oneDNN
+    NsOptions o;
+    o.schedule = Schedule::PolarExpress, o.steps = 5, o.method = c.method, o.scale = 1.02f;
+    o.matmul_dtype = c.bf16 ? DType::BF16 : DType::F32;
+    const int64_t batch = 3, numel = int64_t{c.m} * c.n;
+    std::vector<float> u = randn(static_cast<size_t>(batch * numel), 13);
+    std::vector<float> expect = u;
+    Buffer du = put(*cuda, u);
+    auto co = cpu->make_orthogonalizer(o);
+    auto go = cuda->make_orthogonalizer(o);
+    cpu->muon_units(*co, expect.data(), batch, c.m, c.n, nullptr, nullptr, 0.95, DType::F32);
+    cuda->muon_units(*go, du.as<float>(), batch, c.m, c.n, nullptr, nullptr, 0.95, DType::F32);
+    const std::vector<float> got = get<float>(du);
+    const std::string what = std::to_string(c.m) + "x" + std::to_string(c.n) + (c.bf16 ? " bf16" : " fp32");
+    double diff = 0, ref = 0;
+    for (size_t i = 0; i < got.size(); ++i) diff += double(got[i] - expect[i]) * (got[i] - expect[i]), ref += double(expect[i]) * expect[i];
+    EXPECT_LE(std::sqrt(diff / ref), c.bf16 ? 3e-2 : 1e-4) << what << ": relative distance to the cpu result";
+    // Polar Express on a Gaussian matrix: singular values within the schedule's band around 1.
+    for (int64_t e = 0; e < batch; ++e) {
+      const std::vector<float> xe(got.begin() + e * numel, got.begin() + (e + 1) * numel);
+      const std::vector<float> ce(expect.begin() + e * numel, expect.begin() + (e + 1) * numel);
+      const std::vector<double> sg = singular_values(xe, c.m, c.n), sc = singular_values(ce, c.m, c.n);
+      for (size_t i = 0; i < sg.size(); ++i) EXPECT_NEAR(sg[i], sc[i], c.bf16 ? 5e-2 : 1e-3) << what << " sigma " << i;
+      EXPECT_GT(*std::min_element(sg.begin(), sg.end()), 0.5) << what;
+      EXPECT_LT(*std::max_element(sg.begin(), sg.end()), 1.5) << what;
+    }
+  }
+}
+
+TEST(CudaBackend, MuonUnitsWithNorMuonAndBf16CommMatchTheCpu) {
+  REQUIRE_CUDA();
+  auto cuda = make_cuda_backend(0);
+  auto cpu = make_cpu_backend();
+  NsOptions o;
+  const int m = 48, n = 160;
+  const int64_t batch = 2, numel = int64_t{m} * n, len = normuon_state_size(m, n);
+  std::vector<float> u = randn(static_cast<size_t>(batch * numel), 14), v(static_cast<size_t>(batch * len), 0.5f),
+                     vm(static_cast<size_t>(len));
+  Buffer du = put(*cuda, u), dv = put(*cuda, v), dvm = put(*cuda, vm);
+  auto co = cpu->make_orthogonalizer(o);
+  auto go = cuda->make_orthogonalizer(o);
+  cpu->muon_units(*co, u.data(), batch, m, n, v.data(), vm.data(), 0.95, DType::BF16);
+  cuda->muon_units(*go, du.as<float>(), batch, m, n, dv.as<float>(), dvm.as<float>(), 0.95, DType::BF16);
+  const std::vector<float> got = get<float>(du), gv = get<float>(dv);
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i], bf16_to_float(float_to_bf16(got[i]))) << "not rounded to bf16 at " << i;
+    ASSERT_NEAR(got[i], u[i], 2e-2 * std::max(1.0f, std::fabs(u[i]))) << i;
+  }
+  for (size_t i = 0; i < gv.size(); ++i) ASSERT_NEAR(gv[i], v[i], 1e-3 * std::fabs(v[i]) + 1e-6) << i;
+  EXPECT_THROW(cuda->gram_newton_schulz(o, du.as<float>(), m, n, true, m, [](float*, size_t, int) {}, DType::F32),
+               Error);
+}
+
+}  // namespace
+}  // namespace dmuon::detail
