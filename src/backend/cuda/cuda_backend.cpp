@@ -29,6 +29,7 @@
 #include "dmuon/error.h"
 #include "kernels/cpu/bf16_matmul.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/update_args.h"
 
 namespace dmuon::detail {
 namespace {
@@ -254,14 +255,8 @@ class CudaBackend final : public Backend {
   void momentum(const MomentumOptions& o, float* buf, const TensorView& grad, float* update) override {
     DMUON_CHECK(grad.is_contiguous(), "[momentum] gradient view is not contiguous");
     const int64_t n = grad.numel();
-    cpu::check_unit_interval(o.momentum, "momentum", "momentum");
-    cpu::check_buffer(buf, n, "momentum", "buf");
-    cpu::check_buffer(grad.data, n, "momentum", "grad");
-    cpu::check_buffer(update, n, "momentum", "update");
+    cpu::check_momentum_args(o, buf, grad.data, update, n);
     if (n == 0) return;
-    const std::less<const float*> before;
-    DMUON_CHECK(!before(update, buf + n) || !before(buf, update + n),
-                "[momentum] update overlaps the momentum buffer; give a separate output");
     enter();
     const bool bf16 = grad.dtype == DType::BF16;
     const float mu = cpu::to_scalar(o.momentum);
@@ -274,17 +269,8 @@ class CudaBackend final : public Backend {
   }
 
   void apply_update(const ApplyOptions& o, float* param, const float* update, int64_t n) override {
-    DMUON_CHECK(std::isfinite(o.lr) && o.lr >= 0, "[update] lr ", o.lr, " must be finite and >= 0");
-    DMUON_CHECK(std::isfinite(o.adjusted_lr) && o.adjusted_lr >= 0, "[update] adjusted_lr ", o.adjusted_lr,
-                " must be finite and >= 0");
-    DMUON_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "[update] weight_decay ", o.weight_decay,
-                " must be finite and >= 0");
-    cpu::check_buffer(param, n, "update", "param");
-    cpu::check_buffer(update, n, "update", "update");
+    cpu::check_apply_args(o, param, update, n);
     if (n == 0) return;
-    const std::less<const float*> before;
-    DMUON_CHECK(!before(update, param + n) || !before(param, update + n),
-                "[update] update overlaps the parameter; give a separate buffer");
     enter();
     if (o.cautious)
       finish(cuda::apply_cautious(param, update, n, cpu::to_scalar(o.adjusted_lr), cpu::to_scalar(o.lr * o.weight_decay),
@@ -299,29 +285,8 @@ class CudaBackend final : public Backend {
   void adamw(const AdamWOptions& o, float* p, const TensorView& grad, float* m, float* v) override {
     DMUON_CHECK(grad.is_contiguous(), "[adamw] gradient view is not contiguous");
     const int64_t n = grad.numel();
-    DMUON_CHECK(std::isfinite(o.lr) && o.lr >= 0, "[adamw] lr ", o.lr, " must be finite and >= 0");
-    DMUON_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "[adamw] weight_decay ", o.weight_decay,
-                " must be finite and >= 0");
-    cpu::check_unit_interval(o.beta1, "adamw", "beta1");
-    cpu::check_unit_interval(o.beta2, "adamw", "beta2");
-    DMUON_CHECK(std::isfinite(o.eps) && o.eps > 0, "[adamw] eps ", o.eps, " must be finite and > 0");
-    DMUON_CHECK(o.step >= 1, "[adamw] step ", o.step, " must be >= 1 (the step being taken)");
-    cpu::check_buffer(p, n, "adamw", "param");
-    cpu::check_buffer(grad.data, n, "adamw", "grad");
-    cpu::check_buffer(m, n, "adamw", "exp_avg");
-    cpu::check_buffer(v, n, "adamw", "exp_avg_sq");
+    const cpu::AdamScalars s = cpu::adamw_args(o, p, grad.data, m, v, n);
     if (n == 0) return;
-    const std::less<const float*> before;
-    auto disjoint = [&](const float* a, const float* b) { return !before(a, b + n) || !before(b, a + n); };
-    DMUON_CHECK(disjoint(p, m) && disjoint(p, v) && disjoint(m, v),
-                "[adamw] param, exp_avg and exp_avg_sq must not overlap");
-    const double t = static_cast<double>(o.step);
-    const double bc1 = 1.0 - std::pow(o.beta1, t);
-    const double bc2 = 1.0 - std::pow(o.beta2, t);
-    const cuda::AdamScalars s{cpu::to_scalar(1.0 - o.lr * o.weight_decay), cpu::to_scalar(1.0 - o.beta1),
-                              cpu::to_scalar(o.beta2),                     cpu::to_scalar(1.0 - o.beta2),
-                              cpu::to_scalar(std::sqrt(bc2)),              cpu::to_scalar(o.eps),
-                              cpu::to_scalar(-(o.lr / bc1))};
     enter();
     finish(cuda::adamw(s, p, grad.data, grad.dtype == DType::BF16, m, v, n, tl_stream), "adamw");
   }

@@ -11,15 +11,14 @@
 #include <cstdint>
 
 #include "backend/pack.h"
+#include "kernels/cpu/adam_scalars.h"
 
 namespace dmuon::cuda {
 
 using detail::PackConv;
 using detail::PackRun;
 
-struct AdamScalars {  // as src/kernels/cpu/adamw.cpp
-  float keep, w1, beta2, one_m_b2, bc2_sqrt, eps, neg_step;
-};
+using cpu::AdamScalars;  // kernels/cpu/adam_scalars.h: the cpu kernel's scalars, derived once (update_args.h)
 
 cudaError_t momentum_ema(float* buf, const void* grad, bool grad_bf16, float* update, int64_t n, float w_grad,
                          float mu, bool nesterov, cudaStream_t s);

@@ -4,19 +4,12 @@
 
 #include "dmuon/update.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/update_args.h"
 
 namespace dmuon {
 namespace {
 
-struct AdamScalars {
-  float keep;        // 1 - lr*wd
-  float w1;          // 1 - beta1 (lerp weight)
-  float beta2;       // exp_avg_sq.mul_(beta2)
-  float one_m_b2;    // addcmul_ value 1 - beta2
-  float bc2_sqrt;    // sqrt(1 - beta2^t)
-  float eps;
-  float neg_step;    // -lr / (1 - beta1^t)
-};
+using cpu::AdamScalars;
 
 template <class G>
 DMUON_SIMD_CLONES void adamw_loop(const AdamScalars s, float* p, const G* grad, float* m, float* v,
@@ -38,30 +31,8 @@ DMUON_SIMD_CLONES void adamw_loop(const AdamScalars s, float* p, const G* grad, 
 
 template <class G>
 void adamw_impl(const AdamWOptions& o, float* p, const G* g, float* m, float* v, int64_t n) {
-  DMUON_CHECK(std::isfinite(o.lr) && o.lr >= 0, "[adamw] lr ", o.lr, " must be finite and >= 0");
-  DMUON_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "[adamw] weight_decay ",
-              o.weight_decay, " must be finite and >= 0");
-  cpu::check_unit_interval(o.beta1, "adamw", "beta1");
-  cpu::check_unit_interval(o.beta2, "adamw", "beta2");
-  DMUON_CHECK(std::isfinite(o.eps) && o.eps > 0, "[adamw] eps ", o.eps, " must be finite and > 0");
-  DMUON_CHECK(o.step >= 1, "[adamw] step ", o.step, " must be >= 1 (the step being taken)");
-  cpu::check_buffer(p, n, "adamw", "param");
-  cpu::check_buffer(g, n, "adamw", "grad");
-  cpu::check_buffer(m, n, "adamw", "exp_avg");
-  cpu::check_buffer(v, n, "adamw", "exp_avg_sq");
+  const AdamScalars s = cpu::adamw_args(o, p, g, m, v, n);
   if (n == 0) return;
-  const std::less<const float*> before;
-  auto disjoint = [&](const float* a, const float* b) { return !before(a, b + n) || !before(b, a + n); };
-  DMUON_CHECK(disjoint(p, m) && disjoint(p, v) && disjoint(m, v),
-              "[adamw] param, exp_avg and exp_avg_sq must not overlap");
-  // Bias corrections in double, as Python computes them from the step count.
-  const double t = static_cast<double>(o.step);
-  const double bc1 = 1.0 - std::pow(o.beta1, t);
-  const double bc2 = 1.0 - std::pow(o.beta2, t);
-  const AdamScalars s{cpu::to_scalar(1.0 - o.lr * o.weight_decay), cpu::to_scalar(1.0 - o.beta1),
-                      cpu::to_scalar(o.beta2), cpu::to_scalar(1.0 - o.beta2),
-                      cpu::to_scalar(std::sqrt(bc2)), cpu::to_scalar(o.eps),
-                      cpu::to_scalar(-(o.lr / bc1))};
   adamw_loop(s, p, g, m, v, n);
 }
 

@@ -3,6 +3,7 @@
 
 #include "dmuon/update.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/update_args.h"
 
 namespace dmuon {
 namespace {
@@ -32,14 +33,8 @@ DMUON_SIMD_CLONES void heavy_ball_loop(float* buf, const G* grad, float* update,
 
 template <class G>
 void momentum_impl(const MomentumOptions& o, float* buf, const G* grad, float* update, int64_t n) {
-  cpu::check_unit_interval(o.momentum, "momentum", "momentum");
-  cpu::check_buffer(buf, n, "momentum", "buf");
-  cpu::check_buffer(grad, n, "momentum", "grad");
-  cpu::check_buffer(update, n, "momentum", "update");
+  cpu::check_momentum_args(o, buf, grad, update, n);
   if (n == 0) return;
-  const std::less<const float*> before;
-  DMUON_CHECK(!before(update, buf + n) || !before(buf, update + n),
-              "[momentum] update overlaps the momentum buffer; give a separate output");
   const float mu = cpu::to_scalar(o.momentum);
   if (o.kind == MomentumKind::Ema) {
     ema_loop(buf, grad, update, n, cpu::to_scalar(1.0 - o.momentum), mu, o.nesterov);

@@ -5,6 +5,7 @@
 
 #include "dmuon/update.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/update_args.h"
 
 namespace dmuon {
 namespace {
@@ -50,17 +51,8 @@ MatrixDims matrix_dims(const Shape& shape, bool expert_stack) {
 }
 
 void apply_update(const ApplyOptions& o, float* param, const float* update, int64_t n) {
-  DMUON_CHECK(std::isfinite(o.lr) && o.lr >= 0, "[update] lr ", o.lr, " must be finite and >= 0");
-  DMUON_CHECK(std::isfinite(o.adjusted_lr) && o.adjusted_lr >= 0, "[update] adjusted_lr ",
-              o.adjusted_lr, " must be finite and >= 0");
-  DMUON_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "[update] weight_decay ",
-              o.weight_decay, " must be finite and >= 0");
-  cpu::check_buffer(param, n, "update", "param");
-  cpu::check_buffer(update, n, "update", "update");
+  cpu::check_apply_args(o, param, update, n);
   if (n == 0) return;
-  const std::less<const float*> before;
-  DMUON_CHECK(!before(update, param + n) || !before(param, update + n),
-              "[update] update overlaps the parameter; give a separate buffer");
   if (o.cautious) {
     cautious_loop(param, update, n, cpu::to_scalar(o.adjusted_lr),
                   cpu::to_scalar(o.lr * o.weight_decay));
