@@ -13,8 +13,6 @@
 #include "exec/agreement.h"
 #include "exec/executor.h"
 #include "exec/param_groups.h"
-#include "plan/cost_model.h"
-#include "plan/shard_table.h"
 
 namespace dmuon {
 namespace {

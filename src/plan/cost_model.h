@@ -3,7 +3,6 @@
 // collectives a chunk issues.
 #pragma once
 
-#include <functional>
 
 #include "dmuon/plan.h"
 #include "plan/shard_table.h"
