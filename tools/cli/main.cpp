@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   dmuon::cli::add_plan_command(app);
   dmuon::cli::add_bench_plan_command(*bench);
   dmuon::cli::add_bench_step_command(*bench);
+  dmuon::cli::add_bench_fsdp_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

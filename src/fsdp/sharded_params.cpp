@@ -1,0 +1,290 @@
+// ShardedParams: construction (validation, placement, the collective agreement, sub-communicators,
+// cached exchange tables), the flat buffers and their views, the full-gradient buffers.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include <sys/mman.h>
+
+#include "core/hash.h"
+#include "dmuon/error.h"
+#include "exec/agreement.h"
+#include "sharded_params_impl.h"
+
+namespace dmuon {
+namespace fsdp {
+
+AlignedBuffer::AlignedBuffer(size_t bytes, bool zero) {
+  if (bytes == 0) return;
+  // Large buffers on 2 MiB boundaries, advised as transparent huge pages: first touch then faults
+  // 512x fewer pages (buffers are made and freed at every unshard / reshard).
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t align = bytes >= 2 * kHuge ? kHuge : kAlign;
+  const size_t rounded = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded);
+  if (p == nullptr) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  if (align == kHuge) (void)::madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+  if (zero) std::memset(p, 0, rounded);
+  p_.reset(p);
+  bytes_ = bytes;
+}
+
+namespace {
+
+using detail::concat;
+
+const char* kModel = "sharded_params";
+
+// The mesh's shape as ShardedParams accepts it: () | (dp_shard) | (dp_replicate, dp_shard).
+void check_mesh(const Mesh& mesh, int world) {
+  const auto bad = [&](const std::string& why) {
+    detail::throw_invalid_argument(concat("[fsdp] mesh '", mesh.to_string(), "' ", why,
+                                          "; ShardedParams takes \"dp_shard=S\", \"dp_replicate=R,dp_shard=S\" "
+                                          "or no dims on a one-rank world"));
+  };
+  if (mesh.ndim() == 0) {
+    if (world != 1) bad(concat("has no dims but the world has ", world, " ranks"));
+    return;
+  }
+  if (mesh.ndim() == 1 && mesh.dim(0).name != "dp_shard") bad("does not name its dim \"dp_shard\"");
+  if (mesh.ndim() == 2 && (mesh.dim(0).name != "dp_replicate" || mesh.dim(1).name != "dp_shard"))
+    bad("is not (dp_replicate, dp_shard) in this order");
+  if (mesh.ndim() > 2) bad("has more than two dims");
+  if (mesh.size() != world) bad(concat("spans ", mesh.size(), " ranks, the world has ", world));
+}
+
+void check_options(const ShardedParamsOptions& o) {
+  DMUON_CHECK(o.param_dtype == DType::F32 || o.param_dtype == DType::BF16, "[fsdp] options.param_dtype must be fp32 or bf16");
+  DMUON_CHECK(o.reduce_dtype == DType::F32 || o.reduce_dtype == DType::BF16, "[fsdp] options.reduce_dtype must be fp32 or bf16");
+  DMUON_CHECK(o.reduce == GradReduce::Mean || o.reduce == GradReduce::Sum, "[fsdp] options.reduce must be mean or sum");
+  DMUON_CHECK(std::isfinite(o.grad_divisor) && o.grad_divisor >= 0,
+              "[fsdp] options.grad_divisor must be finite and >= 0 (0: the rule of options.reduce), got ", o.grad_divisor);
+  const float div32 = static_cast<float>(o.grad_divisor);
+  DMUON_CHECK(o.grad_divisor == 0 || (div32 > 0 && std::isfinite(div32)),
+              "[fsdp] options.grad_divisor ", o.grad_divisor, " is not a positive finite fp32 (the division is in fp32)");
+  DMUON_CHECK(o.unshard_direct_max_messages >= 0, "[fsdp] options.unshard_direct_max_messages must be >= 0 (0: always one all_gather_v), got ",
+              o.unshard_direct_max_messages);
+  DMUON_CHECK(o.bucket_bytes >= 0, "[fsdp] options.bucket_bytes must be >= 0 (0: one bucket), got ", o.bucket_bytes);
+  DMUON_CHECK(o.timeout.count() >= 0, "[fsdp] options.timeout must be >= 0 ms (0: the communicator's default)");
+}
+
+std::string shape_text(const Shape& s) { return s.to_string(); }
+
+// One line per parameter, then the mesh and options: what ranks must agree on.
+std::vector<std::string> claim_lines(const std::vector<ParamSpec>& ps, const Mesh& mesh, const ShardedParamsOptions& o) {
+  std::vector<std::string> lines;
+  lines.push_back(concat(ps.size(), " parameters"));
+  for (const ParamSpec& p : ps) {
+    std::string l = concat("'", p.name, "' ", shape_text(p.shape), " ", to_string(p.role), p.expert ? " expert" : "",
+                           " tp=", to_string(p.tp));
+    if (p.qk) l += concat(" qk(", p.qk->layer, ",", static_cast<int>(p.qk->kind), ",", p.qk->heads, ",", p.qk->head_dim, ",",
+                          p.qk->rope_dim, ",", p.qk->v_dim, ")");
+    lines.push_back(std::move(l));
+  }
+  lines.push_back(concat("mesh ", mesh.to_string()));
+  char div[64];
+  std::snprintf(div, sizeof div, "%a", o.grad_divisor);
+  lines.push_back(concat("options param_dtype=", to_string(o.param_dtype), " reduce_dtype=", to_string(o.reduce_dtype),
+                         " reduce=", o.reduce == GradReduce::Mean ? "mean" : "sum", " grad_divisor=", div,
+                         " bucket_bytes=", o.bucket_bytes, " unshard_direct_max_messages=", o.unshard_direct_max_messages));
+  return lines;
+}
+
+// COLLECTIVE over the world: one all-gather of a 64-bit digest; on a difference (seen alike by every
+// rank) a second exchange finds the first differing line and every rank throws the same error.
+void agree(Communicator& world, std::chrono::milliseconds timeout, const std::vector<std::string>& lines) {
+  detail::Fnv1a h;
+  for (const std::string& l : lines) h.str(l);
+  const size_t w = static_cast<size_t>(world.size());
+  std::vector<uint64_t> all(w);
+  world.all_gather(InBuffer(&h.h, CommType::U64, 1), OutBuffer(all.data(), CommType::U64, w), "fsdp agreement")
+      .wait(timeout);
+  if (std::all_of(all.begin(), all.end(), [&](uint64_t x) { return x == all[0]; })) return;
+  std::string joined;
+  for (const std::string& l : lines) joined += l + "\n";
+  const std::vector<std::string> texts = detail::all_gather_strings(world, timeout, joined, "fsdp agreement texts");
+  std::vector<std::vector<std::string>> split(w);
+  size_t most = 0;
+  for (size_t k = 0; k < w; ++k) {
+    size_t at = 0;
+    while (at < texts[k].size()) {
+      const size_t nl = texts[k].find('\n', at);
+      split[k].push_back(texts[k].substr(at, nl - at));
+      at = nl + 1;
+    }
+    most = std::max(most, split[k].size());
+  }
+  for (size_t line = 0; line < most; ++line) {
+    std::vector<std::string> per(w);
+    for (size_t k = 0; k < w; ++k) per[k] = line < split[k].size() ? split[k][line] : "(none)";
+    if (std::all_of(per.begin(), per.end(), [&](const std::string& x) { return x == per[0]; })) continue;
+    detail::throw_error(concat("[fsdp] ranks disagree on the ShardedParams ", line == 0 ? "parameter count" : "parameters", ": ",
+                               detail::texts_by_rank(per),
+                               "; every rank must pass the same parameters (names, shapes, roles, order), mesh and options"));
+  }
+  detail::throw_error("[fsdp] ranks disagree on the ShardedParams digest (same texts)");
+}
+
+}  // namespace
+}  // namespace fsdp
+
+using fsdp::AlignedBuffer;
+
+ShardedParams::ShardedParams(std::shared_ptr<MeshCommunicators> comms, Mesh mesh, std::vector<ParamSpec> params,
+                             ShardedParamsOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  DMUON_CHECK(comms != nullptr, "[fsdp] ShardedParams needs mesh communicators (got null)");
+  Communicator& world = comms->world();
+  // Local validation, before any communication.
+  fsdp::check_mesh(mesh, world.size());
+  fsdp::check_options(options);
+  DMUON_CHECK(!params.empty(), "[fsdp] ShardedParams needs at least one parameter");
+  const int shard_dim = mesh.find("dp_shard"), rep_dim = mesh.find("dp_replicate");
+  std::vector<Placement> placements;
+  if (rep_dim >= 0) placements.push_back(Placement::replicate());
+  if (shard_dim >= 0) placements.push_back(Placement::shard(0));
+  for (ParamSpec& p : params) {
+    const std::string what = detail::concat("[fsdp] parameter '", p.name, "'");
+    DMUON_CHECK(p.shape.ndim() >= 1, what, " field 'shape': needs at least one dim, got ", p.shape.to_string());
+    DMUON_CHECK(p.placements.empty(), what, " field 'placements': must be left empty (ShardedParams places it), got ",
+                p.placements.size(), " entries");
+    DMUON_CHECK(p.mesh == 0, what, " field 'mesh': must be left at 0 (ShardedParams has one mesh), got ", p.mesh);
+    DMUON_CHECK(p.dtype == DType::F32, what, " field 'dtype': the masters are fp32, got ", to_string(p.dtype));
+    p.placements = placements;
+  }
+  Inventory inv;
+  inv.model = fsdp::kModel;
+  inv.mesh_names = {"dense"};
+  inv.meshes = {mesh};
+  inv.params = std::move(params);
+  inv.validate();  // names unique, roles and shapes valid on the mesh (std::invalid_argument)
+  m.comms = std::move(comms);
+  m.mesh = std::move(mesh);
+  m.opt = options;
+  m.inv = std::move(inv);
+  m.world_rank = world.rank();
+  m.timeout = options.timeout.count() > 0 ? options.timeout : world.default_timeout();
+  m.S = shard_dim >= 0 ? m.mesh.dim(shard_dim).size : 1;
+  m.R = rep_dim >= 0 ? m.mesh.dim(rep_dim).size : 1;
+  const DimMask shard_mask = shard_dim >= 0 ? DimMask{1} << shard_dim : 0;
+  const DimMask rep_mask = rep_dim >= 0 ? DimMask{1} << rep_dim : 0;
+  m.s = m.S > 1 ? m.mesh.group_index(m.world_rank, shard_mask) : 0;
+  m.r = m.R > 1 ? m.mesh.group_index(m.world_rank, rep_mask) : 0;
+
+  // Layout (local, pure): boxes, per-rank counts, flat regions.
+  const size_t n = m.n();
+  const size_t S = static_cast<size_t>(m.S);
+  m.count_of.assign(n * S, 0), m.row_begin_of.assign(n * S, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const ParamSpec& p = m.inv.params[i];
+    m.boxes.push_back(dmuon::local_box(p.shape, p.placements, m.mesh, m.world_rank));
+    const int64_t rows = p.shape[0];
+    m.row_elems.push_back(rows > 0 ? p.numel() / rows : 0);
+    for (size_t j = 0; j < S; ++j) {
+      const Range rr = chunk_range(rows, m.S, static_cast<int64_t>(j));
+      m.row_begin_of[i * S + j] = rr.begin;
+      m.count_of[i * S + j] = rr.size() * m.row_elems[i];
+    }
+    m.offset.push_back(m.flat_elems);
+    m.flat_elems += fsdp::align_elems(m.count(i, m.s), 4);
+    m.full_offset.push_back(m.full_elems);
+    m.full_elems += fsdp::align_elems(p.numel(), 2);  // 64-byte aligned in bf16 and fp32
+  }
+  // Rank j's block of the all-gather is its flat buffer's layout (regions padded to 64 bytes in fp32,
+  // < 64 bytes each), so an fp32 unshard sends the flat buffer itself.
+  m.ag_counts.assign(S, 0), m.ag_param_off.assign(S * n, 0);
+  for (size_t j = 0; j < S; ++j)
+    for (size_t i = 0; i < n; ++i)
+      m.ag_param_off[j * n + i] = m.ag_counts[j], m.ag_counts[j] += fsdp::align_elems(m.count(i, static_cast<int>(j)), 4);
+  m.ag_displs = packed_displs(m.ag_counts);
+  m.unshard_direct = static_cast<int64_t>(n) * (m.S - 1) <= m.opt.unshard_direct_max_messages;
+  m.plan_buckets();
+
+  // Agreement (the first communication), then the sub-communicators (collective on first use).
+  if (world.size() > 1) fsdp::agree(world, m.timeout, fsdp::claim_lines(m.inv.params, m.mesh, m.opt));
+  if (m.S > 1) m.shard_comm = &m.comms->get(m.mesh, shard_mask);
+  if (m.R > 1) m.rep_comm = &m.comms->get(m.mesh, rep_mask);
+
+  m.flat_params = AlignedBuffer(static_cast<size_t>(m.flat_elems) * 4, true);
+  m.flat_grads = AlignedBuffer(static_cast<size_t>(m.flat_elems) * 4, true);
+  for (size_t i = 0; i < n; ++i) {
+    const Shape shape = m.boxes[i].shape();
+    m.param_views.emplace_back(m.flat_params.as<float>() + m.offset[i], shape);
+    m.grad_views.emplace_back(m.flat_grads.as<float>() + m.offset[i], shape);
+  }
+}
+
+ShardedParams::~ShardedParams() = default;
+
+size_t ShardedParams::size() const { return impl_->n(); }
+const Mesh& ShardedParams::mesh() const { return impl_->mesh; }
+const ShardedParamsOptions& ShardedParams::options() const { return impl_->opt; }
+const Inventory& ShardedParams::inventory() const { return impl_->inv; }
+const std::shared_ptr<MeshCommunicators>& ShardedParams::mesh_communicators() const { return impl_->comms; }
+
+static void check_index(const ShardedParams::Impl& m, size_t i, const char* what) {
+  DMUON_CHECK(i < m.n(), "[fsdp] ", what, "(", i, "): index out of range (", m.n(), " parameters)");
+}
+
+const ParamSpec& ShardedParams::spec(size_t i) const {
+  check_index(*impl_, i, "spec");
+  return impl_->inv.params[i];
+}
+Box ShardedParams::local_box(size_t i) const {
+  check_index(*impl_, i, "local_box");
+  return impl_->boxes[i];
+}
+int64_t ShardedParams::find(std::string_view name) const {
+  for (size_t i = 0; i < impl_->n(); ++i)
+    if (impl_->inv.params[i].name == name) return static_cast<int64_t>(i);
+  return -1;
+}
+
+TensorView ShardedParams::param(size_t i) {
+  check_index(*impl_, i, "param");
+  return impl_->param_views[i];
+}
+std::span<const TensorView> ShardedParams::params() { return impl_->param_views; }
+std::span<float> ShardedParams::flat_params() {
+  return {impl_->flat_params.as<float>(), static_cast<size_t>(impl_->flat_elems)};
+}
+TensorView ShardedParams::grad(size_t i) {
+  check_index(*impl_, i, "grad");
+  return impl_->grad_views[i];
+}
+std::span<const TensorView> ShardedParams::grads() { return impl_->grad_views; }
+
+void ShardedParams::Impl::ensure_full_grads() {
+  if (!full_grad_views.empty()) return;
+  full_grads = AlignedBuffer(static_cast<size_t>(full_elems) * 4, true);
+  for (size_t i = 0; i < n(); ++i) full_grad_views.emplace_back(full_grads.as<float>() + full_offset[i], inv.params[i].shape);
+}
+
+TensorView ShardedParams::full_grad(size_t i) {
+  check_index(*impl_, i, "full_grad");
+  impl_->ensure_full_grads();
+  return impl_->full_grad_views[i];
+}
+
+void ShardedParams::zero_full_grads() {
+  Impl& m = *impl_;
+  if (m.reduce_posted) throw std::logic_error("[fsdp] zero_full_grads() while a gradient reduction is in flight");
+  if (m.full_grads.data()) std::memset(m.full_grads.data(), 0, m.full_grads.bytes());
+}
+
+void ShardedParams::free_full_grads() {
+  Impl& m = *impl_;
+  if (m.reduce_posted) throw std::logic_error("[fsdp] free_full_grads() while a gradient reduction is in flight");
+  m.full_grad_views.clear();
+  m.full_grads.reset();
+  m.workspace.reset();
+}
+
+const ReduceStats& ShardedParams::last_reduce_stats() const { return impl_->stats; }
+
+}  // namespace dmuon

@@ -1,0 +1,154 @@
+// ShardedParams' unshard: copy-in of every local shard (param_dtype) into one send buffer (fp32: the flat
+// buffer itself), then either DIRECT LANDING (few messages: one grouped send/recv exchange, each peer's
+// rows of each parameter received straight into the full tensor) or ONE all_gather_v over the shard
+// group with the per-rank counts cached at construction (uneven and empty shards, no padding) and a
+// copy-out into per-parameter full tensors (Shard(0): the full tensor is
+// rank 0..S-1's rows, concatenated). One shard rank: a local copy, no communication.
+#include <cstring>
+#include <stdexcept>
+
+#include "dmuon/bf16.h"
+#include "dmuon/error.h"
+#include "sharded_params_impl.h"
+
+namespace dmuon {
+
+using fsdp::AlignedBuffer;
+
+namespace {
+
+// fp32 masters -> param_dtype (bits, or bf16 round to nearest even).
+void convert_in(const float* src, void* dst, int64_t count, DType dt) {
+  if (count <= 0) return;
+  if (dt == DType::F32)
+    std::memcpy(dst, src, static_cast<size_t>(count) * 4);
+  else
+    float_to_bf16(src, static_cast<BFloat16*>(dst), static_cast<size_t>(count));
+}
+
+}  // namespace
+
+void ShardedParams::unshard_async() {
+  Impl& m = *impl_;
+  if (m.ustate == Impl::UState::Posted)
+    throw std::logic_error("[fsdp] unshard_async() called again before wait_unshard()");
+  if (m.ustate == Impl::UState::Unsharded)
+    throw std::logic_error("[fsdp] unshard_async() while unsharded: call reshard() first");
+  const DType dt = m.opt.param_dtype;
+  const size_t es = dtype_size(dt);
+  const size_t n = m.n();
+  m.full_params = AlignedBuffer(static_cast<size_t>(m.full_elems) * es, false);
+  auto* full = static_cast<std::byte*>(m.full_params.data());
+  if (m.shard_comm == nullptr) {  // one shard rank: the local shard is the full tensor
+    for (size_t i = 0; i < n; ++i)
+      convert_in(m.flat_params.as<float>() + m.offset[i], full + static_cast<size_t>(m.full_offset[i]) * es, m.count(i, 0), dt);
+    m.ustate = Impl::UState::Posted;
+    return;
+  }
+  const size_t S = static_cast<size_t>(m.S), me = static_cast<size_t>(m.s);
+  const void* send = m.flat_params.data();  // fp32: the flat buffer is the send buffer (its layout is the block's)
+  if (dt != DType::F32) {
+    if (!m.ag_send.data()) m.ag_send = AlignedBuffer(static_cast<size_t>(m.ag_counts[me]) * es, true);  // padding stays 0
+    for (size_t i = 0; i < n; ++i)
+      convert_in(m.flat_params.as<float>() + m.offset[i], m.ag_send.as<std::byte>() + static_cast<size_t>(m.offset[i]) * es,
+                 m.count(i, m.s), dt);
+    send = m.ag_send.data();
+  }
+  const CommType ct = comm_type(dt);
+  if (m.unshard_direct) {
+    // Direct landing: every peer's rows of every parameter are received straight into the full
+    // tensor (Shard(0) rows are contiguous there), sent straight from the send buffer; this rank's
+    // own rows are copied. One grouped exchange: the all-gather's bytes, no receive buffer and no
+    // copy-out.
+    const auto* src = static_cast<const std::byte*>(send);
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t c = m.count(i, m.s);
+      if (c > 0)
+        std::memcpy(full + static_cast<size_t>(m.full_offset[i] + m.row_begin(i, m.s) * m.row_elems[i]) * es,
+                    src + static_cast<size_t>(m.offset[i]) * es, static_cast<size_t>(c) * es);
+    }
+    Communicator& c = *m.shard_comm;
+    c.group_begin();
+    try {
+      for (size_t k = 1; k < S; ++k) {  // peers in a rotating order: every pair's ops are posted in the same order
+        const int to = static_cast<int>((me + k) % S), from = static_cast<int>((me + S - k) % S);
+        for (size_t i = 0; i < n; ++i) {
+          const int64_t mine = m.count(i, m.s), theirs = m.count(i, from);
+          if (mine > 0)
+            (void)c.send(InBuffer(src + static_cast<size_t>(m.offset[i]) * es, ct, static_cast<size_t>(mine)), to, "fsdp unshard");
+          if (theirs > 0)
+            (void)c.recv(OutBuffer(full + static_cast<size_t>(m.full_offset[i] + m.row_begin(i, from) * m.row_elems[i]) * es, ct,
+                                   static_cast<size_t>(theirs)),
+                         from, "fsdp unshard");
+        }
+      }
+    } catch (...) {
+      (void)c.group_end("fsdp unshard (abandoned)");
+      throw;
+    }
+    m.ag_work = c.group_end("fsdp unshard");
+    m.ustate = Impl::UState::Posted;
+    return;
+  }
+  int64_t total = 0;
+  for (size_t j = 0; j < S; ++j) total += m.ag_counts[j];
+  m.ag_recv = AlignedBuffer(static_cast<size_t>(total) * es, false);
+  m.ag_work = m.shard_comm->all_gather_v(InBuffer(send, ct, static_cast<size_t>(m.ag_counts[me])),
+                                         OutBuffer(m.ag_recv.data(), ct, static_cast<size_t>(total)), m.ag_counts,
+                                         m.ag_displs, "fsdp unshard");
+  m.ustate = Impl::UState::Posted;
+}
+
+void ShardedParams::wait_unshard() {
+  Impl& m = *impl_;
+  if (m.ustate != Impl::UState::Posted) throw std::logic_error("[fsdp] wait_unshard() without a pending unshard_async()");
+  const DType dt = m.opt.param_dtype;
+  const size_t es = dtype_size(dt);
+  const size_t n = m.n();
+  auto* full = static_cast<std::byte*>(m.full_params.data());
+  if (m.shard_comm != nullptr) {
+    try {
+      m.ag_work.wait(m.timeout);
+    } catch (const Error& e) {
+      detail::throw_error(detail::concat("[fsdp] rank ", m.world_rank, ": unshard (all_gather_v over the shard group) failed: ",
+                                         e.what()));
+    }
+    const auto* recv = static_cast<const std::byte*>(m.ag_recv.data());
+    for (size_t i = 0; i < n && !m.unshard_direct; ++i) {
+      std::byte* dst = full + static_cast<size_t>(m.full_offset[i]) * es;
+      for (int j = 0; j < m.S; ++j) {
+        const int64_t c = m.count(i, j);
+        if (c == 0) continue;
+        const size_t js = static_cast<size_t>(j);
+        std::memcpy(dst + static_cast<size_t>(m.row_begin(i, j) * m.row_elems[i]) * es,
+                    recv + static_cast<size_t>(m.ag_displs[js] + m.ag_param_off[js * n + i]) * es, static_cast<size_t>(c) * es);
+      }
+    }
+    m.ag_recv.reset();
+  }
+  m.full_views.clear();
+  for (size_t i = 0; i < n; ++i)
+    m.full_views.emplace_back(full + static_cast<size_t>(m.full_offset[i]) * es, dt, m.inv.params[i].shape);
+  m.ustate = Impl::UState::Unsharded;
+}
+
+bool ShardedParams::unsharded() const { return impl_->ustate == Impl::UState::Unsharded; }
+
+TensorView ShardedParams::full_param(size_t i) {
+  Impl& m = *impl_;
+  DMUON_CHECK(i < m.n(), "[fsdp] full_param(", i, "): index out of range (", m.n(), " parameters)");
+  if (m.ustate != Impl::UState::Unsharded)
+    throw std::logic_error(detail::concat("[fsdp] full_param(", i, ") while sharded: call unshard() (or wait_unshard()) first"));
+  return m.full_views[i];
+}
+
+void ShardedParams::reshard() {
+  Impl& m = *impl_;
+  if (m.ustate == Impl::UState::Posted) throw std::logic_error("[fsdp] reshard() while an unshard is in flight: wait_unshard() first");
+  m.full_views.clear();
+  m.full_params.reset();
+  m.ag_send.reset();
+  m.ustate = Impl::UState::Sharded;
+}
+
+}  // namespace dmuon
