@@ -8,6 +8,7 @@ APT_PACKAGES=(
   libopenblas-dev liblapacke-dev          # BLAS (loaded at run time) and LAPACKE (test oracle)
   libdnnl-dev                             # oneDNN 2.x: bf16 products (loaded at run time)
   libopenmpi-dev openmpi-bin              # mpi communicator backend, mpirun for tests
+  zlib1g-dev                              # CRC-32 of checkpoint files
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
 )

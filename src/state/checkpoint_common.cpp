@@ -1,0 +1,85 @@
+// Internal: shared pieces of checkpoint save and load (checkpoint_common.h).
+#include "state/checkpoint_common.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "dmuon/error.h"
+
+namespace dmuon::detail {
+
+std::string normalize_dir(const std::string& dir) {
+  DMUON_CHECK(!dir.empty(), "[checkpoint] the checkpoint directory is empty");
+  std::string d = dir;
+  while (d.size() > 1 && d.back() == '/') d.pop_back();
+  return d;
+}
+
+std::string join_path(const std::string& dir, std::string_view rel) {
+  std::string out;
+  out.reserve(dir.size() + 1 + rel.size());
+  out.append(dir);
+  if (out.empty() || out.back() != '/') out.push_back('/');
+  out.append(rel);
+  return out;
+}
+
+std::string rank_file_name(const std::string& generation, int rank) {
+  return concat(generation, "/rank-", rank, ".safetensors");
+}
+
+Box checkpoint_box(const CheckpointTensor& t, int rank, int world) {
+  DMUON_CHECK(!t.key.empty(), "[checkpoint] a tensor has an empty key");
+  DMUON_CHECK(t.mesh.size() == world, "[checkpoint] tensor '", t.key, "': mesh ", t.mesh.to_string(), " has ",
+              t.mesh.size(), " ranks, the communicator ", world);
+  check_placements(t.global_shape, t.placements, t.mesh, concat("[checkpoint] tensor '", t.key, "'"));
+  return local_box(t.global_shape, t.placements, t.mesh, rank);
+}
+
+void check_view(const CheckpointTensor& t, const Box& box) {
+  const Shape shape = box.shape();
+  DMUON_CHECK(t.data.dtype == t.dtype, "[checkpoint] tensor '", t.key, "': the view is ", to_string(t.data.dtype),
+              ", the tensor ", to_string(t.dtype));
+  DMUON_CHECK(t.data.shape == shape, "[checkpoint] tensor '", t.key, "': the view has shape ",
+              t.data.shape.to_string(), ", this rank's box ", box.to_string(), " has shape ", shape.to_string());
+  DMUON_CHECK(shape.numel() == 0 || (t.data.data != nullptr && t.data.is_contiguous()), "[checkpoint] tensor '",
+              t.key, "': the view must be contiguous and non-null");
+  DMUON_CHECK(t.data.device.kind == DeviceKind::Cpu, "[checkpoint] tensor '", t.key, "': the view must be in host memory");
+}
+
+bool writes_piece(const Mesh& mesh, std::span<const Placement> placements, int rank) {
+  const DimMask rep = replicate_dims(placements, mesh);
+  for (int d = 0; d < mesh.ndim(); ++d)
+    if (((rep >> d) & 1u) && mesh.coord(rank, d) != 0) return false;
+  return true;
+}
+
+void LocalFailure::capture() {
+  error = std::current_exception();
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    message = e.what();
+  } catch (...) {
+    message = "unknown exception";
+  }
+}
+
+void throw_agreed(Communicator& comm, int failed_rank, const LocalFailure& mine, std::string_view context) {
+  std::vector<char> text(2048, '\0');
+  if (comm.rank() == failed_rank)
+    std::memcpy(text.data(), mine.message.data(), std::min(mine.message.size(), text.size() - 1));
+  comm.broadcast(OutBuffer(text.data(), CommType::U8, text.size()), failed_rank, "checkpoint error").wait();
+  if (mine) std::rethrow_exception(mine.error);
+  text.back() = '\0';
+  throw_error(concat("[checkpoint] ", context, ": rank ", failed_rank, " failed: ", text.data()));
+}
+
+void agree(Communicator& comm, const LocalFailure& mine, std::string_view context) {
+  int64_t failed = mine ? comm.rank() + 1 : 0;
+  comm.all_reduce(OutBuffer(&failed, CommType::I64, 1), ReduceOp::Max, "checkpoint agreement").wait();
+  if (failed > 0) throw_agreed(comm, static_cast<int>(failed - 1), mine, context);
+}
+
+}  // namespace dmuon::detail

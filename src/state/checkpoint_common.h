@@ -1,0 +1,55 @@
+// Internal: what save and load of a checkpoint share (checkpoint.h): paths, the local view checks,
+// which rank writes a piece, and the error agreement over the world.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "dmuon/box.h"
+#include "dmuon/checkpoint.h"
+#include "dmuon/comm.h"
+
+namespace dmuon::detail {
+
+inline constexpr std::string_view kIndexFile = "index.json";
+
+std::string normalize_dir(const std::string& dir);            // without trailing '/'
+std::string join_path(const std::string& dir, std::string_view rel);
+std::string rank_file_name(const std::string& generation, int rank);  // "<gen>/rank-<r>.safetensors"
+
+// The box `rank` holds of `t`, after checking the key, the mesh (spans `world` ranks) and the
+// placements; std::invalid_argument "[checkpoint] tensor '<key>': ..." otherwise.
+Box checkpoint_box(const CheckpointTensor& t, int rank, int world);
+// Checks that t.data is a contiguous view of dtype t.dtype and shape box.shape().
+void check_view(const CheckpointTensor& t, const Box& box);
+
+// Whether `rank` writes its piece: its coordinates on the mesh dims that replicate are all 0.
+bool writes_piece(const Mesh& mesh, std::span<const Placement> placements, int rank);
+
+// load_checkpoint with a check of the index's information that runs with the other validation,
+// before the agreement (a failure there modifies nothing, like any other).
+CheckpointInfo load_checkpoint_checked(Communicator& comm, const std::string& dir,
+                                       std::span<const CheckpointTensor> tensors,
+                                       const std::function<void(const CheckpointInfo&)>& check);
+
+// A rank's failure, caught so that every rank reaches the agreement.
+struct LocalFailure {
+  std::exception_ptr error;
+  std::string message;
+  void capture();  // inside a catch block
+  explicit operator bool() const { return error != nullptr; }
+};
+
+// COLLECTIVE: the highest rank that failed (-1: none), from `failed_rank` values already reduced
+// with max (rank + 1, 0 for none). When one failed: that rank's message is broadcast; a failing
+// rank rethrows its own error, the others throw dmuon::Error "[checkpoint] <context>: rank <r>
+// failed: <its message>".
+[[noreturn]] void throw_agreed(Communicator& comm, int failed_rank, const LocalFailure& mine, std::string_view context);
+// COLLECTIVE: one all-reduce of the failure flags, then throw_agreed when any rank failed.
+void agree(Communicator& comm, const LocalFailure& mine, std::string_view context);
+
+}  // namespace dmuon::detail
