@@ -3,6 +3,7 @@
 #   make build  build everything; the CLI lands at build/bin/dmuon
 #   make demo   the main job: train a 10.7M-parameter char GPT with FSDP2 on 4 CPU ranks, dmuon vs AdamW
 #   make bench  the orthogonalization benchmark on 1024x4096 (all methods, SGEMM baseline)
+#   make train-cpp  the C++ trainer (examples/train_cpp): char MLP LM, FSDP on 2 CPU ranks, ~1 min
 BUILD ?= build
 JOBS ?= $(shell nproc)
 PYTHON ?= python3
@@ -14,7 +15,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 
-.PHONY: all setup configure build test demo bench clean
+.PHONY: all setup configure build test demo bench train-cpp clean
 
 all: build
 
@@ -40,6 +41,15 @@ demo: build
 
 bench: build
 	@$(BUILD)/bin/dmuon bench ns --shape 1024x4096 --schedule polar_express --steps 5 --compare
+
+# The C++ trainer (examples/train_cpp): dmuon::ShardedParams (FSDP) + dmuon::Optimizer on 2 CPU ranks,
+# 800 steps, checkpointing every 200 into $(BUILD)/train_cpp_ckpt (TRAIN_CPP_ARGS=--resume continues from it).
+TRAIN_CPP_NP ?= 2
+TRAIN_CPP_ARGS ?=
+train-cpp: build
+	@mpirun -np $(TRAIN_CPP_NP) --oversubscribe --bind-to none -x OPENBLAS_NUM_THREADS=1 \
+	  -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
+	  $(BUILD)/bin/train_cpp --ckpt-dir $(BUILD)/train_cpp_ckpt --ckpt-every 200 $(TRAIN_CPP_ARGS)
 
 clean:
 	rm -rf $(BUILD)
