@@ -74,6 +74,24 @@ def test_not_a_tensor_unknown_algorithm_and_misplaced_keys():
         dt.Muon([dict(params=[p(3)], algorithm="adamw", momentum=0.9)])
 
 
+def test_unknown_group_keys_are_named_with_dmuons_key():
+    # nanochat's `kind` / `beta2` and Motif's `use_muon` used to be ignored silently (NorMuon quietly off)
+    with pytest.raises(ValueError, match=r"unknown keys 'beta2' \(use normuon=True, normuon_beta2="):
+        dt.Muon([dict(params=[p(3, 3)], beta2=0.95)])
+    with pytest.raises(ValueError, match=r"'kind' \(use algorithm='muon' or algorithm='adamw'\)"):
+        dt.Muon([dict(params=[p(3, 3)], kind="muon")])
+    with pytest.raises(ValueError, match=r"'use_muon' \(use algorithm='muon'"):
+        dt.Muon([dict(params=[p(3)], algorithm="adamw", use_muon=False)])
+    with pytest.raises(ValueError, match=r"'momentun' \(use momentum\)"):  # a typo: the closest key
+        dt.Muon([dict(params=[p(3, 3)], momentun=0.9)])
+    with pytest.raises(ValueError, match=r"'zzz'; dmuon's group keys are"):
+        dt.Muon([dict(params=[p(3, 3)], zzz=1)])
+    opt = dt.Muon([dict(params=[p(3, 3)], name="hidden", initial_lr=0.02)])  # torch's own keys pass
+    with pytest.raises(ValueError, match="unknown keys 'beta2'"):  # add_param_group checks too
+        opt.add_param_group(dict(params=[p(4, 4)], beta2=0.9))
+    assert len(opt.param_groups) == 1
+
+
 def test_bad_hyperparameters_are_caught_before_the_step_changes_anything():
     with pytest.raises(ValueError, match="momentum 1.5 is outside"):
         dt.Muon([p(3, 3)], momentum=1.5)

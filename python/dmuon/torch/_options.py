@@ -3,6 +3,7 @@ translation to the engine's GroupOptions (done at every step, so LR schedulers a
 take effect)."""
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any
 
@@ -58,9 +59,52 @@ def _scalar(value: Any) -> float:
     return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
 
 
+# Keys a group may carry besides the algorithms' options: torch's own (params; initial_lr, which LR
+# schedulers add) and a free-form label.
+GENERIC_KEYS = {"params", "algorithm", "name", "initial_lr"}
+# What other Muon implementations call their group keys, and dmuon's spelling (nanochat's `kind` and
+# `beta2`, Motif's `use_muon`, Dion-style `mu`, ...): named in the error for an unknown key.
+KEY_HINTS: dict[str, str] = {
+    "kind": "algorithm='muon' or algorithm='adamw'",
+    "use_muon": "algorithm='muon' (True) or algorithm='adamw' (False)",
+    "beta2": "normuon=True, normuon_beta2=... in a Muon group (NorMuon's second moment), or "
+             "betas=(beta1, beta2) in an AdamW group",
+    "beta1": "momentum=... in a Muon group, or betas=(beta1, beta2) in an AdamW group",
+    "mu": "momentum",
+    "ns_coeffs": "ns_coefficients",
+    "backend_steps": "ns_steps",
+    "nesterov_momentum": "nesterov",
+    "wd": "weight_decay",
+    "learning_rate": "lr",
+    "adjust_lr": "adjust_lr_fn",
+    "cautious_weight_decay": "cautious_wd",
+    "qk_clip_tau": "qk_clip_threshold",
+}
+
+
+def check_unknown_keys(group: dict, index: int) -> None:
+    """ValueError naming every key no algorithm knows (silently ignoring one, e.g. nanochat's
+    `beta2`, would quietly leave NorMuon off), with dmuon's key for it."""
+    known = GENERIC_KEYS | set(MUON_DEFAULTS) | set(ADAMW_DEFAULTS)
+    unknown = sorted(k for k in group if k not in known)
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        hint = KEY_HINTS.get(key)
+        if hint is None:
+            close = difflib.get_close_matches(key, sorted(known - {"params"}), n=1, cutoff=0.6)
+            hint = close[0] if close else None
+        hints.append(f"{key!r} (use {hint})" if hint else f"{key!r}")
+    raise ValueError(f"[torch] param group {index}: unknown keys {', '.join(hints)}; dmuon's group keys "
+                     f"are {sorted(known - {'params'})}")
+
+
 def check_group_keys(group: dict, index: int) -> str:
-    """Returns the group's algorithm; ValueError for an unknown algorithm or the other algorithm's
-    keys (a typo guard: `betas` in a Muon group, `momentum` in an AdamW group)."""
+    """Returns the group's algorithm; ValueError for an unknown key (naming dmuon's key for it), an
+    unknown algorithm or the other algorithm's keys (a typo guard: `betas` in a Muon group,
+    `momentum` in an AdamW group)."""
+    check_unknown_keys(group, index)
     algorithm = group.get("algorithm", "muon")
     if algorithm not in ALGORITHMS:
         raise ValueError(f"[torch] param group {index}: algorithm {algorithm!r} is not one of "
