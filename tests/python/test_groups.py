@@ -89,3 +89,24 @@ def test_frozen_parameters_are_left_out_and_1d_never_reaches_muon():
     for g in groups:
         if g["algorithm"] == "muon":
             assert all(p.ndim >= 2 for _, p in g["params"])
+
+
+def test_is_muon_routes_parameters_first():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(11, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 11))
+    # the caller's rule: everything 2-D on Muon (the embedding and the head too), the rest by default
+    groups = dt.param_groups(model, is_muon=lambda name, p: True if p.ndim == 2 else None)
+    by_alg = {g["algorithm"]: [n for n, _ in g["params"]] for g in groups}
+    assert by_alg["muon"] == ["0.weight", "1.weight", "2.weight"]
+    assert by_alg["adamw"] == ["1.bias", "2.bias"]
+    # False sends a matrix to AdamW
+    groups = dt.param_groups(model, is_muon=lambda name, p: False if name == "1.weight" else None)
+    by_alg = {g["algorithm"]: [n for n, _ in g["params"]] for g in groups}
+    assert "muon" not in by_alg and "1.weight" in by_alg["adamw"]
+    with pytest.raises(ValueError, match=r"is_muon\('1.bias'\) is True but the parameter is 1-D"):
+        dt.param_groups(model, is_muon=lambda name, p: True)
+    with pytest.raises(TypeError, match="return True, False or None"):
+        dt.param_groups(model, is_muon=lambda name, p: "muon")
+    with pytest.raises(TypeError, match="must be a callable"):
+        dt.param_groups(model, is_muon=True)
+    dt.Muon(dt.param_groups(model, is_muon=lambda name, p: True if p.ndim == 2 else None))

@@ -3,7 +3,7 @@ not by ndim alone (embeddings and the LM head are 2-D but belong to AdamW)."""
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -54,7 +54,8 @@ def classify(model: nn.Module, *, lm_head_names=LM_HEAD_NAMES, expert_pattern: O
 def param_groups(model: nn.Module, *, muon: Optional[dict[str, Any]] = None,
                  adamw: Optional[dict[str, Any]] = None, experts: Optional[dict[str, Any]] = None,
                  lm_head_names=LM_HEAD_NAMES, expert_pattern: Optional[str] = None,
-                 vocab_size: Optional[int] = None) -> list[dict[str, Any]]:
+                 vocab_size: Optional[int] = None,
+                 is_muon: Optional[Callable[[str, nn.Parameter], Optional[bool]]] = None) -> list[dict[str, Any]]:
     """Param groups for dmuon.torch.Muon, with parameter names (as named parameters):
 
     - AdamW: parameters of nn.Embedding / nn.EmbeddingBag, of norm layers (torch's norms and any
@@ -67,12 +68,34 @@ def param_groups(model: nn.Module, *, muon: Optional[dict[str, Any]] = None,
     - Muon expert stacks (group with expert_stacks=True): the other 3-D parameters, [E, A, B] =
       E matrices of A x B, e.g. torchtitan's `experts.w1` nn.Parameter. With `expert_pattern` (a
       regex), only 3-D parameters whose name matches are experts; the rest go to AdamW.
+    - `is_muon(name, param)`, the caller's own routing rule (e.g. Motif's `use_muon`, or "every
+      2-D weight but the embeddings"), decides first: True = Muon (a 3-D parameter becomes an
+      expert stack), False = AdamW, None = the rules above. True for a parameter that is not 2-D or
+      3-D is a ValueError naming it.
     Frozen parameters (requires_grad=False) are left out. `muon`, `adamw`, `experts` add or
     override hyperparameters of the respective groups (experts default to `muon`'s). Empty groups
     are omitted.
     """
     kinds = classify(model, lm_head_names=lm_head_names, expert_pattern=expert_pattern,
                      vocab_size=vocab_size)
+    if is_muon is not None:
+        if not callable(is_muon):
+            raise TypeError(f"[torch] param_groups: is_muon must be a callable (name, param) -> "
+                            f"bool | None, got {type(is_muon).__name__}")
+        for name, p in model.named_parameters():
+            if name not in kinds:
+                continue
+            choice = is_muon(name, p)
+            if choice is None:
+                continue
+            if not isinstance(choice, bool):
+                raise TypeError(f"[torch] param_groups: is_muon({name!r}) returned "
+                                f"{type(choice).__name__}; return True, False or None")
+            if choice and p.ndim not in (2, 3):
+                raise ValueError(f"[torch] param_groups: is_muon({name!r}) is True but the parameter "
+                                 f"is {p.ndim}-D {tuple(p.shape)}; Muon takes 2-D matrices and 3-D "
+                                 f"expert stacks: return False (AdamW) for it")
+            kinds[name] = ("muon" if p.ndim == 2 else "expert") if choice else "adamw"
     buckets: dict[str, list] = {"muon": [], "expert": [], "adamw": []}
     for name, p in model.named_parameters():
         if name in kinds:
