@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "core/hash.h"
 #include "dmuon/error.h"
 
 namespace dmuon::detail {
@@ -145,6 +146,38 @@ void agree_on_plan(Communicator& comm, std::chrono::milliseconds timeout, const 
       all_gather_strings(comm, timeout, entry >= 0 ? item_or_none(claim.entry_texts, entry) : std::string(), "optimizer plan");
   throw_error(concat("[optim] ranks planned parameter #", entry, " differently: ", texts_by_rank(texts),
                      "; the environment (DMUON_STRATEGY) or the machine profile differs between ranks: make them the same"));
+}
+
+void agree_on_lines(Communicator& comm, std::chrono::milliseconds timeout, const std::vector<std::string>& lines,
+                    std::string_view what, std::string_view hint) {
+  Fnv1a h;
+  h.pod(lines.size());
+  for (const std::string& l : lines) h.str(l);
+  const size_t w = static_cast<size_t>(comm.size());
+  if (w == 1) return;
+  std::vector<uint64_t> all(w);
+  comm.all_gather(InBuffer(&h.h, CommType::U64, 1), OutBuffer(all.data(), CommType::U64, w), "agreement digest").wait(timeout);
+  if (std::all_of(all.begin(), all.end(), [&](uint64_t x) { return x == all[0]; })) return;
+  std::string joined;
+  for (const std::string& l : lines) joined += l + "\n";
+  const std::vector<std::string> texts = all_gather_strings(comm, timeout, joined, "agreement texts");
+  std::vector<std::vector<std::string>> split(w);
+  size_t most = 0;
+  for (size_t k = 0; k < w; ++k) {
+    for (size_t at = 0; at < texts[k].size();) {
+      const size_t nl = texts[k].find('\n', at);
+      split[k].push_back(texts[k].substr(at, nl - at));
+      at = nl + 1;
+    }
+    most = std::max(most, split[k].size());
+  }
+  for (size_t line = 0; line < most; ++line) {
+    std::vector<std::string> per(w);
+    for (size_t k = 0; k < w; ++k) per[k] = line < split[k].size() ? split[k][line] : "(none)";
+    if (std::all_of(per.begin(), per.end(), [&](const std::string& x) { return x == per[0]; })) continue;
+    throw_error(concat(what, ": line ", line, " differs: ", texts_by_rank(per), "; ", hint));
+  }
+  throw_error(concat(what, ": the digests differ but the texts agree (", hint, ")"));
 }
 
 }  // namespace dmuon::detail

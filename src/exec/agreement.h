@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -58,6 +59,12 @@ bool agree_on_step(Communicator& comm, std::chrono::milliseconds timeout, const 
 std::string ranks_text(const std::vector<int>& ranks);
 // Ranks grouped by identical text, first appearance first: "'a' on ranks 0, 2; 'b' on rank 1".
 std::string texts_by_rank(const std::vector<std::string>& texts);
+// COLLECTIVE: every rank describes what must be equal everywhere as lines of text. One all-gather
+// of a 64-bit digest of them; on a difference (seen alike by every rank) the texts are gathered and
+// every rank throws the same dmuon::Error "<what>: line <k> differs: <texts_by_rank>; <hint>"
+// naming the first differing line and the ranks on each side.
+void agree_on_lines(Communicator& comm, std::chrono::milliseconds timeout, const std::vector<std::string>& lines,
+                    std::string_view what, std::string_view hint);
 // Every rank's string (COLLECTIVE: two all-gathers).
 std::vector<std::string> all_gather_strings(Communicator& comm, std::chrono::milliseconds timeout,
                                             const std::string& mine, const char* label);

@@ -94,40 +94,6 @@ std::vector<std::string> claim_lines(const std::vector<ParamSpec>& ps, const Mes
   return lines;
 }
 
-// COLLECTIVE over the world: one all-gather of a 64-bit digest; on a difference (seen alike by every
-// rank) a second exchange finds the first differing line and every rank throws the same error.
-void agree(Communicator& world, std::chrono::milliseconds timeout, const std::vector<std::string>& lines) {
-  detail::Fnv1a h;
-  for (const std::string& l : lines) h.str(l);
-  const size_t w = static_cast<size_t>(world.size());
-  std::vector<uint64_t> all(w);
-  world.all_gather(InBuffer(&h.h, CommType::U64, 1), OutBuffer(all.data(), CommType::U64, w), "fsdp agreement")
-      .wait(timeout);
-  if (std::all_of(all.begin(), all.end(), [&](uint64_t x) { return x == all[0]; })) return;
-  std::string joined;
-  for (const std::string& l : lines) joined += l + "\n";
-  const std::vector<std::string> texts = detail::all_gather_strings(world, timeout, joined, "fsdp agreement texts");
-  std::vector<std::vector<std::string>> split(w);
-  size_t most = 0;
-  for (size_t k = 0; k < w; ++k) {
-    size_t at = 0;
-    while (at < texts[k].size()) {
-      const size_t nl = texts[k].find('\n', at);
-      split[k].push_back(texts[k].substr(at, nl - at));
-      at = nl + 1;
-    }
-    most = std::max(most, split[k].size());
-  }
-  for (size_t line = 0; line < most; ++line) {
-    std::vector<std::string> per(w);
-    for (size_t k = 0; k < w; ++k) per[k] = line < split[k].size() ? split[k][line] : "(none)";
-    if (std::all_of(per.begin(), per.end(), [&](const std::string& x) { return x == per[0]; })) continue;
-    detail::throw_error(concat("[fsdp] ranks disagree on the ShardedParams ", line == 0 ? "parameter count" : "parameters", ": ",
-                               detail::texts_by_rank(per),
-                               "; every rank must pass the same parameters (names, shapes, roles, order), mesh and options"));
-  }
-  detail::throw_error("[fsdp] ranks disagree on the ShardedParams digest (same texts)");
-}
 
 }  // namespace
 }  // namespace fsdp
@@ -206,7 +172,9 @@ ShardedParams::ShardedParams(std::shared_ptr<MeshCommunicators> comms, Mesh mesh
   m.plan_buckets();
 
   // Agreement (the first communication), then the sub-communicators (collective on first use).
-  if (world.size() > 1) fsdp::agree(world, m.timeout, fsdp::claim_lines(m.inv.params, m.mesh, m.opt));
+  detail::agree_on_lines(world, m.timeout, fsdp::claim_lines(m.inv.params, m.mesh, m.opt),
+                         "[fsdp] ranks disagree on the ShardedParams",
+                         "every rank must pass the same parameters (names, shapes, roles, order), mesh and options");
   if (m.S > 1) m.shard_comm = &m.comms->get(m.mesh, shard_mask);
   if (m.R > 1) m.rep_comm = &m.comms->get(m.mesh, rep_mask);
 

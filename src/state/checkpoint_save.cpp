@@ -8,9 +8,9 @@
 #include <set>
 #include <vector>
 
-#include "core/hash.h"
 #include "dmuon/checkpoint.h"
 #include "dmuon/error.h"
+#include "exec/agreement.h"
 #include "state/checkpoint_common.h"
 #include "state/checkpoint_index.h"
 #include "state/file_io.h"
@@ -21,23 +21,12 @@ namespace {
 
 using namespace detail;
 
-// Everything that must agree across ranks, as FNV-1a 64.
-void hash_tensor(Fnv1a& h, const CheckpointTensor& t) {
-  h.str(t.key);
-  h.pod(t.global_shape.ndim());
-  for (int64_t d : t.global_shape) h.pod(d);
-  h.pod(static_cast<int>(t.dtype));
-  h.pod(t.mesh.ndim());
-  for (const MeshDim& d : t.mesh.dims()) {
-    h.str(d.name);
-    h.pod(d.size);
-  }
-  h.pod(t.placements.size());
-  for (const Placement& p : t.placements) {
-    h.pod(static_cast<int>(p.kind));
-    h.pod(p.dim);
-    h.pod(p.split_factor);
-  }
+// What every rank must pass alike, one line per tensor (keys in order, global shapes, dtypes,
+// meshes, placements).
+std::string tensor_line(const CheckpointTensor& t) {
+  std::string l = concat("'", t.key, "' ", t.global_shape.to_string(), " ", to_string(t.dtype), " mesh ", t.mesh.to_string(), " [");
+  for (size_t i = 0; i < t.placements.size(); ++i) l += concat(i ? "," : "", to_string(t.placements[i]));
+  return l + "]";
 }
 
 std::string new_generation(int64_t step) {
@@ -76,31 +65,27 @@ void save_checkpoint(Communicator& comm, const std::string& dir_in, std::span<co
   };
   const std::string context = concat("save to '", dir_in, "'");
 
-  // 1. Local checks and the digest of what every rank must pass alike.
+  // 1. Local checks, and the description of what every rank must pass alike.
   LocalFailure failure;
   std::string dir;
   std::vector<Box> boxes(tensors.size());
-  Fnv1a digest;
+  std::vector<std::string> lines{concat(tensors.size(), " tensors")};
   try {
     dir = normalize_dir(dir_in);
     std::set<std::string_view> keys;
-    digest.pod(tensors.size());
     for (size_t i = 0; i < tensors.size(); ++i) {
       const CheckpointTensor& t = tensors[i];
       DMUON_CHECK(keys.insert(t.key).second, "[checkpoint] tensor '", t.key, "' is given twice");
       boxes[i] = checkpoint_box(t, rank, world);
       check_view(t, boxes[i]);
-      hash_tensor(digest, t);
+      lines.push_back(tensor_line(t));
     }
   } catch (...) {
     failure.capture();
   }
-  uint64_t agreed[3] = {failure ? static_cast<uint64_t>(rank) + 1 : 0, digest.h, ~digest.h};
-  comm.all_reduce(OutBuffer(agreed, CommType::U64, 3), ReduceOp::Max, "checkpoint save agreement").wait();
-  if (agreed[0] > 0) throw_agreed(comm, static_cast<int>(agreed[0] - 1), failure, context);
-  DMUON_CHECK_RUNTIME(agreed[1] == digest.h && ~agreed[2] == digest.h, "[checkpoint] ", context,
-                      ": ranks passed different tensors (keys or their order, global shapes, dtypes, meshes or placements differ;",
-                      " digest on rank ", rank, " ", digest.h, ", max ", agreed[1], ", min ", ~agreed[2], ")");
+  agree(comm, failure, context);
+  agree_on_lines(comm, comm.default_timeout(), lines, concat("[checkpoint] ", context, ": ranks passed different tensors"),
+                 "every rank passes the same keys in the same order, with the same global shapes, dtypes, meshes and placements");
 
   // 2. The generation, named by rank 0.
   char gen_buf[64] = {};

@@ -19,6 +19,7 @@
 #include "dmuon/checkpoint.h"
 #include "dmuon/comm.h"
 #include "dmuon/error.h"
+#include "verdict.h"
 
 namespace {
 
@@ -196,7 +197,10 @@ void run_errors(Communicator& comm, const std::string& dir) {
       save_checkpoint(comm, dir, v, 1);
       CHECK_TRUE(false, "save succeeded with different keys");
     } catch (const Error& e) {
-      CHECK_TRUE(std::string(e.what()).find("ranks passed different tensors") != std::string::npos, e.what());
+      const std::string m = e.what();
+      CHECK_TRUE(m.find("ranks passed different tensors") != std::string::npos, m);
+      CHECK_TRUE(m.find("'other'") != std::string::npos && m.find("rank " + std::to_string(last)) != std::string::npos,
+                 "the error names the differing tensor and the rank: " + m);
     }
     CHECK_TRUE(!std::filesystem::exists(dir + "/index.json"), "index written");
   }
@@ -294,14 +298,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "[rank %d] %s: %s\n", g_rank, mode.c_str(), e.what());
     ++g_failures;
   }
-  int32_t failed = g_failures > 0 ? 1 : 0;
-  try {
-    comm->all_reduce(OutBuffer(&failed, CommType::I32, 1), ReduceOp::Max, "verdict").wait();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "[rank %d] no verdict: %s\n", g_rank, e.what());
-    abort_all(1);
-  }
-  if (g_rank == 0) std::printf("checkpoint %s at %d ranks: %s\n", mode.c_str(), comm->size(), failed ? "FAILED" : "ok");
+  const int code = dmuon::test::agree_verdict(*comm, g_failures, "checkpoint " + mode + " at " + std::to_string(comm->size()) + " ranks");
   comm.reset();
-  return failed ? 1 : 0;
+  return code;
 }

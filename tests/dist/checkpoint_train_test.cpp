@@ -21,6 +21,7 @@
 #include "dmuon/mesh_comms.h"
 #include "dmuon/optimizer.h"
 #include "dmuon/sharded_params.h"
+#include "verdict.h"
 
 namespace {
 
@@ -170,14 +171,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "[rank %d] %s: %s\n", g_rank, mode.c_str(), e.what());
     ++g_failures;
   }
-  int32_t failed = g_failures > 0 ? 1 : 0;
-  try {
-    world->all_reduce(OutBuffer(&failed, CommType::I32, 1), ReduceOp::Max, "verdict").wait();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "[rank %d] no verdict: %s\n", g_rank, e.what());
-    abort_all(1);
-  }
-  if (g_rank == 0) std::printf("checkpoint train %s at %d ranks: %s\n", mode.c_str(), W, failed ? "FAILED" : "ok");
+  const int code = dmuon::test::agree_verdict(*world, g_failures, "checkpoint train " + mode + " at " + std::to_string(W) + " ranks");
   world.reset();
-  return failed ? 1 : 0;
+  return code;
 }

@@ -467,6 +467,26 @@ TEST_F(CheckpointErrors, MissingIndex) {
 // ---------------------------------------------------------------------------------------------
 // Crash atomicity: a child process dies inside a save; the previous checkpoint stays loadable.
 
+// Saves make_set(2) at step 2 in a forked child that ends itself (_exit(3), no cleanup: a crash) at
+// the save's hook point `point`. Returns the child's exit code (-1 when it did not exit normally).
+int save_in_child_crashing_at(const std::string& dir, const std::string& point) {
+  const pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    auto child_comm = make_single_communicator();
+    std::vector<Owned> second = make_set(2);
+    CheckpointSaveOptions opt;
+    opt.test_hook = [&](std::string_view p) {
+      if (p == point) ::_exit(3);
+    };
+    save_checkpoint(*child_comm, dir, views(second), 2, {}, opt);
+    ::_exit(0);
+  }
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
 void crash_case(const std::string& point) {
   SCOPED_TRACE(point);
   TempDir dir;
@@ -475,22 +495,7 @@ void crash_case(const std::string& point) {
   save_checkpoint(*comm, dir.path(), views(first), 1);
   const std::string first_gen = read_checkpoint_info(dir.path()).generation;
 
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    auto child_comm = make_single_communicator();
-    std::vector<Owned> second = make_set(2);
-    CheckpointSaveOptions opt;
-    opt.test_hook = [&](std::string_view p) {
-      if (p == point) ::_exit(3);
-    };
-    save_checkpoint(*child_comm, dir.path(), views(second), 2, {}, opt);
-    ::_exit(0);
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status));
-  ASSERT_EQ(WEXITSTATUS(status), 3);
+  ASSERT_EQ(save_in_child_crashing_at(dir.path(), point), 3);
 
   // The crashed save left files behind, the index still names the first generation.
   int gens = 0;
@@ -551,21 +556,7 @@ TEST(CheckpointCrash, AfterCommitTheNewCheckpointLoads) {
   auto comm = make_single_communicator();
   std::vector<Owned> first = make_set(1);
   save_checkpoint(*comm, dir.path(), views(first), 1);
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    auto child_comm = make_single_communicator();
-    std::vector<Owned> second = make_set(2);
-    CheckpointSaveOptions opt;
-    opt.test_hook = [](std::string_view p) {
-      if (p == "committed") ::_exit(3);
-    };
-    save_checkpoint(*child_comm, dir.path(), views(second), 2, {}, opt);
-    ::_exit(0);
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 3);
+  ASSERT_EQ(save_in_child_crashing_at(dir.path(), "committed"), 3);
   EXPECT_EQ(read_checkpoint_info(dir.path()).step, 2);
   std::vector<Owned> loaded = make_set(1);
   load_checkpoint(*comm, dir.path(), views(loaded));

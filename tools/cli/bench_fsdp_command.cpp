@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "distributed_bench.h"
 #include "dmuon/bf16.h"
 #include "dmuon/error.h"
 #include "dmuon/sharded_params.h"
@@ -37,16 +38,7 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
-// Max over ranks of a non-negative double (its bits order like int64 when >= 0).
-double slowest(Communicator& c, double x) {
-  c.all_reduce(OutBuffer(&x, CommType::I64, 1), ReduceOp::Max, "bench max").wait();
-  return x;
-}
 
 // Median of `repeat` timed runs of f (after one warm-up), each started together, slowest rank.
 template <class F>
@@ -58,7 +50,7 @@ double time_it(Communicator& world, int repeat, F&& f) {
     f();
     if (k > 0) t.push_back(since(t0));
   }
-  return slowest(world, median(t));
+  return slowest(world, upper_median(t));
 }
 
 std::vector<ParamSpec> bench_params(const FsdpArgs& a, std::string& name) {
@@ -79,8 +71,7 @@ std::vector<ParamSpec> bench_params(const FsdpArgs& a, std::string& name) {
 }
 
 void run(const FsdpArgs& a) {
-  std::string backend = a.backend;
-  if (backend.empty()) backend = std::getenv("OMPI_COMM_WORLD_SIZE") ? "mpi" : "single";
+  const std::string backend = bench_backend(a.backend);
   std::shared_ptr<Communicator> world = make_communicator(backend);
   auto comms = std::make_shared<MeshCommunicators>(world);
   const Mesh mesh = Mesh::parse(a.mesh.empty() ? (world->size() > 1 ? "dp_shard=" + std::to_string(world->size()) : "") : a.mesh);
@@ -131,7 +122,7 @@ void run(const FsdpArgs& a) {
     wait_s.push_back(since(t1));
     sp.reshard();
   });
-  const double t_post = slowest(*world, median(post_s)), t_wait = slowest(*world, median(wait_s));
+  const double t_post = slowest(*world, upper_median(post_s)), t_wait = slowest(*world, upper_median(wait_s));
   // A local copy of the whole model (pre-faulted buffers): what the copy-out costs at least.
   double t_copy = 0;
   {
@@ -258,17 +249,7 @@ void add_bench_fsdp_command(CLI::App& bench) {
   cmd->add_option("--repeat", a->repeat, "Timed runs (after one warm-up); medians reported")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->add_option("--backend", a->backend, "mpi or single (default: mpi under mpirun)");
-  cmd->callback([a] {
-    try {
-      run(*a);
-    } catch (const Error& e) {
-      if (std::getenv("OMPI_COMM_WORLD_SIZE") && mpi_available()) {  // a broken job cannot finalize
-        std::fprintf(stderr, "dmuon: error: %s\n", e.what());
-        abort_all(1);
-      }
-      throw;
-    }
-  });
+  cmd->callback([a] { run_distributed([&] { run(*a); }); });
 }
 
 }  // namespace dmuon::cli

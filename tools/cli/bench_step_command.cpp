@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "distributed_bench.h"
 #include "dmuon/blas.h"
 #include "dmuon/error.h"
 #include "dmuon/optimizer.h"
@@ -27,11 +28,6 @@ struct StepArgs {
   std::string backend;  // "" = mpi under mpirun, else single
 };
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 float synthetic(uint64_t seed) {
   seed = (seed + 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
@@ -54,11 +50,6 @@ void fill(std::vector<float>& out, const Box& box, const Shape& shape, uint64_t 
 int64_t reduce_max(Communicator& c, int64_t x) {
   c.all_reduce(OutBuffer(&x, CommType::I64, 1), ReduceOp::Max, "bench max").wait();
   return x;
-}
-double reduce_max(Communicator& c, double x) {
-  float f = static_cast<float>(x);
-  c.all_reduce(OutBuffer(&f, CommType::F32, 1), ReduceOp::Max, "bench max").wait();
-  return f;
 }
 
 // Single-process orthogonalization of every Muon matrix (rank 0, one BLAS thread per rank setting).
@@ -115,12 +106,12 @@ nlohmann::json run_strategy(const std::shared_ptr<Communicator>& comm, const Inv
   Communicator& c = *comm;
   nlohmann::json r;
   r["strategy"] = strategy;
-  r["step_seconds"] = reduce_max(c, median(step));
-  r["phase_seconds"] = {{"pack", reduce_max(c, median(pack))}, {"comm_wait", reduce_max(c, median(wait))},
-                        {"orthogonalize", reduce_max(c, median(orth))}, {"update", reduce_max(c, median(upd))},
-                        {"agree", reduce_max(c, median(agree))}};
-  r["comm_seconds"] = reduce_max(c, median(comm_s));
-  r["overlap"] = median(overlap);
+  r["step_seconds"] = slowest(c, upper_median(step));
+  r["phase_seconds"] = {{"pack", slowest(c, upper_median(pack))}, {"comm_wait", slowest(c, upper_median(wait))},
+                        {"orthogonalize", slowest(c, upper_median(orth))}, {"update", slowest(c, upper_median(upd))},
+                        {"agree", slowest(c, upper_median(agree))}};
+  r["comm_seconds"] = slowest(c, upper_median(comm_s));
+  r["overlap"] = upper_median(overlap);
   r["bytes_sent_max"] = reduce_max(c, static_cast<int64_t>(last.bytes_sent));
   r["bytes_predicted_max"] = opt.plan().total().bytes_sent_max;
   r["bytes_match_plan"] = reduce_max(c, static_cast<int64_t>(last.bytes_sent != last.bytes_sent_predicted)) == 0;
@@ -134,8 +125,7 @@ nlohmann::json run_strategy(const std::shared_ptr<Communicator>& comm, const Inv
 }
 
 void run(const StepArgs& a) {
-  std::string backend = a.backend;
-  if (backend.empty()) backend = std::getenv("OMPI_COMM_WORLD_SIZE") ? "mpi" : "single";
+  const std::string backend = bench_backend(a.backend);
   std::shared_ptr<Communicator> comm = make_communicator(backend);
   const int threads = a.blas_threads > 0 ? a.blas_threads : (comm->size() > 1 ? 1 : 0);
   if (threads > 0) blas_set_num_threads(threads);
@@ -198,17 +188,7 @@ void add_bench_step_command(CLI::App& bench) {
   cmd->add_flag("--json", a->json, "Print JSON (top level: results)");
   cmd->add_option("--blas-threads", a->blas_threads, "BLAS threads per rank (0: 1 under MPI with > 1 rank)");
   cmd->add_option("--backend", a->backend, "mpi or single (default: mpi under mpirun)");
-  cmd->callback([a] {
-    try {
-      run(*a);
-    } catch (const Error& e) {
-      if (std::getenv("OMPI_COMM_WORLD_SIZE") && mpi_available()) {  // a broken job cannot finalize
-        std::fprintf(stderr, "dmuon: error: %s\n", e.what());
-        abort_all(1);
-      }
-      throw;
-    }
-  });
+  cmd->callback([a] { run_distributed([&] { run(*a); }); });
 }
 
 }  // namespace dmuon::cli
