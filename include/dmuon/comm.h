@@ -1,6 +1,8 @@
 // Communicator: asynchronous collectives over a group of ranks, returning Work handles with deadlines.
-// Backends: `single` (size 1, always built) and `mpi` (Open MPI non-blocking collectives; a build
-// without MPI throws from make_mpi_communicator). Layers above never see MPI.
+// Backends: `single` (size 1, always built), `mpi` (Open MPI non-blocking collectives; a build
+// without MPI throws from make_mpi_communicator) and the external one (dmuon/comm_external.h: an
+// application transport, e.g. "c10d" over a torch.distributed ProcessGroup, same contract).
+// Layers above never see MPI.
 //
 // Contract for every collective below (unless it says otherwise):
 // - COLLECTIVE: all ranks of this communicator must call it, in the same order, with matching
@@ -199,7 +201,7 @@ class DMUON_API Communicator {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  virtual std::string_view backend() const = 0;  // "single" | "mpi"
+  virtual std::string_view backend() const = 0;  // "single" | "mpi" | the external transport's ("c10d")
   const std::string& name() const { return name_; }  // "world", or the name given to split()
 
   // Variable all-to-all: block j of send (send_displs[j], send_counts[j]) goes to rank j and lands

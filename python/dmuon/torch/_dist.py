@@ -1,14 +1,24 @@
 """Processes and DTensor layouts for the distributed core behind dmuon.torch.Muon.
 
-`init_distributed()` sets up both process groups of a job launched with `mpirun -np N python ...`:
-the torch one (gloo, from the Open MPI environment) and the engine's MPI communicator. The layout
-helpers map a DTensor's mesh and placements to the engine's (the Engine in _engine.py builds its
-inventory with them), check that the engine's local box is the DTensor's local shard, and wrap the
-engine's state and take the gradients' local shards in the DTensor's layout.
+`init_distributed()` sets up both process groups of a job: the torch one (gloo) and the engine's
+communicator. Under torchrun (torch.distributed from env://) the engine's communicator is the c10d
+one over the job's process group (_c10d.py); under `mpirun -np N python ...` it is dmuon's MPI
+one; DMUON_COMM=mpi|c10d (or init_distributed(comm=...)) picks one explicitly, e.g. to compare
+both in one mpirun job. The layout helpers map a DTensor's mesh and placements to the engine's
+(the Engine in _engine.py builds its inventory with them), check that the engine's local box is
+the DTensor's local shard, and wrap the engine's state and take the gradients' local shards in the
+DTensor's layout.
+
+Shutdown: native engines and communicators are released at exit in order (engines first, then
+communicators, then the process group dmuon initialised; MPI finalizes after them), so a job ends
+without nanobind's leak report.
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import os
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -17,27 +27,68 @@ import torch.distributed as dist
 from .. import _core
 
 _COMM: Optional["_core.Communicator"] = None
+_COMM_KINDS = ("mpi", "c10d")
+_OWN_PG = False  # init_distributed() initialised torch.distributed: destroy it at exit
 
 
 def is_dtensor(t: Any) -> bool:
     return type(t).__name__ == "DTensor"
 
 
-def init_distributed(master_port: int = 29500, timeout_s: Optional[float] = None) -> tuple[int, int]:
-    """Initialises the torch process group (gloo, CPU) and dmuon's MPI communicator for a job
-    launched with `mpirun -np N python train.py`; returns (rank, world_size). Every rank must call
-    it (collective). Maps OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK to RANK / WORLD_SIZE /
-    LOCAL_RANK (unless set), MASTER_ADDR defaults to 127.0.0.1 and MASTER_PORT to `master_port`.
-    Without mpirun (no OMPI variables) it is a one-process job: the single communicator, and torch's
-    process group only if RANK / WORLD_SIZE are set. Idempotent."""
-    global _COMM
+def _under_mpirun() -> bool:
+    return "OMPI_COMM_WORLD_SIZE" in os.environ
+
+
+def _under_torchrun() -> bool:
+    """torch.distributed's env:// launch (torchrun sets TORCHELASTIC_RUN_ID, RANK, WORLD_SIZE)."""
     env = os.environ
-    if "OMPI_COMM_WORLD_RANK" in env:
+    return not _under_mpirun() and "RANK" in env and "WORLD_SIZE" in env
+
+
+def comm_kind(requested: Optional[str] = None) -> str:
+    """The engine's communicator for a job of several ranks: `requested`, else DMUON_COMM, else
+    "mpi" under mpirun and "c10d" otherwise (torchrun, or a process group the caller initialised).
+    ValueError for another name, RuntimeError for mpi without mpirun."""
+    kind = requested if requested is not None else os.environ.get("DMUON_COMM", "") or None
+    if kind is None:
+        return "mpi" if _under_mpirun() else "c10d"
+    if kind not in _COMM_KINDS:
+        raise ValueError(f"[torch] communicator '{kind}' (DMUON_COMM or comm=) is unknown; choose "
+                         f"one of {', '.join(_COMM_KINDS)}")
+    if kind == "mpi" and not _under_mpirun():
+        raise RuntimeError("[torch] the mpi communicator (DMUON_COMM=mpi) needs a job launched with "
+                           "mpirun; under torchrun use c10d (unset DMUON_COMM)")
+    return kind
+
+
+def _make_comm(kind: str) -> "_core.Communicator":
+    if kind == "mpi":
+        return _core.make_mpi_communicator()
+    from ._c10d import make_c10d_communicator
+    return make_c10d_communicator()
+
+
+def init_distributed(master_port: int = 29500, timeout_s: Optional[float] = None,
+                     comm: Optional[str] = None) -> tuple[int, int]:
+    """Initialises the torch process group (gloo, CPU) and dmuon's communicator; returns (rank,
+    world_size). Every rank must call it (collective). Launchers:
+    - torchrun (`python -m torch.distributed.run --nproc-per-node N train.py`): the process group
+      from torchrun's environment, and the c10d communicator over it.
+    - mpirun (`mpirun -np N python train.py`): maps OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK to
+      RANK / WORLD_SIZE / LOCAL_RANK (unless set), MASTER_ADDR defaults to 127.0.0.1 and
+      MASTER_PORT to `master_port`; dmuon's MPI communicator (or c10d with comm="c10d").
+    - neither: a one-process job: the single communicator, and torch's process group only if RANK
+      / WORLD_SIZE are set.
+    `comm` ("mpi" | "c10d") overrides DMUON_COMM and the launcher's default. Idempotent."""
+    global _COMM, _OWN_PG
+    env = os.environ
+    if _under_mpirun():
         env.setdefault("RANK", env["OMPI_COMM_WORLD_RANK"])
         env.setdefault("WORLD_SIZE", env["OMPI_COMM_WORLD_SIZE"])
         env.setdefault("LOCAL_RANK", env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     env.setdefault("MASTER_PORT", str(master_port))
+    kind = comm_kind(comm) if (_under_mpirun() or "RANK" in env or comm is not None) else None
     if not dist.is_initialized() and "RANK" in env:
         kwargs = {}
         if timeout_s is not None:
@@ -45,25 +96,36 @@ def init_distributed(master_port: int = 29500, timeout_s: Optional[float] = None
             kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group("gloo", rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
                                 **kwargs)
-    if _COMM is None:
-        mpi = "OMPI_COMM_WORLD_SIZE" in env
-        _COMM = _core.make_mpi_communicator() if mpi else _core.make_single_communicator()
+        _OWN_PG = True
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
+    if _COMM is None:
+        if world == 1 and not _under_mpirun():
+            _COMM = _core.make_single_communicator()
+        else:
+            _COMM = _make_comm(kind or comm_kind())
+    elif comm is not None and _COMM.backend != comm:
+        raise RuntimeError(f"[torch] dmuon's communicator is already '{_COMM.backend}'; "
+                           f"init_distributed(comm='{comm}') must come before anything makes one")
     if (_COMM.rank, _COMM.size) != (rank, world):
         raise RuntimeError(f"[torch] dmuon's communicator is rank {_COMM.rank} of {_COMM.size} but "
-                           f"torch's process group is rank {rank} of {world}; launch with mpirun "
-                           f"and let init_distributed() set RANK / WORLD_SIZE")
+                           f"torch's process group is rank {rank} of {world}; launch with torchrun "
+                           f"or mpirun and let init_distributed() set up both")
     return rank, world
 
 
 def job_size() -> int:
-    """Ranks of the job as dmuon's communicator sees it: init_distributed()'s communicator, or Open
-    MPI's world size under mpirun; 1 otherwise (one process, or a launcher dmuon has no
-    communicator for yet, such as torchrun)."""
+    """Ranks of the job as dmuon sees it: init_distributed()'s communicator, Open MPI's world size
+    under mpirun, torch's process group or torchrun's WORLD_SIZE; 1 otherwise."""
     if _COMM is not None:
         return _COMM.size
-    return int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
+    if _under_mpirun():
+        return int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    if dist.is_initialized():
+        return dist.get_world_size()
+    if _under_torchrun():
+        return int(os.environ["WORLD_SIZE"])
+    return 1
 
 
 def world_size() -> int:
@@ -73,20 +135,70 @@ def world_size() -> int:
 
 def communicator(world: int) -> "_core.Communicator":
     """The engine's communicator for a job of `world` ranks: the one init_distributed() made, the
-    single one for one rank, or (under mpirun) a new MPI one."""
+    single one for one rank, or a new one: MPI under mpirun, c10d over torch's process group
+    otherwise (DMUON_COMM overrides)."""
     global _COMM
     if _COMM is None:
         if world == 1:
             return _core.make_single_communicator()
-        if "OMPI_COMM_WORLD_SIZE" not in os.environ:
-            raise RuntimeError(f"[torch] the parameters span {world} ranks but dmuon has no "
-                               f"communicator: launch with `mpirun -np {world} python ...` and call "
-                               f"dmuon.torch.init_distributed() first")
-        _COMM = _core.make_mpi_communicator()
+        kind = comm_kind()
+        if kind == "c10d" and not dist.is_initialized():
+            raise RuntimeError(f"[torch] the parameters span {world} ranks but torch.distributed is "
+                               f"not initialised: call dmuon.torch.init_distributed() first (launch "
+                               f"with torchrun --nproc-per-node {world} or mpirun -np {world})")
+        _COMM = _make_comm(kind)
     if _COMM.size != world:
         raise ValueError(f"[torch] the parameters span {world} ranks but dmuon's communicator has "
                          f"{_COMM.size}; every mesh must span the whole job")
     return _COMM
+
+
+# dmuon.torch engines and optimizers whose native objects shutdown() releases (weakly held).
+_RELEASE: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def release_at_exit(obj: Any) -> None:
+    """Registers an engine (attributes core / sp / comm / _state_cache / engine holding native
+    objects) or a dmuon optimizer (its state aliases engine memory) for shutdown()."""
+    _RELEASE.add(obj)
+
+
+def _release_engines() -> None:
+    """Drops what every live registered object holds of the native engine: the optimizers' state
+    (state tensors alias an engine's memory and keep it alive), then each engine's cached state
+    tensors, native core, sharded parameters and communicator. Only at exit: the optimizers are
+    unusable afterwards."""
+    live = list(_RELEASE)
+    for o in live:
+        if isinstance(o, torch.optim.Optimizer):
+            o.state.clear()
+    for o in live:
+        for attr in ("_state_cache", "core", "sp", "comm", "engine"):
+            o.__dict__.pop(attr, None)
+
+
+def shutdown() -> None:
+    """Releases dmuon's native objects in order: engines (optimizers' native cores), then
+    communicators, then the process group init_distributed() created (MPI finalizes after, at
+    process exit). Runs at exit (atexit), before Python tears modules down, so nothing native
+    outlives its module (no nanobind leak report)."""
+    global _COMM, _OWN_PG
+    try:
+        _release_engines()
+    except Exception:  # noqa: BLE001 - best effort at exit
+        pass
+    gc.collect()  # cycles through tensors that keep an engine alive
+    _COMM = None
+    gc.collect()
+    if _OWN_PG and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
+    _OWN_PG = False
+
+
+atexit.register(shutdown)
 
 
 # ---- DTensor layout -> engine layout -------------------------------------------------------------
