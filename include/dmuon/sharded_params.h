@@ -141,6 +141,25 @@ class DMUON_API ShardedParams {
   void reduce_grads() { reduce_grads_async(); wait_reduce_grads(); }
   const ReduceStats& last_reduce_stats() const;
 
+  // Caller-owned full tensors (ZeRO over plain replicated parameters: a torch model's parameters
+  // and .grad). `full[i]` is parameter i's full tensor: global shape, contiguous, fp32 or bf16 (each
+  // its own dtype); the list has one entry per parameter. Checked before any communication
+  // (std::invalid_argument naming the parameter and field).
+  //
+  // unshard_into: COLLECTIVE, blocking. Writes the masters into full[i] in place: fp32 their bits,
+  // bf16 each master rounded to nearest even once. This rank's rows are converted locally, every
+  // peer's rows arrive by direct landing (one grouped send/recv exchange over the shard group, each
+  // parameter in its target's dtype; parameters × (S − 1) receives whatever
+  // unshard_direct_max_messages says). Uses none of the internal full buffers; not while an unshard
+  // or a reduction is in flight (std::logic_error).
+  void unshard_into(std::span<const TensorView> full);
+  // reduce_grads_from_async: as reduce_grads_async(), reading the caller's full gradients full[i]
+  // (fp32 or bf16, converted to reduce_dtype as the Numerics say; bf16 -> fp32 is exact) instead of
+  // full_grad(i). A none view (TensorView::is_none) contributes zeros. The pointers may differ at
+  // every call; the caller keeps the tensors alive and unchanged until wait_reduce_grads() returns.
+  void reduce_grads_from_async(std::span<const TensorView> full);
+  void reduce_grads_from(std::span<const TensorView> full) { reduce_grads_from_async(full); wait_reduce_grads(); }
+
   struct Impl;
 
  private:

@@ -63,6 +63,23 @@ void ordered_sum(const std::byte* blocks, int64_t block_elems, int blocks_n, DTy
   }
 }
 
+// count elements of a full gradient, from element `at` of `src`, into the send buffer in reduce_dtype.
+void pack_grad(const fsdp::GradSource& src, int64_t at, std::byte* dst, int64_t count, DType rd) {
+  if (count <= 0) return;
+  const size_t n = static_cast<size_t>(count);
+  if (src.data == nullptr) {
+    std::memset(dst, 0, n * dtype_size(rd));  // +0 in fp32 and bf16
+  } else if (src.dtype == DType::F32) {
+    to_reduce(reinterpret_cast<const float*>(src.data) + at, dst, count, rd);
+  } else {  // bf16: bits when reduce_dtype is bf16, else widened exactly
+    const BFloat16* b = reinterpret_cast<const BFloat16*>(src.data) + at;
+    if (rd == DType::BF16)
+      std::memcpy(dst, b, n * 2);
+    else
+      bf16_to_float(b, reinterpret_cast<float*>(dst), n);
+  }
+}
+
 void divide(float* x, int64_t n, float d) {
   if (d == 1.0f) return;
   for (int64_t k = 0; k < n; ++k) x[k] = x[k] / d;
@@ -148,6 +165,23 @@ void ShardedParams::reduce_grads_async() {
   Impl& m = *impl_;
   if (m.reduce_posted) throw std::logic_error("[fsdp] reduce_grads_async() called again before wait_reduce_grads()");
   m.ensure_full_grads();
+  std::vector<fsdp::GradSource> src(m.n());
+  for (size_t i = 0; i < m.n(); ++i) src[i] = {reinterpret_cast<const std::byte*>(m.full_grads.as<float>() + m.full_offset[i]), DType::F32};
+  m.post_reduce(src);
+}
+
+void ShardedParams::reduce_grads_from_async(std::span<const TensorView> full) {
+  Impl& m = *impl_;
+  if (m.reduce_posted) throw std::logic_error("[fsdp] reduce_grads_from_async() called again before wait_reduce_grads()");
+  m.check_full_views(full, "reduce_grads_from", true);
+  std::vector<fsdp::GradSource> src(m.n());
+  for (size_t i = 0; i < m.n(); ++i)
+    if (!full[i].is_none()) src[i] = {static_cast<const std::byte*>(full[i].data), full[i].dtype};
+  m.post_reduce(src);
+}
+
+void ShardedParams::Impl::post_reduce(const std::vector<fsdp::GradSource>& src) {
+  Impl& m = *this;
   if (m.workspace.bytes() < m.workspace_bytes) m.workspace = AlignedBuffer(m.workspace_bytes, false);
   m.stats = ReduceStats{};
   m.stats.buckets = static_cast<int>(m.buckets.size());
@@ -165,10 +199,9 @@ void ShardedParams::reduce_grads_async() {
     const auto t0 = Clock::now();
     std::byte* send = ws + b.send_at;
     for (size_t i = b.first; i < b.last; ++i) {
-      const float* g = m.full_grads.as<float>() + m.full_offset[i];
       for (int j = 0; j < m.S; ++j) {
         const size_t js = static_cast<size_t>(j);
-        to_reduce(g + m.row_begin(i, j) * m.row_elems[i],
+        pack_grad(src[i], m.row_begin(i, j) * m.row_elems[i],
                   send + static_cast<size_t>(b.send_displs[js] + b.send_param_off[js][i - b.first]) * rs, m.count(i, j), rd);
       }
     }

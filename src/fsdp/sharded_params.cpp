@@ -255,4 +255,24 @@ void ShardedParams::free_full_grads() {
 
 const ReduceStats& ShardedParams::last_reduce_stats() const { return impl_->stats; }
 
+void ShardedParams::Impl::check_full_views(std::span<const TensorView> full, const char* what, bool allow_none) const {
+  DMUON_CHECK(full.size() == n(), "[fsdp] ", what, ": got ", full.size(), " tensors for ", n(),
+              " parameters (one full tensor per parameter, in order)");
+  for (size_t i = 0; i < n(); ++i) {
+    const TensorView& v = full[i];
+    const ParamSpec& p = inv.params[i];
+    const std::string where = detail::concat("[fsdp] ", what, ": parameter '", p.name, "'");
+    if (v.is_none()) {
+      DMUON_CHECK(allow_none, where, " has no tensor (none); give its full tensor");
+      continue;
+    }
+    DMUON_CHECK(v.dtype == DType::F32 || v.dtype == DType::BF16, where, " field 'dtype': must be fp32 or bf16, got ",
+                to_string(v.dtype));
+    DMUON_CHECK(v.shape == p.shape, where, " field 'shape': must be the global shape ", p.shape.to_string(), ", got ",
+                v.shape.to_string());
+    DMUON_CHECK(v.is_contiguous(), where, " is not contiguous (strides ", v.strides.to_string(), "); pass a contiguous tensor");
+    DMUON_CHECK(v.data != nullptr || v.numel() == 0, where, " has no data pointer");
+  }
+}
+
 }  // namespace dmuon

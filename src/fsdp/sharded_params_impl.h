@@ -56,6 +56,13 @@ struct Bucket {
   size_t send_at = 0, recv_at = 0, partial_at = 0, rep_send_at = 0, rep_recv_at = 0, gathered_at = 0;
 };
 
+// Where a bucket's pack reads parameter i's full gradient: fp32 or bf16, contiguous, global shape;
+// null data: zeros (an absent gradient).
+struct GradSource {
+  const std::byte* data = nullptr;
+  DType dtype = DType::F32;
+};
+
 }  // namespace dmuon::fsdp
 
 namespace dmuon {
@@ -111,6 +118,11 @@ struct ShardedParams::Impl {
   int64_t row_begin(size_t i, int j) const { return row_begin_of[i * static_cast<size_t>(S) + static_cast<size_t>(j)]; }
   void ensure_full_grads();
   void plan_buckets();  // grad_reduce.cpp
+  // Packs every bucket from `src` (one per parameter) and posts the shard stages (grad_reduce.cpp).
+  void post_reduce(const std::vector<fsdp::GradSource>& src);
+  // Caller-provided full tensors: one per parameter, global shape, contiguous, fp32 or bf16
+  // (std::invalid_argument naming the parameter otherwise); `allow_none`: a none view is accepted.
+  void check_full_views(std::span<const TensorView> full, const char* what, bool allow_none) const;
 };
 
 }  // namespace dmuon

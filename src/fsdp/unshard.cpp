@@ -132,6 +132,63 @@ void ShardedParams::wait_unshard() {
   m.ustate = Impl::UState::Unsharded;
 }
 
+void ShardedParams::unshard_into(std::span<const TensorView> full) {
+  Impl& m = *impl_;
+  if (m.ustate == Impl::UState::Posted)
+    throw std::logic_error("[fsdp] unshard_into() while an unshard is in flight: wait_unshard() first");
+  if (m.reduce_posted)
+    throw std::logic_error("[fsdp] unshard_into() while a gradient reduction is in flight: wait_reduce_grads() first");
+  m.check_full_views(full, "unshard_into", false);
+  const size_t n = m.n();
+  // This rank's rows, converted into the target (fp32 bits or bf16 round to nearest even).
+  for (size_t i = 0; i < n; ++i) {
+    const size_t es = dtype_size(full[i].dtype);
+    convert_in(m.flat_params.as<float>() + m.offset[i],
+               static_cast<std::byte*>(full[i].data) + static_cast<size_t>(m.row_begin(i, m.s) * m.row_elems[i]) * es,
+               m.count(i, m.s), full[i].dtype);
+  }
+  if (m.shard_comm == nullptr) return;  // one shard rank: the local shard is the full tensor
+  // Send buffer: fp32 targets send the masters themselves; bf16 ones a rounded copy (regions at the
+  // masters' element offsets, so one buffer of flat_elems bf16 serves every parameter).
+  bool any_bf16 = false;
+  for (size_t i = 0; i < n; ++i) any_bf16 = any_bf16 || full[i].dtype == DType::BF16;
+  AlignedBuffer bf16_send(any_bf16 ? static_cast<size_t>(m.flat_elems) * 2 : 0, false);
+  for (size_t i = 0; i < n; ++i)
+    if (full[i].dtype == DType::BF16)
+      convert_in(m.flat_params.as<float>() + m.offset[i], bf16_send.as<BFloat16>() + m.offset[i], m.count(i, m.s), DType::BF16);
+  const size_t S = static_cast<size_t>(m.S), me = static_cast<size_t>(m.s);
+  Communicator& c = *m.shard_comm;
+  Work work;
+  c.group_begin();
+  try {
+    for (size_t k = 1; k < S; ++k) {  // peers in a rotating order, as unshard_async's direct landing
+      const int to = static_cast<int>((me + k) % S), from = static_cast<int>((me + S - k) % S);
+      for (size_t i = 0; i < n; ++i) {
+        const DType dt = full[i].dtype;
+        const size_t es = dtype_size(dt);
+        const CommType ct = comm_type(dt);
+        const int64_t mine = m.count(i, m.s), theirs = m.count(i, from);
+        const std::byte* src = dt == DType::F32 ? m.flat_params.as<std::byte>() + static_cast<size_t>(m.offset[i]) * 4
+                                                : bf16_send.as<std::byte>() + static_cast<size_t>(m.offset[i]) * 2;
+        if (mine > 0) (void)c.send(InBuffer(src, ct, static_cast<size_t>(mine)), to, "fsdp unshard_into");
+        if (theirs > 0)
+          (void)c.recv(OutBuffer(static_cast<std::byte*>(full[i].data) + static_cast<size_t>(m.row_begin(i, from) * m.row_elems[i]) * es,
+                                 ct, static_cast<size_t>(theirs)),
+                       from, "fsdp unshard_into");
+      }
+    }
+  } catch (...) {
+    (void)c.group_end("fsdp unshard_into (abandoned)");
+    throw;
+  }
+  work = c.group_end("fsdp unshard_into");
+  try {
+    work.wait(m.timeout);
+  } catch (const Error& e) {
+    detail::throw_error(detail::concat("[fsdp] rank ", m.world_rank, ": unshard_into (send/recv over the shard group) failed: ", e.what()));
+  }
+}
+
 bool ShardedParams::unsharded() const { return impl_->ustate == Impl::UState::Unsharded; }
 
 TensorView ShardedParams::full_param(size_t i) {

@@ -288,6 +288,155 @@ TEST(ShardedParams, ReduceGradsIsBitwiseTheDocumentedOrder) {
   if (comm().size() >= 3) EXPECT_GT(total[0], 0) << "of " << total[1] << " elements: the test could not fail";
 }
 
+// unshard_into: the caller's full tensors (fp32 and bf16 mixed, new pointers each call) get the
+// masters' bits / their bf16 rounding (RNE), bitwise; nothing else is touched (the internal state
+// stays sharded); bad views throw std::invalid_argument naming the parameter before communicating.
+TEST(ShardedParams, UnshardIntoCallerTensors) {
+  for (const std::string& ms : meshes()) {
+    SCOPED_TRACE("mesh '" + ms + "'");
+    ShardedParams sp(mesh_comms(), Mesh::parse(ms), model());
+    fill_params(sp);
+    for (int round = 0; round < 2; ++round) {
+      std::vector<std::vector<float>> f32(sp.size());
+      std::vector<std::vector<BFloat16>> b16(sp.size());
+      std::vector<TensorView> views;
+      for (size_t p = 0; p < sp.size(); ++p) {
+        const Shape& shape = sp.spec(p).shape;
+        const bool bf = (p + static_cast<size_t>(round)) % 2 == 1;
+        if (bf) {
+          b16[p].assign(static_cast<size_t>(shape.numel()), BFloat16{});
+          views.emplace_back(b16[p].data(), shape);
+        } else {
+          f32[p].assign(static_cast<size_t>(shape.numel()), -1.0f);
+          views.emplace_back(f32[p].data(), shape);
+        }
+      }
+      sp.unshard_into(views);
+      EXPECT_FALSE(sp.unsharded());
+      int64_t diffs = 0;
+      for (size_t p = 0; p < sp.size(); ++p)
+        for (int64_t j = 0; j < sp.spec(p).shape.numel(); ++j) {
+          const float want = param_value(p, j);
+          if (views[p].dtype == DType::F32)
+            diffs += std::memcmp(&f32[p][static_cast<size_t>(j)], &want, 4) != 0;
+          else
+            diffs += b16[p][static_cast<size_t>(j)].bits != float_to_bf16(want).bits;
+        }
+      EXPECT_EQ(diffs, 0);
+    }
+    // Negative control: a master changed on its owner shows in every rank's target.
+    std::vector<std::vector<float>> f(sp.size());
+    std::vector<TensorView> views;
+    for (size_t p = 0; p < sp.size(); ++p) {
+      f[p].assign(static_cast<size_t>(sp.spec(p).shape.numel()), 0.0f);
+      views.emplace_back(f[p].data(), sp.spec(p).shape);
+    }
+    const size_t wide = static_cast<size_t>(sp.find("w_wide"));
+    if (sp.param(wide).numel() > 0) sp.param(wide).f32()[0] += 1.0f;
+    sp.unshard_into(views);
+    int64_t changed = 0;
+    for (int64_t j = 0; j < sp.spec(wide).shape.numel(); ++j) changed += f[wide][static_cast<size_t>(j)] != param_value(wide, j);
+    const Dims d = dims_of(Mesh::parse(ms));
+    EXPECT_EQ(changed, d.S);  // one changed element per shard rank's first row
+    // Bad views: wrong count, shape, stride; before any communication, on every rank alike.
+    const auto msg = [&](std::vector<TensorView> v) -> std::string {
+      try {
+        sp.unshard_into(v);
+      } catch (const std::invalid_argument& e) {
+        return e.what();
+      }
+      return "(no throw)";
+    };
+    std::vector<TensorView> bad = views;
+    bad.pop_back();
+    EXPECT_NE(msg(bad).find("tensors for"), std::string::npos);
+    bad = views;
+    bad[1] = TensorView(f[1].data(), Shape{5, 3});
+    std::string m = msg(bad);
+    EXPECT_NE(m.find("w_r3"), std::string::npos) << m;
+    EXPECT_NE(m.find("shape"), std::string::npos) << m;
+    bad = views;
+    bad[2] = TensorView(f[2].data(), DType::F32, Shape{5, 4}, Shape{1, 5});
+    m = msg(bad);
+    EXPECT_NE(m.find("w_r5"), std::string::npos) << m;
+    EXPECT_NE(m.find("contiguous"), std::string::npos) << m;
+    bad = views;
+    bad[0] = TensorView();
+    EXPECT_NE(msg(bad).find("w_r1"), std::string::npos);
+    sp.reduce_grads_async();
+    EXPECT_THROW(sp.unshard_into(views), std::logic_error);
+    sp.wait_reduce_grads();
+  }
+}
+
+// reduce_grads_from: the caller's gradients (fp32, bf16, absent) give bitwise what reduce_grads()
+// gives for the same values written into full_grad(i) (bf16 widened exactly, absent = zeros), and the
+// documented order for fp32 sources; new pointers every step.
+TEST(ShardedParams, ReduceGradsFromCallerTensors) {
+  for (const std::string& ms : meshes())
+    for (DType rd : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE("mesh '" + ms + "' reduce " + std::string(to_string(rd)));
+      const Mesh mesh = Mesh::parse(ms);
+      const Dims d = dims_of(mesh);
+      ShardedParamsOptions o;
+      o.reduce_dtype = rd, o.bucket_bytes = 600;
+      ShardedParams from(mesh_comms(), mesh, model(), o), ref(mesh_comms(), mesh, model(), o);
+      const int me = comm().rank();
+      for (int step = 0; step < 2; ++step) {
+        std::vector<std::vector<float>> f32(from.size());
+        std::vector<std::vector<BFloat16>> b16(from.size());
+        std::vector<TensorView> views;
+        ref.zero_full_grads();
+        for (size_t p = 0; p < from.size(); ++p) {
+          const Shape& shape = from.spec(p).shape;
+          const int kind = static_cast<int>((p + static_cast<size_t>(step)) % 3);  // fp32, bf16, absent
+          TensorView rg = ref.full_grad(p);
+          if (kind == 2) {
+            views.emplace_back();
+            continue;
+          }
+          if (kind == 1) {
+            b16[p].resize(static_cast<size_t>(shape.numel()));
+            for (int64_t j = 0; j < shape.numel(); ++j) {
+              b16[p][static_cast<size_t>(j)] = float_to_bf16(grad_value(me, p, j, false));
+              rg.f32()[j] = bf16_to_float(b16[p][static_cast<size_t>(j)]);
+            }
+            views.emplace_back(b16[p].data(), shape);
+          } else {
+            f32[p].resize(static_cast<size_t>(shape.numel()));
+            for (int64_t j = 0; j < shape.numel(); ++j) rg.f32()[j] = f32[p][static_cast<size_t>(j)] = grad_value(me, p, j, false);
+            views.emplace_back(f32[p].data(), shape);
+          }
+        }
+        from.reduce_grads_from(views);
+        ref.reduce_grads();
+        int64_t diffs = 0, documented = 0;
+        for (size_t p = 0; p < from.size(); ++p) {
+          const int64_t g0 = first_global(from, p);
+          for (int64_t k = 0; k < from.grad(p).numel(); ++k) {
+            diffs += std::memcmp(&from.grad(p).f32()[k], &ref.grad(p).f32()[k], 4) != 0;
+            if (views[p].is_none()) diffs += from.grad(p).f32()[k] != 0.0f;
+            if (!views[p].is_none() && views[p].dtype == DType::F32) {
+              const float want = reference(o, d, p, g0 + k, false);
+              documented += std::memcmp(&from.grad(p).f32()[k], &want, 4) != 0;
+            }
+          }
+        }
+        EXPECT_EQ(diffs, 0);
+        EXPECT_EQ(documented, 0);
+      }
+      std::vector<TensorView> bad(from.size());
+      bad[3] = TensorView(static_cast<float*>(nullptr), Shape{8});
+      std::string m = "(no throw)";
+      try {
+        from.reduce_grads_from(bad);
+      } catch (const std::invalid_argument& e) {
+        m = e.what();
+      }
+      EXPECT_NE(m.find("bias"), std::string::npos) << m;
+    }
+}
+
 // Ranks that hold nothing at all (every parameter has one row): empty flat buffers, empty blocks.
 TEST(ShardedParams, RanksWithNoRowsAtAll) {
   for (const std::string& ms : meshes()) {

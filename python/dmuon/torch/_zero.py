@@ -1,0 +1,290 @@
+"""Data-parallel ZeRO and fp32 master weights for dmuon.torch.Muon (docs/python.md, "ZeRO",
+"reduce_grads", "Mixed precision").
+
+Two engines with the interface of _engine.Engine (params, names, kind, core, state(i), options(g),
+step_count, set_step_count, last_stats, step), chosen by make_engine():
+
+- ZeroEngine (`zero=True`): plain parameters replicated on every rank (a data-parallel job) are
+  sharded Shard(0) over the world INSIDE the optimizer by a native dmuon.ShardedParams: fp32 master
+  shards in one flat buffer, optimizer state only for this rank's rows, a dmuon.Optimizer over the
+  shards (the planner's usual sharded strategies), then one all-gather (direct landing) writes the
+  masters into every rank's full torch parameters (fp32 bits, or bf16 rounded to nearest even). With
+  `reduce_grads` the step reduces each rank's local .grad to the shard owners in the documented fixed
+  order (fp32 sums in rank order, one division); without it the (DDP-reduced) .grad is sliced locally.
+  Bitwise the one-process step given the same (reduced) gradients.
+- MasterEngine: bf16 parameters (plain or DTensor) on the local or distributed engine: fp32 master
+  copies (state key "master") are what the engine updates; after each step the bf16 parameter is the
+  master rounded to nearest even.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import torch
+
+from .. import _core
+from . import _dist
+from ._dist import as_layout, is_dtensor
+from ._engine import Engine, current_engine_options, param_name
+from ._options import make_group_options
+
+REDUCE_GRADS = (None, "mean", "sum")
+MASTER = "master"
+
+
+class ZeroOptions:
+    """The ZeRO options of dmuon.torch.Muon, checked (ValueError naming the option) before anything
+    is built."""
+
+    def __init__(self, zero: Any, reduce_grads: Any, check_replicas: Any, engine: Optional[str]):
+        if not isinstance(zero, bool):
+            raise ValueError(f"[torch] zero={zero!r}; use True (ZeRO: optimizer state and work "
+                             f"split over the ranks) or False")
+        if reduce_grads not in REDUCE_GRADS:
+            raise ValueError(f"[torch] reduce_grads={reduce_grads!r}; use 'mean', 'sum' or None")
+        if not isinstance(check_replicas, bool):
+            raise ValueError(f"[torch] check_replicas={check_replicas!r}; use True or False")
+        if reduce_grads is not None and not zero:
+            raise ValueError(f"[torch] reduce_grads={reduce_grads!r} needs zero=True: the step "
+                             f"reduces local gradients to the shard owners of ZeRO; without "
+                             f"zero, all-reduce the gradients first (DDP) and leave reduce_grads=None")
+        if check_replicas and (not zero or reduce_grads is not None):
+            raise ValueError("[torch] check_replicas=True checks that the already-reduced gradients "
+                             "agree on every rank: it needs zero=True and reduce_grads=None")
+        if zero and engine is not None:
+            raise ValueError(f"[torch] engine={engine!r} with zero=True: ZeRO has its own engine; "
+                             f"leave engine=None")
+        self.zero, self.reduce_grads, self.check_replicas = zero, reduce_grads, check_replicas
+
+
+def make_engine(param_groups: list[dict], qk_tags: dict, non_finite: str, comm_dtype: str,
+                threads: int, kind: Optional[str], zero: ZeroOptions):
+    """The engine for these groups: ZeroEngine with zero=True, MasterEngine when a parameter is bf16,
+    else _engine.Engine."""
+    if zero.zero:
+        return ZeroEngine(param_groups, qk_tags, non_finite, comm_dtype, zero)
+    if any(p.dtype == torch.bfloat16 for g in param_groups for p in g["params"]):
+        return MasterEngine(param_groups, qk_tags, non_finite, comm_dtype, threads, kind)
+    return Engine(param_groups, qk_tags, non_finite, comm_dtype, threads, kind)
+
+
+# ---- mixed precision on the local / distributed engine --------------------------------------------
+
+def _master_of(p: torch.Tensor) -> torch.Tensor:
+    """An fp32 copy of bf16 parameter p (exact), plain or a DTensor with p's layout."""
+    if not is_dtensor(p):
+        return p.detach().to(torch.float32).contiguous()
+    from torch.distributed.tensor import DTensor
+    local = p._local_tensor.detach().to(torch.float32).contiguous()
+    return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                              stride=p.stride())
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return (t._local_tensor if is_dtensor(t) else t).detach()
+
+
+class MasterEngine:
+    """bf16 parameters with fp32 masters over an Engine: the engine updates the masters (fp32 state as
+    for any parameter), then each bf16 parameter (its local shard for a DTensor) is overwritten with
+    its master rounded to nearest even. fp32 parameters of the same groups pass through."""
+
+    def __init__(self, param_groups: list[dict], qk_tags: dict, non_finite: str, comm_dtype: str,
+                 threads: int, kind: Optional[str]):
+        self.params: list[torch.Tensor] = [p for g in param_groups for p in g["params"]]
+        self.masters: list[Optional[torch.Tensor]] = []
+        groups, tags = [], {}
+        for group in param_groups:
+            inner = []
+            for p in group["params"]:
+                m = _master_of(p) if p.dtype == torch.bfloat16 else None
+                self.masters.append(m)
+                inner.append(p if m is None else m)
+                if id(p) in qk_tags:
+                    tags[id(inner[-1])] = qk_tags[id(p)]
+            groups.append(dict(group, params=inner))
+        self.engine = Engine(groups, tags, non_finite, comm_dtype, threads, kind)
+        self.kind, self.names, self.core = self.engine.kind, self.engine.names, self.engine.core
+        _dist.release_at_exit(self)
+        self._targets = [self.engine.params[i] for i in range(len(self.params))]
+
+    def state(self, i: int) -> dict[str, torch.Tensor]:
+        state = self.engine.state(i)
+        if self.masters[i] is not None:
+            state[MASTER] = self.masters[i]
+        return state
+
+    def options(self, g: int):
+        return self.engine.options(g)
+
+    def step_count(self, i: int) -> int:
+        return self.engine.step_count(i)
+
+    def set_step_count(self, i: int, count: int) -> None:
+        self.engine.set_step_count(i, count)
+
+    def last_stats(self) -> Optional[dict]:
+        return self.engine.last_stats()
+
+    def step(self, params: list[torch.Tensor], grads: list[Optional[torch.Tensor]],
+             qk_logits: dict[int, list[float]]) -> bool:
+        applied = self.engine.step(self._targets, grads, qk_logits)
+        if applied:
+            for p, m, g in zip(self.params, self.masters, grads):
+                if m is not None and g is not None:
+                    _local(p).copy_(_local(m))  # fp32 -> bf16: round to nearest even
+        return applied
+
+
+# ---- ZeRO -----------------------------------------------------------------------------------------
+
+class ZeroEngine:
+    """ZeRO-1/2 over plain replicated parameters (see the module docstring). COLLECTIVE: construction
+    and step() on every rank in the same order."""
+
+    kind = "zero"
+
+    def __init__(self, param_groups: list[dict], qk_tags: dict, non_finite: str, comm_dtype: str,
+                 zero: ZeroOptions):
+        self.params: list[torch.Tensor] = [p for g in param_groups for p in g["params"]]
+        self.reduce_grads, self.check_replicas = zero.reduce_grads, zero.check_replicas
+        _dist.release_at_exit(self)
+        specs, groups, self.names = [], [], []
+        for g, group in enumerate(param_groups):  # every check before any collective
+            pg = _core.ParamGroup()
+            pg.options = make_group_options(group, g)
+            muon = group.get("algorithm", "muon") == "muon"
+            indices = []
+            for j, p in enumerate(group["params"]):
+                name = param_name(group, g, j)
+                if is_dtensor(p):
+                    raise ValueError(f"[torch] zero=True shards plain (replicated) parameters, but "
+                                     f"parameter '{name}' is a DTensor (FSDP2 / TP): leave zero=False, "
+                                     f"DTensor parameters already keep their state on the shard")
+                if p.ndim == 0:
+                    raise ValueError(f"[torch] zero=True shards parameters by rows, but parameter "
+                                     f"'{name}' is a 0-dim scalar: make it shape [1] or leave zero=False")
+                spec = _core.ParamSpec()
+                spec.name, spec.shape = name, list(p.shape)
+                spec.role = "muon" if muon else "adamw"
+                spec.expert = muon and p.ndim == 3 and bool(group.get("expert_stacks"))
+                tag = qk_tags.get(id(p))
+                if tag is not None:
+                    spec.qk = tag
+                indices.append(len(specs))
+                specs.append(spec)
+                self.names.append(name)
+            pg.params = indices
+            groups.append(pg)
+        world = _dist.world_size()
+        self.mesh = None
+        if world > 1:
+            if not torch.distributed.is_initialized():
+                raise ValueError(f"[torch] zero=True on {world} ranks needs torch.distributed (its "
+                                 f"state is DTensors over the ranks): call "
+                                 f"dmuon.torch.init_distributed() before building the optimizer")
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.tensor import Shard
+            self.mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("zero",))
+            self._layout = (self.mesh, (Shard(0),))
+        comm = _dist.communicator(world)
+        mesh = _core.Mesh([("dp_shard", world)] if world > 1 else [])
+        self.sp = _core.ShardedParams(comm, mesh, specs, reduce=self.reduce_grads or "mean")
+        # the distributed engine's options of the constructor (window, chunk_bytes, strategy pins,
+        # replica, machine, timeout_s, exact), as for _engine.Engine; the cpu cost model by default
+        options = dict(current_engine_options() or {"machine": "cpu"})
+        self.core = self.sp.make_optimizer(groups, non_finite, comm_dtype, **options)
+        self.rows = []
+        for i, p in enumerate(self.params):  # masters from this rank's rows of its replica
+            rows = self.sp.local_box(i)
+            begin, end = rows[0] if rows else (0, 0)
+            self.rows.append((begin, end))
+            self.sp.param(i).copy_(p.detach()[begin:end])
+        self.masters = [self.sp.param(i) for i in range(len(self.params))]
+        self.grad_shards = list(self.sp.grads())
+        self._state_cache: dict[int, dict[str, torch.Tensor]] = {}
+        self._stats: dict = {}
+
+    # ---- the interface Muon uses ---------------------------------------------------------------
+
+    def state(self, i: int) -> dict[str, torch.Tensor]:
+        """This rank's shard of parameter i's state (and its fp32 master, key "master"): DTensors
+        Shard(0) over the world mesh aliasing the engine's memory (plain full tensors on one rank)."""
+        cached = self._state_cache.get(i)
+        if cached is None:
+            layout = self._layout if self.mesh is not None else None
+            p = self.params[i]
+            cached = {key: as_layout(self.core.state(i, key), layout, p, key)
+                      for key in self.core.state_keys(i)}
+            cached[MASTER] = as_layout(self.masters[i], layout, p, MASTER)
+            self._state_cache[i] = cached
+        return dict(cached)
+
+    def options(self, g: int):
+        return self.core.options(g)
+
+    def step_count(self, i: int) -> int:
+        return self.core.step_count(i)
+
+    def set_step_count(self, i: int, count: int) -> None:
+        self.core.set_step_count(i, count)
+
+    def last_stats(self) -> Optional[dict]:
+        """The optimizer step's counters (dmuon::StepStats) plus reduce_seconds, reduce_bytes_sent,
+        reduce_bytes_recv (reduce_grads) and unshard_seconds."""
+        return dict(self.core.last_stats(), **self._stats) if self._stats else None
+
+    def step(self, params: list[torch.Tensor], grads: list[Optional[torch.Tensor]],
+             qk_logits: dict[int, list[float]]) -> bool:
+        stats = {}
+        if self.reduce_grads is not None:
+            full = [None if g is None else g.detach().contiguous() for g in grads]
+            t0 = time.perf_counter()
+            self.sp.reduce_grads_from(full)
+            r = self.sp.last_reduce_stats()
+            stats.update(reduce_seconds=time.perf_counter() - t0, reduce_bytes_sent=r["bytes_sent"],
+                         reduce_bytes_recv=r["bytes_recv"])
+            # a gradient absent on one rank only: the step's agreement raises on every rank
+            shards = [None if g is None else self.grad_shards[i] for i, g in enumerate(grads)]
+        else:
+            if self.check_replicas:
+                self._check_replicas(grads)
+            shards = []
+            for (begin, end), g in zip(self.rows, grads):
+                shards.append(None if g is None else g.detach().contiguous()[begin:end])
+        applied = self.core.step(self.masters, shards, qk_logits)
+        if applied:  # agreed on every rank, so the all-gather is collective
+            t0 = time.perf_counter()
+            self.sp.unshard_into([p.detach() for p in params])
+            stats["unshard_seconds"] = time.perf_counter() - t0
+        self._stats = stats
+        return applied
+
+    def _check_replicas(self, grads: list[Optional[torch.Tensor]]) -> None:
+        """check_replicas=True: every rank's gradient must be bitwise the same (DDP-reduced). One
+        all-reduce of per-parameter digests (presence, bit sums); ValueError on every rank naming the
+        first parameter that differs."""
+        import torch.distributed as dist
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return
+        digests = torch.zeros(len(grads), 3, dtype=torch.int64)
+        for i, g in enumerate(grads):
+            if g is None:
+                continue
+            bits = g.detach().contiguous().view(torch.int16 if g.element_size() == 2 else torch.int32)
+            wide = bits.reshape(-1).to(torch.int64)
+            digests[i, 0] = 1
+            digests[i, 1] = wide.sum()
+            digests[i, 2] = (wide * (torch.arange(wide.numel(), dtype=torch.int64) % 65521 + 1)).sum()
+        both = torch.cat([digests.reshape(-1), -digests.reshape(-1)])
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        n = digests.numel()
+        differs = (both[:n] != -both[n:]).reshape(-1, 3).any(dim=1)
+        if bool(differs.any()):
+            i = int(differs.nonzero()[0, 0])
+            raise ValueError(f"[torch] check_replicas: the gradient of '{self.names[i]}' differs "
+                             f"between ranks (or is None on some); with zero=True and "
+                             f"reduce_grads=None every rank must hold the same, already reduced "
+                             f"gradient (DDP); pass reduce_grads='mean' to reduce local gradients "
+                             f"inside step()")
