@@ -34,6 +34,9 @@
 
 namespace dmuon {
 
+class Plan;         // plan.h
+struct StepStats;   // optimizer.h
+
 // A whole parameter of LocalOptimizer (converted to a ParamSpec at construction; see above).
 struct ParamInfo {
   std::string name;            // non-empty, unique
@@ -110,6 +113,11 @@ class DMUON_API LocalOptimizer {
   // Steps taken by a parameter (AdamW's t is step_count + 1 during a step).
   int64_t step_count(size_t param) const;
   void set_step_count(size_t param, int64_t count);  // checkpoint loading; count ≥ 0
+
+  // The engine's plan on one rank (every Muon parameter `local`, or `expert_local` for stacks; no
+  // bytes move; window 1) and the counters of the last step (times; no bytes on one rank).
+  const Plan& plan() const;
+  const StepStats& last_stats() const;
 
  private:
   struct Impl;  // the engine (dmuon::Optimizer on one rank)

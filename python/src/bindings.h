@@ -17,6 +17,10 @@
 
 #include "dmuon/tensor.h"
 
+namespace dmuon {
+struct StepStats;  // optimizer.h
+}
+
 namespace dmuon::python {
 
 namespace nb = nanobind;
@@ -65,11 +69,16 @@ void bind_engine_methods(nb::class_<Engine>& cls, const char* step_doc, const ch
            "The live GroupOptions of a group: writes take effect at the next step.");
 }
 
+// dmuon::StepStats as a dict (both engines' last_stats(); optimizer.cpp).
+nb::dict stats_dict(const StepStats& s);
+
 void init_errors(nb::module_& m);
 void init_blas(nb::module_& m);
 void init_options(nb::module_& m);
 void init_orthogonalize(nb::module_& m);
 void init_local_optimizer(nb::module_& m);
 void init_optimizer(nb::module_& m);
+void init_comm(nb::module_& m);
+void init_sharded_params(nb::module_& m);  // after init_optimizer: returns dmuon.Optimizer
 
 }  // namespace dmuon::python

@@ -6,6 +6,8 @@
 
 #include "bindings.h"
 #include "dmuon/local_optimizer.h"
+#include "dmuon/optimizer.h"
+#include "dmuon/plan.h"
 
 namespace dmuon::python {
 
@@ -35,7 +37,13 @@ void init_local_optimizer(nb::module_& m) {
       .def_prop_ro("groups", &LocalOptimizer::groups)
       .def_prop_rw(
           "non_finite", [](const LocalOptimizer& o) { return std::string(to_string(o.policy())); },
-          [](LocalOptimizer& o, const std::string& v) { o.set_policy(parse_non_finite_policy(v)); });
+          [](LocalOptimizer& o, const std::string& v) { o.set_policy(parse_non_finite_policy(v)); })
+      .def("plan_string", [](const LocalOptimizer& o) { return o.plan().to_string(); },
+           "The engine's plan on one rank as `dmuon plan` prints it.")
+      .def("plan_json", [](const LocalOptimizer& o) { return o.plan().to_json(); },
+           "The plan as JSON (docs/plan.md): one rank, every Muon parameter computed locally.")
+      .def("last_stats", [](const LocalOptimizer& o) { return stats_dict(o.last_stats()); },
+           "The counters of the last step (dmuon::StepStats) as a dict: times; no bytes on one rank.");
   bind_engine_methods(cls, "One step; params updated in place. Returns False when skipped (non-finite, policy skip).",
                       "A torch.Tensor aliasing the engine's fp32 state (read-write; stable across steps).");
 }

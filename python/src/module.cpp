@@ -16,4 +16,6 @@ NB_MODULE(_core, m) {
   init_orthogonalize(m);
   init_local_optimizer(m);
   init_optimizer(m);
+  init_comm(m);  // after init_optimizer: adds methods to its Communicator class
+  init_sharded_params(m);
 }

@@ -39,6 +39,8 @@ std::vector<std::vector<std::pair<int64_t, int64_t>>> box_ranges(const Box& box)
   return out;
 }
 
+}  // namespace
+
 nb::dict stats_dict(const StepStats& s) {
   nb::dict d;
   d["applied"] = s.applied;
@@ -60,6 +62,15 @@ nb::dict stats_dict(const StepStats& s) {
   d["chunks"] = s.chunks;
   d["collectives"] = s.collectives;
   return d;
+}
+
+namespace {
+
+// `machine`: a MachineProfile, or the name of one ("h100", "cpu").
+MachineProfile machine_of(const nb::object& machine) {
+  if (nb::isinstance<MachineProfile>(machine)) return nb::cast<MachineProfile>(machine);
+  if (nb::isinstance<nb::str>(machine)) return MachineProfile::named(nb::cast<std::string>(machine));
+  throw nb::type_error("[python] machine must be a profile name (str) or a dmuon.MachineProfile");
 }
 
 }  // namespace
@@ -137,6 +148,34 @@ void init_optimizer(nb::module_& m) {
   m.def("abort_all", [](int code) { abort_all(code); }, nb::arg("code"),
         "Ends the whole job (MPI_Abort when MPI runs): after a communication error or timeout.");
 
+  nb::class_<MachineProfile>(m, "MachineProfile", "Cost-model constants of the planner (dmuon/plan.h).")
+      .def_static("named", [](const std::string& name) { return MachineProfile::named(name); }, nb::arg("name"),
+                  "'h100' or 'cpu'; ValueError otherwise.")
+      .def_static("from_json", [](const std::string& text) { return MachineProfile::from_json(text); },
+                  nb::arg("text"), "A measured profile: a JSON object with any of the fields; ValueError naming the field.")
+      .def_ro("name", &MachineProfile::name)
+      .def_ro("bandwidth_Bps", &MachineProfile::bandwidth_Bps)
+      .def_ro("replicate_bandwidth_Bps", &MachineProfile::replicate_bandwidth_Bps)
+      .def_ro("latency_s", &MachineProfile::latency_s)
+      .def_ro("flops_per_s", &MachineProfile::flops_per_s)
+      .def("__repr__", [](const MachineProfile& p) { return "MachineProfile('" + p.name + "')"; });
+
+  m.def("strategy_rules", [](const std::string& text) { return StrategyRules::parse(text, "strategy").to_string(); },
+        nb::arg("text"),
+        "Checks strategy rules 'pattern:strategy;...;default:strategy' (as DMUON_STRATEGY) and returns "
+        "their canonical text; ValueError naming the bad item.");
+  m.def("strategy_names", [] {
+    std::vector<std::string> names;
+    for (int i = 0; i < kNumStrategies; ++i) names.emplace_back(to_string(static_cast<Strategy>(i)));
+    return names;
+  }, "The strategy names (strategy.h).");
+  m.def("replica_modes", [] {
+    std::vector<std::string> names;
+    for (ReplicaMode r : {ReplicaMode::Auto, ReplicaMode::Duplicate, ReplicaMode::Split})
+      names.emplace_back(to_string(r));
+    return names;
+  }, "The replica modes (plan.h).");
+
   nb::class_<Optimizer> cls(m, "Optimizer",
                             "The distributed optimizer step over local shards (dmuon/optimizer.h). "
                             "COLLECTIVE: construct and step on every rank in the same order.");
@@ -144,9 +183,14 @@ void init_optimizer(nb::module_& m) {
           "__init__",
           [](Optimizer* self, std::shared_ptr<Communicator> comm, Inventory inventory,
              std::vector<ParamGroup> groups, const std::string& non_finite, const std::string& comm_dtype,
-             int window, int64_t chunk_bytes, int blas_threads, double timeout_s, const std::string& machine) {
+             int window, int64_t chunk_bytes, int blas_threads, double timeout_s, const nb::object& machine,
+             const std::string& strategy, const std::string& replica, bool exact, bool env_override) {
             OptimizerOptions options;
-            options.machine = MachineProfile::named(machine);
+            options.machine = machine_of(machine);
+            options.pins = StrategyRules::parse(strategy, "strategy");
+            options.replica = parse_replica_mode(replica);
+            options.exact = exact;
+            options.env_override = env_override;
             options.non_finite = parse_non_finite_policy(non_finite);
             options.comm_dtype = parse_dtype(comm_dtype, "comm_dtype");
             options.window = window;
@@ -158,7 +202,12 @@ void init_optimizer(nb::module_& m) {
           },
           nb::arg("comm"), nb::arg("inventory"), nb::arg("groups"), nb::arg("non_finite") = "raise",
           nb::arg("comm_dtype") = "fp32", nb::arg("window") = 2, nb::arg("chunk_bytes") = int64_t{32} << 20,
-          nb::arg("blas_threads") = 0, nb::arg("timeout_s") = 0.0, nb::arg("machine") = "h100")
+          nb::arg("blas_threads") = 0, nb::arg("timeout_s") = 0.0, nb::arg("machine") = "h100",
+          nb::arg("strategy") = "", nb::arg("replica") = "auto", nb::arg("exact") = true,
+          nb::arg("env_override") = true,
+          "machine: a profile name or a dmuon.MachineProfile; strategy: pins 'pattern:strategy;...;"
+          "default:strategy' (highest precedence; DMUON_STRATEGY is read too unless env_override=False); "
+          "replica: auto, duplicate or split; exact=False lets the cost model pick gram_allreduce.")
       .def_prop_ro("rank", &Optimizer::rank)
       .def_prop_ro("groups", &Optimizer::groups)
       .def("local_shape", [](const Optimizer& o, size_t i) { return from_shape(o.local_shape(i)); },

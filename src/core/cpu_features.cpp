@@ -4,6 +4,11 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 namespace dmuon::detail {
 
@@ -15,6 +20,53 @@ std::string recommended_openblas_coretype() {
     return "SkylakeX";
 #endif
   return "";
+}
+
+CpuBf16 cpu_bf16_support() {
+  CpuBf16 r;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  // AVX-512 state must be enabled by the OS too: __builtin_cpu_supports checks XCR0 for avx512f.
+  if (__builtin_cpu_supports("avx512f") && __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0)
+    r.avx512_bf16 = (a >> 5) & 1u;
+  a = b = c = d = 0;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) != 0) r.amx_bf16 = (d >> 22) & 1u;
+#endif
+  r.native = r.avx512_bf16 || r.amx_bf16;
+  const char* assume = std::getenv("DMUON_ASSUME_NO_NATIVE_BF16");
+  if (assume != nullptr && std::strcmp(assume, "1") == 0) {
+    r.native = false;
+    r.assumed_absent = true;
+  }
+  return r;
+}
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const size_t begin = line.find_first_not_of(" \t", colon + 1);
+    if (begin != std::string::npos) return line.substr(begin);
+    break;
+  }
+#if defined(__x86_64__)
+  unsigned regs[12] = {};
+  unsigned top = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0x80000000u, &top, &b, &c, &d) != 0 && top >= 0x80000004u) {
+    for (unsigned i = 0; i < 3; ++i)
+      __get_cpuid(0x80000002u + i, &regs[4 * i], &regs[4 * i + 1], &regs[4 * i + 2], &regs[4 * i + 3]);
+    char brand[49] = {};
+    std::memcpy(brand, regs, 48);
+    std::string s(brand);
+    const size_t begin = s.find_first_not_of(' ');
+    if (begin != std::string::npos) return s.substr(begin);
+  }
+#endif
+  return "unknown";
 }
 
 bool prepare_blas_environment() {

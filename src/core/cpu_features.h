@@ -15,6 +15,23 @@ DMUON_API std::string recommended_openblas_coretype();
 // loads; libdmuon calls it from a load-time constructor. Returns true when it set the variable.
 DMUON_API bool prepare_blas_environment();
 
+// bf16 arithmetic of this CPU. bf16 products (NsOptions::matmul_dtype = BF16, oneDNN) run natively
+// (~2.4x the fp32 GEMM rate) only with AVX512-BF16 or AMX-BF16; elsewhere oneDNN emulates them with
+// conversions, slower than fp32 (measured 1.4x the fp32 time, 4.5x the native bf16 time:
+// docs/python.md, Benchmark). `native` says which.
+// DMUON_ASSUME_NO_NATIVE_BF16=1 (for tests of the warnings) reports native = false,
+// assumed_absent = true, whatever the CPU has; the products themselves are not affected.
+struct CpuBf16 {
+  bool avx512_bf16 = false;  // CPUID.(7,1):EAX[5] with AVX-512 enabled by the OS
+  bool amx_bf16 = false;     // CPUID.(7,0):EDX[22]
+  bool native = false;       // avx512_bf16 || amx_bf16, unless assumed_absent
+  bool assumed_absent = false;
+};
+DMUON_API CpuBf16 cpu_bf16_support();
+
+// The CPU's model name ("model name" of /proc/cpuinfo, else the CPUID brand string, else "unknown").
+DMUON_API std::string cpu_model_name();
+
 // For executables that link OpenBLAS directly (tests linking LAPACKE): if OPENBLAS_CORETYPE is
 // missing, sets it and re-executes /proc/self/exe with the same argv, so the BLAS loaded at start-up
 // picks the right core. Returns only when no re-exec was needed (or it failed).

@@ -126,5 +126,7 @@ TensorView LocalOptimizer::state(size_t param, std::string_view key) { return im
 std::vector<std::string> LocalOptimizer::state_keys(size_t param) const { return impl_->engine->state_keys(param); }
 int64_t LocalOptimizer::step_count(size_t param) const { return impl_->engine->step_count(param); }
 void LocalOptimizer::set_step_count(size_t param, int64_t count) { impl_->engine->set_step_count(param, count); }
+const Plan& LocalOptimizer::plan() const { return impl_->engine->plan(); }
+const StepStats& LocalOptimizer::last_stats() const { return impl_->engine->last_stats(); }
 
 }  // namespace dmuon

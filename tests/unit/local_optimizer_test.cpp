@@ -15,6 +15,8 @@
 #include "dmuon/bf16.h"
 #include "dmuon/blas.h"
 #include "dmuon/local_optimizer.h"
+#include "dmuon/optimizer.h"
+#include "dmuon/plan.h"
 #include "test_support.h"
 
 namespace {
@@ -583,6 +585,33 @@ TEST(LocalOptimizerEngine, ThreadsSetBlasToOneDuringTheStepAndRestoreIt) {
     EXPECT_EQ(dmuon::blas_get_num_threads(), outside) << "threads " << threads;
   }
   EXPECT_THROW(opt.set_threads(-1), std::invalid_argument);
+}
+
+// The facade exposes its engine's one-rank plan (every Muon parameter computed in place, nothing
+// sent) and the last step's counters (times; no bytes on one rank).
+TEST(LocalOptimizerEngine, PlanAndLastStats) {
+  const auto info = model_params();
+  dmuon::LocalOptimizer opt(info, model_groups());
+  const dmuon::Plan& plan = opt.plan();
+  EXPECT_EQ(plan.world_size(), 1);
+  ASSERT_EQ(plan.entries().size(), 4u);  // the Muon parameters; bias and embed are AdamW
+  for (const dmuon::PlanEntry& e : plan.entries()) {
+    const bool stack = info[static_cast<size_t>(e.param)].expert_stack;
+    EXPECT_EQ(e.strategy, stack ? dmuon::Strategy::ExpertLocal : dmuon::Strategy::Local) << e.param;
+  }
+  EXPECT_EQ(plan.total().bytes_sent_max, 0);
+  EXPECT_EQ(plan.options().window, 1);
+  EXPECT_FALSE(opt.last_stats().applied);  // before the first step
+  EXPECT_EQ(opt.last_stats().step_seconds, 0);
+  Tensors x(info, 3);
+  x.make_grads(info, 1);
+  ASSERT_TRUE(opt.step(x.pv, x.gv, logits_at(1)));
+  const dmuon::StepStats& stats = opt.last_stats();
+  EXPECT_TRUE(stats.applied);
+  EXPECT_GT(stats.step_seconds, 0);
+  EXPECT_GT(stats.orthogonalize_seconds, 0);
+  EXPECT_EQ(stats.bytes_sent, 0u);
+  EXPECT_EQ(stats.chunks, static_cast<int>(plan.chunks().size()));
 }
 
 // DMUON_STRATEGY steers distributed plans only: LocalOptimizer does not read it (an invalid value

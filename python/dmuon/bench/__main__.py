@@ -2,6 +2,9 @@
 
   python -m dmuon.bench compare-torch [--json] [--layers 12] [--d 768] [--repeat 1]
 
+Prints the CPU model and whether its bf16 products are native (the speed of bf16 products, dmuon's
+and torch's, depends on it).
+
 compare-torch: one optimizer step of dmuon.torch.Muon and of torch.optim.Muon, in this process, on
 the 2-D weights of a GPT (per layer qkv [3d, d], proj [d, d], fc [4d, d], fc2 [d, 4d]; GPT-2 small
 at the defaults: 48 matrices, 85M parameters). Both start from the same parameters, momentum and
@@ -55,6 +58,7 @@ def compare_torch(args):
         for name, opt in opts.items():
             best[name] = min(best[name], timed_step(opt))
     results = best
+    cpu = dmuon.cpu_info()
     rel = max(((a - b).norm() / b.norm()).item() for a, b in zip(deltas["dmuon"], deltas["torch"]))
     out = {
         "benchmark": "compare-torch",
@@ -67,6 +71,8 @@ def compare_torch(args):
         "dmuon_threads": args.threads or dmuon.blas_get_num_threads(),
         "torch_threads": torch.get_num_threads(),
         "blas": dmuon.blas_info()["corename"],
+        "cpu_model": cpu["model"],
+        "bf16_native": cpu["bf16_native"],
         "blas_threads": dmuon.blas_get_num_threads(),
         "dmuon_step_seconds": results["dmuon"],
         "torch_step_seconds": results["torch"],
@@ -78,6 +84,10 @@ def compare_torch(args):
     else:
         print(f"{out['matrices']} matrices ({out['parameters'] / 1e6:.1f}M parameters), "
               f"{args.layers} layers, d = {args.d}")
+        print(f"  CPU {cpu['model']}: bf16 products "
+              + ("native (avx512_bf16 / amx_bf16)" if cpu["bf16_native"] else
+                 "EMULATED (no avx512_bf16 / amx_bf16): slower than fp32 and ~4.5x native bf16, so the "
+                 "bf16 rows of docs/python.md do not hold here"))
         print(f"  torch.optim.Muon  {out['torch_step_seconds']:8.3f} s/step (bf16 NS, "
               f"{out['torch_threads']} threads)")
         print(f"  dmuon.torch.Muon  {out['dmuon_step_seconds']:8.3f} s/step ({args.ns_method} NS, "

@@ -3,6 +3,8 @@
 `init_distributed()` sets up torch's gloo group and the engine's MPI communicator under mpirun. See docs/python.md."""
 from ._dist import init_distributed
 from .groups import classify, param_groups
+from ._plan import Plan
+from ._precision import DmuonPerformanceWarning
 from .muon import Muon
 
-__all__ = ["Muon", "classify", "init_distributed", "param_groups"]
+__all__ = ["DmuonPerformanceWarning", "Muon", "Plan", "classify", "init_distributed", "param_groups"]

@@ -9,7 +9,9 @@ has no communicator for (torchrun: each rank steps its replica alone).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import contextlib
+import contextvars
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -20,6 +22,26 @@ from ._options import make_group_options
 
 QK_KEYS = ("layer", "kind", "heads", "head_dim", "rope_dim", "v_dim")
 KINDS = ("local", "distributed")
+
+# The distributed core's options (window, chunk_bytes, strategy pins, replica, machine, timeout_s,
+# exact) for the Engines built inside `with engine_options(...)`: Muon sets them around building its
+# engine, so they reach an Engine also when another engine class wraps it. None: the defaults.
+_OPTIONS: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("dmuon_engine_options",
+                                                                         default=None)
+
+
+@contextlib.contextmanager
+def engine_options(options: dict) -> Iterator[None]:
+    token = _OPTIONS.set(dict(options))
+    try:
+        yield
+    finally:
+        _OPTIONS.reset(token)
+
+
+def current_engine_options() -> Optional[dict]:
+    """The options of the engine being built (dmuon.Optimizer keyword arguments), or None."""
+    return _OPTIONS.get()
 
 
 def qk_tag(spec: Any, where: str) -> "_core.QkTag":
@@ -70,6 +92,7 @@ class Engine:
         inventory, groups = self._inventory(param_groups, qk_tags, world)
         self.names: list[str] = [spec.name for spec in inventory.params]
         self._state_cache: dict[int, dict[str, torch.Tensor]] = {}
+        _dist.release_at_exit(self)  # native objects released in order at exit
         if not distributed:
             self.core = _core.LocalOptimizer([_info(spec) for spec in inventory.params], groups,
                                              non_finite, comm_dtype, threads)
@@ -77,8 +100,10 @@ class Engine:
         inventory.validate()
         _dist.check_local_shards(self.params, inventory, self.names)  # before any collective
         self.comm = _dist.communicator(world)
-        # the cost model's constants are those of the device the step runs on: the CPU here
-        self.core = _core.Optimizer(self.comm, inventory, groups, non_finite, comm_dtype, machine="cpu")
+        # the cost model's constants are those of the device the step runs on: the CPU here, unless
+        # Muon's `machine` says otherwise (engine_options)
+        options = _OPTIONS.get() or {"machine": "cpu"}
+        self.core = _core.Optimizer(self.comm, inventory, groups, non_finite, comm_dtype, **options)
 
     def _inventory(self, param_groups: list[dict], qk_tags: dict, world: int):
         """The engine's inventory (one dmuon.Mesh per distinct DeviceMesh; plain tensors Replicate on
@@ -151,7 +176,7 @@ class Engine:
         self.core.set_step_count(i, count)
 
     def last_stats(self) -> Optional[dict]:
-        return self.core.last_stats() if self.kind == "distributed" else None
+        return self.core.last_stats()  # both cores: dmuon::StepStats of the last step
 
     def step(self, params: list[torch.Tensor], grads: list[Optional[torch.Tensor]],
              qk_logits: dict[int, list[float]]) -> bool:

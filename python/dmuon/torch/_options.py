@@ -37,6 +37,7 @@ MUON_DEFAULTS: dict[str, Any] = {
     "normuon_beta2": 0.95,
     "qk_clip_threshold": 0.0,     # tau > 0 enables QK-clip on parameters tagged by qk_layout
     "expert_stacks": False,       # True: 3-D parameters are [E, A, B] stacks of E matrices
+    "strategy": None,             # distributed engine: pin the group's parameters to a strategy
 }
 
 # Defaults of an AdamW group: torch.optim.AdamW's.
@@ -60,8 +61,9 @@ def _scalar(value: Any) -> float:
 
 
 # Keys a group may carry besides the algorithms' options: torch's own (params; initial_lr, which LR
-# schedulers add) and a free-form label.
-GENERIC_KEYS = {"params", "algorithm", "name", "initial_lr"}
+# schedulers add; param_names, which torch adds for named parameters, so a group dict used for one
+# optimizer can build another, as with torch's optimizers) and a free-form label.
+GENERIC_KEYS = {"params", "algorithm", "name", "initial_lr", "param_names"}
 # What other Muon implementations call their group keys, and dmuon's spelling (nanochat's `kind` and
 # `beta2`, Motif's `use_muon`, Dion-style `mu`, ...): named in the error for an unknown key.
 KEY_HINTS: dict[str, str] = {
@@ -79,6 +81,9 @@ KEY_HINTS: dict[str, str] = {
     "adjust_lr": "adjust_lr_fn",
     "cautious_weight_decay": "cautious_wd",
     "qk_clip_tau": "qk_clip_threshold",
+    "pin": "strategy",
+    "clip_config": "the constructor's clip_config=dict(q_proj=..., k_proj=..., head_dim=...)",
+    "none_grad": "the constructor's none_grad=True",
 }
 
 

@@ -6,10 +6,13 @@ from typing import Any, Optional
 
 import torch
 
+from . import _clip, _dist, _plan, _precision
 from ._dist import is_dtensor
-from ._engine import KINDS, Engine, qk_tag
+from ._engine import KINDS, engine_options, qk_tag
+from ._zero import ZeroOptions, make_engine
 from ._options import (ADAMW_DEFAULTS, MUON_DEFAULTS, MUON_ONLY, STRUCTURAL, apply_group,
                        check_group_keys)
+from ._profile import StepPhases
 
 _GRAD_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -55,6 +58,13 @@ class Muon(torch.optim.Optimizer):
     tensors of a job of several ranks with a dmuon communicator (mpirun) run there too, replicated.
     Construction and step() are then collective. `engine="local"` / `"distributed"` overrides the
     choice (tests, diagnostics). See docs/python.md.
+
+    The distributed engine's options `window`, `chunk_bytes`, `strategy` (pins: {glob: strategy,
+    "default": strategy} or "glob:strategy;..."; also a group key), `replica`, `machine`,
+    `timeout_s`, `allow_inexact` are checked by both engines and ignored by the local one.
+    `none_grad=True` frees each .grad the step used; `clip_config` tags QK-clip weights by names
+    (Motif-style). `opt.plan()` returns the plan, `opt.last_step_stats` the last step's figures; the
+    step opens torch.profiler ranges dmuon.step / .collect_grads / .engine / .write_back.
     """
 
     def __init__(
@@ -85,12 +95,43 @@ class Muon(torch.optim.Optimizer):
         adamw_defaults: Optional[dict] = None,
         non_finite: str = "raise",
         threads: Optional[int] = None,
+        window: int = 2,
+        chunk_bytes: int = 32 << 20,
+        strategy: Optional[Any] = None,
+        replica: str = "auto",
+        machine: Optional[Any] = None,
+        timeout_s: Optional[float] = None,
+        allow_inexact: bool = False,
+        none_grad: bool = False,
+        clip_config: Optional[dict] = None,
         engine: Optional[str] = None,
+        zero: bool = False,
+        reduce_grads: Optional[str] = None,
+        check_replicas: bool = False,
     ) -> None:
+        self._zero = ZeroOptions(zero, reduce_grads, check_replicas, engine)  # docs/python.md, ZeRO
         if non_finite not in ("raise", "skip"):
             raise ValueError(f"[torch] non_finite={non_finite!r}; use 'raise' or 'skip'")
         if comm_dtype not in ("fp32", "bf16"):
             raise ValueError(f"[torch] comm_dtype={comm_dtype!r}; use 'fp32' or 'bf16'")
+        # The distributed engine's options (docs/python.md): checked here for both engines; the
+        # local engine (one process) ignores them.
+        self._dist_options = _plan.check_dist_options(
+            window=window, chunk_bytes=chunk_bytes, replica=replica, timeout_s=timeout_s,
+            allow_inexact=allow_inexact, machine=machine)
+        self._strategy = _plan.check_strategy(strategy)
+        if not isinstance(none_grad, bool):
+            raise ValueError(f"[torch] none_grad={none_grad!r}; use True (free each .grad once the "
+                             f"step has used it) or False")
+        self._none_grad = none_grad
+        clip_threshold = _clip.check_clip_config(clip_config)
+        if clip_threshold is not None:
+            if qk_clip_threshold not in (0.0, clip_threshold):
+                raise ValueError(f"[torch] qk_clip_threshold={qk_clip_threshold!r} and "
+                                 f"clip_config['threshold']={clip_threshold!r} differ; give one")
+            qk_clip_threshold = clip_threshold
+        self._clip_config, self._clip_masks = clip_config, {}
+        self._last_phases: Optional[StepPhases] = None
         self._comm_dtype = comm_dtype
         if threads is not None and (not isinstance(threads, int) or threads < 1):
             raise ValueError(f"[torch] threads={threads!r}; use an int >= 1, or None for the BLAS "
@@ -118,6 +159,7 @@ class Muon(torch.optim.Optimizer):
         self._engine = None
         self.engine_builds = 0  # how often the engine's inventory was built (tests, diagnostics)
         super().__init__(params, defaults)
+        _dist.release_at_exit(self)  # its state aliases engine memory: cleared at exit
         self._rebuild_engine()
 
     # ---- groups --------------------------------------------------------------------------------
@@ -167,9 +209,9 @@ class Muon(torch.optim.Optimizer):
             where = f"param group {index} ({algorithm}), parameter {j}{name}"
             if not isinstance(p, torch.Tensor):
                 raise TypeError(f"[torch] {where} is a {torch.typename(p)}, not a Tensor")
-            if p.dtype != torch.float32:
-                raise TypeError(f"[torch] {where} is {p.dtype}; dmuon keeps fp32 master "
-                                f"parameters (gradients may be fp32 or bf16)")
+            if p.dtype not in (torch.float32, torch.bfloat16):
+                raise TypeError(f"[torch] {where} is {p.dtype}; dmuon takes fp32 parameters, or "
+                                f"bf16 ones with fp32 masters (gradients may be fp32 or bf16)")
             if p.device.type != "cpu":
                 raise TypeError(f"[torch] {where} is on {p.device}; the engine runs on the CPU")
             local = p._local_tensor if is_dtensor(p) else p
@@ -214,7 +256,25 @@ class Muon(torch.optim.Optimizer):
                 raise ValueError(f"[torch] qk_layout[{where}] is not a parameter of a Muon group "
                                  f"of this optimizer")
             tags[id(p)] = qk_tag(spec, where)
+        if self._clip_config is not None:  # Motif-style names and head indices -> the same tags
+            named = {name: (by_name[name], g["algorithm"]) for g in self.param_groups
+                     for name in g.get("param_names", [])}
+            layout, self._clip_masks = _clip.resolve_clip_config(self._clip_config, named)
+            for name, spec in layout.items():
+                if id(by_name[name]) in tags:
+                    raise ValueError(f"[torch] {name!r} is tagged by both qk_layout and clip_config; "
+                                     f"use one")
+                tags[id(by_name[name])] = qk_tag(spec, name)
         return tags
+
+    def _engine_options(self) -> dict:
+        """The distributed engine's options with the strategy pins of the constructor and of the
+        groups' `strategy` keys (the local engine ignores them)."""
+        rules, default = self._strategy
+        groups = [([n for n in g.get("param_names", [])] or
+                   [f"param_groups[{i}][{j}]" for j in range(len(g["params"]))],
+                   _plan.group_strategy(g, i)) for i, g in enumerate(self.param_groups)]
+        return dict(self._dist_options, strategy=_plan.strategy_rules(rules, default, groups))
 
     def _rebuild_engine(self) -> None:
         old, old_index = self._engine, {}
@@ -222,8 +282,10 @@ class Muon(torch.optim.Optimizer):
             old_index = {id(p): i for i, p in enumerate(old.params)}
         # The core: distributed for DTensors, and for plain tensors of a multi-rank job with a
         # dmuon communicator (replicated; the planner places the work); local otherwise.
-        engine = Engine(self.param_groups, self._qk_tags(), self._non_finite, self._comm_dtype,
-                        self._threads, self._engine_kind)
+        _precision.check_groups(self.param_groups)
+        with engine_options(self._engine_options()):
+            engine = make_engine(self.param_groups, self._qk_tags(), self._non_finite,
+                                 self._comm_dtype, self._threads, self._engine_kind, self._zero)
         for i, p in enumerate(engine.params):
             state = engine.state(i)
             j = old_index.get(id(p))
@@ -237,6 +299,7 @@ class Muon(torch.optim.Optimizer):
         self._engine = engine
         self._step_tensors = [self.state[p]["step"] for p in engine.params]
         self._built = [{k: g.get(k) for k in STRUCTURAL} for g in self.param_groups]
+        self._built_strategy = [g.get("strategy") for g in self.param_groups]
         self.engine_builds += 1
 
     # ---- step ----------------------------------------------------------------------------------
@@ -255,12 +318,22 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # Profiler ranges dmuon.step > dmuon.collect_grads, dmuon.engine, dmuon.write_back (and
+        # their wall times in last_step_stats).
+        with StepPhases("dmuon.step") as phases:
+            return self._step(loss, qk_logits, phases)
+
+    def _step(self, loss, qk_logits: Optional[dict], phases: StepPhases):
+        phases.phase("dmuon.collect_grads")
         engine = self._engine
         for g, group in enumerate(self.param_groups):
             for key in STRUCTURAL:
                 if key in group and group[key] != self._built[g].get(key):
                     raise ValueError(f"[torch] param group {g}: {key} changed after construction "
                                      f"(the state layout depends on it); build a new optimizer")
+            if group.get("strategy") != self._built_strategy[g]:
+                raise ValueError(f"[torch] param group {g}: strategy changed after construction (the "
+                                 f"plan is made once); build a new optimizer")
         grads, present = [], []
         for i, p in enumerate(engine.params):
             grad = p.grad
@@ -277,15 +350,22 @@ class Muon(torch.optim.Optimizer):
             present.append(i)
         if not present and engine.kind == "local":
             return loss  # one process, nothing to do (a distributed step is collective: it runs)
+        _precision.check_groups(self.param_groups)
         for g, group in enumerate(self.param_groups):
             apply_group(engine.options(g), group, g)
-        logits = self._logits(qk_logits)
+        logits = _clip.mask_logits(self._logits(qk_logits), self._clip_masks)
+        phases.phase("dmuon.engine")
+        self._last_phases = phases
         applied = engine.step(engine.params, grads, logits)
+        phases.phase("dmuon.write_back")
         if applied:
             if len(present) == len(grads):
                 torch._foreach_add_(self._step_tensors, 1.0)
             elif present:
                 torch._foreach_add_([self._step_tensors[i] for i in present], 1.0)
+        if self._none_grad:  # Motif's none_grad: the step has consumed the gradients
+            for i in present:
+                engine.params[i].grad = None
         return loss
 
     @staticmethod
@@ -335,11 +415,16 @@ class Muon(torch.optim.Optimizer):
                     raise ValueError(f"[torch] loaded state of '{engine.names[i]}' lacks "
                                      f"'{key}' of shape {tuple(tensor.shape)}")
         super().load_state_dict(state_dict)
+        for group, built in zip(self.param_groups, self._built_strategy):
+            if group.get("strategy") != built:  # the plan was made with these; a checkpoint keeps it
+                group["strategy"] = built
         for i, p in enumerate(engine.params):
             bound, loaded = engine.state(i), self.state[p]
+            # the values as saved: the base class cast them to the parameter's dtype (bf16 masters!)
+            original = saved_state[saved_keys[i]]
             for key, tensor in bound.items():
-                if loaded[key] is not tensor:
-                    _copy_into(tensor, loaded[key])
+                if original[key] is not tensor:
+                    _copy_into(tensor, original[key])
             step = loaded.get("step", 0)
             count = int(step.item() if isinstance(step, torch.Tensor) else step)
             engine.set_step_count(i, count)
@@ -356,8 +441,33 @@ class Muon(torch.optim.Optimizer):
         return self._engine.kind
 
     @property
-    def last_step_stats(self) -> Optional[dict]:
-        """This rank's counters of the last step (seconds and bytes, the fields of
-        dmuon::StepStats: step_seconds, comm_wait_seconds, orthogonalize_seconds, bytes_sent, ...)
-        with the distributed engine; None with the local engine."""
-        return self._engine.last_stats()
+    def last_step_stats(self) -> dict:
+        """This rank's counters of the last step that ran the engine, for both engines (all zero,
+        `applied` False, before the first): the fields of dmuon::StepStats (step_seconds,
+        orthogonalize_seconds, update_seconds, pack_seconds; distributed also comm_wait_seconds,
+        agree_seconds, comm_seconds, overlap, bytes_sent / bytes_recv and their predictions, chunks,
+        collectives: zero on one rank), the wall times of the Python phases (python_step_seconds,
+        collect_grads_seconds, engine_call_seconds, write_back_seconds), `engine`, and the product
+        precision: `cpu_model`, `bf16_native`, `bf16_products` ('unused', 'native' or 'emulated').
+        See docs/python.md."""
+        stats = dict(self._engine.last_stats() or {})
+        times = self._last_phases.times if self._last_phases is not None else {}
+        stats.update(engine=self._engine.kind,
+                     python_step_seconds=times.get("dmuon.step", 0.0),
+                     collect_grads_seconds=times.get("dmuon.collect_grads", 0.0),
+                     engine_call_seconds=times.get("dmuon.engine", 0.0),
+                     write_back_seconds=times.get("dmuon.write_back", 0.0))
+        info = _precision.cpu_info()
+        bf16 = any(g.get("algorithm", "muon") == "muon" and g.get("ns_matmul_dtype") == "bf16"
+                   for g in self.param_groups)
+        stats.update(cpu_model=info["model"], bf16_native=bool(info["bf16_native"]),
+                     bf16_products=("native" if info["bf16_native"] else "emulated") if bf16
+                     else "unused")
+        return stats
+
+    def plan(self) -> _plan.Plan:
+        """The plan the engine runs (docs/python.md, "Plans"): `str(plan)` prints like `dmuon plan`,
+        `plan.to_json()` / `plan.json` give its JSON, `plan.strategies` / `.decisions` / `.chunks`
+        per Muon parameter, `plan.bytes_sent_max`, `.world_size`. The local engine's plan is one
+        rank's: every matrix computed in place (`local`, `expert_local`), nothing sent."""
+        return _plan.plan_of(self._engine)

@@ -1,4 +1,5 @@
-"""Multi-rank cases of dmuon.torch.Muon on DTensors (and plain tensors), run under mpirun by test_dist.py (one launch per
+"""Multi-rank cases of dmuon.torch.Muon on DTensors (and plain tensors), run under mpirun by test_dist.py and under
+torchrun by test_torchrun.py (the c10d communicator; --comm picks one) (one launch per
 world size runs several cases). Each case steps a sharded model with deterministic gradients and
 compares parameters and state (full tensors) BITWISE with the single-process dmuon run of the same
 model; it also checks that the engine's local box is the DTensor's local shard (values and offsets).
@@ -11,8 +12,6 @@ import argparse
 import copy
 import json
 import os
-import sys
-import traceback
 import zlib
 
 import torch
@@ -22,6 +21,7 @@ torch.set_num_threads(1)
 
 import dmuon  # noqa: E402
 import dmuon.torch as dt  # noqa: E402
+from harness import guarded, run_cases, say  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
@@ -51,11 +51,6 @@ class Net(nn.Module):
 
 def rank() -> int:
     return dist.get_rank()
-
-
-def say(msg: str) -> None:
-    if rank() == 0:
-        print(msg, flush=True)
 
 
 def groups(model, normuon=False):
@@ -423,42 +418,25 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", required=True)
     ap.add_argument("--ckpt", default="")
+    ap.add_argument("--comm", choices=("mpi", "c10d"), default=None,
+                    help="the engine's communicator (default: mpi under mpirun, c10d under torchrun)")
     args = ap.parse_args()
-    rank_, world = dt.init_distributed(master_port=int(os.environ.get("MASTER_PORT", "29511")))
+    rank_, world = dt.init_distributed(master_port=int(os.environ.get("MASTER_PORT", "29511")),
+                                       comm=args.comm)
     dmuon.blas_set_num_threads(1)
-    for name in args.cases.split(","):
-        if name == "fsdp":
-            case_fsdp(world)
-        elif name == "hsdp":
-            case_hsdp(world)
-        elif name == "tp":
-            case_tp(world)
-        elif name == "ep":
-            case_ep(world)
-        elif name == "bad_input":
-            case_bad_input(world)
-        elif name == "agreement":
-            case_agreement(world)
-        elif name == "plain":
-            case_plain(world)
-        elif name == "dcp_save":
-            case_dcp_save(world, args.ckpt)
-        elif name == "dcp_load_fsdp":
-            case_dcp_load(world, args.ckpt, (world,), ("fsdp",), "dcp-load-fsdp")
-        elif name == "dcp_load_hsdp":
-            case_dcp_load(world, args.ckpt, (2, world // 2), ("rep", "shard"), "dcp-load-hsdp")
-        else:
-            raise ValueError(f"unknown case {name}")
-        dist.barrier()
-        say(f"CASE {name} OK")
-    dist.destroy_process_group()
+    say(f"COMM {dt._dist.communicator(world).backend}")
+    cases = {
+        "fsdp": lambda: case_fsdp(world), "hsdp": lambda: case_hsdp(world),
+        "tp": lambda: case_tp(world), "ep": lambda: case_ep(world),
+        "bad_input": lambda: case_bad_input(world), "agreement": lambda: case_agreement(world),
+        "plain": lambda: case_plain(world), "dcp_save": lambda: case_dcp_save(world, args.ckpt),
+        "dcp_load_fsdp": lambda: case_dcp_load(world, args.ckpt, (world,), ("fsdp",),
+                                               "dcp-load-fsdp"),
+        "dcp_load_hsdp": lambda: case_dcp_load(world, args.ckpt, (2, world // 2), ("rep", "shard"),
+                                               "dcp-load-hsdp"),
+    }
+    run_cases(cases, args.cases)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        dmuon.abort_all(1)
+    guarded(main)

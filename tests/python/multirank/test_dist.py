@@ -6,37 +6,17 @@ dmuon run (dist_cases.py has the cases).
 Run: python -m pytest tests/python/multirank -q   (three mpirun launches, about 40 s on 2 cores)."""
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from harness import MPIRUN, launch_mpirun
 
 SCRIPT = Path(__file__).with_name("dist_cases.py")
-MPIRUN = shutil.which("mpirun")
 pytestmark = pytest.mark.skipif(MPIRUN is None, reason="mpirun (Open MPI) is not installed")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(ranks: int, cases: list[str], ckpt: Path) -> str:
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MASTER_PORT=str(_free_port()),
-               PYTHONWARNINGS="ignore")
-    cmd = [MPIRUN, "-np", str(ranks), "--oversubscribe", "--bind-to", "none", sys.executable,
-           str(SCRIPT), "--cases", ",".join(cases), "--ckpt", str(ckpt)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240,
-                          cwd=str(ckpt.parent))
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"mpirun -np {ranks} {cases} failed:\n{out[-6000:]}"
-    return proc.stdout
+    return launch_mpirun(SCRIPT, ranks, ["--cases", ",".join(cases), "--ckpt", str(ckpt)], ckpt.parent)
 
 
 @pytest.fixture(scope="module")
