@@ -1,6 +1,7 @@
 """dmuon.torch.Muon under torchrun: the engine on the job's torch.distributed process group (the c10d
 communicator, dmuon/torch/_c10d.py), no MPI. The mpirun suite's cases (dist_cases.py) at 4, 2 and 3
-ranks, BITWISE against the single-process run as under mpirun; the transport's operations against
+ranks, BITWISE against the single-process run as under mpirun, and ZeRO with reduce_grads and bf16
+masters at 2 ranks (zero_cases.py); the transport's operations against
 their exact meaning (c10d_cases.py transport, 3 ranks); a rank that never steps makes the others
 raise dmuon.DmuonError naming the op within DMUON_TIMEOUT_S (no hang); MPI and c10d communicators
 in one mpirun job give the same bytes and bits; and every run ends without nanobind's leak report
@@ -9,19 +10,19 @@ Run: python -m pytest tests/python/multirank/test_torchrun.py -q   (2.5 minutes 
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from harness import MPIRUN, launch_mpirun
 
 HERE = Path(__file__).parent
 DIST_CASES = HERE / "dist_cases.py"
 C10D_CASES = HERE / "c10d_cases.py"
-MPIRUN = shutil.which("mpirun")
+ZERO_CASES = HERE / "zero_cases.py"
+ZERO = ["bitwise", "reduce_float", "bf16", "state_dict"]
 
 pytest.importorskip("torch.distributed.run")
 
@@ -62,6 +63,10 @@ def runs(tmp_path_factory):
                          (3, ["agreement"])):
         proc = torchrun(ranks, DIST_CASES, ["--cases", ",".join(cases), "--ckpt", str(ckpt)], ckpt.parent)
         out[ranks] = (ok(proc, f"torchrun --nproc-per-node {ranks} {cases}"), proc)
+    # ZeRO over plain replicated parameters (zero_cases.py: bitwise vs one process, reduce_grads)
+    proc = torchrun(2, ZERO_CASES, ["--cases", ",".join(ZERO), "--ckpt", str(ckpt) + "_zero"],
+                    ckpt.parent)
+    out["zero"] = (ok(proc, f"torchrun --nproc-per-node 2 zero_cases {ZERO}"), proc)
     return out
 
 
@@ -72,6 +77,12 @@ def runs(tmp_path_factory):
 def test_case(runs, ranks, case):
     stdout = runs[ranks][0]
     assert "COMM c10d" in stdout.splitlines(), stdout[-2000:]  # the engine ran on c10d, not MPI
+    assert f"CASE {case} OK" in stdout.splitlines(), stdout[-3000:]
+
+
+@pytest.mark.parametrize("case", ZERO)
+def test_zero_case(runs, case):
+    stdout = runs["zero"][0]
     assert f"CASE {case} OK" in stdout.splitlines(), stdout[-3000:]
 
 
@@ -111,15 +122,5 @@ def test_timeout_raises_on_the_waiting_ranks(tmp_path):
 
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun (Open MPI) is not installed")
 def test_same_bytes_and_bits_as_mpi(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MASTER_PORT=str(port),
-               PYTHONWARNINGS="ignore")
-    env.pop("DMUON_COMM", None)
-    cmd = [MPIRUN, "-np", "2", "--oversubscribe", "--bind-to", "none", sys.executable, str(C10D_CASES),
-           "--cases", "bytes"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=str(tmp_path))
-    assert "CASE bytes OK" in ok(proc, "mpirun c10d_cases bytes")
-    assert not leaked(proc), leaked(proc)[:5]
+    # one mpirun job steps the same model on an MPI and a c10d communicator (no leak report either)
+    assert "CASE bytes OK" in launch_mpirun(C10D_CASES, 2, ["--cases", "bytes"], tmp_path)
