@@ -1,7 +1,7 @@
 # dmuon: the human entry point.
 #   make test   set up what is missing, build, run every test (README's test command; CI runs it)
 #   make build  build everything; the CLI lands at build/bin/dmuon
-#   make demo   the main job: train a 10.7M-parameter char GPT with FSDP2 on 4 CPU ranks, dmuon vs AdamW
+#   make demo   the main job: a 10.7M-parameter char GPT, FSDP2 on 4 CPU ranks (torchrun), dmuon vs AdamW vs torch.optim.Muon
 #   make bench  the orthogonalization benchmark on 1024x4096 (all methods, SGEMM baseline)
 #   make train-cpp  the C++ trainer (examples/train_cpp): char MLP LM, FSDP on 2 CPU ranks, ~1 min
 BUILD ?= build
@@ -34,7 +34,7 @@ test: build
 	@$(PYTHON) -m pip install -q --no-build-isolation --disable-pip-version-check --root-user-action=ignore .
 	@$(PYTHON) -m pytest tests/python tests/demo -q
 
-# The training demo (examples/train_gpt): installs the package as `make test` does, then trains twice.
+# The training demo (examples/train_gpt): installs the package as `make test` does, then trains three times.
 demo: build
 	@$(PYTHON) -m pip install -q --no-build-isolation --disable-pip-version-check --root-user-action=ignore .
 	@$(PYTHON) examples/train_gpt/train.py $(DEMO_ARGS)

@@ -1,5 +1,7 @@
-"""Process setup for the demo: relaunch under mpirun when started as a plain `python train.py`, and
-initialise the torch process group (gloo, CPU) from Open MPI's environment inside each rank."""
+"""Process setup for the demo: relaunch under torchrun (the default; dmuon's engine then runs on
+the job's torch.distributed process group through its c10d communicator) or mpirun (dmuon's MPI
+communicator) when started as a plain `python train.py`, and initialise the torch process group
+(gloo, CPU) from the launcher's environment inside each rank."""
 from __future__ import annotations
 
 import os
@@ -20,6 +22,32 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+LAUNCHERS = ("torchrun", "mpirun")
+
+
+def relaunch(launcher: str, ranks: int, argv: list[str]) -> int:
+    """Runs this script under `launcher` ("torchrun" or "mpirun") with `ranks` processes."""
+    if launcher == "torchrun":
+        return relaunch_under_torchrun(ranks, argv)
+    if launcher == "mpirun":
+        return relaunch_under_mpirun(ranks, argv)
+    raise ValueError(f"[demo] unknown launcher '{launcher}'; choose one of {', '.join(LAUNCHERS)}")
+
+
+def relaunch_under_torchrun(ranks: int, argv: list[str]) -> int:
+    """Runs `python -m torch.distributed.run --standalone --nproc-per-node ranks <this script>
+    argv` and returns its exit code: a one-machine job with a free rendezvous port of its own (so
+    concurrent demos do not collide), ranks' output unbuffered. No MPI involved: dmuon's engine uses
+    the c10d communicator over torch's process group."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, set here to keep its notice quiet
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+           os.path.abspath(sys.argv[0]), *argv]
+    return subprocess.call(cmd, env=env)
 
 
 def relaunch_under_mpirun(ranks: int, argv: list[str]) -> int:

@@ -1,6 +1,9 @@
-"""The two optimizers the demo compares, built the same way on an FSDP2 model: torch.optim.AdamW
-(the baseline) and dmuon.torch.Muon (Muon on matrices and expert stacks, AdamW on embeddings, the LM
-head, norms and the router), plus how each one's step time splits into communication and compute."""
+"""The optimizers the demo compares: torch.optim.AdamW (the baseline) and dmuon.torch.Muon (Muon on
+matrices and expert stacks, AdamW on embeddings, the LM head, norms and the router), both built on
+the FSDP2 model, and torch_muon, the reference: PyTorch's own torch.optim.Muon on the 2-D hidden
+matrices + torch.optim.AdamW on the rest, built on an unsharded model in one process (torch.optim.Muon
+takes plain 2-D tensors, not FSDP2 shards); plus how each one's step time splits into communication
+and compute."""
 from __future__ import annotations
 
 import os
@@ -43,10 +46,12 @@ def build_dmuon(model, args) -> torch.optim.Optimizer:
     groups = dtorch.param_groups(
         model,
         muon=dict(lr=args.muon_lr, weight_decay=args.weight_decay),
-        adamw=dict(lr=args.adamw_lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=args.weight_decay))
+        adamw=dict(lr=args.muon_adamw_lr, betas=(0.9, 0.95), eps=1e-8,
+                   weight_decay=args.weight_decay))
     groups = _router_to_adamw(groups)
     kwargs = dict(lr=args.muon_lr, weight_decay=args.weight_decay, momentum=0.95, nesterov=True,
-                  ns_schedule=args.schedule, ns_steps=5)
+                  ns_schedule=args.schedule, ns_steps=5,
+                  ns_matmul_dtype=getattr(args, "ns_matmul_dtype", "fp32"))
     if args.qk_clip > 0:
         kwargs.update(qk_clip_threshold=args.qk_clip, qk_layout=model.qk_layout())
     try:
@@ -70,27 +75,81 @@ def _router_to_adamw(groups):
     return [g for g in groups if g["params"]]
 
 
-def build(name: str, model, args) -> torch.optim.Optimizer:
+# torch.optim.Muon takes one (a, b, c) triple for all Newton-Schulz iterations: "jordan" is its
+# default; dmuon's other schedules (you, polar_express) vary per iteration and have no equivalent.
+TORCH_MUON_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+class MuonWithAdamW:
+    """torch.optim.Muon on the hidden matrices and torch.optim.AdamW on the rest, stepped together
+    (the recipe of torch.optim.Muon's documentation). param_groups lists both optimizers' groups
+    (the same dicts), so set_lr_scale schedules them like the others."""
+
+    def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer):
+        self.muon, self.adamw = muon, adamw
+
+    @property
+    def param_groups(self) -> list:
+        return self.muon.param_groups + self.adamw.param_groups
+
+    def step(self) -> None:
+        self.muon.step()
+        self.adamw.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.muon.zero_grad(set_to_none=set_to_none)
+        self.adamw.zero_grad(set_to_none=set_to_none)
+
+
+def torch_muon_split(model) -> tuple[list, list]:
+    """(Muon, AdamW) parameters: the 2-D weights inside the transformer blocks but the MoE router
+    go to Muon, as dmuon's groups in this demo; embedding, LM head and norms go to AdamW."""
+    muon, adamw = [], []
+    for name, p in model.named_parameters():
+        hidden = name.startswith("blocks.") and p.ndim == 2 and not name.endswith("router.weight")
+        (muon if hidden else adamw).append(p)
+    return muon, adamw
+
+
+def build_torch_muon(model, args) -> MuonWithAdamW:
+    """torch.optim.Muon (lr --muon-lr, momentum 0.95 Nesterov, 5 Newton-Schulz steps with its
+    default coefficients in bf16, adjust_lr_fn default = dmuon's default) + torch.optim.AdamW with
+    dmuon's AdamW-group hyperparameters, on an unsharded model (one process)."""
+    if any(p.ndim > 2 for p in model.parameters()):
+        raise ValueError("[demo] torch_muon: torch.optim.Muon takes 2-D parameters only; run it "
+                         "without --moe-experts")
+    muon_params, adamw_params = torch_muon_split(model)
+    muon = torch.optim.Muon(muon_params, lr=args.muon_lr, weight_decay=args.weight_decay,
+                            momentum=0.95, nesterov=True, ns_coefficients=TORCH_MUON_COEFFICIENTS,
+                            ns_steps=5)
+    adamw = torch.optim.AdamW(adamw_params, lr=args.muon_adamw_lr, betas=(0.9, 0.95), eps=1e-8,
+                              weight_decay=args.weight_decay, foreach=True)
+    return MuonWithAdamW(muon, adamw)
+
+
+def build(name: str, model, args):
     if name == "adamw":
         return build_adamw(model, args)
     if name == "dmuon":
         return build_dmuon(model, args)
-    raise ValueError(f"[demo] unknown optimizer {name!r}; use dmuon or adamw")
+    if name == "torch_muon":
+        return build_torch_muon(model, args)
+    raise ValueError(f"[demo] unknown optimizer {name!r}; use dmuon, adamw or torch_muon")
 
 
-def set_lr_scale(opt: torch.optim.Optimizer, scale: float) -> None:
-    """Multiplies every group's initial lr by `scale` (the schedule; read by both optimizers at
+def set_lr_scale(opt, scale: float) -> None:
+    """Multiplies every group's initial lr by `scale` (the schedule; read by every optimizer at
     every step)."""
     for group in opt.param_groups:
         group.setdefault("initial_lr", group["lr"])
         group["lr"] = group["initial_lr"] * scale
 
 
-def timed_step(opt: torch.optim.Optimizer, qk_logits: Optional[dict]) -> tuple[float, float]:
-    """Runs opt.step() and returns (comm_ms, compute_ms). torch's AdamW on FSDP2 shards is local:
-    all of it is compute. dmuon reports its own phases in `last_step_stats` (seconds, fields of
-    dmuon::StepStats): the communication is the time the step waited for collectives
-    (comm_wait_seconds), the rest of the step is compute."""
+def timed_step(opt, qk_logits: Optional[dict]) -> tuple[float, float]:
+    """Runs opt.step() and returns (comm_ms, compute_ms). torch's AdamW on FSDP2 shards is local,
+    and torch_muon runs in one process: all of it is compute. dmuon reports its own phases in
+    `last_step_stats` (seconds, fields of dmuon::StepStats): the communication is the time the step
+    waited for collectives (comm_wait_seconds), the rest of the step is compute."""
     start = time.perf_counter()
     if qk_logits is not None:  # dmuon with QK-clip: {layer: global per-head max logits}
         opt.step(qk_logits=qk_logits)

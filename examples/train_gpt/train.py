@@ -1,6 +1,7 @@
-"""Train a small character-level GPT with FSDP2 over CPU ranks, twice: with dmuon (Muon + AdamW
-groups) and with torch.optim.AdamW, same model, data order, seed and steps; print progress and a
-comparison table, write demo-out/summary.json and demo-out/loss.png.
+"""Train a small character-level GPT with FSDP2 over CPU ranks, once per optimizer: dmuon (Muon +
+AdamW groups), torch.optim.AdamW, and the reference torch.optim.Muon + AdamW (one process,
+unsharded), same model, data order, seed and steps; print progress and a comparison table, write
+demo-out/summary.json and demo-out/loss.png.
 
     python examples/train_gpt/train.py                    # relaunches itself: mpirun -np 4 ...
     mpirun -np 2 --oversubscribe python examples/train_gpt/train.py --ranks 2 --optimizers adamw
@@ -10,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -38,13 +42,22 @@ def parse_args(argv=None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     run = p.add_argument_group("run")
-    run.add_argument("--optimizers", default="dmuon,adamw",
-                     help="comma-separated runs, in order: dmuon, adamw (the baseline)")
+    run.add_argument("--optimizers", default="dmuon,adamw,torch_muon",
+                     help="comma-separated runs, in order: dmuon, adamw (the baseline), torch_muon "
+                          "(the reference: torch.optim.Muon + AdamW, unsharded, in one process: "
+                          "rank 0 while the other ranks wait)")
     run.add_argument("--steps", type=int, default=120, help="optimizer steps per run")
     run.add_argument("--ranks", type=int, default=4, help="FSDP2 ranks (processes, gloo on CPU)")
+    run.add_argument("--torch-muon-threads", type=int, default=0,
+                     help="threads of the one-process torch_muon run (0 = one rank's share, "
+                          "cores // ranks, at least 1: as many as each rank of the sharded runs; "
+                          "more threads than idle cores make OpenMP spin)")
     run.add_argument("--seed", type=int, default=1234, help="model init and data order")
     run.add_argument("--log-every", type=int, default=10, help="progress line every N steps")
     run.add_argument("--out", default="demo-out", help="folder for summary.json and loss.png")
+    run.add_argument("--launcher", choices=launch.LAUNCHERS, default="torchrun",
+                     help="how a plain `python train.py` relaunches itself: torchrun (dmuon on torch's "
+                          "process group, c10d) or mpirun (dmuon's MPI communicator)")
     run.add_argument("--no-launch", action="store_true",
                      help="do not relaunch under mpirun (one process, or already launched)")
     model = p.add_argument_group("model (a preset, then the fields given override it)")
@@ -60,8 +73,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     model.add_argument("--tie-embeddings", action="store_true", help="LM head shares the embedding")
     opt = p.add_argument_group("optimization")
     opt.add_argument("--muon-lr", type=float, default=0.02, help="dmuon: lr of Muon matrices")
-    opt.add_argument("--adamw-lr", type=float, default=2e-3,
-                     help="AdamW lr (the baseline, and dmuon's AdamW group)")
+    opt.add_argument("--adamw-lr", type=float, default=5e-4,
+                     help="lr of the AdamW baseline (the best of examples/train_gpt/sweep_adamw.py "
+                          "on the 10m preset at 120 steps)")
+    opt.add_argument("--muon-adamw-lr", type=float, default=2e-3,
+                     help="lr of the AdamW group of dmuon and torch_muon (embeddings, LM head, "
+                          "norms, router)")
     opt.add_argument("--weight-decay", type=float, default=0.0, help="decoupled weight decay")
     opt.add_argument("--lr-schedule", choices=("constant", "cosine", "wsd"), default="wsd",
                      help="lr multiplier over steps: constant, cosine to 10%%, or "
@@ -71,6 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     opt.add_argument("--schedule", default="polar_express",
                      choices=("jordan", "you", "polar_express"),
                      help="dmuon: Newton-Schulz coefficient schedule")
+    opt.add_argument("--ns-matmul-dtype", default="fp32", choices=("fp32", "bf16"),
+                     help="dmuon: Newton-Schulz products from fp32 or bf16 operands (fp32 "
+                          "accumulation); torch_muon always uses bf16")
     opt.add_argument("--strategy", default="auto",
                      help="dmuon: distribution strategy for every matrix (auto = cost model; "
                           "local, owner_a2a, allgather, agrs, gram_allreduce, ...; sets "
@@ -85,9 +105,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.optimizers = [o.strip() for o in args.optimizers.split(",") if o.strip()]
-    bad = [o for o in args.optimizers if o not in ("dmuon", "adamw")]
+    bad = [o for o in args.optimizers if o not in ("dmuon", "adamw", "torch_muon")]
     if bad or not args.optimizers:
-        p.error(f"--optimizers: unknown {bad}; use dmuon, adamw or dmuon,adamw")
+        p.error(f"--optimizers: unknown {bad}; use dmuon, adamw, torch_muon or a list of them")
+    if "torch_muon" in args.optimizers and args.moe_experts:
+        p.error("--optimizers torch_muon: torch.optim.Muon takes 2-D parameters only; drop it or "
+                "--moe-experts")
     if args.steps < 1 or args.ranks < 1 or args.log_every < 1:
         p.error("--steps, --ranks and --log-every must be positive")
     if args.batch_size % args.ranks:
@@ -110,6 +133,7 @@ def lr_scale(args, step: int) -> float:
 
 
 def build_model(args, vocab_size: int, mesh):
+    """The GPT with the seed's initial weights, sharded by FSDP2 over `mesh` (None: unsharded)."""
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank and for every optimizer
@@ -118,29 +142,62 @@ def build_model(args, vocab_size: int, mesh):
                     moe_experts=args.moe_experts)
     model = GPT(cfg)
     params = model.num_params()
+    if mesh is None:
+        return model, params
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model, params
 
 
-def global_max_logits(local: dict) -> dict:
+def global_max_logits(local: dict, solo: bool = False) -> dict:
     stacked = torch.stack([local[i] for i in sorted(local)])
-    dist.all_reduce(stacked, op=dist.ReduceOp.MAX)
+    if not solo:
+        dist.all_reduce(stacked, op=dist.ReduceOp.MAX)
     return {i: stacked[i] for i in sorted(local)}
 
 
 @torch.no_grad()
-def evaluate(model, data: CharData, args, rank: int, world: int, batches: int = 4) -> float:
+def evaluate(model, data: CharData, args, rank: int, world: int, batches: int = 4,
+             solo: bool = False) -> float:
     total = torch.zeros(1)
     for b in range(batches):
         x, y = data.batch("val", b, args.batch_size, args.seq_len, args.seed, rank, world)
         total += model(x, y)[1]
-    dist.all_reduce(total)
+    if not solo:
+        dist.all_reduce(total)
     return total.item() / (batches * world)
 
 
-def train_one(name: str, args, data: CharData, mesh, rank: int, world: int) -> dict:
+def train_one(name: str, args, data: CharData, mesh, rank: int, world: int) -> Optional[dict]:
+    """One run. dmuon and adamw: every rank trains its share of the FSDP2 model. torch_muon (solo):
+    rank 0 trains the unsharded model on the whole global batch (--torch-muon-threads threads)
+    while the other ranks wait at a barrier (they return None)."""
+    solo = name == "torch_muon"
+    if solo:
+        # the other ranks wait on a group of their own whose timeout outlasts a long run (the
+        # default group's is 30 minutes; a loaded machine can take longer)
+        import datetime
+        wait_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(hours=24))
+        if rank != 0:
+            dist.barrier(group=wait_group)  # until rank 0 has finished the run
+            return None
+        threads = torch.get_num_threads()
+        torch.set_num_threads(args.torch_muon_threads or max(1, (os.cpu_count() or 1) // world))
+        try:
+            run = _train(name, args, data, None, 0, 1, solo=True)
+            run.update(ranks=1, threads=torch.get_num_threads())
+            return run
+        finally:
+            torch.set_num_threads(threads)
+            dist.barrier(group=wait_group)
+    run = _train(name, args, data, mesh, rank, world)
+    run.update(ranks=world, threads=torch.get_num_threads())
+    return run
+
+
+def _train(name: str, args, data: CharData, mesh, rank: int, world: int,
+           solo: bool = False) -> dict:
     model, params = build_model(args, data.vocab_size, mesh)
     opt = optimizers.build(name, model, args)
     wants_logits = name == "dmuon" and args.qk_clip > 0
@@ -148,18 +205,22 @@ def train_one(name: str, args, data: CharData, mesh, rank: int, world: int) -> d
     hist = dict(step=[], loss=[], seconds=[])
     window = dict(comm=0.0, compute=0.0, steps=0, start=time.perf_counter())
     totals = dict(comm=0.0, compute=0.0)
-    dist.barrier()
+    step_ms = []
+    if not solo:
+        dist.barrier()
     start = time.perf_counter()
     for step in range(args.steps):
         optimizers.set_lr_scale(opt, lr_scale(args, step))
         x, y = data.batch("train", step, args.batch_size, args.seq_len, args.seed, rank, world)
         _, loss, local_logits = model(x, y)
         loss.backward()
-        max_logits = global_max_logits(local_logits)
+        max_logits = global_max_logits(local_logits, solo)
         comm_ms, compute_ms = optimizers.timed_step(opt, max_logits if wants_logits else None)
+        step_ms.append(comm_ms + compute_ms)
         opt.zero_grad(set_to_none=True)
         mean_loss = loss.detach().clone()
-        dist.all_reduce(mean_loss)
+        if not solo:
+            dist.all_reduce(mean_loss)
         mean_loss = mean_loss.item() / world
         if not math.isfinite(mean_loss):
             raise FloatingPointError(f"[demo] {name}: loss is {mean_loss} at step {step}; lower "
@@ -181,12 +242,13 @@ def train_one(name: str, args, data: CharData, mesh, rank: int, world: int) -> d
                   flush=True)
             window.update(comm=0.0, compute=0.0, steps=0, start=time.perf_counter())
     wall = time.perf_counter() - start
-    val_loss = evaluate(model, data, args, rank, world)
+    val_loss = evaluate(model, data, args, rank, world, solo=solo)
     last = hist["loss"][-min(10, len(hist["loss"])):]
     return dict(
         final_loss=sum(last) / len(last), last_step_loss=hist["loss"][-1], val_loss=val_loss,
         first_loss=hist["loss"][0], tokens_per_second=args.steps * tokens_per_step / wall,
         optimizer_step_ms=(totals["comm"] + totals["compute"]) / args.steps,
+        optimizer_step_ms_median=statistics.median(step_ms),
         optimizer_comm_ms=totals["comm"] / args.steps,
         optimizer_compute_ms=totals["compute"] / args.steps, wall_seconds=wall, params=params,
         history=hist)
@@ -211,7 +273,7 @@ def check_dmuon(args, data, mesh, world: int) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not args.no_launch and not launch.under_launcher():
-        return launch.relaunch_under_mpirun(args.ranks, sys.argv[1:])
+        return launch.relaunch(args.launcher, args.ranks, sys.argv[1:])
     from torch.distributed.device_mesh import init_device_mesh
 
     rank, world = launch.init_process_group(args.ranks)
@@ -237,16 +299,21 @@ def main(argv=None) -> int:
                                   tie_embeddings=args.tie_embeddings),
                        batch_size=args.batch_size, seed=args.seed,
                        hyperparameters=dict(muon_lr=args.muon_lr, adamw_lr=args.adamw_lr,
+                                            muon_adamw_lr=args.muon_adamw_lr,
                                             weight_decay=args.weight_decay,
                                             lr_schedule=args.lr_schedule,
                                             warmup_steps=args.warmup_steps,
                                             ns_schedule=args.schedule, strategy=args.strategy,
-                                            qk_clip=args.qk_clip),
-                       dmuon=None, adamw=None)
+                                            ns_matmul_dtype=args.ns_matmul_dtype,
+                                            qk_clip=args.qk_clip,
+                                            torch_muon_ns_coefficients=list(
+                                                optimizers.TORCH_MUON_COEFFICIENTS)),
+                       dmuon=None, adamw=None, torch_muon=None)
         for name in args.optimizers:
             run = train_one(name, args, data, mesh, rank, world)
-            summary["params"] = run.pop("params")
-            summary[name] = run
+            if run is not None:  # None: a rank that waited during the one-process torch_muon run
+                summary["params"] = run.pop("params")
+                summary[name] = run
         if rank == 0:
             out = Path(args.out)
             print(report.table(summary))
