@@ -14,6 +14,12 @@
 #include "plan/cost_model.h"
 #include "plan/planner_steps.h"
 
+#if defined(__GNUC__)
+#define DMUON_ALWAYS_INLINE __attribute__((always_inline))
+#else
+#define DMUON_ALWAYS_INLINE
+#endif
+
 namespace dmuon::detail {
 namespace {
 
@@ -102,6 +108,13 @@ struct AccountSink {
   void group(const GroupTransfer& x) {
     group_bytes.group(x);
     calls.group(x, e);
+  }
+  void star(const Star& x) {  // owner_a2a: O(holders), no message objects
+    if (!bytes_of(x, p2p_bytes.elem, [&](int r, double s, double rv, double sr, double rr) { p2p_bytes.add(r, s, rv, sr, rr); }))
+      return;
+    // the calls its first message opens (a gather message always comes before the scatter's)
+    if (x.gather) calls.p2p(Phase::Gather, e.strategy);
+    if (x.scatter) calls.p2p(Phase::Scatter, e.strategy);
   }
   void exchange(const Exchange& x) {  // each member once: straight to `add`
     group_bytes.exchange(x);
@@ -233,26 +246,34 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
     if (!strat_buf[s]) strat_buf[s] = std::make_unique<Sparse<double>>(w);
     PerRank& st = strat[s];
     Sparse<double>& sb = *strat_buf[s];
-    const auto add = [&](int r, const Contribution& c) {
+    // visit_entry's contributions carry flops and buffers only, the transfers' bytes only: each goes
+    // to its own fields (the other fields would add +0.0, which changes nothing)
+    const auto add = [&](int r, const Contribution& c) DMUON_ALWAYS_INLINE {
+      Contribution& a = cur[r];
+      a.flops += c.flops, a.buffer += c.buffer;
+      Contribution& b = st.at[static_cast<size_t>(r)];
+      b.flops += c.flops, b.buffer += c.buffer;
+      sb[r] += c.buffer;
+    };
+    const auto add_bytes = [&](int r, const Contribution& c) DMUON_ALWAYS_INLINE {
       Contribution& a = cur[r];
       a.sent += c.sent, a.recv += c.recv, a.sent_rep += c.sent_rep, a.recv_rep += c.recv_rep;
-      a.flops += c.flops, a.buffer += c.buffer;
-      st.add(r, c);
-      sb[r] += c.buffer;
+      Contribution& b = st.at[static_cast<size_t>(r)];
+      b.sent += c.sent, b.recv += c.recv, b.sent_rep += c.sent_rep, b.recv_rep += c.recv_rep;
     };
     const ParamSpec& p = inv.params[static_cast<size_t>(e.param)];
     visit_entry(e, t, p, o, add);
     const bool state = static_cast<size_t>(e.param) < o.normuon.size() && o.normuon[static_cast<size_t>(e.param)];
     // message bytes: summed per rank over the entry first, then added once per rank touched (group
-    // collectives, which touch each rank once, go straight to `add`); measured the fastest order
-    const auto bytes = [&](int r, const Contribution& c) {
+    // collectives, which touch each rank once, go straight to `add_bytes`); measured the fastest order
+    const auto bytes = [&](int r, const Contribution& c) DMUON_ALWAYS_INLINE {
       Contribution& a = entry_bytes[r];
       a.sent += c.sent, a.recv += c.recv, a.sent_rep += c.sent_rep, a.recv_rep += c.recv_rep;
     };
     for_each_transfer(e, t, state ? &tables.get_state(e.param) : nullptr, p, o.ns.steps,
-                      AccountSink<decltype(bytes), decltype(add)>{{bytes, dtype_size(o.comm_dtype)},
-                                                                  {add, dtype_size(o.comm_dtype)}, calls, e});
-    for (int r : entry_bytes.touched) add(r, entry_bytes.at[static_cast<size_t>(r)]);
+                      AccountSink<decltype(bytes), decltype(add_bytes)>{{bytes, dtype_size(o.comm_dtype)},
+                                                                        {add_bytes, dtype_size(o.comm_dtype)}, calls, e});
+    for (int r : entry_bytes.touched) add_bytes(r, entry_bytes.at[static_cast<size_t>(r)]);
     entry_bytes.clear();
     by_strategy[s].params += 1;
     by_strategy[s].matrices += t.units;

@@ -44,19 +44,26 @@ void assign_owners(std::vector<PlanEntry>& entries, ShardTables& tables, const I
     const int replicas = e.replica_split ? t.r : 1;
     int best_k = 0, best_j = 0;
     double best = std::numeric_limits<double>::infinity(), best_all = best;
+    // loads are ≥ 0: once a candidate with no load at all is found, no later one can win (the scan
+    // keeps the first of equals), so the scan stops there
     const auto consider = [&](int k) {
       for (int j = 0; j < replicas; ++j) {
         const size_t r = static_cast<size_t>(t.rank(j, k));
-        if (chunk_load[r] < best || (chunk_load[r] == best && load[r] < best_all))
+        if (chunk_load[r] < best || (chunk_load[r] == best && load[r] < best_all)) {
           best = chunk_load[r], best_all = load[r], best_k = k, best_j = j;
+          if (best == 0 && best_all == 0) return true;
+        }
       }
+      return false;
     };
     const bool stack = inv.params[static_cast<size_t>(e.param)].expert;
     const int64_t h0 = t.holder_offsets[static_cast<size_t>(job.unit)], h1 = t.holder_offsets[static_cast<size_t>(job.unit) + 1];
     if (stack && h1 > h0) {
-      for (int64_t h = h0; h < h1; ++h) consider(t.holders[static_cast<size_t>(h)]);
+      for (int64_t h = h0; h < h1; ++h)
+        if (consider(t.holders[static_cast<size_t>(h)])) break;
     } else {
-      for (int k = 0; k < t.g; ++k) consider(k);
+      for (int k = 0; k < t.g; ++k)
+        if (consider(k)) break;
     }
     e.owner_index[static_cast<size_t>(job.unit)] = best_k;
     if (e.replica_split) e.owner_replica[static_cast<size_t>(job.unit)] = best_j;

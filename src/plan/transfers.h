@@ -14,6 +14,9 @@
 //
 // Work: O(holders · replicas) per entry for the point-to-point strategies, O(replicas) items for the
 // group collectives (each item carries the g per-position counts by reference): never O(group²).
+// owner_a2a's messages come as one Star per unit and replica group to sinks that take stars (the
+// planner's accounting: no message objects, half the per-rank updates); every other sink (the
+// executor) gets the star's messages, in the same place of the stream.
 //
 // Adding a strategy: its case here (what moves, who computes), its `applies` rule and latency in
 // cost_model.cpp, its flops and buffers in visit.h (docs/design.md, "adding a strategy").
@@ -74,6 +77,66 @@ struct Exchange {
   std::span<const int64_t> counts;  // per member (may be 0)
 };
 
+// Positions holding data (table t) or NorMuon state (vt, may be null) of unit u, increasing, with
+// both counts: body(k, n, vn) (a merge of two CSR rows).
+template <class Body>
+void for_each_holder(const ShardTable& t, const ShardTable* vt, int64_t u, Body&& body) {
+  const size_t d0 = static_cast<size_t>(t.holder_offsets[static_cast<size_t>(u)]);
+  const size_t d1 = static_cast<size_t>(t.holder_offsets[static_cast<size_t>(u) + 1]);
+  size_t s0 = 0, s1 = 0;
+  if (vt) {
+    s0 = static_cast<size_t>(vt->holder_offsets[static_cast<size_t>(u)]);
+    s1 = static_cast<size_t>(vt->holder_offsets[static_cast<size_t>(u) + 1]);
+  }
+  if (s0 == s1) {  // no state: the data row alone
+    for (size_t a = d0; a < d1; ++a) body(static_cast<int>(t.holders[a]), t.holder_elems[a], int64_t{0});
+    return;
+  }
+  size_t a = d0, b = s0;
+  while (a < d1 || b < s1) {
+    const int ka = a < d1 ? t.holders[a] : INT32_MAX, kb = b < s1 ? vt->holders[b] : INT32_MAX;
+    const int k = std::min(ka, kb);
+    const int64_t n = ka == k ? t.holder_elems[a++] : int64_t{0};
+    const int64_t vn = kb == k ? vt->holder_elems[b++] : int64_t{0};
+    body(k, n, vn);
+  }
+}
+
+// owner_a2a's messages for one unit and one replica group of holders, as one item: every holder k
+// (group position of replica group `replica`, increasing; position `skip` left out) sends its n data
+// and vn state elements of the unit to world rank `owner` (gather) and/or gets them back (scatter).
+// Equivalent to, per holder in order: [gather: data k→owner, state k→owner] then [scatter: data
+// owner→k, state owner→k], each message only when its count is > 0, with cross_replica = `cross`
+// (for_each_message lists them). Listed as one item so that accounting costs O(holders) with no
+// message objects; sinks without star() get the messages.
+struct Star {
+  bool gather = true, scatter = true;
+  bool cross = false;
+  int64_t unit = 0;
+  int replica = 0;
+  int owner = 0;
+  int skip = -1;
+  const ShardTable* table = nullptr;  // data
+  const ShardTable* state = nullptr;  // NorMuon state, or null
+};
+
+template <class F>
+void for_each_message(const Star& x, F&& f) {
+  const ShardTable& t = *x.table;
+  for_each_holder(t, x.state, x.unit, [&](int k, int64_t n, int64_t vn) {
+    if (k == x.skip) return;
+    const int h = t.rank(x.replica, k);
+    if (x.gather) {
+      if (n > 0) f(P2pTransfer{Phase::Gather, Payload::Data, x.unit, h, x.owner, n, x.cross});
+      if (vn > 0) f(P2pTransfer{Phase::Gather, Payload::State, x.unit, h, x.owner, vn, x.cross});
+    }
+    if (x.scatter) {
+      if (n > 0) f(P2pTransfer{Phase::Scatter, Payload::Data, x.unit, x.owner, h, n, x.cross});
+      if (vn > 0) f(P2pTransfer{Phase::Scatter, Payload::State, x.unit, x.owner, h, vn, x.cross});
+    }
+  });
+}
+
 // A rank that holds the whole unit after the gather: computes it (`compute`), has elements of it
 // (`holder`), and takes its own elements of the result from this assembly (`result_local`).
 struct UnitAssembly {
@@ -83,7 +146,8 @@ struct UnitAssembly {
 };
 
 // Sinks provide p2p(const P2pTransfer&), group(const GroupTransfer&), exchange(const Exchange&), and when
-// `Sink::kAssemblies` is true, assemble(const UnitAssembly&).
+// `Sink::kAssemblies` is true, assemble(const UnitAssembly&). A sink with star(const Star&) gets owner
+// stars as one item each; any other gets their messages (for_each_message), in the same place.
 template <class Sink>
 void for_each_transfer(const PlanEntry& e, const ShardTable& t, const ShardTable* vt, const ParamSpec& p, int ns_steps,
                        Sink&& sink) {
@@ -94,17 +158,10 @@ void for_each_transfer(const PlanEntry& e, const ShardTable& t, const ShardTable
     return std::pair{std::span(tb.holders).subspan(b, n), std::span(tb.holder_elems).subspan(b, n)};
   };
   // Positions holding data or state of unit u, increasing, with both counts (merge of two CSR rows).
-  const auto holders = [&](int64_t u, auto&& body) {
-    const auto [dh, dn] = span_of(t, u);
-    std::span<const int32_t> sh;
-    std::span<const int64_t> sn;
-    if (vt) std::tie(sh, sn) = span_of(*vt, u);
-    size_t a = 0, b = 0;
-    while (a < dh.size() || b < sh.size()) {
-      const int ka = a < dh.size() ? dh[a] : INT32_MAX, kb = b < sh.size() ? sh[b] : INT32_MAX;
-      const int k = std::min(ka, kb);
-      body(k, ka == k ? dn[a++] : int64_t{0}, kb == k ? sn[b++] : int64_t{0});
-    }
+  const auto holders = [&](int64_t u, auto&& body) { for_each_holder(t, vt, u, body); };
+  const auto star = [&](const Star& x) {
+    if constexpr (requires { sink.star(x); }) sink.star(x);
+    else for_each_message(x, [&](const P2pTransfer& m) { sink.p2p(m); });
   };
   const auto both = [&](Phase ph, int64_t u, int src, int dst, int64_t n, int64_t vn, bool cross) {
     if (n > 0) sink.p2p(P2pTransfer{ph, Payload::Data, u, src, dst, n, cross});
@@ -167,11 +224,8 @@ void for_each_transfer(const PlanEntry& e, const ShardTable& t, const ShardTable
         if (!e.replica_split) {
           for (int j = 0; j < t.r; ++j) {
             const int o = t.rank(j, o_k);
-            holders(u, [&](int k, int64_t n, int64_t vn) {  // in and back out (phases keep their own order)
-              if (k == o_k) return;
-              both(Phase::Gather, u, t.rank(j, k), o, n, vn, false);
-              both(Phase::Scatter, u, o, t.rank(j, k), n, vn, false);
-            });
+            // in and back out, holder by holder (phases keep their own order)
+            star(Star{true, true, false, u, j, o, o_k, &t, vt});
             if constexpr (kAsm) sink.assemble(UnitAssembly{u, o, true, data_held(u, o_k), true});
           }
           continue;
@@ -180,13 +234,8 @@ void for_each_transfer(const PlanEntry& e, const ShardTable& t, const ShardTable
         // holders of every replica group
         const int rho = e.owner_replica[static_cast<size_t>(u)];
         const int o = t.rank(rho, o_k);
-        holders(u, [&](int k, int64_t n, int64_t vn) {
-          if (k != o_k) both(Phase::Gather, u, t.rank(rho, k), o, n, vn, false);
-        });
-        for (int j = 0; j < t.r; ++j)
-          holders(u, [&](int k, int64_t n, int64_t vn) {
-            if (j != rho || k != o_k) both(Phase::Scatter, u, o, t.rank(j, k), n, vn, j != rho);
-          });
+        star(Star{true, false, false, u, rho, o, o_k, &t, vt});
+        for (int j = 0; j < t.r; ++j) star(Star{false, true, j != rho, u, j, o, j == rho ? o_k : -1, &t, vt});
         if constexpr (kAsm) sink.assemble(UnitAssembly{u, o, true, data_held(u, o_k), true});
       }
       return;
@@ -250,6 +299,33 @@ void bytes_of(const GroupTransfer& x, size_t elem, F&& fn) {
     if (x.channel == Channel::AllGather) fn(t.rank(x.replica, k), own_out, others, 0.0, 0.0);
     else fn(t.rank(x.replica, k), others, own_out, 0.0, 0.0);  // reduce-scatter
   }
+}
+
+// Per holder: fn(holder, ...) then fn(owner, ...), data before state; each rank's fields receive the
+// same additions in the same order as from bytes_of over for_each_message(x) (message bytes are
+// summed per rank, so the results are equal bit for bit). Returns whether any message moves.
+template <class F>
+bool bytes_of(const Star& x, size_t elem, F&& fn) {
+  const ShardTable& t = *x.table;
+  const double B = static_cast<double>(elem), cg = x.gather ? 1.0 : 0.0, cs = x.scatter ? 1.0 : 0.0;
+  bool any = false;
+  for_each_holder(t, x.state, x.unit, [&](int k, int64_t n, int64_t vn) {
+    if (k == x.skip) return;
+    const int h = t.rank(x.replica, k);
+    if (n > 0) {
+      const double b = static_cast<double>(n) * B, out = cg * b, in = cs * b;
+      fn(h, out, in, x.cross ? out : 0.0, x.cross ? in : 0.0);
+      fn(x.owner, in, out, x.cross ? in : 0.0, x.cross ? out : 0.0);
+      any = true;
+    }
+    if (vn > 0) {
+      const double b = static_cast<double>(vn) * 4.0, out = cg * b, in = cs * b;
+      fn(h, out, in, x.cross ? out : 0.0, x.cross ? in : 0.0);
+      fn(x.owner, in, out, x.cross ? in : 0.0, x.cross ? out : 0.0);
+      any = true;
+    }
+  });
+  return any;
 }
 
 template <class F>

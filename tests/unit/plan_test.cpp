@@ -2,9 +2,13 @@
 // strategy applicability, per-rank bytes against closed forms, chunks. Run: build/bin/plan_test
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <map>
 
 #include "dmuon/plan.h"
+#include "plan/shard_table.h"
+#include "plan/transfers.h"
 
 namespace dmuon {
 namespace {
@@ -258,6 +262,135 @@ TEST(Plan, NormuonStateBytesAddFp32RowStatePerHolder) {
   const double with_state = make_plan(inv, o).total().bytes_sent_mean * 4;
   EXPECT_DOUBLE_EQ(data, 6 * 2 * 3 * (8 * 16 * 4.0));
   EXPECT_DOUBLE_EQ(with_state - data, 6 * 2 * 3 * (8 * 4.0));
+}
+
+// owner_a2a's transfers come as stars (plan/transfers.h): the accounting sums bytes_of(Star), the
+// executor gets the star's messages (for_each_message). Every rank's every byte field must receive
+// the same additions in the same order from both, so the figures are equal bit for bit.
+TEST(Plan, OwnerStarBytesEqualTheirMessagesBitForBit) {
+  const Inventory q = apply_parallel(preset_model("qwen3-30b-a3b"), parse_parallel("dp_replicate=2,dp_shard=8,ep=4"));
+  detail::ShardTables tables(q);
+  using Fields = std::array<double, 4>;
+  const auto into = [](std::map<int, Fields>& m) {
+    return [&m](int r, double s, double rv, double sr, double rr) {
+      Fields& f = m[r];
+      f[0] += s, f[1] += rv, f[2] += sr, f[3] += rr;
+    };
+  };
+  int stars = 0, with_messages = 0;
+  for (int i = 0; i < static_cast<int>(q.params.size()); ++i) {
+    if (q.params[static_cast<size_t>(i)].role != Role::Muon) continue;
+    const detail::ShardTable& t = tables.get(i);
+    const detail::ShardTable* states[] = {nullptr, &tables.get_state(i)};
+    for (const detail::ShardTable* vt : states)
+      for (int64_t u = 0; u < std::min<int64_t>(t.units, 5); ++u) {
+        const int64_t h0 = t.holder_offsets[static_cast<size_t>(u)];
+        const int o_k = h0 < t.holder_offsets[static_cast<size_t>(u) + 1] ? t.holders[static_cast<size_t>(h0)] : 0;
+        const int j = t.r - 1, o = t.rank(0, o_k);
+        // as for_each_transfer lists them: in and out (duplicate), the split's gather and its scatter
+        // to another replica group (cross) and to the owner's own
+        const detail::Star cases[] = {{true, true, false, u, 0, o, o_k, &t, vt},
+                                      {true, false, false, u, 0, o, o_k, &t, vt},
+                                      {false, true, j != 0, u, j, o, j != 0 ? -1 : o_k, &t, vt},
+                                      {false, true, false, u, 0, o, o_k, &t, vt}};
+        for (const detail::Star& x : cases)
+          for (size_t elem : {size_t{2}, size_t{4}}) {
+            std::map<int, Fields> star, messages;
+            const bool any = detail::bytes_of(x, elem, into(star));
+            bool listed = false;
+            detail::for_each_message(x, [&](const detail::P2pTransfer& m) {
+              listed = true;
+              detail::bytes_of(m, elem, into(messages));
+            });
+            EXPECT_EQ(any, listed) << q.params[static_cast<size_t>(i)].name << " unit " << u;
+            EXPECT_EQ(star, messages) << q.params[static_cast<size_t>(i)].name << " unit " << u;
+            ++stars, with_messages += listed;
+          }
+      }
+  }
+  EXPECT_GT(with_messages, 100);
+  EXPECT_LT(with_messages, stars);  // some stars have no other holder
+}
+
+// Per-rank bytes of a transfer list with no star(): owner stars arrive as their messages.
+struct Messages {
+  static constexpr bool kAssemblies = false;
+  std::vector<double>& sent;
+  std::vector<double>& recv;
+  size_t elem;
+  void add(int r, double s, double rv, double, double) {
+    sent[static_cast<size_t>(r)] += s;
+    recv[static_cast<size_t>(r)] += rv;
+  }
+  void p2p(const detail::P2pTransfer& x) { detail::bytes_of(x, elem, [&](auto... a) { add(a...); }); }
+  void group(const detail::GroupTransfer& x) { detail::bytes_of(x, elem, [&](auto... a) { add(a...); }); }
+  void exchange(const detail::Exchange& x) { detail::bytes_of(x, elem, [&](auto... a) { add(a...); }); }
+};
+
+// The plan's byte figures are the sums of its transfer list taken message by message (the
+// executor's view: stars expanded), per strategy and in total, for every strategy and option that
+// changes what moves.
+TEST(Plan, ByteFiguresEqualTheTransferListMessageByMessage) {
+  const auto max_mean = [](const std::vector<double>& v) {
+    double mx = 0, sum = 0;
+    for (double x : v) mx = std::max(mx, x), sum += x;
+    return std::pair{mx, sum / static_cast<double>(v.size())};
+  };
+  const Inventory invs[] = {
+      apply_parallel(preset_model("qwen3-30b-a3b"), parse_parallel("dp_replicate=2,dp_shard=8,ep=4")),
+      apply_parallel(preset_model("llama3-8b"), parse_parallel("dp_replicate=3,dp_shard=4,tp=2")),
+      apply_parallel(preset_model("deepseek-v3"), parse_parallel("dp_shard=64,ep=16"))};
+  const char* pins[] = {"", "default:owner_a2a", "default:agrs;*.experts.*:expert_subgroup", "default:allgather",
+                        "default:gram_allreduce"};
+  int plans = 0;
+  for (const Inventory& inv : invs)
+    for (const char* pin : pins)
+      for (int variant = 0; variant < 3; ++variant) {
+        PlanOptions o;
+        o.pins = StrategyRules::parse(pin);
+        o.replica = variant == 1 ? ReplicaMode::Duplicate : ReplicaMode::Split;
+        if (variant != 2) o.normuon.assign(inv.params.size(), true);
+        if (variant == 2) o.comm_dtype = DType::BF16, o.chunk_bytes = int64_t{32} << 20;
+        Plan plan;
+        try {
+          plan = make_plan(inv, o);
+        } catch (const std::invalid_argument&) {
+          continue;  // a pin the model cannot run everywhere
+        }
+        ++plans;
+        detail::ShardTables tables(inv);
+        const size_t w = static_cast<size_t>(inv.world_size());
+        std::vector<double> sent(w), recv(w);
+        std::array<std::vector<double>, kNumStrategies> s_sent, s_recv;
+        for (auto& v : s_sent) v.assign(w, 0);
+        for (auto& v : s_recv) v.assign(w, 0);
+        for (const PlanEntry& e : plan.entries()) {
+          const size_t s = static_cast<size_t>(e.strategy);
+          const detail::ShardTable* vt = o.normuon.empty() || !o.normuon[static_cast<size_t>(e.param)]
+                                             ? nullptr
+                                             : &tables.get_state(e.param);
+          detail::for_each_transfer(e, tables.get(e.param), vt, inv.params[static_cast<size_t>(e.param)], o.ns.steps,
+                                    Messages{s_sent[s], s_recv[s], dtype_size(o.comm_dtype)});
+        }
+        for (size_t r = 0; r < w; ++r)
+          for (int s = 0; s < kNumStrategies; ++s) sent[r] += s_sent[static_cast<size_t>(s)][r], recv[r] += s_recv[static_cast<size_t>(s)][r];
+        const auto check = [&](const CostSummary& c, const std::vector<double>& sv, const std::vector<double>& rv,
+                               const std::string& what) {
+          const auto [smax, smean] = max_mean(sv);
+          const auto [rmax, rmean] = max_mean(rv);
+          EXPECT_EQ(c.bytes_sent_max, smax) << what;
+          EXPECT_EQ(c.bytes_sent_mean, smean) << what;
+          EXPECT_EQ(c.bytes_recv_max, rmax) << what;
+          EXPECT_EQ(c.bytes_recv_mean, rmean) << what;
+        };
+        const std::string label = inv.model + " " + pin + " variant " + std::to_string(variant);
+        check(plan.total(), sent, recv, label);
+        for (int s = 0; s < kNumStrategies; ++s)
+          if (plan.by_strategy(static_cast<Strategy>(s)).params > 0)
+            check(plan.by_strategy(static_cast<Strategy>(s)), s_sent[static_cast<size_t>(s)], s_recv[static_cast<size_t>(s)],
+                  label + " " + std::string(to_string(static_cast<Strategy>(s))));
+      }
+  EXPECT_GE(plans, 30);
 }
 
 }  // namespace dmuon
