@@ -30,6 +30,11 @@ _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp
 _SIGN = -(1 << 63)  # uint64 max/min on int64 bits: flipping the sign bit makes signed order unsigned
 
 
+# torch >= 2.13 names the equal-block all-gather all_gather_single (all_gather_into_tensor is
+# deprecated there and warns on every call).
+_ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8)
 
@@ -187,7 +192,7 @@ class C10dTransport:
         total = sum(counts)
         if r0 is not None and len(set(counts)) == 1:
             out = rb[r0 * e:(r0 + total) * e]
-            work = dist.all_gather_into_tensor(out, sb, group=self.group, async_op=True)
+            work = _ALL_GATHER_SINGLE(out, sb, group=self.group, async_op=True)
             return _Op([work], None, (send, recv, out))
         out = rb[r0 * e:(r0 + total) * e] if r0 is not None else torch.empty(total * e, dtype=torch.uint8)
         inp = sb.repeat(self.size)  # the same block to every rank
