@@ -18,7 +18,8 @@
 #include "dmuon/tensor.h"
 
 namespace dmuon {
-struct StepStats;  // optimizer.h
+struct StepStats;         // optimizer.h
+struct OptimizerOptions;  // optimizer.h
 }
 
 namespace dmuon::python {
@@ -71,6 +72,21 @@ void bind_engine_methods(nb::class_<Engine>& cls, const char* step_doc, const ch
 
 // dmuon::StepStats as a dict (both engines' last_stats(); optimizer.cpp).
 nb::dict stats_dict(const StepStats& s);
+
+// The dmuon.Optimizer options as its bindings take them (dmuon.Optimizer() and
+// ShardedParams.make_optimizer): names, strings and seconds checked and converted here, once.
+// `machine`: a profile name ("h100", "cpu") or a dmuon.MachineProfile.
+struct PyOptimizerArgs {
+  std::string non_finite = "raise", comm_dtype = "fp32";
+  int window = 2;
+  int64_t chunk_bytes = int64_t{32} << 20;
+  int blas_threads = 0;
+  double timeout_s = 0;
+  nb::object machine;
+  std::string strategy, replica = "auto";
+  bool exact = true, env_override = true;
+};
+OptimizerOptions optimizer_options(const PyOptimizerArgs& a);
 
 void init_errors(nb::module_& m);
 void init_blas(nb::module_& m);

@@ -64,16 +64,26 @@ nb::dict stats_dict(const StepStats& s) {
   return d;
 }
 
-namespace {
-
-// `machine`: a MachineProfile, or the name of one ("h100", "cpu").
-MachineProfile machine_of(const nb::object& machine) {
-  if (nb::isinstance<MachineProfile>(machine)) return nb::cast<MachineProfile>(machine);
-  if (nb::isinstance<nb::str>(machine)) return MachineProfile::named(nb::cast<std::string>(machine));
-  throw nb::type_error("[python] machine must be a profile name (str) or a dmuon.MachineProfile");
+OptimizerOptions optimizer_options(const PyOptimizerArgs& a) {
+  OptimizerOptions options;
+  if (nb::isinstance<MachineProfile>(a.machine))
+    options.machine = nb::cast<MachineProfile>(a.machine);
+  else if (nb::isinstance<nb::str>(a.machine))
+    options.machine = MachineProfile::named(nb::cast<std::string>(a.machine));
+  else
+    throw nb::type_error("[python] machine must be a profile name (str) or a dmuon.MachineProfile");
+  options.pins = StrategyRules::parse(a.strategy, "strategy");
+  options.replica = parse_replica_mode(a.replica);
+  options.exact = a.exact;
+  options.env_override = a.env_override;
+  options.non_finite = parse_non_finite_policy(a.non_finite);
+  options.comm_dtype = parse_dtype(a.comm_dtype, "comm_dtype");
+  options.window = a.window;
+  options.chunk_bytes = a.chunk_bytes;
+  options.blas_threads = a.blas_threads;
+  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1e3));
+  return options;
 }
-
-}  // namespace
 
 void init_optimizer(nb::module_& m) {
   nb::class_<Mesh>(m, "Mesh", "Named mesh dims over the world, row-major (dmuon/mesh.h).")
@@ -185,18 +195,9 @@ void init_optimizer(nb::module_& m) {
              std::vector<ParamGroup> groups, const std::string& non_finite, const std::string& comm_dtype,
              int window, int64_t chunk_bytes, int blas_threads, double timeout_s, const nb::object& machine,
              const std::string& strategy, const std::string& replica, bool exact, bool env_override) {
-            OptimizerOptions options;
-            options.machine = machine_of(machine);
-            options.pins = StrategyRules::parse(strategy, "strategy");
-            options.replica = parse_replica_mode(replica);
-            options.exact = exact;
-            options.env_override = env_override;
-            options.non_finite = parse_non_finite_policy(non_finite);
-            options.comm_dtype = parse_dtype(comm_dtype, "comm_dtype");
-            options.window = window;
-            options.chunk_bytes = chunk_bytes;
-            options.blas_threads = blas_threads;
-            options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1e3));
+            const OptimizerOptions options = optimizer_options(
+                {non_finite, comm_dtype, window, chunk_bytes, blas_threads, timeout_s, machine, strategy, replica,
+                 exact, env_override});
             nb::gil_scoped_release release;
             new (self) Optimizer(std::move(comm), std::move(inventory), std::move(groups), options);
           },

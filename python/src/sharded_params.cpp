@@ -109,28 +109,18 @@ void init_sharded_params(nb::module_& m) {
           "make_optimizer",
           [](ShardedParams& sp, std::vector<ParamGroup> groups, const std::string& non_finite,
              const std::string& comm_dtype, int window, int64_t chunk_bytes, double timeout_s,
-             const nb::object& machine, const std::string& strategy, const std::string& replica, bool exact) {
-            OptimizerOptions options;
-            if (nb::isinstance<MachineProfile>(machine))
-              options.machine = nb::cast<MachineProfile>(machine);
-            else if (nb::isinstance<nb::str>(machine))
-              options.machine = MachineProfile::named(nb::cast<std::string>(machine));
-            else
-              throw nb::type_error("[python] machine must be a profile name (str) or a dmuon.MachineProfile");
-            options.pins = StrategyRules::parse(strategy, "strategy");
-            options.replica = parse_replica_mode(replica);
-            options.exact = exact;
-            options.non_finite = parse_non_finite_policy(non_finite);
-            options.comm_dtype = parse_dtype(comm_dtype, "comm_dtype");
-            options.window = window;
-            options.chunk_bytes = chunk_bytes;
-            options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1e3));
+             const nb::object& machine, const std::string& strategy, const std::string& replica, bool exact,
+             bool env_override) {
+            const OptimizerOptions options = optimizer_options(
+                {non_finite, comm_dtype, window, chunk_bytes, 0, timeout_s, machine, strategy, replica, exact,
+                 env_override});
             nb::gil_scoped_release release;
             return std::make_unique<Optimizer>(sp.mesh_communicators(), sp.inventory(), std::move(groups), options);
           },
           nb::arg("groups"), nb::arg("non_finite") = "raise", nb::arg("comm_dtype") = "fp32", nb::arg("window") = 2,
           nb::arg("chunk_bytes") = int64_t{32} << 20, nb::arg("timeout_s") = 0.0, nb::arg("machine") = "cpu",
           nb::arg("strategy") = "", nb::arg("replica") = "auto", nb::arg("exact") = true,
+          nb::arg("env_override") = true,
           "COLLECTIVE. A dmuon.Optimizer over this object's mesh communicators and inventory (steps on "
           "the master shards); the options as dmuon.Optimizer's.");
 }

@@ -39,6 +39,18 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8)
 
 
+def _unpacker(rb: torch.Tensor, out: torch.Tensor, counts, displs, order, e: int):
+    """The copy-out that lands blocks received back to back in `out` (in `order`) at their
+    displacements in the receive buffer `rb` (bytes), once the exchange completed."""
+    def finish() -> None:
+        at = 0
+        for j in order:
+            n = counts[j] * e
+            rb[displs[j] * e:displs[j] * e + n] = out[at:at + n]
+            at += n
+    return finish
+
+
 def _packed(counts: list[int], displs: list[int], order: list[int]) -> Optional[int]:
     """The start of blocks laid out back to back in `order` (displs in elements), else None."""
     if not order:
@@ -171,14 +183,7 @@ class C10dTransport:
         total = sum(recv_counts)
         out = rb[r0 * e:(r0 + total) * e] if r0 is not None else torch.empty(total * e, dtype=torch.uint8)
         work = self._a2a(out, inp, [recv_counts[j] * e for j in order], [send_counts[j] * e for j in order])
-        finish = None
-        if r0 is None:
-            def finish():
-                at = 0
-                for j in order:
-                    n = recv_counts[j] * e
-                    rb[recv_displs[j] * e:recv_displs[j] * e + n] = out[at:at + n]
-                    at += n
+        finish = None if r0 is not None else _unpacker(rb, out, recv_counts, recv_displs, order, e)
         return _Op([work], finish, (inp, out, send, recv))
 
     def all_gather_v(self, send, recv, counts, displs, dtype):
@@ -197,14 +202,7 @@ class C10dTransport:
         out = rb[r0 * e:(r0 + total) * e] if r0 is not None else torch.empty(total * e, dtype=torch.uint8)
         inp = sb.repeat(self.size)  # the same block to every rank
         work = self._a2a(out, inp, [counts[j] * e for j in order], [counts[self.rank] * e] * self.size)
-        finish = None
-        if r0 is None:
-            def finish():
-                at = 0
-                for j in order:
-                    n = counts[j] * e
-                    rb[displs[j] * e:displs[j] * e + n] = out[at:at + n]
-                    at += n
+        finish = None if r0 is not None else _unpacker(rb, out, counts, displs, order, e)
         return _Op([work], finish, (inp, out, send, recv))
 
     def reduce_scatter_v(self, send, recv, counts, op, dtype):

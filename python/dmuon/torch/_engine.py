@@ -79,7 +79,21 @@ def engine_kind(params: list[torch.Tensor], requested: Optional[str]) -> str:
     return "distributed" if dtensors or _dist.job_size() > 1 else "local"
 
 
-class Engine:
+class CoreDelegate:
+    """What every engine forwards to its native core (`self.core`: dmuon.Optimizer or
+    dmuon.LocalOptimizer) unchanged: group options and per-parameter step counts."""
+
+    def options(self, g: int) -> "_core.GroupOptions":
+        return self.core.options(g)
+
+    def step_count(self, i: int) -> int:
+        return self.core.step_count(i)
+
+    def set_step_count(self, i: int, count: int) -> None:
+        self.core.set_step_count(i, count)
+
+
+class Engine(CoreDelegate):
     """One native core over the optimizer's parameters. `params` is the flat list in group order
     (the order of the optimizer's state_dict); `qk_tags` maps id(param) to its QkTag."""
 
@@ -165,15 +179,6 @@ class Engine:
                                            key) for key in self.core.state_keys(i)}
             self._state_cache[i] = cached
         return dict(cached)
-
-    def options(self, g: int) -> "_core.GroupOptions":
-        return self.core.options(g)
-
-    def step_count(self, i: int) -> int:
-        return self.core.step_count(i)
-
-    def set_step_count(self, i: int, count: int) -> None:
-        self.core.set_step_count(i, count)
 
     def last_stats(self) -> Optional[dict]:
         return self.core.last_stats()  # both cores: dmuon::StepStats of the last step

@@ -26,7 +26,7 @@ import torch
 from .. import _core
 from . import _dist
 from ._dist import as_layout, is_dtensor
-from ._engine import Engine, current_engine_options, param_name
+from ._engine import CoreDelegate, Engine, current_engine_options, param_name
 from ._options import make_group_options
 
 REDUCE_GRADS = (None, "mean", "sum")
@@ -85,7 +85,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return (t._local_tensor if is_dtensor(t) else t).detach()
 
 
-class MasterEngine:
+class MasterEngine(CoreDelegate):
     """bf16 parameters with fp32 masters over an Engine: the engine updates the masters (fp32 state as
     for any parameter), then each bf16 parameter (its local shard for a DTensor) is overwritten with
     its master rounded to nearest even. fp32 parameters of the same groups pass through."""
@@ -115,15 +115,6 @@ class MasterEngine:
             state[MASTER] = self.masters[i]
         return state
 
-    def options(self, g: int):
-        return self.engine.options(g)
-
-    def step_count(self, i: int) -> int:
-        return self.engine.step_count(i)
-
-    def set_step_count(self, i: int, count: int) -> None:
-        self.engine.set_step_count(i, count)
-
     def last_stats(self) -> Optional[dict]:
         return self.engine.last_stats()
 
@@ -139,7 +130,7 @@ class MasterEngine:
 
 # ---- ZeRO -----------------------------------------------------------------------------------------
 
-class ZeroEngine:
+class ZeroEngine(CoreDelegate):
     """ZeRO-1/2 over plain replicated parameters (see the module docstring). COLLECTIVE: construction
     and step() on every rank in the same order."""
 
@@ -220,15 +211,6 @@ class ZeroEngine:
             cached[MASTER] = as_layout(self.masters[i], layout, p, MASTER)
             self._state_cache[i] = cached
         return dict(cached)
-
-    def options(self, g: int):
-        return self.core.options(g)
-
-    def step_count(self, i: int) -> int:
-        return self.core.step_count(i)
-
-    def set_step_count(self, i: int, count: int) -> None:
-        self.core.set_step_count(i, count)
 
     def last_stats(self) -> Optional[dict]:
         """The optimizer step's counters (dmuon::StepStats) plus reduce_seconds, reduce_bytes_sent,

@@ -21,7 +21,7 @@ torch.set_num_threads(1)
 
 import dmuon  # noqa: E402
 import dmuon.torch as dt  # noqa: E402
-from harness import guarded, run_cases, say  # noqa: E402
+from harness import expect_same_error, guarded, run_cases, say  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
@@ -271,7 +271,8 @@ def case_plain(world):
     if rank() == 1:
         opt.param_groups[0]["lr"] = 0.03
     before = model.fc1.weight.detach().clone()
-    _expect_error(opt.step, "group 0 option 'lr' is 0.02 on " + others + "; 0.03 on rank 1")
+    expect_same_error(opt.step, dmuon.DmuonError,
+                      "group 0 option 'lr' is 0.02 on " + others + "; 0.03 on rank 1")
     assert same(model.fc1.weight.detach(), before)
 
 
@@ -344,21 +345,6 @@ def case_bad_input(world):
         assert same(before, p._local_tensor)
 
 
-def _expect_error(fn, *needles, kind=dmuon.DmuonError):
-    try:
-        fn()
-    except kind as e:
-        msg = str(e)
-    else:
-        raise AssertionError(f"no {kind.__name__} raised (expected {needles})")
-    for needle in needles:
-        assert needle in msg, (needle, msg)
-    msgs = [None] * dist.get_world_size()
-    dist.all_gather_object(msgs, msg)
-    assert all(m == msg for m in msgs), msgs  # the same error on every rank
-    return msg
-
-
 def case_agreement(world):
     """Issue 10: per-step agreement. Each case used to diverge silently (or hang a step later)."""
     others = ", ".join(str(r) for r in range(world) if r != 1)
@@ -381,7 +367,8 @@ def case_agreement(world):
     if rank() == 1:
         opt.zero_grad(set_to_none=True)
     before = w._local_tensor.clone()
-    _expect_error(opt.step, "parameter 'w' has no gradient on rank 1 but has one on " + others)
+    expect_same_error(opt.step, dmuon.DmuonError,
+                      "parameter 'w' has no gradient on rank 1 but has one on " + others)
     unchanged(0, before)
     grads()
     opt.step()  # the ranks are still in step: the next step works
@@ -391,7 +378,8 @@ def case_agreement(world):
     if rank() == 1:
         opt.param_groups[0]["lr"] = 0.03
     before = w._local_tensor.clone()
-    _expect_error(opt.step, "group 0 option 'lr' is 0.02 on " + others + "; 0.03 on rank 1")
+    expect_same_error(opt.step, dmuon.DmuonError,
+                      "group 0 option 'lr' is 0.02 on " + others + "; 0.03 on rank 1")
     unchanged(1, before)
     opt.param_groups[0]["lr"] = 0.02
     # 3. no gradient anywhere: a step on every rank that changes nothing (and is still collective)
@@ -406,12 +394,13 @@ def case_agreement(world):
     lin2.weight.grad = None if rank() == 1 else distribute_tensor(torch.ones(6, 4), mesh, [Shard(0)],
                                                                  src_data_rank=None)
     before = w._local_tensor.clone()
-    _expect_error(opt2.step, "parameter 'b' has no gradient on rank 1 but has one on " + others)
+    expect_same_error(opt2.step, dmuon.DmuonError,
+                      "parameter 'b' has no gradient on rank 1 but has one on " + others)
     assert same(w._local_tensor, before)
     # 5. non_finite policy differs: refused at construction, before any step
-    _expect_error(lambda: dt.Muon([dict(params=[("w", w)])],
-                                  non_finite="skip" if rank() == 1 else "raise"),
-                  "non_finite raise on " + others + "; ")
+    expect_same_error(lambda: dt.Muon([dict(params=[("w", w)])],
+                                      non_finite="skip" if rank() == 1 else "raise"),
+                      dmuon.DmuonError, "non_finite raise on " + others + "; ")
 
 
 def main():

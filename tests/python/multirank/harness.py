@@ -60,6 +60,24 @@ def run_cases(cases: dict[str, Callable[[], None]], names: str) -> None:
     dist.destroy_process_group()
 
 
+def expect_same_error(fn: Callable[[], object], kind: type, *needles: str) -> str:
+    """fn() must raise `kind` whose message contains every needle, and every rank must get the very
+    same message (collective: all ranks call it). Returns the message."""
+    import torch.distributed as dist
+    try:
+        fn()
+    except kind as e:
+        msg = str(e)
+    else:
+        raise AssertionError(f"no {kind.__name__} raised (expected {needles})")
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+    msgs = [None] * dist.get_world_size()
+    dist.all_gather_object(msgs, msg)
+    assert all(m == msg for m in msgs), msgs  # the same error on every rank
+    return msg
+
+
 def guarded(main: Callable[[], None]) -> None:
     """Runs main(); on any exception prints it and aborts the whole job (dmuon.abort_all)."""
     try:

@@ -20,7 +20,7 @@ torch.set_num_threads(1)
 
 import dmuon  # noqa: E402
 import dmuon.torch as dt  # noqa: E402
-from harness import guarded, run_cases, say  # noqa: E402
+from harness import expect_same_error, guarded, run_cases, say  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor  # noqa: E402
 
@@ -294,21 +294,6 @@ def case_add_group(world):
     assert same(extra.detach(), ref_extra.detach())
 
 
-def _expect(fn, kind, *needles):
-    try:
-        fn()
-    except kind as e:
-        msg = str(e)
-    else:
-        raise AssertionError(f"no {kind.__name__} raised (expected {needles})")
-    for needle in needles:
-        assert needle in msg, (needle, msg)
-    msgs = [None] * dist.get_world_size()
-    dist.all_gather_object(msgs, msg)
-    assert all(m == msg for m in msgs), msgs
-    return msg
-
-
 def case_bad_options(world):
     """Bad mixes of options raise ValueError naming them, before anything is built; a gradient that
     differs between ranks is caught by check_replicas, one absent on one rank by the step's agreement,
@@ -317,17 +302,17 @@ def case_bad_options(world):
     torch.manual_seed(6)
     model = Net()
     g = groups(model)
-    _expect(lambda: dt.Muon(g, reduce_grads="mean"), ValueError, "reduce_grads='mean' needs zero=True")
-    _expect(lambda: dt.Muon(g, zero=True, reduce_grads="avg"), ValueError, "reduce_grads='avg'")
-    _expect(lambda: dt.Muon(g, zero=True, engine="local"), ValueError, "engine='local' with zero=True")
-    _expect(lambda: dt.Muon(g, zero=True, reduce_grads="sum", check_replicas=True), ValueError,
+    expect_same_error(lambda: dt.Muon(g, reduce_grads="mean"), ValueError, "reduce_grads='mean' needs zero=True")
+    expect_same_error(lambda: dt.Muon(g, zero=True, reduce_grads="avg"), ValueError, "reduce_grads='avg'")
+    expect_same_error(lambda: dt.Muon(g, zero=True, engine="local"), ValueError, "engine='local' with zero=True")
+    expect_same_error(lambda: dt.Muon(g, zero=True, reduce_grads="sum", check_replicas=True), ValueError,
             "check_replicas=True")
-    _expect(lambda: dt.Muon(g, zero=1), ValueError, "zero=1")
+    expect_same_error(lambda: dt.Muon(g, zero=1), ValueError, "zero=1")
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
     w = nn.Parameter(distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)], src_data_rank=None))
-    _expect(lambda: dt.Muon([dict(params=[("w", w)])], zero=True), ValueError, "'w' is a DTensor")
+    expect_same_error(lambda: dt.Muon([dict(params=[("w", w)])], zero=True), ValueError, "'w' is a DTensor")
     s = nn.Parameter(torch.tensor(1.0))
-    _expect(lambda: dt.Muon([dict(params=[("s", s)], algorithm="adamw")], zero=True), ValueError,
+    expect_same_error(lambda: dt.Muon([dict(params=[("s", s)], algorithm="adamw")], zero=True), ValueError,
             "'s' is a 0-dim")
     # check_replicas: rank 1's (supposedly reduced) gradient differs
     opt = dt.Muon(groups(model), zero=True, check_replicas=True, **MUON)
@@ -340,7 +325,7 @@ def case_bad_options(world):
         p.grad = documented(name, p.shape, 1, world, False, world)
     if rank() == 1:
         model.fc2.weight.grad[0, 0] += 1.0
-    _expect(opt.step, ValueError, "gradient of 'fc2.weight' differs between ranks")
+    expect_same_error(opt.step, ValueError, "gradient of 'fc2.weight' differs between ranks")
     for name, p in model.named_parameters():
         assert same(p.detach(), before[name]), name
     # reduce_grads with a gradient absent on rank 1 only: the step's agreement, on every rank
@@ -349,7 +334,7 @@ def case_bad_options(world):
         p.grad = local_grad(name, p.shape, 0, rank(), False)
     if rank() == 1:
         model.fc1.weight.grad = None
-    _expect(opt.step, dmuon.DmuonError, "parameter 'fc1.weight' has no gradient on rank 1")
+    expect_same_error(opt.step, dmuon.DmuonError, "parameter 'fc1.weight' has no gradient on rank 1")
     for name, p in model.named_parameters():
         assert same(p.detach(), before[name]), name
 
