@@ -58,7 +58,7 @@ def parse_args(argv=None):
                         "(every shape is in each layer; float64 Newton-Schulz is slow)")
     p.add_argument("--only", default="",
                    help="comma-separated contestants to run (default all): dmuon_fp32, "
-                        "dmuon_bf16, torch_muon, muon_fsdp2, muon_kj")
+                        "dmuon_bf16, dmuon_gram, torch_muon, muon_fsdp2, muon_kj")
     p.add_argument("--json", default="", help="also write the results to this file (rank 0)")
     args = p.parse_args(argv)
     if args.warmup < 1 or args.steps < 1:
@@ -192,17 +192,18 @@ def main(argv=None) -> int:
     def want(key):
         return not only or key in only
 
-    if want("dmuon_fp32") or want("dmuon_bf16"):
-        for key, dtype in (("dmuon_fp32", "fp32"), ("dmuon_bf16", "bf16")):
-            if want(key):
-                m = fsdp_model()
-                params = list(m.parameters())
-                opt = dt.Muon(params, lr=LR, weight_decay=0.0, momentum=MOMENTUM,
-                              ns_matmul_dtype=dtype)
-                contestants.append(dict(key=key, label=f"dmuon {dtype}",
-                                        version=importlib.metadata.version("dmuon")
-                                        if _has_dist("dmuon") else getattr(dmuon, "__version__", "?"),
-                                        layout="FSDP2 shards", params=params, step=opt.step))
+    for key, dtype, method in (("dmuon_fp32", "fp32", "symmetric"), ("dmuon_bf16", "bf16", "symmetric"),
+                               ("dmuon_gram", "fp32", "gram")):
+        if want(key):
+            m = fsdp_model()
+            params = list(m.parameters())
+            opt = dt.Muon(params, lr=LR, weight_decay=0.0, momentum=MOMENTUM,
+                          ns_matmul_dtype=dtype, ns_method=method)
+            label = f"dmuon {dtype}" + (" gram" if method == "gram" else "")
+            contestants.append(dict(key=key, label=label,
+                                    version=importlib.metadata.version("dmuon")
+                                    if _has_dist("dmuon") else getattr(dmuon, "__version__", "?"),
+                                    layout="FSDP2 shards", params=params, step=opt.step))
     if want("torch_muon"):
         m = fsdp_model()
         params = list(m.parameters())

@@ -166,14 +166,14 @@ def release_at_exit(obj: Any) -> None:
 def _release_engines() -> None:
     """Drops what every live registered object holds of the native engine: the optimizers' state
     (state tensors alias an engine's memory and keep it alive), then each engine's cached state
-    tensors, native core, sharded parameters and communicator. Only at exit: the optimizers are
-    unusable afterwards."""
+    tensors, native core, sharded parameters, communicator and checked engine options (they hold a
+    native MachineProfile). Only at exit: the optimizers are unusable afterwards."""
     live = list(_RELEASE)
     for o in live:
         if isinstance(o, torch.optim.Optimizer):
             o.state.clear()
     for o in live:
-        for attr in ("_state_cache", "core", "sp", "comm", "engine"):
+        for attr in ("_state_cache", "core", "sp", "comm", "engine", "_dist_options"):
             o.__dict__.pop(attr, None)
 
 

@@ -95,8 +95,8 @@ def test_transport_operations_and_release_at_exit(tmp_path):
     proc = torchrun(3, C10D_CASES, ["--cases", "transport,hold"], tmp_path)
     stdout = ok(proc, "c10d_cases transport,hold")
     assert "CASE transport OK" in stdout and "CASE hold OK" in stdout, stdout
-    bad = [line for line in leaked(proc) if "Communicator" in line or "Optimizer" in line]
-    assert not bad, bad
+    # nothing at all: the optimizer's checked options hold a native MachineProfile too
+    assert not leaked(proc), proc.stderr[-3000:]
 
 
 def test_leak_check_negative_control(tmp_path):
