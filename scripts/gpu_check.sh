@@ -143,5 +143,21 @@ else
   row "dmuon bench ns" skip "not built"
 fi
 
+# ---- 6. the GPU orthogonalization benchmark: the cuda backend vs cuBLAS GEMMs of the same dtype ----
+# Issue 12's target: >= 0.7 of the cuBLAS bf16 GEMM rate at 4096x4096 and 2048x8192, 5 Polar Express
+# steps. The figures are in the log (and the summary row): TFLOP/s done, cuBLAS TFLOP/s, the ratio.
+if [[ -x "$BUILD/bin/dmuon" ]]; then
+  for shape in 4096x4096 2048x8192; do
+    log="$LOGDIR/bench_ns_cuda_$shape.log"
+    if "$BUILD/bin/dmuon" bench ns --device cuda --shape "$shape" --schedule polar_express --steps 5 \
+         --matmul-dtype both --repeats 10 --warmup 2 >"$log" 2>&1; then
+      row "bench ns cuda $shape" ok "$(awk '$1=="bf16"{printf "bf16 %s TFLOP/s, cuBLAS %s, %s", $4, $5, $6} $1=="fp32"{printf "; fp32 %s TFLOP/s, %s ", $4, $6}' "$log")"
+    else
+      row "bench ns cuda $shape" FAIL "$log"
+      status=1
+    fi
+  done
+fi
+
 summary
 exit $status

@@ -1,11 +1,17 @@
 // Internal: stands where the CUDA backend (cuBLAS + own kernels) will go; this build has none.
 #include "backend/backend.h"
+#include "backend/cuda_bench.h"
 #include "dmuon/error.h"
 
 namespace dmuon::detail {
 
 std::shared_ptr<Backend> make_cuda_backend(int device) {
   throw_error(concat("[cuda] dmuon was built without CUDA (device ", device, " requested); use the cpu backend"));
+}
+
+CudaNsTiming time_ns_cuda(const NsOptions&, const float*, int64_t, int64_t, int, int) {
+  throw_error("[cuda] dmuon was built without CUDA: `dmuon bench ns --device cuda` needs a build with "
+              "DMUON_WITH_CUDA (nvcc and the cuBLAS headers; see scripts/gpu_check.sh)");
 }
 
 }  // namespace dmuon::detail

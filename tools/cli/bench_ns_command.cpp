@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cuda_bench.h"
 #include "commands.h"
 #include "dmuon/blas.h"
 #include "dmuon/error.h"
@@ -26,6 +27,7 @@ namespace {
 
 struct BenchNsArgs {
   std::string shape = "1024x4096", schedule = "polar_express", method = "symmetric", matmul = "fp32";
+  std::string device = "cpu";
   int steps = 5, repeats = 5, warmup = 1, threads = 0;
   float scale = 1.0f;
   bool json = false, compare = false;
@@ -78,6 +80,53 @@ std::vector<double> singular_values(const std::vector<float>& x, int64_t m, int6
   return sv;
 }
 
+// --device cuda: the cuda backend's Newton–Schulz (every method runs as plain GEMMs there, so the
+// flops are the plain path's, all of them done) against cuBLAS GEMMs of the same sizes and operand
+// dtype, timed in the same run (detail::time_ns_cuda).
+void run_bench_cuda(const BenchNsArgs& a, const NsOptions& base, const std::vector<DType>& dtypes,
+                    const std::vector<float>& g, int64_t m, int64_t n) {
+  const int64_t s = std::min(m, n), l = std::max(m, n);
+  const double gemm_flops = 2.0 * double(s) * double(s) * double(l);
+  const std::string shape = std::to_string(m) + "x" + std::to_string(n);
+  nlohmann::json rows = nlohmann::json::array();
+  std::string device;
+  for (DType dt : dtypes) {
+    NsOptions o = base;
+    o.method = NsMethod::Plain;
+    o.matmul_dtype = dt;
+    const detail::CudaNsTiming t = detail::time_ns_cuda(o, g.data(), m, n, a.warmup, a.repeats);
+    device = t.device;
+    const double sec = median(t.ns_seconds), flops = ns_flops(m, n, o);
+    const double gemm_tflops = 2 * gemm_flops / (median(t.gram_gemm_seconds) + median(t.apply_gemm_seconds)) / 1e12;
+    const std::vector<double> sv = singular_values(t.result, m, n);
+    rows.push_back({{"matmul_dtype", std::string(to_string(dt))}, {"seconds", sec}, {"times", t.ns_seconds},
+                    {"flops", flops}, {"tflops", flops / sec / 1e12}, {"gemm_tflops", gemm_tflops},
+                    {"gemm_nt_tflops", gemm_flops / median(t.gram_gemm_seconds) / 1e12},
+                    {"gemm_nn_tflops", gemm_flops / median(t.apply_gemm_seconds) / 1e12},
+                    {"efficiency_vs_gemm", flops / sec / 1e12 / gemm_tflops},
+                    {"sigma_min", sv.back()}, {"sigma_max", sv.front()}});
+  }
+  if (a.json) {
+    std::cout << nlohmann::json({{"device", "cuda"}, {"gpu", device}, {"shape", shape}, {"schedule", a.schedule},
+                                 {"steps", a.steps}, {"repeats", a.repeats}, {"results", rows}})
+                     .dump(2)
+              << "\n";
+    return;
+  }
+  std::printf("dmuon bench ns --device cuda: %s, %s, %s, %d steps (plain GEMMs), median of %d after %d warm-up\n",
+              device.c_str(), shape.c_str(), a.schedule.c_str(), a.steps, a.repeats, a.warmup);
+  std::printf("%-6s %10s %8s %9s %15s %13s %10s %10s\n", "dtype", "ms", "TFLOP", "TFLOP/s", "cuBLAS TFLOP/s",
+              "vs cuBLAS", "sigma_min", "sigma_max");
+  for (const auto& r : rows)
+    std::printf("%-6s %10.3f %8.3f %9.1f %15.1f %12.2fx %10.4f %10.4f\n",
+                r["matmul_dtype"].get<std::string>().c_str(), r["seconds"].get<double>() * 1e3,
+                r["flops"].get<double>() / 1e12, r["tflops"].get<double>(), r["gemm_tflops"].get<double>(),
+                r["efficiency_vs_gemm"].get<double>(), r["sigma_min"].get<double>(), r["sigma_max"].get<double>());
+  std::printf("cuBLAS = the step's two GEMM shapes (%lldx%lldx%lld NT, %lldx%lldx%lld NN) in the same dtype, same run\n",
+              static_cast<long long>(s), static_cast<long long>(s), static_cast<long long>(l),
+              static_cast<long long>(s), static_cast<long long>(l), static_cast<long long>(s));
+}
+
 void run_bench(const BenchNsArgs& a) {
   const auto [m, n] = parse_shape(a.shape);
   DMUON_CHECK(a.repeats >= 1, "[bench] --repeats must be >= 1, got ", a.repeats);
@@ -102,6 +151,8 @@ void run_bench(const BenchNsArgs& a) {
   std::normal_distribution<float> normal;
   std::vector<float> g(size_t(m * n));
   for (float& v : g) v = normal(rng);
+  DMUON_CHECK(a.device == "cpu" || a.device == "cuda", "[bench] --device must be cpu or cuda, got '", a.device, "'");
+  if (a.device == "cuda") return run_bench_cuda(a, base, dtypes, g, m, n);
   std::vector<float> out(g.size());
 
   std::vector<Orthogonalizer> orths;
@@ -219,6 +270,10 @@ void add_bench_ns_command(CLI::App& bench) {
   cmd->add_option("--scale", args->scale, "Normalization s in |G|_F*s")->capture_default_str();
   cmd->add_option("--matmul-dtype", args->matmul,
                   "Product operands: fp32 | bf16 (oneDNN) | both (each method in each dtype)")
+      ->capture_default_str();
+  cmd->add_option("--device", args->device,
+                  "cpu | cuda (the cuda backend on device 0, next to cuBLAS GEMMs of the same dtype; "
+                  "methods run as plain GEMMs there)")
       ->capture_default_str();
   cmd->add_flag("--compare", args->compare, "Run plain, symmetric and gram in one run and compare");
   cmd->add_flag("--json", args->json, "Print JSON");

@@ -1,0 +1,114 @@
+// Internal: `dmuon bench ns --device cuda` (cuda_bench.h). The orthogonalization is the backend's own
+// (Backend::muon_units, which synchronizes before returning); the GEMM baseline calls cuBLAS on a
+// handle of its own with the backend's math mode (CUBLAS_PEDANTIC_MATH: no TF32), timed by events.
+#include "backend/cuda_bench.h"
+
+#include <cublas_api.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include "backend/backend.h"
+#include "backend/cuda/cublas_loader.h"
+#include "dmuon/error.h"
+
+namespace dmuon::detail {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw_error(concat("[cuda] bench ns: ", what, ": ", cudaGetErrorString(e)));
+}
+
+// Column-major C (M×N, fp32) = op(A)·op(B), operands fp32 or bf16, fp32 accumulation.
+void gemm(cublasHandle_t h, bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb,
+          float* C, int ldc, bool bf16) {
+  const float one = 1.0f, zero = 0.0f;
+  const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (!bf16)
+    check_blas(cublas().sgemm(h, oa, ob, M, N, K, &one, static_cast<const float*>(A), lda,
+                              static_cast<const float*>(B), ldb, &zero, C, ldc),
+               "cublasSgemm (bench)");
+  else
+    check_blas(cublas().gemm_ex(h, oa, ob, M, N, K, &one, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, &zero, C,
+                                CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx (bench)");
+}
+
+class EventTimer {
+ public:
+  EventTimer() {
+    check(cudaEventCreate(&start_), "cudaEventCreate");
+    check(cudaEventCreate(&stop_), "cudaEventCreate");
+  }
+  ~EventTimer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  template <class F>
+  double time(F&& f) {
+    check(cudaEventRecord(start_, nullptr), "cudaEventRecord");
+    f();
+    check(cudaEventRecord(stop_, nullptr), "cudaEventRecord");
+    check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+    return ms * 1e-3;
+  }
+
+ private:
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+}  // namespace
+
+CudaNsTiming time_ns_cuda(const NsOptions& options, const float* g, int64_t m, int64_t n, int warmup, int repeats) {
+  DMUON_CHECK(m > 0 && n > 0 && m <= INT32_MAX && n <= INT32_MAX, "[bench] shape ", m, "x", n, " out of range");
+  DMUON_CHECK(repeats >= 1 && warmup >= 0, "[bench] repeats must be >= 1 and warmup >= 0");
+  auto be = make_cuda_backend(0);  // throws "[cuda] no CUDA device: ..." without one
+  CudaNsTiming out;
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  out.device = prop.name;
+
+  const size_t numel = static_cast<size_t>(m * n), bytes = numel * sizeof(float);
+  Buffer src = be->allocate(bytes, MemoryKind::Device), work = be->allocate(bytes, MemoryKind::Device);
+  check(cudaMemcpy(src.data(), g, bytes, cudaMemcpyHostToDevice), "upload");
+  auto orth = be->make_orthogonalizer(options);
+  for (int r = 0; r < warmup + repeats; ++r) {
+    check(cudaMemcpy(work.data(), src.data(), bytes, cudaMemcpyDeviceToDevice), "copy");
+    check(cudaDeviceSynchronize(), "synchronize");
+    EventTimer t;
+    const double sec = t.time([&] {
+      be->muon_units(*orth, work.as<float>(), 1, m, n, nullptr, nullptr, 0.0, DType::F32);
+    });
+    if (r >= warmup) out.ns_seconds.push_back(sec);
+  }
+  out.result.resize(numel);
+  check(cudaMemcpy(out.result.data(), work.data(), bytes, cudaMemcpyDeviceToHost), "download");
+
+  // The baseline: the two GEMM shapes of one step, as the backend issues them for a wide matrix
+  // (row-major X s×l is column-major Xᵀ with ld l).
+  const bool bf16 = options.matmul_dtype == DType::BF16;
+  const int s = static_cast<int>(std::min(m, n)), l = static_cast<int>(std::max(m, n));
+  const size_t elem = bf16 ? 2 : 4;
+  Buffer x = be->allocate(size_t(s) * l * elem, MemoryKind::Device), z = be->allocate(size_t(s) * s * elem, MemoryKind::Device);
+  Buffer c = be->allocate(size_t(s) * s * sizeof(float), MemoryKind::Device),
+         d = be->allocate(size_t(s) * l * sizeof(float), MemoryKind::Device);
+  // Operands of moderate magnitude (each byte 0x3C: bf16 ≈ 0.0115, fp32 ≈ 0.0115), finite products.
+  check(cudaMemset(x.data(), 0x3C, size_t(s) * l * elem), "cudaMemset");
+  check(cudaMemset(z.data(), 0x3C, size_t(s) * s * elem), "cudaMemset");
+  cublasHandle_t h = nullptr;
+  check_blas(cublas().create(&h), "cublasCreate (bench)");
+  // cublasDestroy is not among the loaded entry points: the handle lives until exit (harmless).
+  check_blas(cublas().set_math_mode(h, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode (bench)");
+  check_blas(cublas().set_stream(h, nullptr), "cublasSetStream (bench)");
+  EventTimer t;
+  for (int r = 0; r < warmup + repeats; ++r) {
+    const double tg = t.time([&] { gemm(h, true, false, s, s, l, x.data(), l, x.data(), l, c.as<float>(), s, bf16); });
+    const double ta = t.time([&] { gemm(h, false, false, l, s, s, x.data(), l, z.data(), s, d.as<float>(), l, bf16); });
+    if (r >= warmup) out.gram_gemm_seconds.push_back(tg), out.apply_gemm_seconds.push_back(ta);
+  }
+  return out;
+}
+
+}  // namespace dmuon::detail

@@ -1,0 +1,28 @@
+// Internal: `dmuon bench ns --device cuda`: the cuda backend's Newton–Schulz timed next to a cuBLAS
+// GEMM of the same sizes in the same run (src/backend/cuda/cuda_bench.cpp; without CUDA, no_cuda.cpp
+// throws dmuon::Error "[cuda] dmuon was built without CUDA").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dmuon/orthogonalize.h"
+
+namespace dmuon::detail {
+
+struct CudaNsTiming {
+  std::string device;               // the GPU's name (cudaGetDeviceProperties)
+  std::vector<double> ns_seconds;   // one orthogonalization per timed repeat (device synchronized)
+  // One GEMM each per timed repeat (cudaEvent times), operands in the Newton–Schulz products' dtype
+  // (fp32 with TF32 off, or bf16), fp32 accumulation and output, as the backend calls them: the Gram
+  // product s×l·l×s (NT) and the update s×s·s×l (NN), s = min(m, n), l = max(m, n).
+  std::vector<double> gram_gemm_seconds, apply_gemm_seconds;
+  std::vector<float> result;        // the orthogonalized matrix, row-major m×n (host copy)
+};
+
+// Device 0. `g` is a row-major m×n host matrix; `options` as for Orthogonalizer (the cuda backend runs
+// every method as plain GEMMs). Warm-up runs are untimed; repeats ≥ 1.
+CudaNsTiming time_ns_cuda(const NsOptions& options, const float* g, int64_t m, int64_t n, int warmup, int repeats);
+
+}  // namespace dmuon::detail
