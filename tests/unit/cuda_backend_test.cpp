@@ -19,8 +19,10 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_kernels.h"
 #include "dmuon/bf16.h"
 #include "dmuon/error.h"
+#include "dmuon/update.h"
 
 namespace dmuon::detail {
 namespace {
@@ -314,6 +316,70 @@ TEST(CudaBackend, MuonUnitsWithNorMuonAndBf16CommMatchTheCpu) {
   EXPECT_THROW(cuda->gram_newton_schulz(o, du.as<float>(), m, n, true, m, [](float*, size_t, int) {}, DType::F32),
                Error);
 }
+
+// The device NorMuon (cuda::normuon) against normuon_mean_square + normuon_finish on the same
+// orthogonalized input: the same operations in the same order, so every bit of u, v and v_mean.
+TEST(CudaBackend, NorMuonKernelIsBitwiseTheCpu) {
+  REQUIRE_CUDA();
+  auto cuda = make_cuda_backend(0);
+  const std::pair<int, int> shapes[] = {{48, 160}, {160, 48}, {64, 64}, {1, 1}, {1, 300}, {257, 3}};
+  unsigned seed = 40;
+  for (const auto& [m, n] : shapes) {
+    const int64_t numel = int64_t{m} * n, len = normuon_state_size(m, n);
+    std::vector<float> u = randn(static_cast<size_t>(numel), ++seed, 0.05f), v = randn(static_cast<size_t>(len), ++seed);
+    for (float& x : v) x = x * x * 1e-3f;  // a second moment: non-negative, some below the 1e-10 floor
+    v[0] = 0.0f;
+    std::vector<float> vm(static_cast<size_t>(len));
+    Buffer du = put(*cuda, u), dv = put(*cuda, v), dvm = put(*cuda, vm);
+    Buffer step = cuda->allocate(static_cast<size_t>(len) * sizeof(float), MemoryKind::Device),
+           scal = cuda->allocate(2 * sizeof(double), MemoryKind::Device);
+    const double beta2 = 0.95;
+    normuon_mean_square(u.data(), m, n, vm.data());
+    normuon_finish(u.data(), m, n, vm.data(), v.data(), beta2);
+    const cuda::NormuonScratch sc{step.as<float>(), scal.as<double>(), reinterpret_cast<float*>(scal.as<double>() + 1)};
+    ASSERT_EQ(cuda::normuon(du.as<float>(), m, n, dvm.as<float>(), dv.as<float>(), static_cast<float>(1.0 - beta2), sc,
+                            nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::string what = std::to_string(m) + "x" + std::to_string(n);
+    expect_bitwise(get<float>(dvm), vm, what + " v_mean");
+    expect_bitwise(get<float>(dv), v, what + " v");
+    expect_bitwise(get<float>(du), u, what + " u");
+  }
+}
+
+// Newton–Schulz on the device keeps its norm there: the same input twice gives the same bits (the
+// norm's reduction has a fixed order, no atomics), and an all-zero matrix gives +0 exactly, as the
+// cpu kernel does (never NaN).
+TEST(CudaBackend, NewtonSchulzIsDeterministicAndExactOnZeros) {
+  REQUIRE_CUDA();
+  auto cuda = make_cuda_backend(0);
+  for (const bool bf16 : {false, true}) {
+    if (bf16 && !cuda->capabilities().bf16_products) continue;
+    NsOptions o;
+    o.matmul_dtype = bf16 ? DType::BF16 : DType::F32;
+    auto go = cuda->make_orthogonalizer(o);
+    const int m = 200, n = 520;
+    const std::vector<float> u = randn(size_t{m} * n, 77);
+    Buffer a = put(*cuda, u), b = put(*cuda, u);
+    cuda->muon_units(*go, a.as<float>(), 1, m, n, nullptr, nullptr, 0.95, DType::F32);
+    cuda->muon_units(*go, b.as<float>(), 1, m, n, nullptr, nullptr, 0.95, DType::F32);
+    expect_bitwise(get<float>(a), get<float>(b), bf16 ? "bf16 run twice" : "fp32 run twice");
+    for (const EpsMode mode : {EpsMode::Add, EpsMode::Clamp}) {
+      NsOptions z = o;
+      z.eps_mode = mode;
+      z.eps = mode == EpsMode::Clamp ? 0.0f : 1e-7f;
+      auto zo = cuda->make_orthogonalizer(z);
+      std::vector<float> zeros(size_t{m} * n, 0.0f);
+      zeros[5] = -0.0f;
+      Buffer dz = put(*cuda, zeros);
+      cuda->muon_units(*zo, dz.as<float>(), 1, m, n, nullptr, nullptr, 0.95, DType::F32);
+      expect_bitwise(get<float>(dz), std::vector<float>(size_t{m} * n, 0.0f), "all-zero input");
+    }
+  }
+}
+
+
 
 }  // namespace
 }  // namespace dmuon::detail

@@ -298,14 +298,19 @@ class CudaBackend final : public Backend {
     DMUON_CHECK(rows <= INT_MAX && cols <= INT_MAX, "[orth] matrix ", rows, "x", cols,
                 " exceeds the BLAS int range; split it or orthogonalize per expert");
     enter();
-    NsWork w(rows, cols, orth.options().matmul_dtype == DType::BF16);
     const int64_t len = normuon_state_size(rows, cols);
+    NsWork w(rows, cols, orth.options().matmul_dtype == DType::BF16, v != nullptr ? len : 0);
+    const float w_v = cpu::to_scalar(1.0 - beta2);  // normuon_finish's weight
     for (int64_t e = 0; e < batch; ++e) {
       float* x = u + e * rows * cols;
       orthogonalize(orth, x, rows, cols, w);
-      if (v != nullptr) normuon_on_host(x, rows, cols, v_mean, v + e * len, beta2);
+      if (v != nullptr) {
+        DMUON_CHECK(v_mean != nullptr, "[cuda] muon_units: NorMuon needs the v_mean scratch");
+        check(cuda::normuon(x, rows, cols, v_mean, v + e * len, w_v, w.nm, tl_stream), "normuon");
+      }
       round_to_comm(x, rows * cols, comm);
     }
+    check(cudaStreamSynchronize(tl_stream), "muon_units");  // the batch's results are in memory
   }
 
   void gram_newton_schulz(const NsOptions&, float*, int64_t, int64_t, bool, int64_t, const GramReduce&,
@@ -316,28 +321,41 @@ class CudaBackend final : public Backend {
  private:
   void enter() const { check(cudaSetDevice(device_), "cudaSetDevice"); }
 
-  // Scratch of one muon_units call: the ping-pong X, the s×s G, G², Z, and bf16 operand copies.
+  // Scratch of one muon_units call: the ping-pong X, the s×s G, G², Z, bf16 operand copies, the norm
+  // and its partial sums, and NorMuon's per-row/column step (len floats) with its two scalars.
   struct NsWork {
-    NsWork(int64_t m, int64_t n, bool bf16)
-        : s(std::min(m, n)),
-          mem(static_cast<size_t>(m * n + 3 * s * s + 1) * sizeof(float) +
-              (bf16 ? static_cast<size_t>(m * n + 2 * s * s) * sizeof(uint16_t) : 0) + 16) {
-      float* f = mem.as<float>();
-      norm2 = reinterpret_cast<double*>(f), f += 2;  // 8 bytes, aligned
-      x = f, f += m * n;
-      g = f, f += s * s;
-      g2 = f, f += s * s;
-      z = f, f += s * s;
+    NsWork(int64_t m, int64_t n, bool bf16, int64_t len) : s(std::min(m, n)), mem(layout(m, n, bf16, len, nullptr)) {
+      layout(m, n, bf16, len, mem.as<std::byte>());
+    }
+    // Lays the pieces out from `base` (nullptr: only measures); returns the bytes needed.
+    size_t layout(int64_t m, int64_t n, bool bf16, int64_t len, std::byte* base) {
+      const int64_t ss = std::min(m, n) * std::min(m, n);
+      size_t off = 0;
+      auto take = [&](size_t bytes) {
+        std::byte* p = base ? base + off : nullptr;
+        off += (bytes + 255) / 256 * 256;  // 256-byte aligned pieces
+        return p;
+      };
+      norm2 = reinterpret_cast<double*>(take(sizeof(double)));
+      partials = reinterpret_cast<double*>(take(cuda::kSumSquaresBlocks * sizeof(double)));
+      nm.norm = reinterpret_cast<double*>(take(sizeof(double)));
+      nm.ratio = reinterpret_cast<float*>(take(sizeof(float)));
+      nm.step = reinterpret_cast<float*>(take(static_cast<size_t>(len) * sizeof(float)));
+      x = reinterpret_cast<float*>(take(static_cast<size_t>(m * n) * sizeof(float)));
+      g = reinterpret_cast<float*>(take(static_cast<size_t>(ss) * sizeof(float)));
+      g2 = reinterpret_cast<float*>(take(static_cast<size_t>(ss) * sizeof(float)));
+      z = reinterpret_cast<float*>(take(static_cast<size_t>(ss) * sizeof(float)));
       if (bf16) {
-        uint16_t* b = reinterpret_cast<uint16_t*>(f);
-        xb = b, b += m * n;
-        gb = b, b += s * s;
-        zb = b;
+        xb = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(m * n) * sizeof(uint16_t)));
+        gb = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(ss) * sizeof(uint16_t)));
+        zb = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(ss) * sizeof(uint16_t)));
       }
+      return off;
     }
     int64_t s;
     DeviceMem mem;
-    double* norm2 = nullptr;
+    double *norm2 = nullptr, *partials = nullptr;
+    cuda::NormuonScratch nm{};
     float *x = nullptr, *g = nullptr, *g2 = nullptr, *z = nullptr;
     uint16_t *xb = nullptr, *gb = nullptr, *zb = nullptr;
   };
@@ -367,18 +385,12 @@ class CudaBackend final : public Backend {
   void orthogonalize(Orthogonalizer& orth, float* x, int64_t m, int64_t n, NsWork& w) {
     const NsOptions& o = orth.options();
     const bool bf16 = o.matmul_dtype == DType::BF16;
-    check(cudaMemsetAsync(w.norm2, 0, sizeof(double), tl_stream), "cudaMemset");
-    check(cuda::sum_squares(x, m * n, w.norm2, tl_stream), "ns norm");
-    double norm2 = 0;
-    download(&norm2, w.norm2, sizeof norm2);
-    const double norm = std::sqrt(norm2), scaled = norm * o.scale;
-    const double denom = o.eps_mode == EpsMode::Add ? scaled + o.eps : std::max(scaled, static_cast<double>(o.eps));
-    if (norm == 0 || denom == 0) {
-      check(cudaMemsetAsync(x, 0, static_cast<size_t>(m * n) * sizeof(float), tl_stream), "cudaMemset");
-      check(cudaStreamSynchronize(tl_stream), "ns zero");
-      return;
-    }
-    check(cuda::scale(x, w.x, m * n, static_cast<float>(1.0 / denom), tl_stream), "ns normalize");
+    // X₀ = x / denom with the norm kept on the device (no host synchronization per matrix); an
+    // all-zero x gives +0 throughout, which the products keep exactly (the cpu returns zeros too).
+    check(cuda::sum_squares(x, m * n, w.partials, w.norm2, tl_stream), "ns norm");
+    check(cuda::normalize(x, w.x, m * n, w.norm2, static_cast<double>(o.scale), static_cast<double>(o.eps),
+                          o.eps_mode == EpsMode::Add, tl_stream),
+          "ns normalize");
     const bool wide = m <= n;
     const int64_t s = w.s;
     float* cur = w.x;
@@ -403,21 +415,6 @@ class CudaBackend final : public Backend {
     if (cur != x)
       check(cudaMemcpyAsync(x, cur, static_cast<size_t>(m * n) * sizeof(float), cudaMemcpyDeviceToDevice, tl_stream),
             "ns copy");
-    check(cudaStreamSynchronize(tl_stream), "newton_schulz");
-  }
-
-  // NorMuon through the cpu kernels on host copies (exact cpu numerics; a device kernel is future work).
-  void normuon_on_host(float* x, int64_t rows, int64_t cols, float* v_mean, float* v, double beta2) {
-    const size_t numel = static_cast<size_t>(rows * cols), len = static_cast<size_t>(normuon_state_size(rows, cols));
-    std::vector<float> hx(numel), hv(len), hm(len);
-    download(hx.data(), x, numel * sizeof(float));
-    download(hv.data(), v, len * sizeof(float));
-    normuon_mean_square(hx.data(), rows, cols, hm.data());
-    normuon_finish(hx.data(), rows, cols, hm.data(), hv.data(), beta2);
-    upload(x, hx.data(), numel * sizeof(float));
-    upload(v, hv.data(), len * sizeof(float));
-    if (v_mean != nullptr) upload(v_mean, hm.data(), len * sizeof(float));
-    check(cudaStreamSynchronize(tl_stream), "normuon");
   }
 
   int device_;

@@ -152,7 +152,10 @@ __global__ void pack_kernel(const PackRun* runs, const int64_t* prefix, int nrun
   }
 }
 
-__global__ void sum_squares_kernel(const float* x, int64_t n, double* out) {
+// Σ x² in double, deterministic: a grid fixed by n (kSumSquaresBlocks at most), one partial per block
+// from a fixed tree, then one block sums the partials in a fixed order. No atomics: the same input
+// gives the same bits on every run (the norm feeds every element of Newton–Schulz's X₀).
+__global__ void sum_squares_partial_kernel(const float* x, int64_t n, double* partials) {
   __shared__ double partial[kThreads];
   double acc = 0;
   DMUON_GRID_LOOP(i, n) {
@@ -162,10 +165,101 @@ __global__ void sum_squares_kernel(const float* x, int64_t n, double* out) {
   partial[threadIdx.x] = acc;
   __syncthreads();
   for (int w = kThreads / 2; w > 0; w /= 2) {
-    if (static_cast<int>(threadIdx.x) < w) partial[threadIdx.x] += partial[threadIdx.x + w];
+    if (static_cast<int>(threadIdx.x) < w) partial[threadIdx.x] = __dadd_rn(partial[threadIdx.x], partial[threadIdx.x + w]);
     __syncthreads();
   }
-  if (threadIdx.x == 0) atomicAdd(out, partial[0]);
+  if (threadIdx.x == 0) partials[blockIdx.x] = partial[0];
+}
+
+__global__ void sum_partials_kernel(const double* partials, int count, double* out) {
+  __shared__ double partial[kThreads];
+  double acc = 0;
+  for (int i = static_cast<int>(threadIdx.x); i < count; i += kThreads) acc = __dadd_rn(acc, partials[i]);
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (static_cast<int>(threadIdx.x) < w) partial[threadIdx.x] = __dadd_rn(partial[threadIdx.x], partial[threadIdx.x + w]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = partial[0];
+}
+
+// X₀ = in · fp32(1 / denom) with denom from the device's Σ x², as Orthogonalizer::run computes it;
+// an all-zero input (norm or denom 0) gives +0 everywhere, which the iteration keeps exactly.
+__global__ void normalize_kernel(const float* in, float* out, int64_t n, const double* norm2, double scale, double eps,
+                                 bool add) {
+  const double norm = __dsqrt_rn(*norm2);
+  const double scaled = __dmul_rn(norm, scale);
+  const double denom = add ? __dadd_rn(scaled, eps) : (scaled < eps ? eps : scaled);
+  const bool zero = norm == 0 || denom == 0;
+  const float inv = zero ? 0.0f : __double2float_rn(__ddiv_rn(1.0, denom));
+  DMUON_GRID_LOOP(i, n) out[i] = zero ? 0.0f : __fmul_rn(in[i], inv);
+}
+
+// ---- NorMuon (src/kernels/cpu/normuon.cpp, the same operations in the same order) ----
+
+// v_mean: per row (rows ≥ cols) the mean over the columns, else per column over the rows; each a
+// sequential double sum in the cpu order, one thread per row / column.
+__global__ void normuon_mean_square_kernel(const float* u, int64_t rows, int64_t cols, float* v_mean) {
+  const bool per_row = rows >= cols;
+  const int64_t len = per_row ? rows : cols;
+  DMUON_GRID_LOOP(t, len) {
+    double sum = 0;
+    if (per_row) {
+      const float* row = u + t * cols;
+      for (int64_t j = 0; j < cols; ++j) {
+        const double x = row[j];
+        sum = __dadd_rn(sum, __dmul_rn(x, x));
+      }
+      v_mean[t] = cols > 0 ? __double2float_rn(__ddiv_rn(sum, static_cast<double>(cols))) : 0.0f;
+    } else {
+      for (int64_t i = 0; i < rows; ++i) {
+        const double x = u[i * cols + t];
+        sum = __dadd_rn(sum, __dmul_rn(x, x));
+      }
+      v_mean[t] = rows > 0 ? __double2float_rn(__ddiv_rn(sum, static_cast<double>(rows))) : 0.0f;
+    }
+  }
+}
+
+// pass 1: the incoming update's norm, sqrt(Σ v_mean · k), summed in order by one thread.
+__global__ void normuon_norm_kernel(const float* v_mean, int64_t len, double k, double* norm) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double sum = 0;
+  for (int64_t i = 0; i < len; ++i) sum = __dadd_rn(sum, static_cast<double>(v_mean[i]));
+  *norm = __dsqrt_rn(__dmul_rn(sum, k));
+}
+
+// pass 2a: v ← lerp(v, v_mean, 1 − β₂); step = 1 / sqrt(max(v, 1e-10)).
+__global__ void normuon_step_kernel(const float* v_mean, float* v, float* step, int64_t len, float w) {
+  DMUON_GRID_LOOP(i, len) {
+    const float vi = torch_lerp(v[i], v_mean[i], w);
+    v[i] = vi;
+    step[i] = __fdiv_rn(1.0f, __fsqrt_rn(vi < 1e-10f ? 1e-10f : vi));
+  }
+}
+
+// pass 2b: the norm after scaling (in order, one thread) and the ratio that restores the norm.
+__global__ void normuon_ratio_kernel(const float* v_mean, const float* step, int64_t len, double k, const double* norm,
+                                     float* ratio) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double sum_new = 0;
+  for (int64_t i = 0; i < len; ++i) {
+    const double s = step[i];
+    sum_new = __dadd_rn(sum_new, __dmul_rn(__dmul_rn(static_cast<double>(v_mean[i]), k), __dmul_rn(s, s)));
+  }
+  const double norm_new = __dsqrt_rn(sum_new);
+  *ratio = __double2float_rn(__ddiv_rn(*norm, norm_new < 1e-10 ? 1e-10 : norm_new));
+}
+
+// pass 3: u[i, j] ← u[i, j] · fp32(step[t] · ratio), t the row (per row) or the column.
+__global__ void normuon_scale_kernel(float* u, int64_t rows, int64_t cols, const float* step, const float* ratio,
+                                     bool per_row) {
+  const float r = *ratio;
+  DMUON_GRID_LOOP(i, rows * cols) {
+    const int64_t t = per_row ? i / cols : i % cols;
+    u[i] = __fmul_rn(u[i], __fmul_rn(step[t], r));
+  }
 }
 
 __global__ void scale_kernel(const float* in, float* out, int64_t n, float inv) {
@@ -224,8 +318,29 @@ cudaError_t pack(const PackRun* runs, const int64_t* prefix, int nruns, std::byt
   if (total > 0 && nruns > 0) pack_kernel<<<blocks_for(total), kThreads, 0, s>>>(runs, prefix, nruns, bases, total);
   return done();
 }
-cudaError_t sum_squares(const float* x, int64_t n, double* out, cudaStream_t s) {
-  if (n > 0) sum_squares_kernel<<<std::min(blocks_for(n), 1024u), kThreads, 0, s>>>(x, n, out);
+cudaError_t sum_squares(const float* x, int64_t n, double* partials, double* out, cudaStream_t s) {
+  const unsigned blocks = std::min(blocks_for(n), static_cast<unsigned>(kSumSquaresBlocks));
+  sum_squares_partial_kernel<<<blocks, kThreads, 0, s>>>(x, n, partials);
+  sum_partials_kernel<<<1, kThreads, 0, s>>>(partials, static_cast<int>(blocks), out);
+  return done();
+}
+cudaError_t normalize(const float* in, float* out, int64_t n, const double* norm2, double scale, double eps, bool add,
+                      cudaStream_t s) {
+  if (n > 0) normalize_kernel<<<blocks_for(n), kThreads, 0, s>>>(in, out, n, norm2, scale, eps, add);
+  return done();
+}
+cudaError_t normuon(float* u, int64_t rows, int64_t cols, float* v_mean, float* v, float w, NormuonScratch sc,
+                    cudaStream_t s) {
+  const bool per_row = rows >= cols;
+  const int64_t len = per_row ? rows : cols;
+  const double k = static_cast<double>(per_row ? cols : rows);
+  if (len <= 0) return done();
+  normuon_mean_square_kernel<<<blocks_for(len), kThreads, 0, s>>>(u, rows, cols, v_mean);
+  if (k == 0) return done();
+  normuon_norm_kernel<<<1, 1, 0, s>>>(v_mean, len, k, sc.norm);
+  normuon_step_kernel<<<blocks_for(len), kThreads, 0, s>>>(v_mean, v, sc.step, len, w);
+  normuon_ratio_kernel<<<1, 1, 0, s>>>(v_mean, sc.step, len, k, sc.norm, sc.ratio);
+  normuon_scale_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(u, rows, cols, sc.step, sc.ratio, per_row);
   return done();
 }
 cudaError_t scale(const float* in, float* out, int64_t n, float inv, cudaStream_t s) {

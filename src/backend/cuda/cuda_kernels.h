@@ -37,8 +37,24 @@ cudaError_t first_non_finite(const void* g, bool bf16, int64_t n, unsigned long 
 // A pack table (device copies of the runs, their element prefix sums (nruns + 1), the bases).
 cudaError_t pack(const PackRun* runs, const int64_t* prefix, int nruns, std::byte* const* bases, int64_t total,
                  cudaStream_t s);
-// *out += Σ x² in double (preset *out to 0).
-cudaError_t sum_squares(const float* x, int64_t n, double* out, cudaStream_t s);
+// *out = Σ x² in double, deterministically (fixed grid and order; no atomics); `partials` is device
+// scratch of kSumSquaresBlocks doubles.
+inline constexpr int kSumSquaresBlocks = 1024;
+cudaError_t sum_squares(const float* x, int64_t n, double* partials, double* out, cudaStream_t s);
+// out = in · fp32(1 / denom), denom = sqrt(*norm2)·scale + eps (add) or max(sqrt(*norm2)·scale, eps),
+// as Orthogonalizer::run; +0 everywhere when the norm or denom is 0. No host synchronization.
+cudaError_t normalize(const float* in, float* out, int64_t n, const double* norm2, double scale, double eps, bool add,
+                      cudaStream_t s);
+// NorMuon on the orthogonalized rows × cols update u (normuon_mean_square then normuon_finish of
+// update.h, bitwise): v_mean (normuon_state_size floats) receives the mean squares, v the EMA state,
+// w = fp32(1 − β₂). Device scratch: step (normuon_state_size floats), one double, one float.
+struct NormuonScratch {
+  float* step;
+  double* norm;
+  float* ratio;
+};
+cudaError_t normuon(float* u, int64_t rows, int64_t cols, float* v_mean, float* v, float w, NormuonScratch sc,
+                    cudaStream_t s);
 // out = in · inv (each product rounded once).
 cudaError_t scale(const float* in, float* out, int64_t n, float inv, cudaStream_t s);
 // s×s: z = b·g + c·g2 (each product rounded, then the sum), then z_ii += a (as gram_polynomial).
