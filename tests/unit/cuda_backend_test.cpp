@@ -11,10 +11,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
@@ -313,8 +316,115 @@ TEST(CudaBackend, MuonUnitsWithNorMuonAndBf16CommMatchTheCpu) {
     ASSERT_NEAR(got[i], u[i], 2e-2 * std::max(1.0f, std::fabs(u[i]))) << i;
   }
   for (size_t i = 0; i < gv.size(); ++i) ASSERT_NEAR(gv[i], v[i], 1e-3 * std::fabs(v[i]) + 1e-6) << i;
-  EXPECT_THROW(cuda->gram_newton_schulz(o, du.as<float>(), m, n, true, m, [](float*, size_t, int) {}, DType::F32),
-               Error);
+}
+
+// gram_newton_schulz (the gram_allreduce strategy's kernel) on `shards` slices of one matrix cut along
+// its long dim, one thread per slice, the Gram matrices summed in slice order through host copies (a
+// stand-in for the communicator); returns the whole result. `device`: slices live in device memory.
+std::vector<float> gram_ns_sharded(Backend& be, bool device, const NsOptions& o, const std::vector<float>& g, int m,
+                                   int n, int shards) {
+  const bool wide = m <= n;
+  const int s = std::min(m, n), l = std::max(m, n);
+  std::vector<std::vector<float>> slices(static_cast<size_t>(shards));
+  std::vector<int> extent(static_cast<size_t>(shards));
+  for (int r = 0; r < shards; ++r) {
+    const int b = l * r / shards, e = l * (r + 1) / shards;
+    extent[static_cast<size_t>(r)] = e - b;
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j)
+        if ((wide ? j : i) >= b && (wide ? j : i) < e) slices[static_cast<size_t>(r)].push_back(g[size_t(i) * n + j]);
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::vector<float>> posted(static_cast<size_t>(shards));
+  int arrived = 0, generation = 0;
+  std::vector<float> total;
+  auto reduce_of = [&](int r) {
+    return [&, r](float* a, size_t count, int) {
+      std::vector<float> mine(count);
+      if (device) EXPECT_EQ(cudaMemcpy(mine.data(), a, count * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      else std::memcpy(mine.data(), a, count * 4);
+      std::unique_lock<std::mutex> lock(mu);
+      posted[static_cast<size_t>(r)] = std::move(mine);
+      const int gen = generation;
+      if (++arrived == shards) {  // the last one sums in slice order
+        total.assign(count, 0.0f);
+        for (const auto& p : posted)
+          for (size_t i = 0; i < count; ++i) total[i] += p[i];
+        arrived = 0, ++generation;
+        cv.notify_all();
+      } else {
+        cv.wait(lock, [&] { return generation != gen; });
+      }
+      if (device) EXPECT_EQ(cudaMemcpy(a, total.data(), count * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      else std::memcpy(a, total.data(), count * 4);
+    };
+  };
+  std::vector<std::vector<float>> out(static_cast<size_t>(shards));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < shards; ++r)
+    threads.emplace_back([&, r] {
+      const int lm = wide ? m : extent[static_cast<size_t>(r)], ln = wide ? extent[static_cast<size_t>(r)] : n;
+      std::vector<float>& x = slices[static_cast<size_t>(r)];
+      if (device) {
+        Buffer d = put(be, x);
+        be.gram_newton_schulz(o, d.as<float>(), lm, ln, wide, s, reduce_of(r), DType::F32);
+        out[static_cast<size_t>(r)] = get<float>(d);
+      } else {
+        be.gram_newton_schulz(o, x.data(), lm, ln, wide, s, reduce_of(r), DType::F32);
+        out[static_cast<size_t>(r)] = x;
+      }
+    });
+  for (auto& t : threads) t.join();
+  std::vector<float> whole(size_t(m) * n);
+  for (int r = 0, b = 0; r < shards; b += extent[static_cast<size_t>(r)], ++r) {
+    size_t k = 0;
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j)
+        if ((wide ? j : i) >= b && (wide ? j : i) < b + extent[static_cast<size_t>(r)])
+          whole[size_t(i) * n + j] = out[static_cast<size_t>(r)][k++];
+  }
+  return whole;
+}
+
+// The harness above on the cpu backend (runs without a device): 3 slices summed through the
+// stand-in communicator give the 1-slice result, so a GPU failure of the next test is the backend's.
+TEST(CudaTestHarness, GramShardingHarnessAgreesOnTheCpu) {
+  auto cpu = make_cpu_backend();
+  NsOptions o;
+  for (const auto& [m, n] : std::vector<std::pair<int, int>>{{64, 256}, {256, 64}}) {
+    const std::vector<float> g = randn(size_t(m) * n, 90 + m);
+    const std::vector<float> one = gram_ns_sharded(*cpu, false, o, g, m, n, 1);
+    const std::vector<float> three = gram_ns_sharded(*cpu, false, o, g, m, n, 3);
+    double diff = 0, ref = 0, moved = 0;
+    for (size_t i = 0; i < one.size(); ++i)
+      diff += double(one[i] - three[i]) * (one[i] - three[i]), ref += double(one[i]) * one[i],
+          moved += double(one[i] - g[i]) * (one[i] - g[i]);
+    EXPECT_LE(std::sqrt(diff / ref), 1e-5) << m << "x" << n;
+    EXPECT_GT(std::sqrt(moved / ref), 0.1) << "negative control: the result is not the input";
+  }
+}
+
+TEST(CudaBackend, GramAllReduceNewtonSchulzMatchesTheCpu) {
+  REQUIRE_CUDA();
+  auto cuda = make_cuda_backend(0);
+  auto cpu = make_cpu_backend();
+  EXPECT_TRUE(cuda->capabilities().gram_newton_schulz);
+  NsOptions o;
+  o.schedule = Schedule::PolarExpress, o.scale = 1.02f;
+  for (const auto& [m, n] : std::vector<std::pair<int, int>>{{64, 256}, {256, 64}, {40, 41}})
+    for (const int shards : {1, 3}) {
+      const std::vector<float> g = randn(size_t(m) * n, 90 + m);
+      const std::vector<float> want = gram_ns_sharded(*cpu, false, o, g, m, n, shards);
+      const std::vector<float> got = gram_ns_sharded(*cuda, true, o, g, m, n, shards);
+      double diff = 0, ref = 0;
+      for (size_t i = 0; i < got.size(); ++i) diff += double(got[i] - want[i]) * (got[i] - want[i]), ref += double(want[i]) * want[i];
+      EXPECT_LE(std::sqrt(diff / ref), 1e-4) << m << "x" << n << " over " << shards << " shards";
+    }
+  // all zeros: exact zeros on every shard (the trace is 0 everywhere, all ranks leave together)
+  const std::vector<float> zeros(64 * 100, 0.0f);
+  const std::vector<float> z = gram_ns_sharded(*cuda, true, o, zeros, 64, 100, 2);
+  expect_bitwise(z, zeros, "all-zero input");
 }
 
 // The device NorMuon (cuda::normuon) against normuon_mean_square + normuon_finish on the same

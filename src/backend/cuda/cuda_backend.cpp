@@ -139,7 +139,6 @@ class CudaBackend final : public Backend {
     // The Orthogonalizer's constructor validates bf16 options against oneDNN on the host (see
     // make_orthogonalizer), so bf16 products are offered only where that passes.
     c.bf16_products = cpu::bf16_matmul_info().available;
-    c.gram_newton_schulz = false;  // gram_newton_schulz is not implemented here yet
     c.device_memory = true;
     return c;
   }
@@ -313,9 +312,60 @@ class CudaBackend final : public Backend {
     check(cudaStreamSynchronize(tl_stream), "muon_units");  // the batch's results are in memory
   }
 
-  void gram_newton_schulz(const NsOptions&, float*, int64_t, int64_t, bool, int64_t, const GramReduce&,
-                          DType) override {
-    throw_error("[cuda] gram_allreduce is not implemented on the cuda backend yet");
+  // The gram_allreduce strategy's iteration, as the cpu backend's: per step the local slice's Gram
+  // matrix (exactly symmetric: the lower triangle mirrored), summed over the shard group by `reduce`
+  // on device memory (the communicator stages or runs NCCL), A² and the polynomial, X ← a·X + Z·X.
+  // Step 0's Gram of the unnormalized slice gives ‖G‖² as its trace: one host synchronization there.
+  void gram_newton_schulz(const NsOptions& ns, float* x, int64_t m, int64_t n, bool wide, int64_t sd,
+                          const GramReduce& reduce, DType comm) override {
+    enter();
+    const int64_t ld = wide ? n : m, numel = m * n, ss = sd * sd;
+    DMUON_CHECK(sd <= INT_MAX && ld <= INT_MAX && m <= INT_MAX && n <= INT_MAX, "[cuda] gram_newton_schulz: ", m, "x",
+                n, " (Gram side ", sd, ") exceeds the BLAS int range");
+    DeviceMem a_mem(static_cast<size_t>(ss) * sizeof(float)), a2_mem(static_cast<size_t>(ss) * sizeof(float)),
+        tmp_mem(static_cast<size_t>(numel) * sizeof(float)), norm_mem(sizeof(double));
+    float *a = a_mem.as<float>(), *a2 = a2_mem.as<float>(), *tmp = tmp_mem.as<float>();
+    const auto gram = [&](int step) {
+      if (ld > 0) {
+        // row-major x is column-major xᵀ (ld n): wide A = X·Xᵀ = (xᵀ)ᵀ·xᵀ; tall A = Xᵀ·X = xᵀ·(xᵀ)ᵀ.
+        if (wide) gemm(true, false, sd, sd, n, x, n, x, n, a, sd, false);
+        else gemm(false, true, sd, sd, m, x, n, x, n, a, sd, false);
+        check(cuda::mirror_lower(a, sd, tl_stream), "gram mirror");
+      } else {
+        check(cudaMemsetAsync(a, 0, static_cast<size_t>(ss) * sizeof(float), tl_stream), "cudaMemset");
+      }
+      check(cudaStreamSynchronize(tl_stream), "gram");  // the collective reads it from another stream
+      reduce(a, static_cast<size_t>(ss), step);
+    };
+    const std::vector<Coefficients> coef = make_schedule(ns);
+    gram(0);
+    check(cuda::trace(a, sd, norm_mem.as<double>(), tl_stream), "gram trace");
+    double norm2 = 0;
+    download(&norm2, norm_mem.as<void>(), sizeof norm2);
+    const double norm = std::sqrt(norm2) * ns.scale;
+    const double d = ns.eps_mode == EpsMode::Add ? norm + ns.eps : std::max(norm, static_cast<double>(ns.eps));
+    if (norm2 == 0 || d == 0) {  // every rank sees the same sum: all leave here together
+      finish(cudaMemsetAsync(x, 0, static_cast<size_t>(numel) * sizeof(float), tl_stream), "gram zeros");
+      return;
+    }
+    const float inv = static_cast<float>(1.0 / d), inv2 = static_cast<float>(1.0 / (d * d));
+    check(cuda::scale(x, x, numel, inv, tl_stream), "gram normalize");
+    check(cuda::scale(a, a, ss, inv2, tl_stream), "gram normalize");
+    const int S = static_cast<int>(sd), M = static_cast<int>(m), N = static_cast<int>(n);
+    for (size_t t = 0; t < coef.size(); ++t) {
+      if (t > 0) gram(static_cast<int>(t));
+      // a2 = c·A·A + b·A (row-major products through column-major identities; A is symmetric)
+      gemm(false, false, S, S, S, a, S, a, S, a2, S, false, static_cast<float>(coef[t].c));
+      check(cuda::add_scaled(a2, a, ss, static_cast<float>(coef[t].b), tl_stream), "gram polynomial");
+      if (numel == 0) continue;
+      check(cudaMemcpyAsync(tmp, x, static_cast<size_t>(numel) * sizeof(float), cudaMemcpyDeviceToDevice, tl_stream),
+            "gram copy");
+      // wide: X = a2·tmp + a·X (row-major) = column-major xᵀ = tmpᵀ·a2ᵀ + a·xᵀ; tall: X = tmp·a2 + a·X.
+      if (wide) gemm(false, false, N, M, S, tmp, N, a2, S, x, N, false, 1.0f, static_cast<float>(coef[t].a));
+      else gemm(false, false, N, M, S, a2, S, tmp, N, x, N, false, 1.0f, static_cast<float>(coef[t].a));
+    }
+    round_to_comm(x, numel, comm);
+    check(cudaStreamSynchronize(tl_stream), "gram_newton_schulz");
   }
 
  private:
@@ -360,20 +410,20 @@ class CudaBackend final : public Backend {
     uint16_t *xb = nullptr, *gb = nullptr, *zb = nullptr;
   };
 
-  // Column-major C (M×N) = op(A)·op(B), fp32 or bf16 operands with fp32 accumulation and output.
+  // Column-major C (M×N) = alpha·op(A)·op(B) + beta·C, fp32 or bf16 operands with fp32 accumulation and
+  // output.
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb,
-            float* C, int64_t ldc, bool bf16) {
-    const float one = 1.0f, zero = 0.0f;
+            float* C, int64_t ldc, bool bf16, float alpha = 1.0f, float beta = 0.0f) {
     cublasHandle_t h = blas_handle(device_);
     const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
     if (!bf16)
-      check_blas(cublas().sgemm(h, oa, ob, m, n, k, &one, static_cast<const float*>(A), static_cast<int>(lda),
-                                static_cast<const float*>(B), static_cast<int>(ldb), &zero, C, static_cast<int>(ldc)),
+      check_blas(cublas().sgemm(h, oa, ob, m, n, k, &alpha, static_cast<const float*>(A), static_cast<int>(lda),
+                                static_cast<const float*>(B), static_cast<int>(ldb), &beta, C, static_cast<int>(ldc)),
                  "cublasSgemm");
     else
-      check_blas(cublas().gemm_ex(h, oa, ob, m, n, k, &one, A, CUDA_R_16BF, static_cast<int>(lda), B, CUDA_R_16BF,
-                                  static_cast<int>(ldb), &zero, C, CUDA_R_32F, static_cast<int>(ldc),
+      check_blas(cublas().gemm_ex(h, oa, ob, m, n, k, &alpha, A, CUDA_R_16BF, static_cast<int>(lda), B, CUDA_R_16BF,
+                                  static_cast<int>(ldb), &beta, C, CUDA_R_32F, static_cast<int>(ldc),
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
   }

@@ -274,6 +274,24 @@ __global__ void polynomial_kernel(const float* g, const float* g2, float* z, int
   }
 }
 
+__global__ void mirror_lower_kernel(float* a, int64_t side) {
+  DMUON_GRID_LOOP(k, side * side) {
+    const int64_t i = k / side, j = k % side;
+    if (j > i) a[k] = a[j * side + i];
+  }
+}
+
+__global__ void trace_kernel(const float* a, int64_t side, double* out) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double sum = 0;
+  for (int64_t i = 0; i < side; ++i) sum = __dadd_rn(sum, static_cast<double>(a[i * side + i]));
+  *out = sum;
+}
+
+__global__ void add_scaled_kernel(float* y, const float* x, int64_t n, float b) {
+  DMUON_GRID_LOOP(i, n) y[i] = __fadd_rn(y[i], __fmul_rn(b, x[i]));
+}
+
 cudaError_t done() { return cudaGetLastError(); }
 
 }  // namespace
@@ -350,6 +368,18 @@ cudaError_t scale(const float* in, float* out, int64_t n, float inv, cudaStream_
 cudaError_t ns_polynomial(const float* g, const float* g2, float* z, int64_t side, float a, float b, float c,
                           cudaStream_t s) {
   if (side > 0) polynomial_kernel<<<blocks_for(side * side), kThreads, 0, s>>>(g, g2, z, side, a, b, c);
+  return done();
+}
+cudaError_t mirror_lower(float* a, int64_t side, cudaStream_t s) {
+  if (side > 1) mirror_lower_kernel<<<blocks_for(side * side), kThreads, 0, s>>>(a, side);
+  return done();
+}
+cudaError_t trace(const float* a, int64_t side, double* out, cudaStream_t s) {
+  trace_kernel<<<1, 1, 0, s>>>(a, side, out);
+  return done();
+}
+cudaError_t add_scaled(float* y, const float* x, int64_t n, float b, cudaStream_t s) {
+  if (n > 0) add_scaled_kernel<<<blocks_for(n), kThreads, 0, s>>>(y, x, n, b);
   return done();
 }
 cudaError_t to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t s) {

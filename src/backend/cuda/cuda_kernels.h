@@ -60,6 +60,12 @@ cudaError_t scale(const float* in, float* out, int64_t n, float inv, cudaStream_
 // s×s: z = b·g + c·g2 (each product rounded, then the sum), then z_ii += a (as gram_polynomial).
 cudaError_t ns_polynomial(const float* g, const float* g2, float* z, int64_t side, float a, float b, float c,
                           cudaStream_t s);
+// The side×side row-major a: the lower triangle copied onto the upper one (exactly symmetric).
+cudaError_t mirror_lower(float* a, int64_t side, cudaStream_t s);
+// *out = Σ a[i, i] in double, in index order (one thread; deterministic).
+cudaError_t trace(const float* a, int64_t side, double* out, cudaStream_t s);
+// y[i] = y[i] + fp32(b · x[i]) (the cpu gram path's `a2[i] += b * a[i]`).
+cudaError_t add_scaled(float* y, const float* x, int64_t n, float b, cudaStream_t s);
 // y = bf16(x) as raw bits.
 cudaError_t to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t s);
 
