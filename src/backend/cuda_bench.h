@@ -21,8 +21,12 @@ struct CudaNsTiming {
   std::vector<float> result;        // the orthogonalized matrix, row-major m×n (host copy)
 };
 
-// Device 0. `g` is a row-major m×n host matrix; `options` as for Orthogonalizer (the cuda backend runs
-// every method as plain GEMMs). Warm-up runs are untimed; repeats ≥ 1.
+// The flops the cuda backend's Newton–Schulz does for an m×n matrix (2 per multiply-add, every
+// product it issues: plain GEMMs, or the block-triangle ones of method symmetric / gram).
+double cuda_ns_flops_done(int64_t m, int64_t n, const NsOptions& options);
+
+// Device 0. `g` is a row-major m×n host matrix; `options` as for Orthogonalizer (gram runs as symmetric on
+// the cuda backend). Warm-up runs are untimed; repeats ≥ 1.
 CudaNsTiming time_ns_cuda(const NsOptions& options, const float* g, int64_t m, int64_t n, int warmup, int repeats);
 
 }  // namespace dmuon::detail

@@ -263,9 +263,11 @@ TEST(CudaBackend, NewtonSchulzMatchesTheCpuAndTheSvdOracle) {
     bool bf16;
     NsMethod method;
   };
+  // 1100 and 1300 sides: the symmetric products in 2 block columns (cuda::lower_blocks), wide and tall
   const Case cases[] = {{64, 256, false, NsMethod::Symmetric}, {256, 64, false, NsMethod::Plain},
                         {128, 128, false, NsMethod::Symmetric}, {96, 300, true, NsMethod::Symmetric},
-                        {300, 96, true, NsMethod::Plain}};
+                        {300, 96, true, NsMethod::Plain},        {1100, 1300, false, NsMethod::Symmetric},
+                        {1300, 1100, true, NsMethod::Symmetric}, {1100, 2300, false, NsMethod::Gram}};
   for (const Case& c : cases) {
     if (c.bf16 && !cuda->capabilities().bf16_products) continue;  // Orthogonalizer validation needs oneDNN
     NsOptions o;
@@ -390,6 +392,11 @@ std::vector<float> gram_ns_sharded(Backend& be, bool device, const NsOptions& o,
 // The harness above on the cpu backend (runs without a device): 3 slices summed through the
 // stand-in communicator give the 1-slice result, so a GPU failure of the next test is the backend's.
 TEST(CudaTestHarness, GramShardingHarnessAgreesOnTheCpu) {
+  EXPECT_EQ(cuda::lower_blocks(512), 1);
+  EXPECT_EQ(cuda::lower_blocks(1100), 2);
+  EXPECT_EQ(cuda::lower_blocks(1 << 20), 8);
+  // 2 blocks of 550 columns: rows 0..550 then 0..1100, i.e. 3/4 of the full product's flops
+  EXPECT_DOUBLE_EQ(cuda::lower_product_flops(1100, 7), 2.0 * (550.0 * 550 + 1100.0 * 550) * 7);
   auto cpu = make_cpu_backend();
   NsOptions o;
   for (const auto& [m, n] : std::vector<std::pair<int, int>>{{64, 256}, {256, 64}}) {

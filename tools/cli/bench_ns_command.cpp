@@ -80,9 +80,10 @@ std::vector<double> singular_values(const std::vector<float>& x, int64_t m, int6
   return sv;
 }
 
-// --device cuda: the cuda backend's Newton–Schulz (every method runs as plain GEMMs there, so the
-// flops are the plain path's, all of them done) against cuBLAS GEMMs of the same sizes and operand
-// dtype, timed in the same run (detail::time_ns_cuda).
+// --device cuda: the cuda backend's Newton–Schulz (--method plain: full GEMMs; symmetric, and gram
+// which runs as symmetric there: G and G² on their block triangle) against cuBLAS GEMMs of the same
+// sizes and operand dtype, timed in the same run (detail::time_ns_cuda). TFLOP/s count the flops
+// the backend's products do (detail::cuda_ns_flops_done).
 void run_bench_cuda(const BenchNsArgs& a, const NsOptions& base, const std::vector<DType>& dtypes,
                     const std::vector<float>& g, int64_t m, int64_t n) {
   const int64_t s = std::min(m, n), l = std::max(m, n);
@@ -92,14 +93,14 @@ void run_bench_cuda(const BenchNsArgs& a, const NsOptions& base, const std::vect
   std::string device;
   for (DType dt : dtypes) {
     NsOptions o = base;
-    o.method = NsMethod::Plain;
+    o.method = parse_ns_method(a.method);
     o.matmul_dtype = dt;
     const detail::CudaNsTiming t = detail::time_ns_cuda(o, g.data(), m, n, a.warmup, a.repeats);
     device = t.device;
-    const double sec = median(t.ns_seconds), flops = ns_flops(m, n, o);
+    const double sec = median(t.ns_seconds), flops = detail::cuda_ns_flops_done(m, n, o);
     const double gemm_tflops = 2 * gemm_flops / (median(t.gram_gemm_seconds) + median(t.apply_gemm_seconds)) / 1e12;
     const std::vector<double> sv = singular_values(t.result, m, n);
-    rows.push_back({{"matmul_dtype", std::string(to_string(dt))}, {"seconds", sec}, {"times", t.ns_seconds},
+    rows.push_back({{"matmul_dtype", std::string(to_string(dt))}, {"method", a.method}, {"seconds", sec}, {"times", t.ns_seconds},
                     {"flops", flops}, {"tflops", flops / sec / 1e12}, {"gemm_tflops", gemm_tflops},
                     {"gemm_nt_tflops", gemm_flops / median(t.gram_gemm_seconds) / 1e12},
                     {"gemm_nn_tflops", gemm_flops / median(t.apply_gemm_seconds) / 1e12},
@@ -113,8 +114,8 @@ void run_bench_cuda(const BenchNsArgs& a, const NsOptions& base, const std::vect
               << "\n";
     return;
   }
-  std::printf("dmuon bench ns --device cuda: %s, %s, %s, %d steps (plain GEMMs), median of %d after %d warm-up\n",
-              device.c_str(), shape.c_str(), a.schedule.c_str(), a.steps, a.repeats, a.warmup);
+  std::printf("dmuon bench ns --device cuda: %s, %s, %s, %d steps, method %s, median of %d after %d warm-up\n",
+              device.c_str(), shape.c_str(), a.schedule.c_str(), a.steps, a.method.c_str(), a.repeats, a.warmup);
   std::printf("%-6s %10s %8s %9s %15s %13s %10s %10s\n", "dtype", "ms", "TFLOP", "TFLOP/s", "cuBLAS TFLOP/s",
               "vs cuBLAS", "sigma_min", "sigma_max");
   for (const auto& r : rows)
@@ -273,7 +274,7 @@ void add_bench_ns_command(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--device", args->device,
                   "cpu | cuda (the cuda backend on device 0, next to cuBLAS GEMMs of the same dtype; "
-                  "methods run as plain GEMMs there)")
+                  "--compare is cpu only, gram runs as symmetric there)")
       ->capture_default_str();
   cmd->add_flag("--compare", args->compare, "Run plain, symmetric and gram in one run and compare");
   cmd->add_flag("--json", args->json, "Print JSON");

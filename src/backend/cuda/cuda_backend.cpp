@@ -428,10 +428,46 @@ class CudaBackend final : public Backend {
                  "cublasGemmEx");
   }
 
+  // G = X·Xᵀ (wide) or Xᵀ·X (tall) of the row-major m×n X at `xa` (fp32 or bf16), into the row-major
+  // s×s g. symmetric: only the lower block triangle (row-major) is multiplied, block column by block
+  // column of the column-major view (lower_blocks), then mirrored; else one full GEMM. The same matrix
+  // gets the same calls whatever batch it is in (bitwise layout invariance).
+  void gram_product(const void* xa, int64_t m, int64_t n, float* g, bool bf16, bool symmetric) {
+    const bool wide = m <= n;
+    const int64_t s = std::min(m, n), k = std::max(m, n);
+    const size_t elem = bf16 ? 2 : 4;
+    const auto* base = static_cast<const std::byte*>(xa);
+    // column-major view: A = xa as n×m (ld n); wide G = Aᵀ·A, tall G = A·Aᵀ. Columns [c0, c1) of G,
+    // rows [0, c1): wide Aᵀ[0:c1]·A[:, c0:c1]; tall A[0:c1, :]·(A[c0:c1, :])ᵀ.
+    const int64_t blocks = symmetric ? cuda::lower_blocks(s) : 1;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t c0 = s * b / blocks, c1 = blocks == 1 ? s : s * (b + 1) / blocks;
+      const int64_t rows = blocks == 1 ? s : c1;
+      if (wide) gemm(true, false, rows, c1 - c0, k, base, n, base + static_cast<size_t>(c0 * n) * elem, n, g + c0 * s, s, bf16);
+      else gemm(false, true, rows, c1 - c0, k, base, n, base + static_cast<size_t>(c0) * elem, n, g + c0 * s, s, bf16);
+    }
+    if (blocks > 1) check(cuda::mirror_lower(g, s, tl_stream), "ns mirror");
+  }
+
+  // g2 = G·G for the symmetric s×s G at `ga` (fp32 or bf16), the lower block triangle then a mirror
+  // when symmetric.
+  void square_product(const void* ga, int64_t s, float* g2, bool bf16, bool symmetric) {
+    const size_t elem = bf16 ? 2 : 4;
+    const auto* base = static_cast<const std::byte*>(ga);
+    const int64_t blocks = symmetric ? cuda::lower_blocks(s) : 1;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t c0 = s * b / blocks, c1 = blocks == 1 ? s : s * (b + 1) / blocks;
+      const int64_t rows = blocks == 1 ? s : c1;
+      gemm(false, false, rows, c1 - c0, s, base, s, base + static_cast<size_t>(c0 * s) * elem, s, g2 + c0 * s, s, bf16);
+    }
+    if (blocks > 1) check(cuda::mirror_lower(g2, s, tl_stream), "ns mirror");
+  }
+
   // Newton–Schulz on the row-major m×n device matrix x in place, as the cpu Orthogonalizer::run:
   // X₀ = x / (‖x‖·scale + eps) (or max), per step G = X·Xᵀ (wide) / XᵀX (tall), Z = aI + bG + cG²,
-  // X ← Z·X / X·Z. Row-major X is column-major Xᵀ (ld n) for cuBLAS. Products are GEMMs (cuBLAS has no
-  // symmetric-output product that pays here); method gram runs as the standard iteration.
+  // X ← Z·X / X·Z. Row-major X is column-major Xᵀ (ld n) for cuBLAS. G and G² are formed on their
+  // block triangle (gram_product, square_product) unless the method is plain; method gram runs as
+  // symmetric here.
   void orthogonalize(Orthogonalizer& orth, float* x, int64_t m, int64_t n, NsWork& w) {
     const NsOptions& o = orth.options();
     const bool bf16 = o.matmul_dtype == DType::BF16;
@@ -442,17 +478,17 @@ class CudaBackend final : public Backend {
                           o.eps_mode == EpsMode::Add, tl_stream),
           "ns normalize");
     const bool wide = m <= n;
+    const bool symmetric = o.method != NsMethod::Plain;  // gram runs as symmetric here
     const int64_t s = w.s;
     float* cur = w.x;
     float* other = x;
     for (const Coefficients& k : orth.coefficients()) {
       const void* xa = cur;
       if (bf16) check(cuda::to_bf16(cur, w.xb, m * n, tl_stream), "ns bf16"), xa = w.xb;
-      if (wide) gemm(true, false, s, s, n, xa, n, xa, n, w.g, s, bf16);
-      else gemm(false, true, s, s, m, xa, n, xa, n, w.g, s, bf16);
+      gram_product(xa, m, n, w.g, bf16, symmetric);
       const void* ga = w.g;
       if (bf16) check(cuda::to_bf16(w.g, w.gb, s * s, tl_stream), "ns bf16"), ga = w.gb;
-      gemm(false, false, s, s, s, ga, s, ga, s, w.g2, s, bf16);
+      square_product(ga, s, w.g2, bf16, symmetric);
       check(cuda::ns_polynomial(w.g, w.g2, w.z, s, static_cast<float>(k.a), static_cast<float>(k.b),
                                 static_cast<float>(k.c), tl_stream),
             "ns polynomial");

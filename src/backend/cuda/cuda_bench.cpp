@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cublas_loader.h"
+#include "backend/cuda/cuda_kernels.h"
 #include "dmuon/error.h"
 
 namespace dmuon::detail {
@@ -60,6 +61,15 @@ class EventTimer {
 };
 
 }  // namespace
+
+double cuda_ns_flops_done(int64_t m, int64_t n, const NsOptions& options) {
+  const int64_t s = std::min(m, n), l = std::max(m, n);
+  const double full_gram = 2.0 * double(s) * double(s) * double(l), full_square = 2.0 * double(s) * double(s) * double(s);
+  const bool symmetric = options.method != NsMethod::Plain;
+  const double per_step = (symmetric ? cuda::lower_product_flops(s, l) : full_gram) +
+                          (symmetric ? cuda::lower_product_flops(s, s) : full_square) + full_gram;
+  return options.steps * per_step;
+}
 
 CudaNsTiming time_ns_cuda(const NsOptions& options, const float* g, int64_t m, int64_t n, int warmup, int repeats) {
   DMUON_CHECK(m > 0 && n > 0 && m <= INT32_MAX && n <= INT32_MAX, "[bench] shape ", m, "x", n, " out of range");

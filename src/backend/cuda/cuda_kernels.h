@@ -60,6 +60,20 @@ cudaError_t scale(const float* in, float* out, int64_t n, float inv, cudaStream_
 // s×s: z = b·g + c·g2 (each product rounded, then the sum), then z_ii += a (as gram_polynomial).
 cudaError_t ns_polynomial(const float* g, const float* g2, float* z, int64_t side, float a, float b, float c,
                           cudaStream_t s);
+// Column blocks of a symmetric product's block triangle (the cuda backend's method symmetric): the
+// side is cut into lower_blocks(side) near-equal blocks; block b spans [side·b/B, side·(b+1)/B).
+// One block (a full GEMM) up to 512, at most 8 (≥ 512 columns each): big GEMMs that still skip
+// (1 − 1/B)/2 of the product. The flops done for side s and inner size k: Σ_b 2·c1·(c1 − c0)·k.
+inline int64_t lower_blocks(int64_t side) { return side <= 512 ? 1 : (side / 512 < 8 ? side / 512 : 8); }
+inline double lower_product_flops(int64_t side, int64_t k) {
+  const int64_t blocks = lower_blocks(side);
+  double f = 0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t c0 = side * b / blocks, c1 = side * (b + 1) / blocks;
+    f += 2.0 * static_cast<double>(c1) * static_cast<double>(c1 - c0) * static_cast<double>(k);
+  }
+  return f;
+}
 // The side×side row-major a: the lower triangle copied onto the upper one (exactly symmetric).
 cudaError_t mirror_lower(float* a, int64_t side, cudaStream_t s);
 // *out = Σ a[i, i] in double, in index order (one thread; deterministic).
