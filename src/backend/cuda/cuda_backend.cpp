@@ -371,21 +371,59 @@ class CudaBackend final : public Backend {
  private:
   void enter() const { check(cudaSetDevice(device_), "cudaSetDevice"); }
 
-  // Scratch of one muon_units call: the ping-pong X, the s×s G, G², Z, bf16 operand copies, the norm
-  // and its partial sums, and NorMuon's per-row/column step (len floats) with its two scalars.
-  struct NsWork {
-    NsWork(int64_t m, int64_t n, bool bf16, int64_t len) : s(std::min(m, n)), mem(layout(m, n, bf16, len, nullptr)) {
-      layout(m, n, bf16, len, mem.as<std::byte>());
+  // Device pointers of a muon_units call's scratch (NsWork's pieces).
+  struct NsPointers {
+    double *norm2 = nullptr, *partials = nullptr;
+    cuda::NormuonScratch nm{};
+    float *x = nullptr, *g = nullptr, *g2 = nullptr, *z = nullptr;
+    uint16_t *xb = nullptr, *gb = nullptr, *zb = nullptr;
+  };
+  // Lays the pieces out from `base` (256-byte aligned; base null: only measures) and returns the
+  // bytes: the norm and its partial sums, NorMuon's step (len floats) and scalars, the ping-pong X,
+  // the s×s G, G², Z, and the bf16 operand copies.
+  static size_t ns_layout(int64_t m, int64_t n, bool bf16, int64_t len, std::byte* base, NsPointers& p) {
+    const size_t mn = static_cast<size_t>(m * n), ss = static_cast<size_t>(std::min(m, n) * std::min(m, n));
+    size_t off = 0;
+    auto take = [&](size_t bytes) {
+      std::byte* at = base ? base + off : nullptr;
+      off += (bytes + 255) / 256 * 256;
+      return at;
+    };
+    p.norm2 = reinterpret_cast<double*>(take(sizeof(double)));
+    p.partials = reinterpret_cast<double*>(take(cuda::kSumSquaresBlocks * sizeof(double)));
+    p.nm.norm = reinterpret_cast<double*>(take(sizeof(double)));
+    p.nm.ratio = reinterpret_cast<float*>(take(sizeof(float)));
+    p.nm.step = reinterpret_cast<float*>(take(static_cast<size_t>(len) * sizeof(float)));
+    p.x = reinterpret_cast<float*>(take(mn * sizeof(float)));
+    p.g = reinterpret_cast<float*>(take(ss * sizeof(float)));
+    p.g2 = reinterpret_cast<float*>(take(ss * sizeof(float)));
+    p.z = reinterpret_cast<float*>(take(ss * sizeof(float)));
+    if (bf16) {
+      p.xb = reinterpret_cast<uint16_t*>(take(mn * sizeof(uint16_t)));
+      p.gb = reinterpret_cast<uint16_t*>(take(ss * sizeof(uint16_t)));
+      p.zb = reinterpret_cast<uint16_t*>(take(ss * sizeof(uint16_t)));
     }
-    // Lays the pieces out from `base` (nullptr: only measures); returns the bytes needed.
-    size_t layout(int64_t m, int64_t n, bool bf16, int64_t len, std::byte* base) {
-      const int64_t ss = std::min(m, n) * std::min(m, n);
-      size_t off = 0;
-      auto take = [&](size_t bytes) {
-        std::byte* p = base ? base + off : nullptr;
-        off += (bytes + 255) / 256 * 256;  // 256-byte aligned pieces
-        return p;
-      };
+    return off;
+  }
+  // Scratch of one muon_units call, one allocation.
+  struct NsWork : NsPointers {
+    NsWork(int64_t m, int64_t n, bool bf16, int64_t len) : s(std::min(m, n)), mem(measure(m, n, bf16, len)) {
+      ns_layout(m, n, bf16, len, mem.as<std::byte>(), *this);
+    }
+    static size_t measure(int64_t m, int64_t n, bool bf16, int64_t len) {
+      NsPointers unused;
+      return ns_layout(m, n, bf16, len, nullptr, unused);
+    }
+    int64_t s;
+    DeviceMem mem;
+  };
+      NsWork scratch_only(0);  // where the pointers go when only measuring
+      NsWork& t = w ? *w : scratch_only;
+      double*& norm2 = t.norm2;
+      double*& partials = t.partials;
+      cuda::NormuonScratch& nm = t.nm;
+      float *&x = t.x, *&g = t.g, *&g2 = t.g2, *&z = t.z;
+      uint16_t *&xb = t.xb, *&gb = t.gb, *&zb = t.zb;
       norm2 = reinterpret_cast<double*>(take(sizeof(double)));
       partials = reinterpret_cast<double*>(take(cuda::kSumSquaresBlocks * sizeof(double)));
       nm.norm = reinterpret_cast<double*>(take(sizeof(double)));
@@ -402,6 +440,7 @@ class CudaBackend final : public Backend {
       }
       return off;
     }
+    explicit NsWork(int) : s(0), mem(0) {}  // holds pointers only (layout's measuring pass)
     int64_t s;
     DeviceMem mem;
     double *norm2 = nullptr, *partials = nullptr;
