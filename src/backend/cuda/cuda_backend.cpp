@@ -417,37 +417,6 @@ class CudaBackend final : public Backend {
     int64_t s;
     DeviceMem mem;
   };
-      NsWork scratch_only(0);  // where the pointers go when only measuring
-      NsWork& t = w ? *w : scratch_only;
-      double*& norm2 = t.norm2;
-      double*& partials = t.partials;
-      cuda::NormuonScratch& nm = t.nm;
-      float *&x = t.x, *&g = t.g, *&g2 = t.g2, *&z = t.z;
-      uint16_t *&xb = t.xb, *&gb = t.gb, *&zb = t.zb;
-      norm2 = reinterpret_cast<double*>(take(sizeof(double)));
-      partials = reinterpret_cast<double*>(take(cuda::kSumSquaresBlocks * sizeof(double)));
-      nm.norm = reinterpret_cast<double*>(take(sizeof(double)));
-      nm.ratio = reinterpret_cast<float*>(take(sizeof(float)));
-      nm.step = reinterpret_cast<float*>(take(static_cast<size_t>(len) * sizeof(float)));
-      x = reinterpret_cast<float*>(take(static_cast<size_t>(m * n) * sizeof(float)));
-      g = reinterpret_cast<float*>(take(static_cast<size_t>(ss) * sizeof(float)));
-      g2 = reinterpret_cast<float*>(take(static_cast<size_t>(ss) * sizeof(float)));
-      z = reinterpret_cast<float*>(take(static_cast<size_t>(ss) * sizeof(float)));
-      if (bf16) {
-        xb = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(m * n) * sizeof(uint16_t)));
-        gb = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(ss) * sizeof(uint16_t)));
-        zb = reinterpret_cast<uint16_t*>(take(static_cast<size_t>(ss) * sizeof(uint16_t)));
-      }
-      return off;
-    }
-    explicit NsWork(int) : s(0), mem(0) {}  // holds pointers only (layout's measuring pass)
-    int64_t s;
-    DeviceMem mem;
-    double *norm2 = nullptr, *partials = nullptr;
-    cuda::NormuonScratch nm{};
-    float *x = nullptr, *g = nullptr, *g2 = nullptr, *z = nullptr;
-    uint16_t *xb = nullptr, *gb = nullptr, *zb = nullptr;
-  };
 
   // Column-major C (M×N) = alpha·op(A)·op(B) + beta·C, fp32 or bf16 operands with fp32 accumulation and
   // output.
