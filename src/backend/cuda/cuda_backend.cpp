@@ -436,39 +436,37 @@ class CudaBackend final : public Backend {
                  "cublasGemmEx");
   }
 
-  // G = X·Xᵀ (wide) or Xᵀ·X (tall) of the row-major m×n X at `xa` (fp32 or bf16), into the row-major
-  // s×s g. symmetric: only the lower block triangle (row-major) is multiplied, block column by block
-  // column of the column-major view (lower_blocks), then mirrored; else one full GEMM. The same matrix
-  // gets the same calls whatever batch it is in (bitwise layout invariance).
+  // An s×s symmetric product into the row-major `out`: symmetric, the column-major view's block
+  // columns [c0, c1) over rows [0, c1) (the row-major lower block triangle; cuda::lower_blocks) then a
+  // mirror; else one full product. `block(c0, c1)` issues the GEMM of one block column with c1 rows.
+  // The same matrix gets the same calls whatever batch it is in (bitwise layout invariance).
+  template <class Block>
+  void symmetric_product(int64_t s, float* out, bool symmetric, Block&& block) {
+    const int64_t blocks = symmetric ? cuda::lower_blocks(s) : 1;
+    for (int64_t b = 0; b < blocks; ++b) block(s * b / blocks, s * (b + 1) / blocks);
+    if (blocks > 1) check(cuda::mirror_lower(out, s, tl_stream), "ns mirror");
+  }
+
+  // G = X·Xᵀ (wide) or Xᵀ·X (tall) of the row-major m×n X at `xa` (fp32 or bf16) into the s×s g. In
+  // the column-major view A = xa (n×m, ld n): wide G = Aᵀ·A, block Aᵀ[0:c1]·A[:, c0:c1]; tall
+  // G = A·Aᵀ, block A[0:c1, :]·(A[c0:c1, :])ᵀ.
   void gram_product(const void* xa, int64_t m, int64_t n, float* g, bool bf16, bool symmetric) {
-    const bool wide = m <= n;
     const int64_t s = std::min(m, n), k = std::max(m, n);
     const size_t elem = bf16 ? 2 : 4;
     const auto* base = static_cast<const std::byte*>(xa);
-    // column-major view: A = xa as n×m (ld n); wide G = Aᵀ·A, tall G = A·Aᵀ. Columns [c0, c1) of G,
-    // rows [0, c1): wide Aᵀ[0:c1]·A[:, c0:c1]; tall A[0:c1, :]·(A[c0:c1, :])ᵀ.
-    const int64_t blocks = symmetric ? cuda::lower_blocks(s) : 1;
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t c0 = s * b / blocks, c1 = blocks == 1 ? s : s * (b + 1) / blocks;
-      const int64_t rows = blocks == 1 ? s : c1;
-      if (wide) gemm(true, false, rows, c1 - c0, k, base, n, base + static_cast<size_t>(c0 * n) * elem, n, g + c0 * s, s, bf16);
-      else gemm(false, true, rows, c1 - c0, k, base, n, base + static_cast<size_t>(c0) * elem, n, g + c0 * s, s, bf16);
-    }
-    if (blocks > 1) check(cuda::mirror_lower(g, s, tl_stream), "ns mirror");
+    symmetric_product(s, g, symmetric, [&](int64_t c0, int64_t c1) {
+      if (m <= n) gemm(true, false, c1, c1 - c0, k, base, n, base + static_cast<size_t>(c0 * n) * elem, n, g + c0 * s, s, bf16);
+      else gemm(false, true, c1, c1 - c0, k, base, n, base + static_cast<size_t>(c0) * elem, n, g + c0 * s, s, bf16);
+    });
   }
 
-  // g2 = G·G for the symmetric s×s G at `ga` (fp32 or bf16), the lower block triangle then a mirror
-  // when symmetric.
+  // g2 = G·G for the symmetric s×s G at `ga` (fp32 or bf16): block G[0:c1, :]·G[:, c0:c1].
   void square_product(const void* ga, int64_t s, float* g2, bool bf16, bool symmetric) {
     const size_t elem = bf16 ? 2 : 4;
     const auto* base = static_cast<const std::byte*>(ga);
-    const int64_t blocks = symmetric ? cuda::lower_blocks(s) : 1;
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t c0 = s * b / blocks, c1 = blocks == 1 ? s : s * (b + 1) / blocks;
-      const int64_t rows = blocks == 1 ? s : c1;
-      gemm(false, false, rows, c1 - c0, s, base, s, base + static_cast<size_t>(c0 * s) * elem, s, g2 + c0 * s, s, bf16);
-    }
-    if (blocks > 1) check(cuda::mirror_lower(g2, s, tl_stream), "ns mirror");
+    symmetric_product(s, g2, symmetric, [&](int64_t c0, int64_t c1) {
+      gemm(false, false, c1, c1 - c0, s, base, s, base + static_cast<size_t>(c0 * s) * elem, s, g2 + c0 * s, s, bf16);
+    });
   }
 
   // Newton–Schulz on the row-major m×n device matrix x in place, as the cpu Orthogonalizer::run:
