@@ -13,7 +13,8 @@
 // converted once, at construction, into the engine's one parameter type (ParamSpec) on a one-rank
 // mesh: every placement Replicate, role from the group's algorithm, `expert` = expert_stack and the
 // QK tag copied (Muon groups; AdamW ignores both). The options become OptimizerOptions (comm_dtype,
-// non-finite policy, state hooks, `threads` as compute_streams; DMUON_STRATEGY is not read).
+// non-finite policy, state hooks, offload_state, `threads` as compute_streams; DMUON_STRATEGY is
+// not read).
 // Everything else (step validation, state, the per-matrix sequence) is the engine's.
 #pragma once
 
@@ -63,6 +64,11 @@ struct LocalOptimizerOptions {
   // Around the step's state use: per chunk of the engine's plan and per AdamW pass, on the calling
   // thread (optim_options.h).
   StateHooks state_hooks;
+  // State offload (OptimizerOptions::offload_state): state in pinned host memory, staged through
+  // device slots per chunk and AdamW batch; bitwise the same results. On the cpu backend the state is
+  // in host memory anyway and offload runs the same staging (memcpy, a cost): it exists there so
+  // the mechanism is tested. last_stats() reports the bytes moved and the peak resident bytes.
+  bool offload_state = false;
 };
 
 class DMUON_API LocalOptimizer {

@@ -69,7 +69,19 @@ struct OptimizerOptions {
   // Results are bitwise the same for every value (a unit's arithmetic does not depend on the
   // stream or the thread count). LocalOptimizer's `threads` is this option on one rank.
   int compute_streams = 1;
-  StateHooks state_hooks;              // around each chunk's and the AdamW pass's state use (optim_options.h)
+  StateHooks state_hooks;              // around each chunk's and AdamW batch's state use (optim_options.h)
+  // State offload: optimizer state (momentum, NorMuon, AdamW moments) lives in pinned host memory;
+  // each pipeline chunk's state (and each AdamW batch's, batches of up to chunk_bytes of state) is
+  // copied to a device slot ahead of use, one chunk ahead, on a copy stream overlapping the current
+  // chunk's compute, and written back after (through the state store's acquire / release, where the
+  // state hooks run too). Results are bitwise those without offload. Device memory holding state is
+  // bounded: StepStats::peak_state_resident_bytes ≤ (window + 1) × the largest chunk's (or AdamW
+  // batch's) state bytes on this rank, each tensor rounded up to 256 bytes; to keep that bound a
+  // chunk's scatter is posted only once the previous chunk has finished (same posting order). The
+  // state views (state(), checkpoints) read the pinned home copies, current between steps. On the cpu
+  // backend the state lives in host memory anyway and the staging is the same copies (memcpy): it
+  // costs time there and exists so the mechanism is tested on machines without a GPU.
+  bool offload_state = false;
 };
 
 // The counters of the last step() (this rank). Seconds are wall-clock.
@@ -90,6 +102,11 @@ struct StepStats {
   // The plan's prediction for this rank, NorMuon state included (bytes_sent must equal it exactly).
   uint64_t bytes_sent_predicted = 0, bytes_recv_predicted = 0;
   uint64_t peak_buffer_bytes = 0;      // largest sum of transient buffers alive at once
+  // State offload (OptimizerOptions::offload_state; all 0 without): state bytes copied to device
+  // slots and written back this step, and the largest device memory holding state (the slot pool,
+  // kept between steps) while it ran.
+  uint64_t offload_bytes_in = 0, offload_bytes_out = 0;
+  uint64_t peak_state_resident_bytes = 0;
   int chunks = 0;
   int64_t collectives = 0;
 };

@@ -85,6 +85,7 @@ struct PyOptimizerArgs {
   nb::object machine;
   std::string strategy, replica = "auto";
   bool exact = true, env_override = true;
+  bool offload_state = false;
 };
 OptimizerOptions optimizer_options(const PyOptimizerArgs& a);
 

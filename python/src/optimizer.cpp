@@ -59,6 +59,9 @@ nb::dict stats_dict(const StepStats& s) {
   d["bytes_sent_predicted"] = s.bytes_sent_predicted;
   d["bytes_recv_predicted"] = s.bytes_recv_predicted;
   d["peak_buffer_bytes"] = s.peak_buffer_bytes;
+  d["offload_bytes_in"] = s.offload_bytes_in;
+  d["offload_bytes_out"] = s.offload_bytes_out;
+  d["peak_state_resident_bytes"] = s.peak_state_resident_bytes;
   d["chunks"] = s.chunks;
   d["collectives"] = s.collectives;
   return d;
@@ -82,6 +85,7 @@ OptimizerOptions optimizer_options(const PyOptimizerArgs& a) {
   options.chunk_bytes = a.chunk_bytes;
   options.blas_threads = a.blas_threads;
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1e3));
+  options.offload_state = a.offload_state;
   return options;
 }
 
@@ -194,10 +198,11 @@ void init_optimizer(nb::module_& m) {
           [](Optimizer* self, std::shared_ptr<Communicator> comm, Inventory inventory,
              std::vector<ParamGroup> groups, const std::string& non_finite, const std::string& comm_dtype,
              int window, int64_t chunk_bytes, int blas_threads, double timeout_s, const nb::object& machine,
-             const std::string& strategy, const std::string& replica, bool exact, bool env_override) {
+             const std::string& strategy, const std::string& replica, bool exact, bool env_override,
+             bool offload_state) {
             const OptimizerOptions options = optimizer_options(
                 {non_finite, comm_dtype, window, chunk_bytes, blas_threads, timeout_s, machine, strategy, replica,
-                 exact, env_override});
+                 exact, env_override, offload_state});
             nb::gil_scoped_release release;
             new (self) Optimizer(std::move(comm), std::move(inventory), std::move(groups), options);
           },
@@ -205,10 +210,12 @@ void init_optimizer(nb::module_& m) {
           nb::arg("comm_dtype") = "fp32", nb::arg("window") = 2, nb::arg("chunk_bytes") = int64_t{32} << 20,
           nb::arg("blas_threads") = 0, nb::arg("timeout_s") = 0.0, nb::arg("machine") = "h100",
           nb::arg("strategy") = "", nb::arg("replica") = "auto", nb::arg("exact") = true,
-          nb::arg("env_override") = true,
+          nb::arg("env_override") = true, nb::arg("offload_state") = false,
           "machine: a profile name or a dmuon.MachineProfile; strategy: pins 'pattern:strategy;...;"
           "default:strategy' (highest precedence; DMUON_STRATEGY is read too unless env_override=False); "
-          "replica: auto, duplicate or split; exact=False lets the cost model pick gram_allreduce.")
+          "replica: auto, duplicate or split; exact=False lets the cost model pick gram_allreduce; "
+          "offload_state=True keeps the state in pinned host memory and stages each chunk's state through "
+          "device slots (bitwise the same results; on the cpu backend the same copies, a cost).")
       .def_prop_ro("rank", &Optimizer::rank)
       .def_prop_ro("groups", &Optimizer::groups)
       .def("local_shape", [](const Optimizer& o, size_t i) { return from_shape(o.local_shape(i)); },

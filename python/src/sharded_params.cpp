@@ -110,17 +110,17 @@ void init_sharded_params(nb::module_& m) {
           [](ShardedParams& sp, std::vector<ParamGroup> groups, const std::string& non_finite,
              const std::string& comm_dtype, int window, int64_t chunk_bytes, double timeout_s,
              const nb::object& machine, const std::string& strategy, const std::string& replica, bool exact,
-             bool env_override) {
+             bool env_override, bool offload_state) {
             const OptimizerOptions options = optimizer_options(
                 {non_finite, comm_dtype, window, chunk_bytes, 0, timeout_s, machine, strategy, replica, exact,
-                 env_override});
+                 env_override, offload_state});
             nb::gil_scoped_release release;
             return std::make_unique<Optimizer>(sp.mesh_communicators(), sp.inventory(), std::move(groups), options);
           },
           nb::arg("groups"), nb::arg("non_finite") = "raise", nb::arg("comm_dtype") = "fp32", nb::arg("window") = 2,
           nb::arg("chunk_bytes") = int64_t{32} << 20, nb::arg("timeout_s") = 0.0, nb::arg("machine") = "cpu",
           nb::arg("strategy") = "", nb::arg("replica") = "auto", nb::arg("exact") = true,
-          nb::arg("env_override") = true,
+          nb::arg("env_override") = true, nb::arg("offload_state") = false,
           "COLLECTIVE. A dmuon.Optimizer over this object's mesh communicators and inventory (steps on "
           "the master shards); the options as dmuon.Optimizer's.");
 }

@@ -96,6 +96,13 @@ class Backend {
   virtual BackendCaps capabilities() const = 0;
 
   virtual Buffer allocate(size_t bytes, MemoryKind kind) = 0;  // zero-filled
+  // Copies `bytes` between any two of this backend's memories (host, pinned host, device; the
+  // ranges must not overlap) on the calling thread: the bytes are at `dst` when it returns. Inside a
+  // job of one of this backend's streams it runs on that stream (cuda: cudaMemcpyAsync on the
+  // stream's cudaStream_t, then its synchronization), so the asynchronous form is a copy submitted to
+  // a stream: it overlaps the work of the other streams and completes with the stream's Events
+  // (state offload streams state this way, state/state_offload.h).
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   // threaded = false: a stream that runs each job on the caller's thread at submit.
   virtual std::unique_ptr<Stream> make_stream(bool threaded) = 0;
 

@@ -43,9 +43,6 @@ struct Optimizer::Impl {
   std::vector<std::unique_ptr<detail::Stream>> extra_streams;
   std::vector<std::vector<std::unique_ptr<Orthogonalizer>>> extra_orth;  // [stream − 1][group]
   int step_streams = 1;
-  // Per parameter, this step: its state is not touched (no gradient, no NorMuon state to carry),
-  // so the state hooks leave it out.
-  std::vector<uint8_t> state_untouched;
   std::vector<Shape> local_shapes;      // per parameter: this rank's box's shape (step validation)
 };
 

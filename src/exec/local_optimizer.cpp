@@ -92,6 +92,7 @@ LocalOptimizer::LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamG
   o.env_override = false;  // DMUON_STRATEGY is for distributed runs; one rank has one plan anyway
   o.non_finite = options.policy;
   o.state_hooks = std::move(options.state_hooks);
+  o.offload_state = options.offload_state;
   o.blas_threads = 0;          // one rank: the BLAS threads stay as the caller set them
   o.compute_streams = threads_;
   o.compute_thread = false;    // nothing to overlap on one rank: compute on the calling thread

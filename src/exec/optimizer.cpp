@@ -53,22 +53,42 @@ void validate_construction(const Optimizer::Impl& s, const Inventory& inv, const
   }
 }
 
-// The caller's state hooks, leaving out the parameters whose state this step does not touch
-// (s.state_untouched: no gradient, and no NorMuon state that travels anyway).
-StateHooks filtered_hooks(const Optimizer::Impl& s, const StateHooks& user) {
-  using Hook = std::function<void(std::span<const size_t>)>;
-  const auto filter = [&s](const Hook& hook) -> Hook {
-    if (!hook) return {};
-    return [&s, hook](std::span<const size_t> params) {
-      const auto untouched = [&](size_t p) { return p < s.state_untouched.size() && s.state_untouched[p]; };
-      if (std::none_of(params.begin(), params.end(), untouched)) return hook(params);
-      std::vector<size_t> kept;
-      for (size_t p : params)
-        if (!untouched(p)) kept.push_back(p);
-      if (!kept.empty()) hook(kept);
-    };
-  };
-  return {filter(user.acquire), filter(user.release)};
+// Writes back offloaded state (StateStore::flush) when a step throws after its first acquire.
+struct StateFlush {
+  detail::StateStore* state = nullptr;
+  ~StateFlush() {
+    if (!state) return;
+    try {
+      state->flush();
+    } catch (...) {  // the step's own error is the one that propagates
+    }
+  }
+};
+
+// The AdamW pass: the active AdamW parameters with a local shard, in order, in batches of up to
+// chunk_bytes of state (at least one parameter each); with offload, batch b + 1 is prefetched
+// while batch b updates, so at most two batches are resident.
+void run_adamw(Optimizer::Impl& s, const detail::StepInputs& in) {
+  std::vector<std::vector<size_t>> batches;
+  int64_t bytes = 0;
+  for (size_t i = 0; i < in.active.size(); ++i) {
+    if (s.algorithm[static_cast<size_t>(s.group_of[i])] != Algorithm::AdamW || !in.active[i]) continue;
+    const int64_t numel = s.routes.layouts[i].local_numel;
+    if (numel == 0) continue;
+    const int64_t b = 2 * numel * static_cast<int64_t>(sizeof(float));  // exp_avg, exp_avg_sq
+    if (batches.empty() || bytes + b > s.options.chunk_bytes) batches.emplace_back(), bytes = 0;
+    batches.back().push_back(i), bytes += b;
+  }
+  for (size_t k = 0; k < batches.size(); ++k) {
+    s.state.acquire(batches[k]);
+    if (k + 1 < batches.size()) s.state.prefetch(batches[k + 1]);
+    for (size_t i : batches[k]) {
+      const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[i])];
+      s.backend->adamw({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, s.state.steps(i)}, in.params[i].f32(), in.grads[i],
+                       s.state.data(i, detail::StateKey::ExpAvg), s.state.data(i, detail::StateKey::ExpAvgSq));
+    }
+    s.state.release(batches[k]);
+  }
 }
 
 // Restores the backend's thread count when a step returns or throws.
@@ -233,8 +253,8 @@ Optimizer::Optimizer(std::shared_ptr<MeshCommunicators> comms, Inventory invento
     specs.push_back({inv.params[i].name, s.algorithm[static_cast<size_t>(s.group_of[i])], static_cast<bool>(s.param_normuon[i]),
                      L.box.shape(), L.v_box.shape()});
   }
-  s.state.init(std::move(specs), *s.backend);
-  s.state.set_hooks(filtered_hooks(s, s.options.state_hooks));
+  s.state.init(std::move(specs), *s.backend, s.options.offload_state);
+  s.state.set_hooks(s.options.state_hooks);  // the store leaves out the parameters a step does not touch
   // the plan's byte prediction for this rank (what StepStats compares the counters with): the
   // routes summed it from the plan's transfers while taking this rank's share of them
   s.predicted_sent = s.routes.predicted_sent;
@@ -326,8 +346,9 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
     return false;
   }
   in.active = std::move(claim.has_grad);
-  s.state_untouched.resize(n);
-  for (size_t i = 0; i < n; ++i) s.state_untouched[i] = !in.active[i] && !s.param_normuon[i];
+  std::vector<uint8_t> untouched(n);  // no gradient, and no NorMuon state that travels anyway
+  for (size_t i = 0; i < n; ++i) untouched[i] = !in.active[i] && !s.param_normuon[i];
+  s.state.set_untouched(std::move(untouched));
   for (size_t g = 0; g < s.groups.size(); ++g)
     if (fresh[g]) s.orth[g] = std::move(fresh[g]);
 
@@ -341,20 +362,17 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
   const CommCounters before = counters();
   for (size_t i = 0; i < n; ++i)
     if (in.active[i]) s.state.add_step(i);
+  s.state.begin_step();
+  StateFlush flush{&s.state};  // offload: the home copies current when the step returns or throws
   detail::run_pipeline(s, in);
   const auto ta = std::chrono::steady_clock::now();
-  std::vector<size_t> adamw;
-  for (size_t i = 0; i < n; ++i)
-    if (s.algorithm[static_cast<size_t>(s.group_of[i])] == Algorithm::AdamW && in.active[i] && s.routes.layouts[i].local_numel > 0)
-      adamw.push_back(i);
-  s.state.acquire(adamw);
-  for (size_t i : adamw) {
-    const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[i])];
-    s.backend->adamw({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, s.state.steps(i)}, params[i].f32(), grads[i],
-               s.state.data(i, detail::StateKey::ExpAvg), s.state.data(i, detail::StateKey::ExpAvgSq));
-  }
-  s.state.release(adamw);
+  run_adamw(s, in);
+  flush.state = nullptr;
+  s.state.flush();
   s.stats.update_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();
+  const detail::OffloadCounters oc = s.state.offload_counters();
+  s.stats.offload_bytes_in = oc.bytes_in, s.stats.offload_bytes_out = oc.bytes_out;
+  s.stats.peak_state_resident_bytes = oc.peak_resident_bytes;
   const CommCounters after = counters();
   s.stats.applied = true;
   s.stats.bytes_sent = after.bytes_sent - before.bytes_sent;

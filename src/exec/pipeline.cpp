@@ -3,6 +3,13 @@
 // compute stream orthogonalizes the units whose inputs arrived. Posting order on every communicator
 // is fixed (G0..G(w-1), S0, Gw, S1, ...), so ranks never disagree on collective or message order
 // whatever their timing. Each chunk's transient memory is one arena from the backend, reused.
+//
+// State offload (OptimizerOptions::offload_state): a chunk's state is acquired when it starts and
+// released when it finishes; the next chunk's is prefetched as soon as at most `window` chunks
+// hold state, so its copy-in overlaps the compute of the chunks in flight. A scatter is posted
+// only once the chunks before it have finished, so at most window + 1 chunks hold state at once
+// (started − scattered ≤ window, scattered − finished ≤ 1), prefetch included; this delays
+// scatters, never gathers, so the posting order stays the same.
 #include <chrono>
 #include <string>
 #include <thread>
@@ -39,6 +46,8 @@ class Pipeline {
     std::unique_ptr<Stream> compute = s_.backend->make_stream(s_.options.compute_thread);
     Stream& worker = *compute;
     int started = 0, assembled = 0, scattered = 0, finished = 0;
+    int resident = 0;  // offload: chunks whose state was prefetched or acquired
+    const bool offload = s_.state.offload();
     auto last = Clock::now();
     while (finished < n) {
       bool progress = false;
@@ -46,6 +55,12 @@ class Pipeline {
       while (started < n && started - scattered < window) {
         runs[static_cast<size_t>(started)] = start(started);
         ++started, progress = true;
+        resident = std::max(resident, started);
+      }
+      // offload: the next chunk's copy-in, while at most `window` chunks hold state
+      if (offload && resident == started && resident < n && started - finished <= window) {
+        s_.state.prefetch(chunks[static_cast<size_t>(resident)].params);
+        ++resident;
       }
       // pass 2: gathers complete in chunk order -> assemble -> compute
       if (assembled < started) {
@@ -59,8 +74,8 @@ class Pipeline {
         }
       }
       worker.rethrow();
-      // pass 3: scatter of the oldest computed chunk
-      if (scattered < assembled) {
+      // pass 3: scatter of the oldest computed chunk (offload: once the chunks before it finished)
+      if (scattered < assembled && (!offload || scattered == finished)) {
         ChunkRun& c = *runs[static_cast<size_t>(scattered)];
         if (c.computed.done()) {
           post_scatter(c);

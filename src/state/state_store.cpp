@@ -1,6 +1,8 @@
 // Internal: the state store (state_store.h).
 #include "state/state_store.h"
 
+#include <algorithm>
+
 #include "dmuon/error.h"
 
 namespace dmuon::detail {
@@ -15,12 +17,14 @@ std::string_view to_string(StateKey key) {
   return "?";
 }
 
-void StateStore::init(std::vector<StateSpec> specs, Backend& backend) {
+void StateStore::init(std::vector<StateSpec> specs, Backend& backend, bool offload) {
+  offload_.reset();  // first: it may still copy into the tensors below
   params_.clear();
   params_.reserve(specs.size());
+  const MemoryKind home = offload ? MemoryKind::PinnedHost : MemoryKind::Host;
   for (StateSpec& s : specs) {
     Param p;
-    const auto zeros = [&](const Shape& sh) { return backend.allocate(static_cast<size_t>(sh.numel()) * sizeof(float), MemoryKind::Host); };
+    const auto zeros = [&](const Shape& sh) { return backend.allocate(static_cast<size_t>(sh.numel()) * sizeof(float), home); };
     if (s.algorithm == Algorithm::AdamW) {
       p.tensors.push_back({StateKey::ExpAvg, s.shape, zeros(s.shape)});
       p.tensors.push_back({StateKey::ExpAvgSq, s.shape, zeros(s.shape)});
@@ -31,6 +35,15 @@ void StateStore::init(std::vector<StateSpec> specs, Backend& backend) {
     p.spec = std::move(s);
     params_.push_back(std::move(p));
   }
+  if (!offload) return;
+  std::vector<std::vector<StateOffload::Region>> regions;
+  std::vector<std::string> names;
+  for (const Param& p : params_) {
+    auto& r = regions.emplace_back();
+    for (const Tensor& t : p.tensors) r.push_back({t.data.data(), t.data.bytes()});
+    names.push_back(p.spec.name);
+  }
+  offload_ = std::make_unique<StateOffload>(backend, std::move(regions), std::move(names));
 }
 
 const StateStore::Param& StateStore::param(size_t i) const {
@@ -39,8 +52,9 @@ const StateStore::Param& StateStore::param(size_t i) const {
 }
 
 float* StateStore::data(size_t i, StateKey key) {
-  for (Tensor& t : params_[i].tensors)
-    if (t.key == key) return t.data.as<float>();
+  std::vector<Tensor>& ts = params_[i].tensors;
+  for (size_t k = 0; k < ts.size(); ++k)
+    if (ts[k].key == key) return offload_ ? static_cast<float*>(offload_->resident(i, k)) : ts[k].data.as<float>();
   throw_invalid_argument(concat("[optim] internal: parameter '", params_[i].spec.name, "' has no state ", to_string(key)));
 }
 
@@ -66,12 +80,45 @@ void StateStore::set_steps(size_t i, int64_t count) {
   params_[i].steps = count;
 }
 
-void StateStore::acquire(std::span<const size_t> params) const {
-  if (hooks_.acquire && !params.empty()) hooks_.acquire(params);
+std::span<const size_t> StateStore::kept(std::span<const size_t> params, std::vector<size_t>& buffer) const {
+  const auto untouched = [&](size_t p) { return p < untouched_.size() && untouched_[p]; };
+  if (std::none_of(params.begin(), params.end(), untouched)) return params;
+  buffer.clear();
+  for (size_t p : params)
+    if (!untouched(p)) buffer.push_back(p);
+  return buffer;
 }
 
-void StateStore::release(std::span<const size_t> params) const {
-  if (hooks_.release && !params.empty()) hooks_.release(params);
+void StateStore::acquire(std::span<const size_t> params) {
+  std::vector<size_t> buffer;
+  const std::span<const size_t> ps = kept(params, buffer);
+  if (ps.empty()) return;
+  if (offload_) offload_->acquire(ps);
+  if (hooks_.acquire) hooks_.acquire(ps);
 }
+
+void StateStore::release(std::span<const size_t> params) {
+  std::vector<size_t> buffer;
+  const std::span<const size_t> ps = kept(params, buffer);
+  if (ps.empty()) return;
+  if (hooks_.release) hooks_.release(ps);
+  if (offload_) offload_->release(ps);
+}
+
+void StateStore::prefetch(std::span<const size_t> params) {
+  if (!offload_) return;
+  std::vector<size_t> buffer;
+  offload_->prefetch(kept(params, buffer));
+}
+
+void StateStore::begin_step() {
+  if (offload_) offload_->begin_step();
+}
+
+void StateStore::flush() {
+  if (offload_) offload_->flush();
+}
+
+OffloadCounters StateStore::offload_counters() const { return offload_ ? offload_->counters() : OffloadCounters{}; }
 
 }  // namespace dmuon::detail

@@ -5,6 +5,12 @@
 // touches a set of parameters' state and release() after (per pipeline chunk, per AdamW pass, per
 // LocalOptimizer parameter): the hooks are where state offload plugs in. Memory comes from the
 // backend's allocator (host memory on the cpu backend).
+//
+// With offload (init's `offload`), the tensors are the home copies, in pinned host memory, and
+// acquire / release make a group of parameters' state resident in a device slot and write it back
+// (state_offload.h); data() then returns the resident copy, and only while acquired. prefetch()
+// starts a group's copy-in ahead of its acquire. The views (view()) always alias the home copies,
+// which hold the state between steps once flush() has run (the end of every step).
 #pragma once
 
 #include <cstdint>
@@ -13,9 +19,12 @@
 #include <string_view>
 #include <vector>
 
+#include <memory>
+
 #include "backend/backend.h"
 #include "dmuon/optim_options.h"
 #include "dmuon/tensor.h"
+#include "state/state_offload.h"
 
 namespace dmuon::detail {
 
@@ -34,11 +43,14 @@ struct StateSpec {
 
 class StateStore {
  public:
-  // All state zero (host memory from `backend`), step counts 0.
-  void init(std::vector<StateSpec> specs, Backend& backend);
+  // All state zero (host memory from `backend`, pinned when `offload`), step counts 0. The backend
+  // must outlive the store.
+  void init(std::vector<StateSpec> specs, Backend& backend, bool offload = false);
+  bool offload() const { return offload_ != nullptr; }
   size_t size() const { return params_.size(); }
 
-  // Raw fp32 storage of a key (nullptr when the shard is empty). The key must exist.
+  // Raw fp32 storage of a key (nullptr when the shard is empty). The key must exist. With offload:
+  // the resident copy, between acquire and release only.
   float* data(size_t param, StateKey key);
   // The keys of a parameter in order, and a view by name (std::invalid_argument naming the
   // parameter and its keys otherwise). The views alias the store: they stay valid for its life.
@@ -50,8 +62,17 @@ class StateStore {
   void add_step(size_t param) { ++params_[param].steps; }
 
   void set_hooks(StateHooks hooks) { hooks_ = std::move(hooks); }
-  void acquire(std::span<const size_t> params) const;
-  void release(std::span<const size_t> params) const;
+  // Per parameter, this step: its state is not touched (no gradient, no NorMuon state to carry), so
+  // acquire / release / prefetch leave it out (the user hooks never see it; offload moves nothing).
+  void set_untouched(std::vector<uint8_t> untouched) { untouched_ = std::move(untouched); }
+  // Offload first, then the user's acquire hook; release: the user's hook, then offload.
+  void acquire(std::span<const size_t> params);
+  void release(std::span<const size_t> params);
+  void prefetch(std::span<const size_t> params);  // offload only (no hook); no-op otherwise
+  // Offload: begin_step resets the counters; flush waits for every copy (home copies current).
+  void begin_step();
+  void flush();
+  OffloadCounters offload_counters() const;
 
  private:
   struct Tensor {
@@ -65,8 +86,12 @@ class StateStore {
     int64_t steps = 0;
   };
   const Param& param(size_t i) const;
+  // `params` without the untouched ones (a view of `params` when none is left out).
+  std::span<const size_t> kept(std::span<const size_t> params, std::vector<size_t>& buffer) const;
   std::vector<Param> params_;
   StateHooks hooks_;
+  std::vector<uint8_t> untouched_;
+  std::unique_ptr<StateOffload> offload_;
 };
 
 }  // namespace dmuon::detail

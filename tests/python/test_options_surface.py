@@ -360,7 +360,8 @@ def test_profiler_ranges_appear_in_a_trace(engine, tmp_path):
 NATIVE_KEYS = {"applied", "step_seconds", "pack_seconds", "comm_wait_seconds", "orthogonalize_seconds",
                "update_seconds", "agree_seconds", "comm_seconds", "overlap", "bytes_sent", "bytes_recv",
                "bytes_sent_state", "bytes_recv_state", "bytes_sent_predicted", "bytes_recv_predicted",
-               "peak_buffer_bytes", "chunks", "collectives"}
+               "peak_buffer_bytes", "offload_bytes_in", "offload_bytes_out", "peak_state_resident_bytes",
+               "chunks", "collectives"}
 PY_KEYS = {"engine", "python_step_seconds", "collect_grads_seconds", "engine_call_seconds",
            "write_back_seconds", "cpu_model", "bf16_native", "bf16_products"}
 

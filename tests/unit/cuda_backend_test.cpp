@@ -26,6 +26,7 @@
 #include "dmuon/bf16.h"
 #include "dmuon/error.h"
 #include "dmuon/update.h"
+#include "state/state_offload.h"
 
 namespace dmuon::detail {
 namespace {
@@ -496,7 +497,58 @@ TEST(CudaBackend, NewtonSchulzIsDeterministicAndExactOnZeros) {
   }
 }
 
+// Backend::copy in every direction between host, pinned host and device memory, on the calling
+// thread and submitted to a stream (the asynchronous form state offload uses).
+TEST(CudaBackend, CopyBetweenHostPinnedAndDeviceOnAStream) {
+  REQUIRE_CUDA();
+  auto be = make_cuda_backend(0);
+  const std::vector<float> src = randn(3001, 21);
+  const size_t bytes = src.size() * sizeof(float);
+  Buffer pinned = be->allocate(bytes, MemoryKind::PinnedHost), dev = be->allocate(bytes, MemoryKind::Device),
+         host = be->allocate(bytes, MemoryKind::Host), dev2 = be->allocate(bytes, MemoryKind::Device);
+  std::memcpy(pinned.data(), src.data(), bytes);
+  be->copy(dev.data(), pinned.data(), bytes);
+  expect_bitwise(get<float>(dev), src, "pinned -> device");
+  be->copy(host.data(), dev.data(), bytes);
+  expect_bitwise(std::vector<float>(host.as<float>(), host.as<float>() + src.size()), src, "device -> host");
+  auto s = be->make_stream(true);
+  s->submit([&] { be->copy(dev2.data(), dev.data(), bytes); });
+  s->submit([&] { be->copy(pinned.data(), dev2.data(), bytes / 2); });
+  Event e = s->record();
+  s->synchronize();
+  EXPECT_TRUE(e.done());
+  expect_bitwise(get<float>(dev2), src, "device -> device on a stream");
+  expect_bitwise(std::vector<float>(pinned.as<float>(), pinned.as<float>() + src.size()), src, "device -> pinned on a stream");
+}
 
+// State offload on the cuda backend: the resident copy is device memory, a kernel updates it there,
+// and the write-back lands in the pinned home copy (as the cpu backend's rounding of the same values).
+TEST(CudaBackend, StateOffloadStagesThroughDeviceSlots) {
+  REQUIRE_CUDA();
+  auto be = make_cuda_backend(0);
+  auto cpu = make_cpu_backend();
+  const std::vector<float> a = randn(1000, 22), b = randn(77, 23);
+  Buffer ha = be->allocate(a.size() * 4, MemoryKind::PinnedHost), hb = be->allocate(b.size() * 4, MemoryKind::PinnedHost);
+  std::memcpy(ha.data(), a.data(), a.size() * 4), std::memcpy(hb.data(), b.data(), b.size() * 4);
+  StateOffload off(*be, {{{ha.data(), a.size() * 4}, {hb.data(), b.size() * 4}}}, {"w"});
+  off.begin_step();
+  const std::vector<size_t> g = {0};
+  off.prefetch(g);
+  off.acquire(g);
+  float* ra = static_cast<float*>(off.resident(0, 0));
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, ra), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeDevice);
+  be->round_to_comm(ra, static_cast<int64_t>(a.size()), DType::BF16);
+  off.release(g);
+  off.flush();
+  std::vector<float> want = a;
+  cpu->round_to_comm(want.data(), static_cast<int64_t>(want.size()), DType::BF16);
+  expect_bitwise(std::vector<float>(ha.as<float>(), ha.as<float>() + a.size()), want, "written back");
+  expect_bitwise(std::vector<float>(hb.as<float>(), hb.as<float>() + b.size()), b, "untouched tensor");
+  EXPECT_EQ(off.counters().bytes_in, (a.size() + b.size()) * 4);
+  EXPECT_GT(off.counters().peak_resident_bytes, 0u);
+}
 
 }  // namespace
 }  // namespace dmuon::detail

@@ -24,7 +24,7 @@ QK_KEYS = ("layer", "kind", "heads", "head_dim", "rope_dim", "v_dim")
 KINDS = ("local", "distributed")
 
 # The distributed core's options (window, chunk_bytes, strategy pins, replica, machine, timeout_s,
-# exact) for the Engines built inside `with engine_options(...)`: Muon sets them around building its
+# exact, offload_state; the local core reads offload_state only) for the Engines built inside `with engine_options(...)`: Muon sets them around building its
 # engine, so they reach an Engine also when another engine class wraps it. None: the defaults.
 _OPTIONS: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("dmuon_engine_options",
                                                                          default=None)
@@ -107,9 +107,10 @@ class Engine(CoreDelegate):
         self.names: list[str] = [spec.name for spec in inventory.params]
         self._state_cache: dict[int, dict[str, torch.Tensor]] = {}
         _dist.release_at_exit(self)  # native objects released in order at exit
-        if not distributed:
+        if not distributed:  # of Muon's engine options, the local core takes offload_state
+            offload = bool((_OPTIONS.get() or {}).get("offload_state", False))
             self.core = _core.LocalOptimizer([_info(spec) for spec in inventory.params], groups,
-                                             non_finite, comm_dtype, threads)
+                                             non_finite, comm_dtype, threads, offload)
             return
         inventory.validate()
         _dist.check_local_shards(self.params, inventory, self.names)  # before any collective

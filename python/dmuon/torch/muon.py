@@ -62,6 +62,10 @@ class Muon(torch.optim.Optimizer):
     The distributed engine's options `window`, `chunk_bytes`, `strategy` (pins: {glob: strategy,
     "default": strategy} or "glob:strategy;..."; also a group key), `replica`, `machine`,
     `timeout_s`, `allow_inexact` are checked by both engines and ignored by the local one.
+    `offload_state=True` (both engines) keeps the optimizer state in pinned host memory and stages
+    each chunk's state to the device ahead of use (bitwise the same results; on the cpu backend the
+    same copies, a cost: it is there so the mechanism is tested); `last_step_stats` then reports
+    offload_bytes_in / offload_bytes_out and peak_state_resident_bytes.
     `none_grad=True` frees each .grad the step used; `clip_config` tags QK-clip weights by names
     (Motif-style). `opt.plan()` returns the plan, `opt.last_step_stats` the last step's figures; the
     step opens torch.profiler ranges dmuon.step / .collect_grads / .engine / .write_back.
@@ -95,6 +99,7 @@ class Muon(torch.optim.Optimizer):
         adamw_defaults: Optional[dict] = None,
         non_finite: str = "raise",
         threads: Optional[int] = None,
+        offload_state: bool = False,
         window: int = 2,
         chunk_bytes: int = 32 << 20,
         strategy: Optional[Any] = None,
@@ -137,6 +142,10 @@ class Muon(torch.optim.Optimizer):
             raise ValueError(f"[torch] threads={threads!r}; use an int >= 1, or None for the BLAS "
                              f"thread count")
         self._threads = 0 if threads is None else threads
+        if not isinstance(offload_state, bool):
+            raise ValueError(f"[torch] offload_state={offload_state!r}; use True (optimizer state in "
+                             f"pinned host memory, staged to the device chunk by chunk) or False")
+        self._offload_state = offload_state
         if engine is not None and engine not in KINDS:
             raise ValueError(f"[torch] engine={engine!r}; use None (automatic), 'local' or "
                              f"'distributed'")
@@ -274,7 +283,8 @@ class Muon(torch.optim.Optimizer):
         groups = [([n for n in g.get("param_names", [])] or
                    [f"param_groups[{i}][{j}]" for j in range(len(g["params"]))],
                    _plan.group_strategy(g, i)) for i, g in enumerate(self.param_groups)]
-        return dict(self._dist_options, strategy=_plan.strategy_rules(rules, default, groups))
+        return dict(self._dist_options, strategy=_plan.strategy_rules(rules, default, groups),
+                    offload_state=self._offload_state)
 
     def _rebuild_engine(self) -> None:
         old, old_index = self._engine, {}
@@ -446,7 +456,8 @@ class Muon(torch.optim.Optimizer):
         `applied` False, before the first): the fields of dmuon::StepStats (step_seconds,
         orthogonalize_seconds, update_seconds, pack_seconds; distributed also comm_wait_seconds,
         agree_seconds, comm_seconds, overlap, bytes_sent / bytes_recv and their predictions, chunks,
-        collectives: zero on one rank), the wall times of the Python phases (python_step_seconds,
+        collectives: zero on one rank; with offload_state offload_bytes_in / offload_bytes_out and
+        peak_state_resident_bytes, zero without), the wall times of the Python phases (python_step_seconds,
         collect_grads_seconds, engine_call_seconds, write_back_seconds), `engine`, and the product
         precision: `cpu_model`, `bf16_native`, `bf16_products` ('unused', 'native' or 'emulated').
         See docs/python.md."""

@@ -32,6 +32,9 @@ class CpuBackend final : public Backend {
     DMUON_CHECK_RUNTIME(bytes == 0 || p, "[cpu] out of host memory allocating ", bytes, " bytes");
     return Buffer(p, bytes, kind, {}, [](void* q) { std::free(q); });
   }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
   std::unique_ptr<Stream> make_stream(bool threaded) override { return make_cpu_stream(threaded); }
 
   void pack(std::span<const PackRun> runs, std::span<std::byte* const> bases) override { cpu_pack(runs, bases); }

@@ -166,6 +166,13 @@ class CudaBackend final : public Backend {
     }
     return {};
   }
+  // cudaMemcpyDefault: unified addressing tells host, pinned host and device memory apart.
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    enter();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, tl_stream), "cudaMemcpy (copy)");
+    check(cudaStreamSynchronize(tl_stream), "cudaMemcpy (copy)");
+  }
   std::unique_ptr<Stream> make_stream(bool threaded) override {
     return std::make_unique<CudaStream>(device_, threaded);
   }

@@ -3,7 +3,7 @@ test_options_mpi.py: strategy pins (per parameter, per group, default) change `o
 bitwise the same parameters as the cost model's plan; chunk_bytes / window change the chunks (plan
 and step counters) and not the bits; replica split / duplicate on an HSDP mesh; machine; bad values
 raise on every rank before any collective; last_step_stats (bytes equal the prediction), profiler
-ranges and none_grad on DTensor parameters.
+ranges and none_grad on DTensor parameters; offload_state bitwise as without.
 Run by hand: OPENBLAS_NUM_THREADS=1 mpirun -np 2 --oversubscribe python options_cases.py --cases pins
 Prints "CASE <name> OK" (rank 0) per passing case; any failure aborts the job (exit code != 0).
 """
@@ -190,6 +190,34 @@ def case_stats(world):
     assert same(fulls(model), fulls(ref_model))
 
 
+def case_offload(world):
+    # offload_state=True on FSDP2 DTensors: parameters and every state tensor bitwise as without,
+    # with several chunks and windows 1 and 2; the counters say what moved
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+
+    def state_of(model, opt) -> dict:
+        out = {}
+        for n, p in model.named_parameters():
+            for k, t in opt.state[p].items():
+                if k != "step":
+                    out[f"{n}/{k}"] = t.full_tensor() if isinstance(t, DTensor) else t
+        return out
+
+    for window in (1, 2):
+        kw = dict(chunk_bytes=8 << 10, window=window, steps=3, groups_kw=dict(muon=dict(normuon=True)))
+        ref_model, ref = train(mesh, **kw)
+        model, opt = train(mesh, offload_state=True, **kw)
+        assert same(fulls(model), fulls(ref_model)), f"window {window}: offload changed the parameters"
+        assert same(state_of(model, opt), state_of(ref_model, ref)), f"window {window}: offload changed the state"
+        stats, off = opt.last_step_stats, ref.last_step_stats
+        assert stats["offload_bytes_in"] > 0 and stats["offload_bytes_in"] == stats["offload_bytes_out"], stats
+        assert 0 < stats["peak_state_resident_bytes"], stats
+        assert off["offload_bytes_in"] == off["peak_state_resident_bytes"] == 0, off
+        check_bytes(opt)
+    expect(lambda: dt.Muon(dt.param_groups(sharded(mesh)), offload_state="yes"), ValueError, "offload_state")
+    dist.barrier()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", required=True)
@@ -197,7 +225,7 @@ def main():
     _, world = dt.init_distributed(master_port=int(os.environ.get("MASTER_PORT", "29512")))
     dmuon.blas_set_num_threads(1)
     cases = dict(pins=case_pins, chunks=case_chunks, replica=case_replica, machine=case_machine,
-                 stats=case_stats)
+                 stats=case_stats, offload=case_offload)
     run_cases({name: (lambda f=f: f(world)) for name, f in cases.items()}, args.cases)
 
 

@@ -1,7 +1,8 @@
 """dmuon.torch.Muon's distributed-engine options under mpirun at 2 ranks (options_cases.py has the
 cases): strategy pins per parameter / group / default change opt.plan() and not the bits, chunk_bytes
 and window change the chunks, replica split / duplicate on HSDP, machine, bad values raise on every
-rank, last_step_stats bytes equal the plan's prediction, profiler ranges and none_grad on DTensors.
+rank, last_step_stats bytes equal the plan's prediction, profiler ranges and none_grad on DTensors,
+offload_state bitwise as without.
 Run: python -m pytest tests/python/multirank/test_options_mpi.py -q   (one mpirun launch, ~30 s on
 2 cores)."""
 from __future__ import annotations
@@ -13,7 +14,7 @@ from harness import MPIRUN, launch_mpirun
 
 SCRIPT = Path(__file__).with_name("options_cases.py")
 pytestmark = pytest.mark.skipif(MPIRUN is None, reason="mpirun (Open MPI) is not installed")
-CASES = ["pins", "chunks", "replica", "machine", "stats"]
+CASES = ["pins", "chunks", "replica", "machine", "stats", "offload"]
 
 
 def launch(ranks: int, cases: list[str], cwd: Path) -> str:
