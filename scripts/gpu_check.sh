@@ -125,6 +125,40 @@ else
   row "cuda_backend_test" FAIL "$passed passed, $failed failed, $skipped skipped; $LOGDIR/cuda_backend_test.log"
   status=1
 fi
+# The nccl communicator: every operation at world size 1 and a timeout (NcclDevice.*), plus the
+# loader and error checks (NcclComm.UnavailableGivesAClearError skips on a GPU machine).
+if [[ -x "$BUILD/bin/nccl_comm_test" ]]; then
+  out=$("$BUILD/bin/nccl_comm_test" --gtest_color=no 2>&1)
+  echo "$out" >"$LOGDIR/nccl_comm_test.log"
+  passed=$(echo "$out" | grep -c '^\[       OK \]')
+  failed=$(echo "$out" | grep -c '^\[  FAILED  \] Nccl')
+  dev_skipped=$(echo "$out" | grep -c '^\[  SKIPPED \] NcclDevice\.')
+  if ((failed == 0 && dev_skipped == 0 && passed > 0)); then
+    row "nccl_comm_test" ok "$passed passed ($(echo "$out" | grep -c '^\[  SKIPPED \] Nccl') skipped: the no-device check)"
+  else
+    row "nccl_comm_test" FAIL "$passed passed, $failed failed, $dev_skipped device cases skipped; $LOGDIR/nccl_comm_test.log"
+    status=1
+  fi
+else
+  row "nccl_comm_test" FAIL "not built: the configure summary says why the nccl communicator is off ($LOGDIR/configure.log)"
+  status=1
+fi
+# The mpi communicator staging device buffers through pinned memory, 2 ranks on this one GPU.
+if [[ "$GPU_CHECK_MPI" == ON && -x "$BUILD/bin/comm_staging_test" ]]; then
+  MPIRUN=$PREFIX/usr/bin/mpirun
+  [[ -x "$MPIRUN" ]] || MPIRUN=mpirun
+  out=$("$MPIRUN" -n 2 --oversubscribe --bind-to none "$BUILD/bin/comm_staging_test" --gtest_color=no 2>&1)
+  rc=$?
+  echo "$out" >"$LOGDIR/comm_staging_test.log"
+  if ((rc == 0)) && ! echo "$out" | grep -q '^\[  SKIPPED \] CudaStaging'; then
+    row "comm_staging_test (np 2, 1 GPU)" ok "$(echo "$out" | grep -m1 -E 'PASSED')"
+  else
+    row "comm_staging_test (np 2, 1 GPU)" FAIL "rc $rc (a CudaStaging skip counts as a failure); $LOGDIR/comm_staging_test.log"
+    status=1
+  fi
+else
+  row "comm_staging_test" skip "GPU_CHECK_MPI=ON builds the mpi communicator and runs it"
+fi
 if ctest --test-dir "$BUILD" --timeout 600 -E 'install_consumer' >"$LOGDIR/ctest.log" 2>&1; then
   row "ctest (all built tests)" ok "$(grep -E 'tests passed' "$LOGDIR/ctest.log")"
 else

@@ -1,6 +1,7 @@
 // Communicator: asynchronous collectives over a group of ranks, returning Work handles with deadlines.
 // Backends: `single` (size 1, always built), `mpi` (Open MPI non-blocking collectives; a build
-// without MPI throws from make_mpi_communicator) and the external one (dmuon/comm_external.h: an
+// without MPI throws from make_mpi_communicator; device buffers are staged through pinned host
+// memory, so several ranks may share one GPU), `nccl` (dmuon/comm_nccl.h) and the external one (dmuon/comm_external.h: an
 // application transport, e.g. "c10d" over a torch.distributed ProcessGroup, same contract).
 // Layers above never see MPI.
 //
@@ -14,6 +15,11 @@
 //   completes (wait() returned or test() returned true). Send and receive buffers must not overlap,
 //   except all_reduce, where send == recv exactly means in place. Counts and displacements are in
 //   ELEMENTS of the buffer type; the arrays passed in may be freed right after the call (copied).
+// - DEVICE BUFFERS (mpi): where any rank may hold CUDA memory (agreed when the communicator is
+//   made), every operation stages through pinned host memory: copies device -> pinned before and
+//   pinned -> device after, collectives in rounds of DMUON_STAGING_CHUNK_BYTES (default 16 MiB; must
+//   be the same on every rank), pinned buffers cached up to DMUON_STAGING_POOL_BYTES (64 MiB).
+//   Device buffers must hold their data when the call is made (no stream ordering).
 // - VALIDATION: wrong-sized count arrays, negative counts, a count past the end of a buffer, type
 //   mismatch between send and receive, overlap, or a self-block that does not match (rank r sends
 //   to itself a different count than it expects from itself) throw std::invalid_argument before
@@ -328,7 +334,8 @@ DMUON_API std::unique_ptr<Communicator> make_single_communicator();
 // Throws dmuon::Error in a build without MPI ("[mpi] dmuon was built without MPI").
 DMUON_API std::unique_ptr<Communicator> make_mpi_communicator();
 
-// "single" or "mpi"; anything else throws std::invalid_argument naming the choices.
+// "single", "mpi" or "nccl" (dmuon/comm_nccl.h: bootstrapped over MPI; throws dmuon::Error naming
+// the cause where it cannot run); anything else throws std::invalid_argument naming the choices.
 DMUON_API std::unique_ptr<Communicator> make_communicator(std::string_view backend);
 
 // True when this build has the mpi backend.

@@ -4,6 +4,9 @@
 // constructor release it): every call into Python takes the GIL here. Buffers reach Python as 1-D
 // torch tensors aliasing the engine's memory (DLPack, no copy): fp32, bf16, int32, int64, uint8;
 // uint64 crosses as int64 (the same bits) with its real type named in the `dtype` argument.
+// dmuon._core.make_nccl_communicator: the nccl communicator (dmuon/comm_nccl.h) bootstrapped through
+// a Python exchange callable (bytes -> bytes of every rank's blob, rank order), so that dmuon.torch
+// can bootstrap it from torch.distributed (all_gather_object) without MPI.
 // Also Communicator.counters() and Communicator.name (added to the class optimizer.cpp binds).
 #include <nanobind/stl/shared_ptr.h>
 
@@ -15,6 +18,7 @@
 #include "bindings.h"
 #include "dmuon/comm.h"
 #include "dmuon/comm_external.h"
+#include "dmuon/comm_nccl.h"
 #include "dmuon/error.h"
 
 namespace dmuon::python {
@@ -201,6 +205,40 @@ void init_comm(nb::module_& m) {
       nb::arg("transport"), nb::arg("rank"), nb::arg("size"), nb::arg("name") = "world", nb::arg("world_rank") = -1,
       "A Communicator over a Python transport (methods all_to_all_v, all_gather_v, reduce_scatter_v, all_reduce, "
       "broadcast, barrier, p2p, split; attribute backend): dmuon/comm_external.h's contract. Local: posts nothing.");
+
+  m.def(
+      "make_nccl_communicator",
+      [](nb::object exchange, int rank, int size, int device, const std::string& name) {
+        if (!PyCallable_Check(exchange.ptr()))
+          throw nb::type_error("[python] make_nccl_communicator: exchange must be a callable (bytes -> bytes)");
+        if (size < 1 || rank < 0 || rank >= size)  // before the build's own checks (CUDA or not)
+          throw std::invalid_argument("[python] make_nccl_communicator: rank " + std::to_string(rank) +
+                                      " is not in [0, " + std::to_string(size) + "); pass this process's rank and "
+                                      "the number of ranks");
+        // Called synchronously from this call, on this thread, with the GIL held.
+        CommExchange ex = [exchange](std::span<const std::byte> mine) {
+          nb::bytes blob(reinterpret_cast<const char*>(mine.data()), mine.size());
+          nb::object out;
+          try {
+            out = exchange(blob);
+          } catch (const nb::python_error& e) {
+            rethrow(e);
+          }
+          if (!nb::isinstance<nb::bytes>(out))
+            throw std::invalid_argument("[python] make_nccl_communicator: exchange must return bytes");
+          const auto b = nb::borrow<nb::bytes>(out);
+          const auto* p = reinterpret_cast<const std::byte*>(b.c_str());
+          return std::vector<std::byte>(p, p + b.size());
+        };
+        return std::shared_ptr<Communicator>(make_nccl_communicator(rank, size, std::move(ex), device, name));
+      },
+      nb::arg("exchange"), nb::arg("rank"), nb::arg("size"), nb::arg("device") = -1, nb::arg("name") = "world",
+      "The nccl communicator (dmuon/comm_nccl.h): COLLECTIVE over `size` ranks. exchange(bytes) -> bytes "
+      "all-gathers a blob among the ranks (every rank's, in rank order), e.g. through "
+      "torch.distributed.all_gather_object. Raises dmuon.Error naming the cause where it cannot run "
+      "(no CUDA in the build, no device, libnccl missing).");
+  m.def("nccl_available", &nccl_available,
+        "True when this build has the nccl communicator compiled in (CUDA and the NCCL headers).");
 
   // Methods of the Communicator class bound in optimizer.cpp.
   nb::handle cls = nb::type<Communicator>();

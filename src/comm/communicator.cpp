@@ -7,6 +7,7 @@
 
 #include "comm/work_impl.h"
 #include "dmuon/comm.h"
+#include "dmuon/comm_nccl.h"
 #include "dmuon/error.h"
 
 namespace dmuon {
@@ -291,8 +292,9 @@ std::unique_ptr<Communicator> Communicator::split_mesh_dims(std::span<const int6
 std::unique_ptr<Communicator> make_communicator(std::string_view backend) {
   if (backend == "single") return make_single_communicator();
   if (backend == "mpi") return make_mpi_communicator();
+  if (backend == "nccl") return make_nccl_communicator();
   detail::throw_invalid_argument(detail::concat("[comm] unknown communicator backend '", backend,
-                                                "'; choose single or mpi"));
+                                                "'; choose single, mpi or nccl"));
 }
 
 }  // namespace dmuon

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "comm/memory_space.h"
 #include "dmuon/comm.h"
 #include "dmuon/error.h"
 
@@ -10,6 +11,10 @@ namespace dmuon {
 std::unique_ptr<Communicator> make_mpi_communicator() {
   detail::throw_error("[mpi] dmuon was built without MPI; reconfigure with -DDMUON_WITH_MPI=ON "
                       "(apt-get install libopenmpi-dev) or use the single backend");
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<detail::MemorySpace>, detail::StagingOptions) {
+  return make_mpi_communicator();
 }
 
 bool mpi_available() { return false; }

@@ -407,7 +407,7 @@ TEST(CommValidation, BadArgumentsThrowBeforeAnythingIsPosted) {
   const int twice[] = {0, 0};
   EXPECT_THROW((void)c.subgroup(twice), std::invalid_argument);
   EXPECT_THROW(c.set_default_timeout(std::chrono::milliseconds(0)), std::invalid_argument);
-  EXPECT_THROW((void)make_communicator("nccl"), std::invalid_argument);
+  EXPECT_THROW((void)make_communicator("gloo"), std::invalid_argument);
   // The message names the collective, the label and the field.
   try {
     (void)c.all_to_all_v(buf, neg, displs, out, ones, displs, "chunk 3 gather");

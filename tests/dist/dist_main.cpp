@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "dist_env.h"
+#include "staging_spaces.h"
 
 namespace {
 
@@ -36,13 +37,24 @@ namespace dmuon::test {
 Communicator& comm() { return *g_comm; }
 std::string_view expected_backend() {
   const char* b = std::getenv("DMUON_TEST_BACKEND");
-  return b != nullptr && *b != '\0' ? std::string_view(b) : std::string_view("mpi");
+  const std::string_view name = b != nullptr && *b != '\0' ? std::string_view(b) : std::string_view("mpi");
+  return name == "mpi-staged" ? std::string_view("mpi") : name;
 }
 }  // namespace dmuon::test
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  g_comm = dmuon::make_communicator(dmuon::test::expected_backend());
+  // mpi-staged: the mpi backend with every buffer treated as device memory and a 4 KiB chunk,
+  // so the whole suite runs through the staged path (src/comm/mpi/mpi_staging.h).
+  const char* requested = std::getenv("DMUON_TEST_BACKEND");
+  if (requested != nullptr && std::string_view(requested) == "mpi-staged") {
+    dmuon::detail::StagingOptions staging;
+    staging.chunk_bytes = 4096;
+    staging.pool_bytes = 16384;
+    g_comm = dmuon::make_mpi_communicator(std::make_shared<dmuon::test::AllDeviceSpace>(), staging);
+  } else {
+    g_comm = dmuon::make_communicator(dmuon::test::expected_backend());
+  }
   g_comm->set_default_timeout(std::chrono::seconds(30));  // a mismatch fails fast, well inside CTest's limit
   const int rank = g_comm->rank();
   auto& listeners = ::testing::UnitTest::GetInstance()->listeners();

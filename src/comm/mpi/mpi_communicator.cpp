@@ -2,10 +2,14 @@
 // send/recv one MPI_Isend/MPI_Irecv (tag 0: MPI's order per (peer, tag, communicator) is the
 // matching rule); a Work polls its requests with MPI_Testall until completion or its deadline.
 // Counts beyond MPI's int limit are split into pieces or sent in contiguous units (mpi_counts.h).
+// Where any rank may hold device memory (agreed when the communicator is made), every operation
+// takes the staged path instead (mpi_staging.h: rounds over pinned staging buffers).
 #include <vector>
 
+#include "comm/memory_space.h"
 #include "comm/mpi/mpi_counts.h"
 #include "comm/mpi/mpi_runtime.h"
+#include "comm/mpi/mpi_staging.h"
 #include "comm/work_impl.h"
 #include "dmuon/error.h"
 
@@ -38,6 +42,30 @@ class MpiWork final : public detail::WorkImpl {
   bool destructor_may_wait() const override { return !detail::mpi_runtime().broken; }
 
  private:
+  bool timed_out_ = false;
+};
+
+// A staged operation: polling drives the communicator's whole staging queue (mpi_staging.h).
+class StagedWork final : public detail::WorkImpl {
+ public:
+  StagedWork(WorkInfo info, std::shared_ptr<detail::Staging> staging, std::shared_ptr<detail::StagedOp> op)
+      : WorkImpl(std::move(info)), staging_(std::move(staging)), op_(std::move(op)) {}
+  bool poll() override {
+    if (!op_->done) detail::progress_all_staging();
+    if (op_->done && timed_out_) detail::mpi_runtime().stuck -= 1;
+    return op_->done;
+  }
+  void on_timeout() override {
+    MpiRuntime& rt = detail::mpi_runtime();
+    rt.broken = true;
+    if (!timed_out_) rt.stuck += 1;
+    timed_out_ = true;
+  }
+  bool destructor_may_wait() const override { return !detail::mpi_runtime().broken; }
+
+ private:
+  std::shared_ptr<detail::Staging> staging_;  // declared first: outlives op_
+  std::shared_ptr<detail::StagedOp> op_;
   bool timed_out_ = false;
 };
 
@@ -87,29 +115,53 @@ void* nonnull(void* p) {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, int rank, int size, std::string name)
-      : Communicator(rank, size, std::move(name)), comm_(comm) {}
+  MpiCommunicator(MPI_Comm comm, int rank, int size, std::string name, std::shared_ptr<detail::MemorySpace> space,
+                  detail::StagingOptions options, bool staged)
+      : Communicator(rank, size, std::move(name)), comm_(comm), space_(std::move(space)), options_(options) {
+    if (staged) {
+      staging_ = std::make_shared<detail::Staging>(comm_, rank, size, space_, options_);
+      detail::Staging::track(staging_);
+    }
+  }
 
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
+    // Works may outlive their communicator: post the staged rounds still queued before the handle
+    // goes (bounded by the default timeout; after a timeout nothing more is posted anyway).
+    const auto deadline = CommClock::now() + default_timeout();
+    while (!finalized && staging_ && !detail::mpi_runtime().broken && !staging_->all_posted() &&
+           CommClock::now() < deadline) {
+      try {
+        detail::progress_all_staging();
+      } catch (...) {
+        break;  // destructors do not throw; the Works report the failure
+      }
+    }
     if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);  // deferred by MPI if ops are pending
   }
 
   std::string_view backend() const override { return "mpi"; }
 
-  static std::unique_ptr<Communicator> wrap(MPI_Comm comm, std::string name) {
+  static std::unique_ptr<MpiCommunicator> wrap(MPI_Comm comm, std::string name,
+                                               std::shared_ptr<detail::MemorySpace> space,
+                                               detail::StagingOptions options, bool staged) {
     DMUON_CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
     int rank = 0, size = 0;
     DMUON_CHECK_MPI(MPI_Comm_rank(comm, &rank));
     DMUON_CHECK_MPI(MPI_Comm_size(comm, &size));
-    return std::make_unique<MpiCommunicator>(comm, rank, size, std::move(name));
+    return std::make_unique<MpiCommunicator>(comm, rank, size, std::move(name), std::move(space), options, staged);
   }
+
+  bool staged() const { return staging_ != nullptr; }
 
  protected:
   Work post_all_to_all_v(InBuffer send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
                          OutBuffer recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
                          std::string_view label) override {
+    if (staging_)
+      return staged("all_to_all", label, detail::staged_all_to_all_v(*staging_, send, send_counts, send_displs, recv,
+                                                                     recv_counts, recv_displs));
     const int64_t unit = detail::mpi_unit({send_counts, send_displs, recv_counts, recv_displs});
     check_unit(unit, "all_to_all", label);
     auto w = start("all_to_all", label);
@@ -126,6 +178,8 @@ class MpiCommunicator final : public Communicator {
 
   Work post_all_gather_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts,
                          std::span<const int64_t> recv_displs, std::string_view label) override {
+    if (staging_)
+      return staged("all_gather", label, detail::staged_all_gather_v(*staging_, send, recv, recv_counts, recv_displs));
     const int64_t unit = detail::mpi_unit({recv_counts, recv_displs});  // send.count is recv_counts[rank]
     check_unit(unit, "all_gather", label);
     auto w = start("all_gather", label);
@@ -140,6 +194,8 @@ class MpiCommunicator final : public Communicator {
 
   Work post_reduce_scatter_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts, ReduceOp op,
                              std::string_view label) override {
+    if (staging_)
+      return staged("reduce_scatter", label, detail::staged_reduce_scatter_v(*staging_, send, recv, recv_counts, op));
     // Reductions need the basic type (bf16 sums are a user op on elements): no unit type here, and
     // the total must fit too (MPI_Ireduce_scatter adds the counts up in an int).
     DMUON_CHECK(static_cast<int64_t>(send.count) <= detail::kMpiMaxCount, "[mpi] reduce_scatter '", label, "': ",
@@ -154,6 +210,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   Work post_all_reduce(InBuffer send, OutBuffer recv, ReduceOp op, std::string_view label) override {
+    if (staging_) return staged("all_reduce", label, detail::staged_all_reduce(*staging_, send, recv, op));
     // Element-wise, so pieces of at most 2^31-1 elements are independent all-reduces.
     auto w = start("all_reduce", label);
     const bool in_place = send.data == recv.data;
@@ -166,6 +223,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   Work post_broadcast(OutBuffer buf, int root, std::string_view label) override {
+    if (staging_) return staged("broadcast", label, detail::staged_broadcast(*staging_, buf, root));
     auto w = start("broadcast", label);
     for (const detail::MpiPiece& p : detail::mpi_pieces(static_cast<int64_t>(buf.count)))
       DMUON_CHECK_MPI(MPI_Ibcast(nonnull(const_cast<std::byte*>(at(buf.data, p.offset, buf.type))), p.count,
@@ -174,6 +232,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   Work post_barrier(std::string_view label) override {
+    if (staging_) return staged("barrier", label, detail::staged_barrier(*staging_));
     auto w = start("barrier", label);
     DMUON_CHECK_MPI(MPI_Ibarrier(comm_, w->add()));
     return Work(std::move(w));
@@ -184,7 +243,14 @@ class MpiCommunicator final : public Communicator {
     // arrived, so the blocking MPI_Comm_split of pass 2 cannot hang on a missing peer.
     int mine[2] = {color, key};
     std::vector<int> all(2 * static_cast<size_t>(size()));
-    {
+    if (staging_) {  // through the queue: earlier staged operations post first, as on every rank
+      const std::vector<int64_t> counts(static_cast<size_t>(size()), 2);
+      const std::vector<int64_t> displs = packed_displs(counts);
+      staged("split", name, detail::staged_all_gather_v(*staging_, InBuffer(mine, CommType::I32, 2),
+                                                        OutBuffer(all.data(), CommType::I32, all.size()), counts,
+                                                        displs))
+          .wait();
+    } else {
       auto w = start("split", name);
       DMUON_CHECK_MPI(MPI_Iallgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm_, w->add()));
       Work(std::move(w)).wait();
@@ -193,12 +259,13 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm sub = MPI_COMM_NULL;
     DMUON_CHECK_MPI(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub));
     if (sub == MPI_COMM_NULL) return nullptr;
-    return wrap(sub, std::move(name));
+    return wrap(sub, std::move(name), space_, options_, staged());
   }
 
   Work post_p2p(std::span<const detail::P2pOp> ops, std::string_view op, std::string_view label) override {
     // Messages above 2^31-1 elements go as consecutive pieces; both ends split the same count the
     // same way, and MPI keeps their order, so piece i still matches piece i.
+    if (staging_) return staged(op, label, detail::staged_p2p(*staging_, ops));
     auto w = start(op, label);
     for (const detail::P2pOp& o : ops) {
       const MPI_Datatype t = detail::mpi_datatype(o.buf.type);
@@ -222,21 +289,46 @@ class MpiCommunicator final : public Communicator {
                 "MPI can address and share no factor that brings them under it; split the exchange into smaller chunks");
   }
 
-  std::unique_ptr<MpiWork> start(std::string_view op, std::string_view label) {
+  void check_usable(std::string_view op, std::string_view label) const {
     const MpiRuntime& rt = detail::mpi_runtime();
     DMUON_CHECK_RUNTIME(!rt.broken, "[mpi] rank ", rt.world_rank, ": cannot post ", op, " '", label,
                         "' on communicator '", name(), "': an earlier collective timed out and communication "
                         "is unusable; end the job (dmuon::abort_all)");
-    return std::make_unique<MpiWork>(
-        WorkInfo{"mpi", op, std::string(label), name(), rt.world_rank, rank(), size(), default_timeout()});
+  }
+
+  WorkInfo info(std::string_view op, std::string_view label) const {
+    return WorkInfo{"mpi", op, std::string(label), name(), detail::mpi_runtime().world_rank, rank(), size(),
+                    default_timeout()};
+  }
+
+  std::unique_ptr<MpiWork> start(std::string_view op, std::string_view label) {
+    check_usable(op, label);
+    return std::make_unique<MpiWork>(info(op, label));
+  }
+
+  // Queues a staged operation (posting what the queue allows now).
+  Work staged(std::string_view op, std::string_view label, std::shared_ptr<detail::StagedOp> staged_op) {
+    check_usable(op, label);
+    staging_->add(staged_op);
+    return Work(std::make_unique<StagedWork>(info(op, label), staging_, std::move(staged_op)));
   }
 
   MPI_Comm comm_;
+  std::shared_ptr<detail::MemorySpace> space_;
+  detail::StagingOptions options_;
+  std::shared_ptr<detail::Staging> staging_;  // null: plain MPI calls on the caller's buffers
 };
 
 }  // namespace
 
 std::unique_ptr<Communicator> make_mpi_communicator() {
+  return make_mpi_communicator(detail::default_memory_space(), detail::staging_options_from_env());
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<detail::MemorySpace> space,
+                                                    detail::StagingOptions options) {
+  DMUON_CHECK(space != nullptr, "[mpi] make_mpi_communicator: the memory space is null");
+  detail::check_staging_options(options);
   const MpiRuntime& rt = detail::mpi_runtime();
   DMUON_CHECK_RUNTIME(!rt.broken, "[mpi] rank ", rt.world_rank,
                       ": cannot make a communicator after a collective timed out; end the job (dmuon::abort_all)");
@@ -246,7 +338,18 @@ std::unique_ptr<Communicator> make_mpi_communicator() {
                                               rt.world_rank, rt.world_rank, rt.world_size, {}});
   DMUON_CHECK_MPI(MPI_Comm_idup(MPI_COMM_WORLD, &comm, w->add()));
   Work(std::move(w)).wait(detail::default_timeout_from_env());
-  return MpiCommunicator::wrap(comm, "world");
+  // Staging is on when any rank may hold device memory; the chunk size must agree (it sets the rounds).
+  int64_t agree[3] = {space->has_devices() ? 1 : 0, static_cast<int64_t>(options.chunk_bytes),
+                      -static_cast<int64_t>(options.chunk_bytes)};
+  {
+    auto a = std::make_unique<MpiWork>(WorkInfo{"mpi", "all_reduce", "staging agreement", "world", rt.world_rank,
+                                                rt.world_rank, rt.world_size, {}});
+    DMUON_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, agree, 3, MPI_INT64_T, MPI_MAX, comm, a->add()));
+    Work(std::move(a)).wait(detail::default_timeout_from_env());
+  }
+  DMUON_CHECK(agree[1] == -agree[2], "[mpi] rank ", rt.world_rank, ": the staging chunk size differs between ranks (",
+              -agree[2], " to ", agree[1], " bytes); set DMUON_STAGING_CHUNK_BYTES alike on every rank");
+  return MpiCommunicator::wrap(comm, "world", std::move(space), options, agree[0] > 0);
 }
 
 }  // namespace dmuon

@@ -1,0 +1,623 @@
+// The nccl communicator (dmuon/comm_nccl.h): an ExternalTransport over NCCL under the Communicator
+// base (validation, byte counters, groups, deadlines and error wording shared with every backend).
+// libnccl is dlopen'd (nccl_loader.h); cudart is the static one libdmuon already links.
+//
+// Every NCCL communicator is non-blocking (config.blocking = 0): init, split and group ends may
+// return ncclInProgress and are polled with ncclCommGetAsyncError under a deadline, so a missing
+// rank is a timeout error and never a hang inside NCCL. An operation is: host buffers uploaded to
+// device scratch, ncclGroupStart / the NCCL calls / ncclGroupEnd on the communicator's stream,
+// device results of host receive buffers downloaded to pinned bounce buffers, then a CUDA event.
+// Its test() polls ncclCommGetAsyncError (an asynchronous NCCL error fails the wait) and the event,
+// and on completion copies bounce buffers into the host receive buffers. A timeout (Work's deadline)
+// calls on_timeout(), which aborts every NCCL communicator of the root and its splits.
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/nccl/nccl_loader.h"
+#include "comm/nccl/nccl_probe.h"
+#include "comm/work_impl.h"
+#include "dmuon/comm_external.h"
+#include "dmuon/comm_nccl.h"
+#include "dmuon/error.h"
+
+namespace dmuon {
+namespace detail {
+
+NcclApi load_nccl(const char* only) {
+  std::string tried;
+  std::string wheel = DMUON_NCCL_WHEEL_DIR;
+  if (!wheel.empty()) wheel += "/libnccl.so.2";
+  std::vector<const char*> candidates;
+  if (only != nullptr) {
+    candidates.push_back(only);
+  } else {
+    candidates = {"libnccl.so.2", wheel.empty() ? nullptr : wheel.c_str(), "libnccl.so"};
+  }
+  for (const char* name : candidates) {
+    if (name == nullptr || *name == '\0') continue;
+    void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+      const char* why = dlerror();
+      tried += concat(tried.empty() ? "" : ", ", name, " (", why ? why : "not found", ")");
+      continue;
+    }
+    NcclApi api;
+    std::string missing;
+    auto sym = [&](auto& fn, const char* symbol) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, symbol));
+      if (fn == nullptr) missing += concat(missing.empty() ? "" : " ", symbol);
+    };
+    sym(api.get_version, "ncclGetVersion");
+    sym(api.get_unique_id, "ncclGetUniqueId");
+    sym(api.comm_init_rank_config, "ncclCommInitRankConfig");
+    sym(api.comm_split, "ncclCommSplit");
+    sym(api.comm_finalize, "ncclCommFinalize");
+    sym(api.comm_destroy, "ncclCommDestroy");
+    sym(api.comm_abort, "ncclCommAbort");
+    sym(api.comm_get_async_error, "ncclCommGetAsyncError");
+    sym(api.get_error_string, "ncclGetErrorString");
+    sym(api.get_last_error, "ncclGetLastError");
+    sym(api.group_start, "ncclGroupStart");
+    sym(api.group_end, "ncclGroupEnd");
+    sym(api.send, "ncclSend");
+    sym(api.recv, "ncclRecv");
+    sym(api.all_reduce, "ncclAllReduce");
+    sym(api.broadcast, "ncclBroadcast");
+    sym(api.reduce, "ncclReduce");
+    sym(api.all_gather, "ncclAllGather");
+    sym(api.reduce_scatter, "ncclReduceScatter");
+    if (!missing.empty()) {
+      tried += concat(tried.empty() ? "" : ", ", name, " (lacks ", missing, "; NCCL 2.18 or newer is needed)");
+      dlclose(h);
+      continue;
+    }
+    if (api.get_version(&api.version) != ncclSuccess) api.version = 0;
+    api.library = name;
+    return api;
+  }
+  throw_error(concat("[nccl] could not load libnccl; tried ", tried.empty() ? std::string("nothing") : tried,
+                     ". pip install nvidia-nccl-cu13 (scripts/requirements.txt) or set DMUON_NCCL_LIBRARY to the "
+                     "path of libnccl.so.2"));
+}
+
+const NcclApi& nccl_api() {
+  static std::mutex mu;
+  static std::optional<NcclApi> api;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!api) {
+    const char* user = std::getenv("DMUON_NCCL_LIBRARY");
+    api = load_nccl(user != nullptr && *user != '\0' ? user : nullptr);
+  }
+  return *api;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::concat;
+using detail::NcclApi;
+using detail::throw_error;
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(concat(what, ": ", cudaGetErrorString(e)));
+}
+
+ncclDataType_t nccl_type(CommType t) {
+  switch (t) {
+    case CommType::F32: return ncclFloat32;
+    case CommType::BF16: return ncclBfloat16;
+    case CommType::I32: return ncclInt32;
+    case CommType::I64: return ncclInt64;
+    case CommType::U64: return ncclUint64;
+    case CommType::U8: return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Min: return ncclMin;
+  }
+  return ncclSum;
+}
+
+// Makes `device` current for a scope, restoring the caller's device after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// The NCCL communicators of one root and its splits: aborted together on a timeout.
+struct NcclShared {
+  const NcclApi* api = nullptr;
+  int device = 0;
+  int world_rank = 0;
+  std::chrono::milliseconds timeout{0};
+  std::mutex mu;
+  std::vector<ncclComm_t> comms;
+  bool aborted = false;
+
+  void abort_all() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (aborted) return;
+    aborted = true;
+    for (ncclComm_t c : comms) (void)api->comm_abort(c);
+  }
+  void forget(ncclComm_t c) {
+    std::lock_guard<std::mutex> lock(mu);
+    std::erase(comms, c);
+  }
+
+  std::string error_text(ncclComm_t comm, ncclResult_t r) const {
+    const char* last = comm != nullptr ? api->get_last_error(comm) : nullptr;
+    return concat(api->get_error_string(r), last != nullptr && *last != '\0' ? concat(" (", last, ")") : std::string());
+  }
+  void check(ncclComm_t comm, ncclResult_t r, const char* what) const {
+    if (r != ncclSuccess && r != ncclInProgress) throw std::runtime_error(concat(what, ": ", error_text(comm, r)));
+  }
+  // Polls a non-blocking communicator until its pending call finished; false on timeout.
+  bool settle(ncclComm_t comm, const char* what, std::chrono::milliseconds budget) const {
+    const auto deadline = std::chrono::steady_clock::now() + budget;
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      check(comm, api->comm_get_async_error(comm, &state), "ncclCommGetAsyncError");
+      if (state == ncclSuccess) return true;
+      if (state != ncclInProgress) throw std::runtime_error(concat(what, ": ", error_text(comm, state)));
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+};
+
+// Device memory and pinned memory of one operation.
+struct Scratch {
+  std::vector<void*> device, pinned;
+  ~Scratch() {
+    for (void* p : device) (void)cudaFree(p);
+    for (void* p : pinned) (void)cudaFreeHost(p);
+  }
+};
+
+class NcclOp final : public ExternalOp {
+ public:
+  NcclOp(std::shared_ptr<NcclShared> shared, ncclComm_t comm) : shared_(std::move(shared)), comm_(comm) {}
+  ~NcclOp() override {
+    if (event_ != nullptr) (void)cudaEventDestroy(event_);
+  }
+
+  bool test() override {
+    if (shared_->aborted) throw std::runtime_error("the NCCL communicator was aborted after a timeout");
+    ncclResult_t state = ncclSuccess;
+    shared_->check(comm_, shared_->api->comm_get_async_error(comm_, &state), "ncclCommGetAsyncError");
+    if (state != ncclSuccess && state != ncclInProgress)
+      throw std::runtime_error(concat("NCCL reported ", shared_->error_text(comm_, state)));
+    const cudaError_t e = cudaEventQuery(event_);
+    if (e == cudaErrorNotReady) return false;
+    check_cuda(e, "cudaEventQuery");
+    for (const CopyOut& c : copy_out_) std::memcpy(c.host, c.pinned, c.bytes);
+    copy_out_.clear();
+    return true;
+  }
+
+  struct CopyOut {
+    void* host;
+    const void* pinned;
+    size_t bytes;
+  };
+  Scratch scratch;
+  std::vector<CopyOut> copy_out_;
+  cudaEvent_t event_ = nullptr;
+
+ private:
+  std::shared_ptr<NcclShared> shared_;
+  ncclComm_t comm_;
+};
+
+bool is_device_pointer(const void* p) {
+  if (p == nullptr) return false;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+class NcclTransport final : public ExternalTransport {
+ public:
+  NcclTransport(std::shared_ptr<NcclShared> shared, ncclComm_t comm, int rank, int size)
+      : shared_(std::move(shared)), comm_(comm), rank_(rank), size_(size) {
+    DeviceGuard g(shared_->device);
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaMalloc(&barrier_, sizeof(int32_t)), "cudaMalloc (barrier)");
+    check_cuda(cudaMemset(barrier_, 0, sizeof(int32_t)), "cudaMemset (barrier)");
+  }
+
+  ~NcclTransport() override {
+    if (shared_->aborted) return;  // NCCL may still use the stream and memory: leak them with the job
+    try {
+      DeviceGuard g(shared_->device);
+      (void)cudaStreamSynchronize(stream_);
+      const ncclResult_t r = shared_->api->comm_finalize(comm_);
+      const bool finalized = (r == ncclSuccess || r == ncclInProgress) &&
+                             shared_->settle(comm_, "ncclCommFinalize", std::chrono::seconds(10));
+      shared_->forget(comm_);
+      if (finalized) {
+        (void)shared_->api->comm_destroy(comm_);
+      } else {
+        (void)shared_->api->comm_abort(comm_);
+      }
+      (void)cudaFree(barrier_);
+      (void)cudaStreamDestroy(stream_);
+    } catch (...) {
+      // destructors do not throw; the communicator is gone either way
+    }
+  }
+
+  std::string_view backend() const override { return "nccl"; }
+
+  std::unique_ptr<ExternalOp> all_to_all_v(InBuffer send, Counts sc, Counts sd, OutBuffer recv, Counts rc,
+                                           Counts rd) override {
+    return run([&](Ops& o) {
+      const std::byte* s = o.in(send);
+      std::byte* r = o.out(recv);
+      const size_t es = comm_type_size(send.type);
+      const ncclDataType_t t = nccl_type(send.type);
+      return [=, this] {
+        for (int j = 0; j < size_; ++j) {
+          const auto u = static_cast<size_t>(j);
+          if (rc[u] > 0) chk(api().recv(r + rd[u] * es, static_cast<size_t>(rc[u]), t, j, comm_, stream_), "ncclRecv");
+          if (sc[u] > 0) chk(api().send(s + sd[u] * es, static_cast<size_t>(sc[u]), t, j, comm_, stream_), "ncclSend");
+        }
+      };
+    });
+  }
+
+  std::unique_ptr<ExternalOp> all_gather_v(InBuffer send, OutBuffer recv, Counts rc, Counts rd) override {
+    return run([&](Ops& o) {
+      const std::byte* s = o.in(send);
+      std::byte* r = o.out(recv);
+      const size_t es = comm_type_size(send.type);
+      const ncclDataType_t t = nccl_type(send.type);
+      bool equal_packed = true;
+      for (size_t j = 0; j < rc.size(); ++j) equal_packed = equal_packed && rc[j] == rc[0] && rd[j] == rc[0] * static_cast<int64_t>(j);
+      return [=, this] {
+        if (equal_packed) {
+          chk(api().all_gather(s, r, static_cast<size_t>(rc[0]), t, comm_, stream_), "ncclAllGather");
+          return;
+        }
+        for (int j = 0; j < size_; ++j) {  // block j is broadcast from rank j (counts agree on every rank)
+          const auto u = static_cast<size_t>(j);
+          if (rc[u] > 0) chk(api().broadcast(s, r + rd[u] * es, static_cast<size_t>(rc[u]), t, j, comm_, stream_), "ncclBroadcast");
+        }
+      };
+    });
+  }
+
+  std::unique_ptr<ExternalOp> reduce_scatter_v(InBuffer send, OutBuffer recv, Counts rc, ReduceOp op) override {
+    return run([&](Ops& o) {
+      const std::byte* s = o.in(send);
+      std::byte* r = o.out(recv);
+      const size_t es = comm_type_size(send.type);
+      const ncclDataType_t t = nccl_type(send.type);
+      const ncclRedOp_t nop = nccl_op(op);
+      bool equal = true;
+      for (int64_t c : rc) equal = equal && c == rc[0];
+      return [=, this] {
+        if (equal) {
+          chk(api().reduce_scatter(s, r, static_cast<size_t>(rc[0]), t, nop, comm_, stream_), "ncclReduceScatter");
+          return;
+        }
+        int64_t off = 0;
+        for (int j = 0; j < size_; ++j) {  // block j reduced onto rank j
+          const auto u = static_cast<size_t>(j);
+          if (rc[u] > 0) chk(api().reduce(s + off * es, r, static_cast<size_t>(rc[u]), t, nop, j, comm_, stream_), "ncclReduce");
+          off += rc[u];
+        }
+      };
+    });
+  }
+
+  std::unique_ptr<ExternalOp> all_reduce(InBuffer send, OutBuffer recv, ReduceOp op) override {
+    return run([&](Ops& o) {
+      const std::byte* s = o.in(send);
+      std::byte* r = o.out(recv);  // in place: the same scratch as s for a host buffer
+      const ncclDataType_t t = nccl_type(send.type);
+      const ncclRedOp_t nop = nccl_op(op);
+      const size_t n = send.count;
+      return [=, this] { chk(api().all_reduce(s, r, n, t, nop, comm_, stream_), "ncclAllReduce"); };
+    });
+  }
+
+  std::unique_ptr<ExternalOp> broadcast(OutBuffer buf, int root) override {
+    return run([&](Ops& o) {
+      std::byte* b = o.out(buf);
+      const ncclDataType_t t = nccl_type(buf.type);
+      const size_t n = buf.count;
+      return [=, this] { chk(api().broadcast(b, b, n, t, root, comm_, stream_), "ncclBroadcast"); };
+    });
+  }
+
+  std::unique_ptr<ExternalOp> barrier() override {
+    return run([&](Ops&) {
+      return [this] { chk(api().all_reduce(barrier_, barrier_, 1, ncclInt32, ncclSum, comm_, stream_), "ncclAllReduce"); };
+    });
+  }
+
+  std::unique_ptr<ExternalOp> p2p(std::span<const ExternalP2p> ops) override {
+    return run([&](Ops& o) {
+      struct One {
+        bool is_send;
+        int peer;
+        std::byte* data;
+        size_t count;
+        ncclDataType_t type;
+      };
+      std::vector<One> list;
+      for (const ExternalP2p& p : ops) {
+        std::byte* d = p.is_send ? const_cast<std::byte*>(o.in(p.buf))
+                                 : o.out(OutBuffer(const_cast<void*>(p.buf.data), p.buf.type, p.buf.count));
+        list.push_back({p.is_send, p.peer, d, p.buf.count, nccl_type(p.buf.type)});
+      }
+      return [list, this] {
+        for (const One& x : list) {
+          if (x.is_send) chk(api().send(x.data, x.count, x.type, x.peer, comm_, stream_), "ncclSend");
+          else chk(api().recv(x.data, x.count, x.type, x.peer, comm_, stream_), "ncclRecv");
+        }
+      };
+    });
+  }
+
+  std::shared_ptr<ExternalTransport> split(std::span<const int> colors, std::span<const int> keys,
+                                           const std::string& name) override {
+    DeviceGuard g(shared_->device);
+    const int color = colors[static_cast<size_t>(rank_)], key = keys[static_cast<size_t>(rank_)];
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t sub = nullptr;
+    shared_->check(comm_, api().comm_split(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, &config),
+                   "ncclCommSplit");
+    const bool parent_ok = shared_->settle(comm_, "ncclCommSplit", shared_->timeout);
+    if (parent_ok && (color < 0 || sub == nullptr)) return nullptr;
+    if (!parent_ok || !shared_->settle(sub, "ncclCommSplit", shared_->timeout)) {
+      if (sub != nullptr) (void)api().comm_abort(sub);
+      shared_->abort_all();
+      throw std::runtime_error(concat("ncclCommSplit '", name, "' did not finish within the default timeout; NCCL aborted"));
+    }
+    int new_rank = 0, new_size = 0;
+    for (size_t j = 0; j < colors.size(); ++j) {
+      if (colors[j] != color) continue;
+      new_size += 1;
+      if (keys[j] < key || (keys[j] == key && static_cast<int>(j) < rank_)) new_rank += 1;
+    }
+    {
+      std::lock_guard<std::mutex> lock(shared_->mu);
+      shared_->comms.push_back(sub);
+    }
+    return std::make_shared<NcclTransport>(shared_, sub, new_rank, new_size);
+  }
+
+  void on_timeout() override { shared_->abort_all(); }
+
+ private:
+  const NcclApi& api() const { return *shared_->api; }
+  void chk(ncclResult_t r, const char* what) const { shared_->check(comm_, r, what); }
+
+  // Resolves buffers to device pointers for one operation: device memory as is, host memory through
+  // device scratch (uploaded from a pinned copy) and, for outputs, a pinned bounce downloaded after.
+  class Ops {
+   public:
+    Ops(NcclOp& op, cudaStream_t stream) : op_(op), stream_(stream) {}
+    const std::byte* in(const InBuffer& b) { return resolve(b.data, b.nbytes(), true); }
+    // Host outputs are uploaded too: NCCL writes only the blocks, and the download must not
+    // overwrite what lies between them (gaps, tails the contract leaves unwritten) with garbage.
+    std::byte* out(const OutBuffer& b) {
+      std::byte* d = resolve(b.data, b.nbytes(), true);
+      if (b.nbytes() > 0 && !is_device_pointer(b.data)) downloads_.push_back({b.data, d, b.nbytes()});
+      return d;
+    }
+    // After the NCCL calls: host outputs downloaded into pinned bounce buffers.
+    void enqueue_downloads() {
+      for (const Download& d : downloads_) {
+        void* pinned = nullptr;
+        check_cuda(cudaMallocHost(&pinned, d.bytes), "cudaMallocHost");
+        op_.scratch.pinned.push_back(pinned);
+        check_cuda(cudaMemcpyAsync(pinned, d.device, d.bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+        op_.copy_out_.push_back({d.host, pinned, d.bytes});
+      }
+    }
+
+   private:
+    struct Download {
+      void* host;
+      const void* device;
+      size_t bytes;
+    };
+    std::byte* resolve(const void* p, size_t bytes, bool upload) {
+      if (bytes == 0 || is_device_pointer(p)) return static_cast<std::byte*>(const_cast<void*>(p));
+      for (const auto& [host, dev] : mapped_)
+        if (host == p) return dev;  // in place: one scratch for both sides
+      void* dev = nullptr;
+      check_cuda(cudaMalloc(&dev, bytes), "cudaMalloc (host buffer scratch)");
+      op_.scratch.device.push_back(dev);
+      if (upload) {
+        void* pinned = nullptr;
+        check_cuda(cudaMallocHost(&pinned, bytes), "cudaMallocHost");
+        op_.scratch.pinned.push_back(pinned);
+        std::memcpy(pinned, p, bytes);
+        check_cuda(cudaMemcpyAsync(dev, pinned, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+      }
+      mapped_.push_back({p, static_cast<std::byte*>(dev)});
+      return static_cast<std::byte*>(dev);
+    }
+    NcclOp& op_;
+    cudaStream_t stream_;
+    std::vector<std::pair<const void*, std::byte*>> mapped_;
+    std::vector<Download> downloads_;
+  };
+
+  // prepare(Ops&) resolves buffers and returns the calls to make between ncclGroupStart / End.
+  template <class Prepare>
+  std::unique_ptr<ExternalOp> run(Prepare&& prepare) {
+    if (shared_->aborted) throw std::runtime_error("the NCCL communicator was aborted after a timeout");
+    DeviceGuard g(shared_->device);
+    auto op = std::make_unique<NcclOp>(shared_, comm_);
+    check_cuda(cudaEventCreateWithFlags(&op->event_, cudaEventDisableTiming), "cudaEventCreate");
+    Ops ops(*op, stream_);
+    auto calls = prepare(ops);
+    chk(api().group_start(), "ncclGroupStart");
+    try {
+      calls();
+    } catch (...) {
+      (void)api().group_end();
+      throw;
+    }
+    chk(api().group_end(), "ncclGroupEnd");
+    // Non-blocking communicator: the group may still be launching; wait (bounded) until it is enqueued.
+    if (!shared_->settle(comm_, "ncclGroupEnd", shared_->timeout)) {
+      shared_->abort_all();
+      throw std::runtime_error("ncclGroupEnd did not finish enqueuing within the default timeout; NCCL aborted");
+    }
+    ops.enqueue_downloads();
+    check_cuda(cudaEventRecord(op->event_, stream_), "cudaEventRecord");
+    return op;
+  }
+
+  std::shared_ptr<NcclShared> shared_;
+  ncclComm_t comm_;
+  int rank_, size_;
+  cudaStream_t stream_ = nullptr;
+  int32_t* barrier_ = nullptr;
+};
+
+}  // namespace
+
+namespace {
+
+// The number of visible devices; throws dmuon::Error naming the runtime's reason when there is none.
+int require_devices(int rank) {
+  int devices = 0;
+  const cudaError_t probe = cudaGetDeviceCount(&devices);
+  if (probe != cudaSuccess || devices == 0) {
+    (void)cudaGetLastError();
+    throw_error(concat("[nccl] rank ", rank, ": no CUDA device: ",
+                       probe != cudaSuccess ? cudaGetErrorString(probe) : "the runtime sees 0 devices",
+                       "; the nccl communicator needs one GPU per rank (ranks sharing a GPU: use the mpi "
+                       "communicator, which stages device buffers through pinned memory)"));
+  }
+  return devices;
+}
+
+}  // namespace
+
+namespace detail {
+std::string nccl_probe(const char* only) {
+  const NcclApi api = load_nccl(only);
+  return concat(api.library, " (NCCL ", api.version / 10000, ".", api.version / 100 % 100, ".", api.version % 100, ")");
+}
+}  // namespace detail
+
+std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, CommExchange exchange, int device,
+                                                     std::string name) {
+  DMUON_CHECK(size > 0 && rank >= 0 && rank < size, "[nccl] make_nccl_communicator: rank ", rank,
+              " is not in [0, ", size, ")");
+  DMUON_CHECK(static_cast<bool>(exchange), "[nccl] make_nccl_communicator: the exchange function is empty");
+  const int devices = require_devices(rank);
+  if (device < 0) {
+    if (cudaGetDevice(&device) != cudaSuccess) device = 0;
+  }
+  DMUON_CHECK(device < devices, "[nccl] rank ", rank, ": device ", device, " does not exist (", devices, " visible)");
+  const detail::NcclApi& api = detail::nccl_api();
+
+  ncclUniqueId id{};
+  if (rank == 0) {
+    const ncclResult_t r = api.get_unique_id(&id);
+    DMUON_CHECK_RUNTIME(r == ncclSuccess, "[nccl] rank 0: ncclGetUniqueId failed: ", api.get_error_string(r));
+  }
+  const auto* mine = reinterpret_cast<const std::byte*>(&id);
+  const std::vector<std::byte> all = exchange(std::span<const std::byte>(mine, sizeof(id)));
+  DMUON_CHECK(all.size() == sizeof(id) * static_cast<size_t>(size), "[nccl] make_nccl_communicator: the exchange "
+              "returned ", all.size(), " bytes; expected ", size, " blobs of ", sizeof(id), " bytes");
+  std::memcpy(&id, all.data(), sizeof(id));  // rank 0's
+
+  auto shared = std::make_shared<NcclShared>();
+  shared->api = &api;
+  shared->device = device;
+  shared->world_rank = rank;
+  shared->timeout = detail::default_timeout_from_env();
+  ncclComm_t comm = nullptr;
+  {
+    DeviceGuard g(device);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t r = api.comm_init_rank_config(&comm, size, id, rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress)
+      throw_error(concat("[nccl] rank ", rank, ": ncclCommInitRankConfig failed: ", api.get_error_string(r)));
+    bool ok = false;
+    try {
+      ok = shared->settle(comm, "ncclCommInitRankConfig", shared->timeout);
+    } catch (const std::exception& e) {
+      (void)api.comm_abort(comm);
+      throw_error(concat("[nccl] rank ", rank, ": ", e.what()));
+    }
+    if (!ok) {
+      (void)api.comm_abort(comm);
+      throw_error(concat("[nccl] rank ", rank, ": ncclCommInitRankConfig timed out after ",
+                         static_cast<double>(shared->timeout.count()) / 1000.0, " s on communicator '", name,
+                         "' (rank ", rank, " of ", size, "); a peer died or did not create it; NCCL aborted"));
+    }
+  }
+  shared->comms.push_back(comm);
+  auto transport = std::make_shared<NcclTransport>(shared, comm, rank, size);
+  return make_external_communicator(std::move(transport), rank, size, std::move(name), rank);
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator() {
+  (void)require_devices(0);  // before MPI: a machine without a GPU fails here, naming the cause
+  if (!mpi_available()) {  // a world of one rank
+    return make_nccl_communicator(0, 1, [](std::span<const std::byte> b) { return std::vector<std::byte>(b.begin(), b.end()); });
+  }
+  std::shared_ptr<Communicator> world = make_mpi_communicator();
+  const int rank = world->rank(), size = world->size();
+  const int devices = require_devices(rank);
+  int local = rank;
+  if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"); env != nullptr && *env != '\0') local = std::atoi(env);
+  const int device = local % devices;
+  CommExchange exchange = [world](std::span<const std::byte> mine) {
+    std::vector<std::byte> all(mine.size() * static_cast<size_t>(world->size()));
+    world->all_gather(InBuffer(mine.data(), CommType::U8, mine.size()), OutBuffer(all.data(), CommType::U8, all.size()),
+                      "nccl bootstrap")
+        .wait();
+    return all;
+  };
+  return make_nccl_communicator(rank, size, std::move(exchange), device, "world");
+}
+
+bool nccl_available() { return true; }
+
+}  // namespace dmuon

@@ -1,0 +1,25 @@
+// Built instead of nccl_communicator.cpp when the build has no CUDA or no NCCL headers, so callers
+// need no #ifdef: every way to make an nccl communicator throws dmuon::Error naming the cause.
+#include "dmuon/comm_nccl.h"
+#include "dmuon/error.h"
+
+namespace dmuon {
+namespace {
+
+[[noreturn]] void unavailable() {
+#ifdef DMUON_HAVE_CUDA
+  detail::throw_error("[nccl] dmuon was built without the NCCL headers (pip install nvidia-nccl-cu13, then "
+                      "reconfigure; the configure summary says what was missing); use the mpi communicator");
+#else
+  detail::throw_error("[nccl] dmuon was built without CUDA; reconfigure with -DDMUON_WITH_CUDA=ON on a machine "
+                      "with the CUDA toolkit and nvidia-nccl-cu13, or use the mpi communicator");
+#endif
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(int, int, CommExchange, int, std::string) { unavailable(); }
+std::unique_ptr<Communicator> make_nccl_communicator() { unavailable(); }
+bool nccl_available() { return false; }
+
+}  // namespace dmuon

@@ -1,0 +1,197 @@
+// The nccl communicator (dmuon/comm_nccl.h).
+// - Everywhere: make_communicator("nccl") / make_nccl_communicator fail with a dmuon::Error that
+//   names the cause: "built without CUDA" in a CPU-only build, "no CUDA device" on a machine
+//   without one (CUDA builds), and (builds with the nccl communicator) libnccl missing names
+//   nvidia-nccl-cu13, while the real libnccl loads with every symbol resolved (no GPU needed).
+// - On a GPU (skipped without one, with the reason): every operation at world size 1 on device and
+//   host buffers, a split, and a wait that times out (a recv nobody sends) aborting NCCL with an
+//   error naming rank, op and label. scripts/gpu_check.sh runs this binary and counts skips as failures.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "dmuon/comm.h"
+#include "dmuon/comm_nccl.h"
+#include "dmuon/error.h"
+
+#if DMUON_TEST_CUDA
+#include <cuda_runtime_api.h>
+#endif
+#if DMUON_TEST_NCCL
+#include "comm/nccl/nccl_probe.h"
+#endif
+
+namespace dmuon {
+namespace {
+
+std::vector<std::byte> self_exchange(std::span<const std::byte> mine) { return {mine.begin(), mine.end()}; }
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("not a dmuon::Error: ") + e.what();
+  }
+  return "no error";
+}
+
+TEST(NcclComm, UnavailableGivesAClearError) {
+#if !DMUON_TEST_CUDA
+  EXPECT_FALSE(nccl_available());
+  for (const std::string& msg : {error_of([] { (void)make_communicator("nccl"); }),
+                                 error_of([] { (void)make_nccl_communicator(0, 1, self_exchange); })}) {
+    EXPECT_NE(msg.find("[nccl] dmuon was built without CUDA"), std::string::npos) << msg;
+  }
+#else
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) GTEST_SKIP() << "a CUDA device is present";
+  (void)cudaGetLastError();
+  for (const std::string& msg : {error_of([] { (void)make_communicator("nccl"); }),
+                                 error_of([] { (void)make_nccl_communicator(0, 1, self_exchange); })}) {
+    if (nccl_available()) {
+      EXPECT_NE(msg.find("[nccl] rank 0: no CUDA device: "), std::string::npos) << msg;
+    } else {
+      EXPECT_NE(msg.find("[nccl] dmuon was built without the NCCL headers"), std::string::npos) << msg;
+    }
+  }
+#endif
+}
+
+#if DMUON_TEST_NCCL
+TEST(NcclLoader, MissingLibraryNamesTheWheel) {
+  const std::string msg = error_of([] { (void)detail::nccl_probe("/nonexistent/libnccl.so.2"); });
+  EXPECT_NE(msg.find("[nccl] could not load libnccl; tried /nonexistent/libnccl.so.2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nvidia-nccl-cu13"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("DMUON_NCCL_LIBRARY"), std::string::npos) << msg;
+}
+
+TEST(NcclLoader, RealLibraryResolvesEverySymbol) {
+  std::string found;
+  const std::string msg = error_of([&] { found = detail::nccl_probe(nullptr); });
+  if (msg != "no error") GTEST_SKIP() << "no libnccl on this machine: " << msg;
+  EXPECT_NE(found.find("libnccl.so"), std::string::npos) << found;
+  EXPECT_NE(found.find("(NCCL 2."), std::string::npos) << found;
+}
+
+// ---- on a device ---------------------------------------------------------------------------------
+
+bool have_device() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+template <class T> struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(const std::vector<T>& v) : n(v.size()) {
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(1, n) * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~Dev() { cudaFree(p); }
+  std::vector<T> get() const {
+    std::vector<T> v(n);
+    EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+  InBuffer in() const { return InBuffer(p, CommTypeOf<T>::value, n); }
+  OutBuffer out() const { return OutBuffer(p, CommTypeOf<T>::value, n); }
+};
+
+class NcclDevice : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_device()) GTEST_SKIP() << "no CUDA device (the nccl communicator runs on a GPU only)";
+    c = make_nccl_communicator(0, 1, self_exchange);
+    c->set_default_timeout(std::chrono::seconds(20));
+  }
+  std::unique_ptr<Communicator> c;
+};
+
+TEST_F(NcclDevice, EveryOperationAtWorldSizeOne) {
+  ASSERT_EQ(c->backend(), "nccl");
+  ASSERT_EQ(c->size(), 1);
+  std::vector<float> v(37);
+  std::iota(v.begin(), v.end(), 1.0f);
+  // all_to_all_v: one self block at displacement 2 -> 5
+  Dev<float> s(v), r(std::vector<float>(45, -1.0f));
+  const int64_t sc[] = {30}, sd[] = {2}, rd[] = {5};
+  c->all_to_all_v(s.in(), sc, sd, r.out(), sc, rd, "a2a").wait();
+  std::vector<float> got = r.get();
+  for (int i = 0; i < 30; ++i) EXPECT_EQ(got[5 + i], v[2 + i]);
+  EXPECT_EQ(got[4], -1.0f);
+  // all_gather_v packed and with a gap
+  Dev<float> g(std::vector<float>(40, -1.0f));
+  const int64_t gc[] = {37}, gd[] = {3};
+  c->all_gather_v(s.in(), g.out(), gc, "gather packed").wait();
+  EXPECT_EQ(g.get()[36], v[36]);
+  c->all_gather_v(s.in(), g.out(), gc, gd, "gather gapped").wait();
+  EXPECT_EQ(g.get()[3], v[0]);
+  // reduce_scatter_v, all_reduce in place and out of place, host buffers too
+  Dev<float> rs(std::vector<float>(37, 0.0f));
+  const int64_t rc[] = {37};
+  c->reduce_scatter_v(s.in(), rs.out(), rc, ReduceOp::Sum, "rs").wait();
+  EXPECT_EQ(rs.get(), v);
+  Dev<float> ar(v);
+  c->all_reduce(ar.out(), ReduceOp::Max, "ar in place").wait();
+  EXPECT_EQ(ar.get(), v);
+  std::vector<int64_t> flags{3, -4, 5};
+  c->all_reduce(OutBuffer(flags), ReduceOp::Min, "host flags").wait();
+  EXPECT_EQ(flags, (std::vector<int64_t>{3, -4, 5}));
+  std::vector<float> host_out(37, 0.0f);
+  c->all_reduce(s.in(), OutBuffer(host_out), ReduceOp::Sum, "device to host").wait();
+  EXPECT_EQ(host_out, v);
+  // broadcast, barrier, grouped self send / recv
+  Dev<float> b(v);
+  c->broadcast(b.out(), 0, "bcast").wait();
+  EXPECT_EQ(b.get(), v);
+  c->barrier("barrier").wait();
+  Dev<float> p(std::vector<float>(37, 0.0f));
+  c->group_begin();
+  (void)c->recv(p.out(), 0, "self recv");
+  (void)c->send(s.in(), 0, "self send");
+  c->group_end("self pair").wait();
+  EXPECT_EQ(p.get(), v);
+  // split: color 0 keeps the rank, color -1 gets none
+  auto sub = c->split(0, 0, "sub");
+  ASSERT_NE(sub, nullptr);
+  std::vector<int32_t> one{7};
+  sub->all_reduce(OutBuffer(one), ReduceOp::Sum, "sub sum").wait();
+  EXPECT_EQ(one[0], 7);
+  EXPECT_EQ(c->split(-1, 0, "none"), nullptr);
+  EXPECT_EQ(c->counters().collectives, 10u);
+}
+
+TEST_F(NcclDevice, TimeoutAbortsAndNamesTheOp) {
+  Dev<float> r(std::vector<float>(8, 0.0f));
+  c->set_default_timeout(std::chrono::seconds(2));
+  std::string msg;
+  try {
+    Work w = c->recv(r.out(), 0, "lonely recv");  // no matching send: never completes
+    w.wait();
+    msg = "no error";
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  // A timeout ("[nccl] rank 0: recv 'lonely recv' timed out after 2 s ...") or NCCL refusing the
+  // unmatched recv itself; either way the error names the backend, rank, op and label.
+  EXPECT_EQ(msg.rfind("[nccl] rank 0: ", 0), 0u) << msg;
+  EXPECT_NE(msg.find("recv 'lonely recv'"), std::string::npos) << msg;
+  if (msg.find("timed out") != std::string::npos) {  // then NCCL was aborted and nothing more is posted
+    const std::string after = error_of([&] { (void)c->barrier("after"); });
+    EXPECT_NE(after.find("unusable"), std::string::npos) << after;
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace dmuon
