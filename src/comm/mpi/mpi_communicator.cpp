@@ -19,10 +19,33 @@ namespace {
 using detail::MpiRuntime;
 using detail::WorkInfo;
 
-// Posted requests plus what MPI reads until they complete (count and displacement arrays).
-class MpiWork final : public detail::WorkImpl {
+// What both kinds of MPI work share: a timed-out operation marks the runtime broken and counts as
+// stuck until it completes (mpi_runtime.h), and then a destructor may no longer wait on it.
+class MpiTimedWork : public detail::WorkImpl {
  public:
-  explicit MpiWork(WorkInfo info) : WorkImpl(std::move(info)) {}
+  using WorkImpl::WorkImpl;
+  void on_timeout() override {
+    MpiRuntime& rt = detail::mpi_runtime();
+    rt.broken = true;
+    if (!timed_out_) rt.stuck += 1;
+    timed_out_ = true;
+  }
+  bool destructor_may_wait() const override { return !detail::mpi_runtime().broken; }
+
+ protected:
+  bool completed(bool done) {  // call from poll() with its result
+    if (done && timed_out_) detail::mpi_runtime().stuck -= 1;
+    return done;
+  }
+
+ private:
+  bool timed_out_ = false;
+};
+
+// Posted requests plus what MPI reads until they complete (count and displacement arrays).
+class MpiWork final : public MpiTimedWork {
+ public:
+  explicit MpiWork(WorkInfo info) : MpiTimedWork(std::move(info)) {}
   std::vector<MPI_Request> requests;
   std::vector<int> arrays[4];
 
@@ -30,43 +53,23 @@ class MpiWork final : public detail::WorkImpl {
   bool poll() override {
     int flag = 0;
     DMUON_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE));
-    if (flag && timed_out_) detail::mpi_runtime().stuck -= 1;
-    return flag != 0;
+    return completed(flag != 0);
   }
-  void on_timeout() override {
-    MpiRuntime& rt = detail::mpi_runtime();
-    rt.broken = true;
-    if (!timed_out_) rt.stuck += 1;
-    timed_out_ = true;
-  }
-  bool destructor_may_wait() const override { return !detail::mpi_runtime().broken; }
-
- private:
-  bool timed_out_ = false;
 };
 
 // A staged operation: polling drives the communicator's whole staging queue (mpi_staging.h).
-class StagedWork final : public detail::WorkImpl {
+class StagedWork final : public MpiTimedWork {
  public:
   StagedWork(WorkInfo info, std::shared_ptr<detail::Staging> staging, std::shared_ptr<detail::StagedOp> op)
-      : WorkImpl(std::move(info)), staging_(std::move(staging)), op_(std::move(op)) {}
+      : MpiTimedWork(std::move(info)), staging_(std::move(staging)), op_(std::move(op)) {}
   bool poll() override {
     if (!op_->done) detail::progress_all_staging();
-    if (op_->done && timed_out_) detail::mpi_runtime().stuck -= 1;
-    return op_->done;
+    return completed(op_->done);
   }
-  void on_timeout() override {
-    MpiRuntime& rt = detail::mpi_runtime();
-    rt.broken = true;
-    if (!timed_out_) rt.stuck += 1;
-    timed_out_ = true;
-  }
-  bool destructor_may_wait() const override { return !detail::mpi_runtime().broken; }
 
  private:
   std::shared_ptr<detail::Staging> staging_;  // declared first: outlives op_
   std::shared_ptr<detail::StagedOp> op_;
-  bool timed_out_ = false;
 };
 
 // Values in units of `unit` elements (mpi_unit made them fit).
