@@ -69,6 +69,9 @@ struct LocalOptimizerOptions {
   // in host memory anyway and offload runs the same staging (memcpy, a cost): it exists there so
   // the mechanism is tested. last_stats() reports the bytes moved and the peak resident bytes.
   bool offload_state = false;
+  // Where the step runs (OptimizerOptions::device): "cpu" (default), "cuda" or "cuda:N". On a device
+  // backend parameters, gradients and state live in that device's memory.
+  std::string device = "cpu";
 };
 
 class DMUON_API LocalOptimizer {

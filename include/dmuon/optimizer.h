@@ -82,6 +82,12 @@ struct OptimizerOptions {
   // backend the state lives in host memory anyway and the staging is the same copies (memcpy): it
   // costs time there and exists so the mechanism is tested on machines without a GPU.
   bool offload_state = false;
+  // Where the step runs: "cpu" (default), "cuda" or "cuda:N" (a build without CUDA, or a machine
+  // without that device, fails at construction). On a device backend every parameter and gradient
+  // view must carry that device (TensorView::device; checked each step, naming the parameter), the
+  // state, chunk arenas and scratch are device memory, and state() returns device views (read them
+  // with the device's own copy; docs/design.md "The engine on a device backend").
+  std::string device = "cpu";
 };
 
 // The counters of the last step() (this rank). Seconds are wall-clock.

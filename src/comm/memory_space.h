@@ -111,4 +111,8 @@ namespace dmuon {
 // Internal (src/comm/mpi/mpi_communicator.cpp; a build without MPI throws like make_mpi_communicator).
 std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<detail::MemorySpace> space,
                                                     detail::StagingOptions options);
+// The single backend with a memory space (engines on a device backend): a copy touching the space's
+// device memory goes through copy_to_host / copy_to_device; make_single_communicator() is this with
+// no space (plain memmove). Internal (src/comm/single/single_communicator.cpp).
+std::unique_ptr<Communicator> make_single_communicator(std::shared_ptr<detail::MemorySpace> space);
 }  // namespace dmuon

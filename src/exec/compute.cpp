@@ -7,6 +7,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "exec/engine_device.h"
 #include "exec/executor.h"
 
 namespace dmuon::detail {
@@ -28,19 +29,25 @@ void prepare_streams(Optimizer::Impl& s, size_t extra) {
 }  // namespace
 
 void compute_units(Optimizer::Impl& s, const StepInputs& in, std::span<const UnitJob> jobs) {
-  const auto run_job = [&](const UnitJob& j, std::vector<std::unique_ptr<Orthogonalizer>>& orth,
-                           std::vector<float>& v_mean) {
+  const size_t streams = std::min(static_cast<size_t>(std::max(s.step_streams, 1)), jobs.size());
+  // NorMuon's v_mean scratch, one per stream, in the backend's step memory (device memory on a
+  // device backend), sized for the largest matrix of this call; allocated before the streams run.
+  int64_t scratch = 0;
+  for (const UnitJob& j : jobs)
+    if (j.v) scratch = std::max(scratch, std::max(j.rows, j.cols));
+  if (s.v_mean_scratch.size() < std::max<size_t>(streams, 1)) s.v_mean_scratch.resize(std::max<size_t>(streams, 1));
+  for (size_t w = 0; w < std::max<size_t>(streams, 1) && scratch > 0; ++w)
+    if (s.v_mean_scratch[w].bytes() < static_cast<size_t>(scratch) * sizeof(float))
+      s.v_mean_scratch[w] = s.backend->allocate(static_cast<size_t>(scratch) * sizeof(float), step_memory(*s.backend));
+  const auto run_job = [&](const UnitJob& j, std::vector<std::unique_ptr<Orthogonalizer>>& orth, size_t stream) {
     if (j.batch == 0 || j.rows == 0 || j.cols == 0) return;  // an empty matrix: nothing to compute
     const size_t g = static_cast<size_t>(s.group_of[static_cast<size_t>(j.param)]);
     const GroupOptions& o = in.options[g];
-    v_mean.resize(static_cast<size_t>(std::max(j.rows, j.cols)));
-    s.backend->muon_units(*orth[g], j.data, j.batch, j.rows, j.cols, j.v, v_mean.data(), o.normuon_beta2,
-                          s.options.comm_dtype);
+    float* v_mean = j.v ? s.v_mean_scratch[stream].as<float>() : nullptr;
+    s.backend->muon_units(*orth[g], j.data, j.batch, j.rows, j.cols, j.v, v_mean, o.normuon_beta2, s.options.comm_dtype);
   };
-  const size_t streams = std::min(static_cast<size_t>(std::max(s.step_streams, 1)), jobs.size());
-  std::vector<float> v_mean;
   if (streams <= 1) {
-    for (const UnitJob& j : jobs) run_job(j, s.orth, v_mean);
+    for (const UnitJob& j : jobs) run_job(j, s.orth, 0);
     return;
   }
   // Several streams: each takes whole jobs, largest first (work ~ numel × the Gram side). The
@@ -60,10 +67,9 @@ void compute_units(Optimizer::Impl& s, const StepInputs& in, std::span<const Uni
   std::exception_ptr failure;
   std::mutex failure_mutex;
   const size_t n = jobs.size();
-  auto run = [&](std::vector<std::unique_ptr<Orthogonalizer>>& orth) {
-    std::vector<float> scratch;
+  auto run = [&](std::vector<std::unique_ptr<Orthogonalizer>>& orth, size_t stream) {
     try {
-      for (size_t k; (k = next.fetch_add(1)) < n;) run_job(jobs[order[k]], orth, scratch);
+      for (size_t k; (k = next.fetch_add(1)) < n;) run_job(jobs[order[k]], orth, stream);
     } catch (...) {
       std::lock_guard<std::mutex> lock(failure_mutex);
       if (!failure) failure = std::current_exception();
@@ -72,9 +78,9 @@ void compute_units(Optimizer::Impl& s, const StepInputs& in, std::span<const Uni
   };
   for (size_t w = 0; w + 1 < streams; ++w) {
     auto* orth = &s.extra_orth[w];
-    s.extra_streams[w]->submit([&run, orth] { run(*orth); });
+    s.extra_streams[w]->submit([&run, orth, w] { run(*orth, w + 1); });
   }
-  run(s.orth);  // this stream is the first
+  run(s.orth, 0);  // this stream is the first
   for (size_t w = 0; w + 1 < streams; ++w) s.extra_streams[w]->synchronize();  // run() catches
   if (failure) std::rethrow_exception(failure);
 }

@@ -44,6 +44,10 @@ struct Optimizer::Impl {
   std::vector<std::vector<std::unique_ptr<Orthogonalizer>>> extra_orth;  // [stream − 1][group]
   int step_streams = 1;
   std::vector<Shape> local_shapes;      // per parameter: this rank's box's shape (step validation)
+  // Device backends: NorMuon's v_mean scratch per compute stream (backend memory, grown as needed)
+  // and host zeros copied into the update buffers of parameters without a gradient.
+  std::vector<detail::Buffer> v_mean_scratch;
+  std::vector<float> host_zeros;
 };
 
 namespace detail {

@@ -7,6 +7,8 @@
 #include "dmuon/error.h"
 #include "dmuon/inventory.h"
 #include "dmuon/optimizer.h"
+#include "comm/memory_space.h"
+#include "exec/engine_device.h"
 #include "exec/param_groups.h"
 
 namespace dmuon {
@@ -98,7 +100,12 @@ LocalOptimizer::LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamG
   o.compute_thread = false;    // nothing to overlap on one rank: compute on the calling thread
   o.window = 1;                // one chunk in flight bounds the step's buffers to one chunk
   o.machine = MachineProfile::named("cpu");
-  std::shared_ptr<Communicator> comm = make_single_communicator();
+  o.device = options.device;
+  // one backend for the engine and its communicator: the single communicator copies the backend's
+  // device memory through its memory space
+  detail::EngineDevice device = detail::resolve_engine_device(o.device);
+  std::shared_ptr<Communicator> comm = make_single_communicator(device.space);
+  const detail::ScopedEngineDevice use(std::move(device));
   impl_->engine = std::make_unique<Optimizer>(std::move(comm), local_inventory(params_, groups, group_of),
                                               std::move(groups), std::move(o));
 }

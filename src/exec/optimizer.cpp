@@ -11,6 +11,7 @@
 #include "dmuon/update.h"
 #include "core/hash.h"
 #include "exec/agreement.h"
+#include "exec/engine_device.h"
 #include "exec/executor.h"
 #include "exec/param_groups.h"
 
@@ -114,7 +115,12 @@ void local_momentum(Optimizer::Impl& s, const StepInputs& in, int param, float* 
   const ParamLayout& L = s.routes.layouts[static_cast<size_t>(param)];
   if (L.local_numel == 0) return;
   if (!in.active[static_cast<size_t>(param)]) {  // no gradient: the momentum stays, zeros travel
-    std::fill(update, update + L.local_numel, 0.0f);
+    if (!s.backend->capabilities().device_memory) {
+      std::fill(update, update + L.local_numel, 0.0f);
+      return;
+    }
+    if (s.host_zeros.size() < static_cast<size_t>(L.local_numel)) s.host_zeros.assign(static_cast<size_t>(L.local_numel), 0.0f);
+    s.backend->copy(update, s.host_zeros.data(), static_cast<size_t>(L.local_numel) * sizeof(float));  // device memory
     return;
   }
   const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(param)])];
@@ -160,8 +166,8 @@ Optimizer::Optimizer(std::shared_ptr<MeshCommunicators> comms, Inventory invento
   Impl& s = *impl_;
   s.user_comm = comms->world_ptr();
   s.mesh_comms = std::move(comms);
-  s.backend = detail::make_cpu_backend();
   s.options = std::move(options);
+  s.backend = detail::resolve_engine_device(s.options.device).backend;
   s.groups = std::move(groups);
   s.rank = s.user_comm->rank();
   detail::PlanClaim claim;
@@ -303,6 +309,9 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
       DMUON_CHECK(w.dtype == DType::F32, "[optim] parameter '", p.name, "' is ", to_string(w.dtype), "; master parameters must be fp32");
       DMUON_CHECK(w.is_contiguous(), "[optim] parameter '", p.name, "' is not contiguous; pass a contiguous copy");
       DMUON_CHECK(local.numel() == 0 || w.data, "[optim] parameter '", p.name, "': null data pointer");
+      DMUON_CHECK(w.device == s.backend->device(), "[optim] parameter '", p.name, "' is on ", to_string(w.device),
+                  " but the optimizer runs on ", to_string(s.backend->device()), " (option 'device' = '", s.options.device,
+                  "'); pass views of ", to_string(s.backend->device()), " memory");
       if (gr.is_none()) continue;  // no gradient: the parameter sits this step out (agreed below)
       DMUON_CHECK(gr.shape == local, "[optim] gradient of '", p.name, "': expected local shape ", local.to_string(), ", got ",
                   gr.shape.to_string());
@@ -310,6 +319,9 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
                   to_string(gr.dtype), "; gradients must be fp32 or bf16");
       DMUON_CHECK(gr.is_contiguous(), "[optim] gradient of '", p.name, "' is not contiguous; pass a contiguous copy");
       DMUON_CHECK(local.numel() == 0 || gr.data, "[optim] gradient of '", p.name, "': null data pointer");
+      DMUON_CHECK(gr.device == s.backend->device(), "[optim] gradient of '", p.name, "' is on ", to_string(gr.device),
+                  " but the optimizer runs on ", to_string(s.backend->device()), " (option 'device' = '", s.options.device,
+                  "'); pass views of ", to_string(s.backend->device()), " memory");
       const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[i])];
       if (o.algorithm != Algorithm::Muon || o.qk_clip_threshold <= 0 || !p.qk) continue;
       const auto it = qk_logits.find(p.qk->layer);

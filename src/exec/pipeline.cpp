@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "exec/engine_device.h"
 #include "exec/executor.h"
 
 namespace dmuon::detail {
@@ -144,7 +145,7 @@ class Pipeline {
         pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(i));
         return b;
       }
-    return s_.backend->allocate(static_cast<size_t>(bytes), MemoryKind::Host);
+    return s_.backend->allocate(static_cast<size_t>(bytes), step_memory(*s_.backend));
   }
 
   void release(std::unique_ptr<ChunkRun>& c) {

@@ -21,7 +21,10 @@ void StateStore::init(std::vector<StateSpec> specs, Backend& backend, bool offlo
   offload_.reset();  // first: it may still copy into the tensors below
   params_.clear();
   params_.reserve(specs.size());
-  const MemoryKind home = offload ? MemoryKind::PinnedHost : MemoryKind::Host;
+  // without offload the state lives in the backend's step memory (device memory on a device backend)
+  const bool device = backend.capabilities().device_memory;
+  const MemoryKind home = offload ? MemoryKind::PinnedHost : device ? MemoryKind::Device : MemoryKind::Host;
+  view_device_ = offload || !device ? Device{} : backend.device();
   for (StateSpec& s : specs) {
     Param p;
     const auto zeros = [&](const Shape& sh) { return backend.allocate(static_cast<size_t>(sh.numel()) * sizeof(float), home); };
@@ -67,7 +70,11 @@ std::vector<std::string> StateStore::keys(size_t i) const {
 TensorView StateStore::view(size_t i, std::string_view key) {
   const Param& p = param(i);
   for (Tensor& t : params_[i].tensors)
-    if (to_string(t.key) == key) return TensorView(t.data.as<float>(), t.shape);
+    if (to_string(t.key) == key) {
+      TensorView v(t.data.as<float>(), t.shape);
+      v.device = view_device_;  // device state: a device view (never read on the host)
+      return v;
+    }
   std::string list;
   for (const Tensor& t : p.tensors) list += (list.empty() ? "" : ", ") + std::string(to_string(t.key));
   throw_invalid_argument(concat("[optim] parameter '", p.spec.name, "' has no state '", key, "'; its keys are: ", list));

@@ -91,6 +91,7 @@ class StateStore {
   std::vector<Param> params_;
   StateHooks hooks_;
   std::vector<uint8_t> untouched_;
+  Device view_device_;  // where view() tensors live: the backend's device when the state is device memory
   std::unique_ptr<StateOffload> offload_;
 };
 

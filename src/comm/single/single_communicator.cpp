@@ -1,10 +1,13 @@
 // The `single` backend: one rank, so every collective is a local copy and completes when posted.
 // Lets one process run the whole engine without MPI (mlx's EmptyGroup). Sends and recvs (all to
 // self) are matched in FIFO order as MPI would: an op waits in a queue until its partner is posted.
+// With a memory space (engines on a device backend), a copy that touches the space's device memory
+// goes through the space's copies (staged via host memory), never a host memmove on device memory.
 #include <algorithm>
 #include <cstring>
 #include <deque>
 
+#include "comm/memory_space.h"
 #include "comm/work_impl.h"
 #include "dmuon/comm.h"
 #include "dmuon/error.h"
@@ -50,44 +53,56 @@ class P2pWork final : public detail::WorkImpl {
   std::weak_ptr<Queues> queues_;
 };
 
-void copy_elems(void* dst, int64_t dst_off, const void* src, int64_t src_off, int64_t n, size_t elem) {
+void copy_elems(detail::MemorySpace* space, void* dst, int64_t dst_off, const void* src, int64_t src_off, int64_t n,
+                size_t elem) {
   if (n <= 0 || (dst == src && dst_off == src_off)) return;
-  std::memmove(static_cast<std::byte*>(dst) + dst_off * static_cast<int64_t>(elem),
-               static_cast<const std::byte*>(src) + src_off * static_cast<int64_t>(elem),
-               static_cast<size_t>(n) * elem);
+  std::byte* d = static_cast<std::byte*>(dst) + dst_off * static_cast<int64_t>(elem);
+  const std::byte* s = static_cast<const std::byte*>(src) + src_off * static_cast<int64_t>(elem);
+  const size_t bytes = static_cast<size_t>(n) * elem;
+  const bool dd = space && space->is_device(d), sd = space && space->is_device(s);
+  if (!dd && !sd) {
+    std::memmove(d, s, bytes);
+    return;
+  }
+  std::vector<std::byte> host(bytes);  // through host memory (also makes overlapping ranges safe)
+  if (sd) space->copy_to_host(host.data(), s, bytes);
+  else std::memcpy(host.data(), s, bytes);
+  if (dd) space->copy_to_device(d, host.data(), bytes);
+  else std::memcpy(d, host.data(), bytes);
 }
 
 class SingleCommunicator final : public Communicator {
  public:
-  explicit SingleCommunicator(std::string name) : Communicator(0, 1, std::move(name)) {}
+  SingleCommunicator(std::string name, std::shared_ptr<detail::MemorySpace> space)
+      : Communicator(0, 1, std::move(name)), space_(std::move(space)) {}
   std::string_view backend() const override { return "single"; }
 
  protected:
   Work post_all_to_all_v(InBuffer send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
                          OutBuffer recv, std::span<const int64_t>, std::span<const int64_t> recv_displs,
                          std::string_view label) override {
-    copy_elems(recv.data, recv_displs[0], send.data, send_displs[0], send_counts[0], comm_type_size(send.type));
+    copy_elems(space_.get(), recv.data, recv_displs[0], send.data, send_displs[0], send_counts[0], comm_type_size(send.type));
     return done("all_to_all", label);
   }
   Work post_all_gather_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts,
                          std::span<const int64_t> recv_displs, std::string_view label) override {
-    copy_elems(recv.data, recv_displs[0], send.data, 0, recv_counts[0], comm_type_size(send.type));
+    copy_elems(space_.get(), recv.data, recv_displs[0], send.data, 0, recv_counts[0], comm_type_size(send.type));
     return done("all_gather", label);
   }
   Work post_reduce_scatter_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts, ReduceOp,
                              std::string_view label) override {
-    copy_elems(recv.data, 0, send.data, 0, recv_counts[0], comm_type_size(send.type));
+    copy_elems(space_.get(), recv.data, 0, send.data, 0, recv_counts[0], comm_type_size(send.type));
     return done("reduce_scatter", label);
   }
   Work post_all_reduce(InBuffer send, OutBuffer recv, ReduceOp, std::string_view label) override {
-    copy_elems(recv.data, 0, send.data, 0, static_cast<int64_t>(send.count), comm_type_size(send.type));
+    copy_elems(space_.get(), recv.data, 0, send.data, 0, static_cast<int64_t>(send.count), comm_type_size(send.type));
     return done("all_reduce", label);
   }
   Work post_broadcast(OutBuffer, int, std::string_view label) override { return done("broadcast", label); }
   Work post_barrier(std::string_view label) override { return done("barrier", label); }
   std::unique_ptr<Communicator> do_split(int color, int, std::string name) override {
     if (color < 0) return nullptr;
-    return std::make_unique<SingleCommunicator>(std::move(name));
+    return std::make_unique<SingleCommunicator>(std::move(name), space_);
   }
   Work post_p2p(std::span<const detail::P2pOp> ops, std::string_view op, std::string_view label) override {
     auto w = std::make_unique<P2pWork>(detail::WorkInfo{"single", op, std::string(label), name(), 0, 0, 1, default_timeout()},
@@ -115,7 +130,7 @@ class SingleCommunicator final : public Communicator {
                                    to_string(r.buf.type), "; both ends must pass the same count and type");
       other.match->error = mine->error;
     } else {
-      copy_elems(const_cast<void*>(r.buf.data), 0, s.buf.data, 0, static_cast<int64_t>(s.buf.count),
+      copy_elems(space_.get(), const_cast<void*>(r.buf.data), 0, s.buf.data, 0, static_cast<int64_t>(s.buf.count),
                  comm_type_size(s.buf.type));
     }
     mine->done = other.match->done = true;
@@ -128,10 +143,14 @@ class SingleCommunicator final : public Communicator {
   }
 
   std::shared_ptr<Queues> queues_ = std::make_shared<Queues>();
+  std::shared_ptr<detail::MemorySpace> space_;  // null: host memory only
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_single_communicator() { return std::make_unique<SingleCommunicator>("world"); }
+std::unique_ptr<Communicator> make_single_communicator() { return std::make_unique<SingleCommunicator>("world", nullptr); }
+std::unique_ptr<Communicator> make_single_communicator(std::shared_ptr<detail::MemorySpace> space) {
+  return std::make_unique<SingleCommunicator>("world", std::move(space));
+}
 
 }  // namespace dmuon
