@@ -15,6 +15,8 @@
 
 #include "../support/fake_device.h"
 #include "backend/backend.h"
+#include "comm/memory_space.h"
+#include "dmuon/comm.h"
 #include "dmuon/bf16.h"
 #include "dmuon/local_optimizer.h"
 #include "dmuon/optimizer.h"
@@ -168,6 +170,51 @@ TEST(FakeDeviceDeathTest, HostTouchOfDeviceMemoryFaults) {
   // the cpu backend's kernels (what an engine forgetting the device would call) fault too
   auto cpu = dmuon::detail::make_cpu_backend();
   EXPECT_DEATH({ cpu->round_to_comm(d, 4, DType::BF16); }, "");
+}
+
+// ---- the single communicator through a memory space ------------------------------------------
+
+// Every op of the single communicator between fake device buffers (device to device, device to
+// host, host to device) moves the right bytes through the space; without the space the same copy
+// is a host memmove on device memory and faults.
+TEST(FakeDeviceDeathTest, SingleCommunicatorCopiesThroughTheSpace) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  FakeDeviceBackend be;
+  auto comm = dmuon::make_single_communicator(be.space());
+  std::vector<Buffer> keep;
+  const std::vector<float> src = {1, 2, 3, 4, 5, 6};
+  float* d_src = dmuon::test::to_device(be, keep, src);
+  float* d_dst = dmuon::test::to_device(be, keep, std::vector<float>(6, 0.0f));
+  using dmuon::CommType;
+  using dmuon::InBuffer;
+  using dmuon::OutBuffer;
+  const std::vector<int64_t> counts = {6}, displs = {0};
+  comm->all_gather_v(InBuffer(d_src, CommType::F32, 6), OutBuffer(d_dst, CommType::F32, 6), counts, "ag").wait();
+  EXPECT_EQ(dmuon::test::to_host(be, d_dst, 6), src);
+  float* d2 = dmuon::test::to_device(be, keep, std::vector<float>(6, 0.0f));
+  comm->reduce_scatter_v(InBuffer(d_src, CommType::F32, 6), OutBuffer(d2, CommType::F32, 6), counts, dmuon::ReduceOp::Sum,
+                         "rs").wait();
+  EXPECT_EQ(dmuon::test::to_host(be, d2, 6), src);
+  std::vector<float> host(6, 0.0f);  // device -> host and host -> device
+  comm->all_reduce(InBuffer(d_src, CommType::F32, 6), OutBuffer(host.data(), CommType::F32, 6), dmuon::ReduceOp::Sum,
+                   "ar").wait();
+  EXPECT_EQ(host, src);
+  float* d3 = dmuon::test::to_device(be, keep, std::vector<float>(6, 0.0f));
+  comm->all_to_all_v(InBuffer(host.data(), CommType::F32, 6), counts, displs, OutBuffer(d3, CommType::F32, 6), counts,
+                     displs, "a2a").wait();
+  EXPECT_EQ(dmuon::test::to_host(be, d3, 6), src);
+  float* d4 = dmuon::test::to_device(be, keep, std::vector<float>(6, 0.0f));
+  comm->group_begin();
+  (void)comm->send(InBuffer(d_src, CommType::F32, 6), 0, "p2p");
+  (void)comm->recv(OutBuffer(d4, CommType::F32, 6), 0, "p2p");
+  comm->group_end("p2p").wait();
+  EXPECT_EQ(dmuon::test::to_host(be, d4, 6), src);
+  auto plain = dmuon::make_single_communicator();
+  EXPECT_DEATH(
+      {
+        plain->all_gather_v(InBuffer(d_src, CommType::F32, 6), OutBuffer(d_dst, CommType::F32, 6), counts, "ag").wait();
+      },
+      "");
 }
 
 // ---- the fake device backend against the cpu backend ------------------------------------------
