@@ -13,7 +13,7 @@
 // converted once, at construction, into the engine's one parameter type (ParamSpec) on a one-rank
 // mesh: every placement Replicate, role from the group's algorithm, `expert` = expert_stack and the
 // QK tag copied (Muon groups; AdamW ignores both). The options become OptimizerOptions (comm_dtype,
-// non-finite policy, state hooks, offload_state, `threads` as compute_streams; DMUON_STRATEGY is
+// non-finite policy, state hooks, offload_state, device, `threads` as compute_streams; DMUON_STRATEGY is
 // not read).
 // Everything else (step validation, state, the per-matrix sequence) is the engine's.
 #pragma once
