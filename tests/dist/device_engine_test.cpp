@@ -131,5 +131,50 @@ TEST(DeviceEngineDist, GramAllReduceFakeDeviceBitwiseEqualsCpu) {
   }
 }
 
+// One rank passes a host view to the fake device engine: every rank fails the step (that rank's
+// error names the parameter, the others' that rank), nothing is modified anywhere, and a correct step afterwards still works.
+TEST(DeviceEngineDist, MismatchedDeviceOnOneRankFailsEveryRank) {
+  if (test::expected_backend() != "mpi") GTEST_SKIP() << "needs the mpi communicator";
+  Inventory inv = make_inventory("dp_shard=" + std::to_string(comm().size()));
+  const size_t n = inv.params.size();
+  auto fake = std::make_shared<test::FakeDeviceBackend>();
+  auto space = fake->space();
+  std::shared_ptr<Communicator> world = make_mpi_communicator(space, detail::StagingOptions{});
+  std::unique_ptr<Optimizer> opt;
+  {
+    const detail::ScopedEngineDevice inject({fake, space});
+    opt = std::make_unique<Optimizer>(world, inv, test_groups(n), options_for({"", "auto", DType::F32}));
+  }
+  std::vector<detail::Buffer> keep;
+  std::vector<std::vector<float>> initial;
+  std::vector<TensorView> lw, lg;
+  const Device dev = fake->device();
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<float> h(static_cast<size_t>(opt->local_shape(i).numel()), 1.0f + static_cast<float>(i));
+    initial.push_back(h);
+    lw.emplace_back(test::to_device(*fake, keep, h), opt->local_shape(i)), lw.back().device = dev;
+    lg.emplace_back(test::to_device(*fake, keep, std::vector<float>(h.size(), 0.5f)), opt->local_shape(i));
+    lg.back().device = dev;
+  }
+  std::vector<float> host_w = initial[3];
+  std::vector<TensorView> bad = lw;
+  if (comm().rank() == comm().size() - 1) bad[3] = TensorView(host_w.data(), opt->local_shape(3));  // cpu view
+  std::string error;
+  try {
+    opt->step(bad, lg, {{0, {50.0f, 3.0f}}});
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const int last = comm().size() - 1;
+  if (comm().rank() == last)  // the rank at fault names the parameter, the others name that rank
+    EXPECT_NE(error.find("parameter 'w1364' is on cpu but the optimizer runs on cuda:0"), std::string::npos) << error;
+  else
+    EXPECT_NE(error.find("rank " + std::to_string(last) + " rejected its step inputs"), std::string::npos) << error;
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(test::to_host(*fake, lw[i].f32(), initial[i].size()), initial[i]) << i;
+  EXPECT_EQ(opt->step_count(3), 0);
+  EXPECT_TRUE(opt->step(lw, lg, {{0, {50.0f, 3.0f}}}));
+  EXPECT_NE(test::to_host(*fake, lw[3].f32(), initial[3].size()), initial[3]);
+}
+
 }  // namespace
 }  // namespace dmuon
