@@ -3,7 +3,8 @@
 // parameters and every state tensor BITWISE equal to the same run on the cpu backend over the plain
 // communicator, for several meshes (dp_shard = FSDP-style sharding, tp, ep, their mixes), fp32 and
 // bf16 communication, windows 1 and 2, offload on and off, and the gram_allreduce strategy; the
-// Muon / NorMuon / QK-clip / expert / AdamW groups of the fixture and a parameter without gradient.
+// Muon / NorMuon / QK-clip / expert / AdamW groups of the fixture, a bf16 gradient and a parameter
+// without gradient.
 //   mpirun -n 3 --oversubscribe build/bin/optimizer_test --gtest_filter='DeviceEngineDist*'
 #include <gtest/gtest.h>
 
@@ -72,9 +73,16 @@ DeviceRun run_on(bool fake_device, const std::string& parallel, const std::strin
       const int64_t numel = opt->local_shape(i).numel();
       std::vector<float> h(static_cast<size_t>(numel));
       for (int64_t j = 0; j < numel; ++j) h[static_cast<size_t>(j)] = value(static_cast<int>(i), j + 1000 * comm().rank(), t, false);
-      backend->copy(g[i].data(), h.data(), h.size() * 4);
       lw.emplace_back(w[i].as<float>(), opt->local_shape(i)), lw.back().device = dev;
-      lg.emplace_back(g[i].as<float>(), opt->local_shape(i)), lg.back().device = dev;
+      if (i == 1) {  // a bf16 gradient (its buffer holds bf16 values in the first half)
+        std::vector<BFloat16> b(h.size());
+        for (size_t j = 0; j < h.size(); ++j) b[j] = float_to_bf16(h[j]);
+        backend->copy(g[i].data(), b.data(), b.size() * 2);
+        lg.emplace_back(g[i].as<BFloat16>(), opt->local_shape(i)), lg.back().device = dev;
+      } else {
+        backend->copy(g[i].data(), h.data(), h.size() * 4);
+        lg.emplace_back(g[i].as<float>(), opt->local_shape(i)), lg.back().device = dev;
+      }
       if (t == 1 && i == 0) lg.back() = TensorView();  // no gradient this step
     }
     EXPECT_TRUE(opt->step(lw, lg, {{0, {50.0f, 3.0f}}}));

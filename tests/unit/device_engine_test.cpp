@@ -135,6 +135,8 @@ RunResult run(std::shared_ptr<Backend> backend, LocalOptimizerOptions options, i
       const TensorView v = opt.state(i, key);
       // device state gives device views; offloaded state lives in (pinned) host memory
       EXPECT_EQ(v.device, device && !options.offload_state ? dev : dmuon::Device{}) << info[i].name << "/" << key;
+      if (fake)  // the engine's state really is fake device memory (offload: pinned host home copies)
+        EXPECT_EQ(fake->memory()->contains(v.data), !options.offload_state) << info[i].name << "/" << key;
       std::vector<float> h2(static_cast<size_t>(v.shape.numel()));
       backend->copy(h2.data(), v.data, h2.size() * sizeof(float));
       out.state[info[i].name + "/" + key] = std::move(h2);
