@@ -229,7 +229,8 @@ Optimizer::Optimizer(std::shared_ptr<MeshCommunicators> comms, Inventory invento
     std::string meshes;
     for (const Mesh& m : s.plan.inventory().meshes) meshes += (meshes.empty() ? "" : " / ") + m.to_string();
     claim.options_text = detail::concat("plan ", hex, ", meshes ", meshes, ", comm ", to_string(s.options.comm_dtype), ", chunk ",
-                                        s.options.chunk_bytes, " B, window ", s.options.window, ", non_finite ",
+                                        s.options.chunk_bytes, " B, window ", s.options.window, ", backend ",
+                                        s.backend->name(), ", non_finite ",
                                         to_string(s.options.non_finite));
     detail::Fnv1a f;
     f.pod(s.plan.fingerprint());

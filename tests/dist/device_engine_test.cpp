@@ -184,5 +184,30 @@ TEST(DeviceEngineDist, MismatchedDeviceOnOneRankFailsEveryRank) {
   EXPECT_NE(test::to_host(*fake, lw[3].f32(), initial[3].size()), initial[3]);
 }
 
+// Ranks on different backends (here rank 0 on the fake device, the others on the cpu) are refused
+// at construction on every rank: the backend's name is part of the agreed options (the device
+// index is not: each rank may drive its own GPU).
+TEST(DeviceEngineDist, RanksOnDifferentBackendsAreRefused) {
+  if (test::expected_backend() != "mpi") GTEST_SKIP() << "needs the mpi communicator";
+  if (comm().size() < 2) GTEST_SKIP() << "needs two ranks";
+  Inventory inv = make_inventory("dp_shard=" + std::to_string(comm().size()));
+  const size_t n = inv.params.size();
+  auto fake = std::make_shared<test::FakeDeviceBackend>();
+  std::shared_ptr<detail::MemorySpace> space = fake->space();
+  if (comm().rank() != 0) space = detail::host_memory_space();
+  std::shared_ptr<Communicator> world = make_mpi_communicator(space, detail::StagingOptions{});
+  std::unique_ptr<detail::ScopedEngineDevice> inject;
+  if (comm().rank() == 0) inject = std::make_unique<detail::ScopedEngineDevice>(detail::EngineDevice{fake, space});
+  std::string error;
+  try {
+    Optimizer opt(world, inv, test_groups(n), options_for({"", "auto", DType::F32}));
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("ranks disagree on the optimizer options"), std::string::npos) << error;
+  EXPECT_NE(error.find("backend fake-device"), std::string::npos) << error;
+  EXPECT_NE(error.find("backend cpu"), std::string::npos) << error;
+}
+
 }  // namespace
 }  // namespace dmuon
