@@ -167,11 +167,11 @@ Optimizer::Optimizer(std::shared_ptr<MeshCommunicators> comms, Inventory invento
   s.user_comm = comms->world_ptr();
   s.mesh_comms = std::move(comms);
   s.options = std::move(options);
-  s.backend = detail::resolve_engine_device(s.options.device).backend;
   s.groups = std::move(groups);
   s.rank = s.user_comm->rank();
   detail::PlanClaim claim;
   try {  // pass 1: local checks and the plan; an error here is shared with every rank below
+    s.backend = detail::resolve_engine_device(s.options.device).backend;  // e.g. a rank without its GPU
     validate_construction(s, inventory, s.groups, s.group_of);
     PlanOptions po;
     for (const ParamGroup& g : s.groups)

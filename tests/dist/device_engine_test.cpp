@@ -209,5 +209,24 @@ TEST(DeviceEngineDist, RanksOnDifferentBackendsAreRefused) {
   EXPECT_NE(error.find("backend cpu"), std::string::npos) << error;
 }
 
+// A rank whose device cannot be used (here an invalid name; on a GPU machine a missing ordinal)
+// fails construction on every rank instead of leaving the others waiting in the agreement.
+TEST(DeviceEngineDist, DeviceErrorOnOneRankFailsEveryRank) {
+  Inventory inv = make_inventory("dp_shard=" + std::to_string(comm().size()));
+  OptimizerOptions o = options_for({"", "auto", DType::F32});
+  const int last = comm().size() - 1;
+  if (comm().rank() == last) o.device = "cuda:x";
+  std::string error;
+  try {
+    Optimizer opt(shared_comm(), inv, test_groups(inv.params.size()), o);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (comm().rank() == last)
+    EXPECT_NE(error.find("option 'device' must be cpu, cuda or cuda:N (got 'cuda:x')"), std::string::npos) << error;
+  else
+    EXPECT_NE(error.find("rank " + std::to_string(last) + " could not build the optimizer"), std::string::npos) << error;
+}
+
 }  // namespace
 }  // namespace dmuon
