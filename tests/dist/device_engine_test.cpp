@@ -100,19 +100,10 @@ DeviceRun run_on(bool fake_device, const std::string& parallel, const std::strin
   return out;
 }
 
-std::vector<std::string> device_parallels() {
-  const int w = comm().size();
-  std::vector<std::string> out = {"dp_shard=" + std::to_string(w)};
-  if (w % 2 == 0) out.push_back("dp_shard=" + std::to_string(w / 2) + ",tp=2");
-  if (w == 3) out.push_back("tp=3");
-  if (w > 1) out.push_back("dp_shard=" + std::to_string(w) + ",ep=" + std::to_string(w));
-  return out;
-}
-
 TEST(DeviceEngineDist, FakeDeviceBitwiseEqualsCpu) {
   if (test::expected_backend() != "mpi") GTEST_SKIP() << "needs the mpi communicator";
   int64_t staged = 0;
-  for (const std::string& parallel : device_parallels())
+  for (const std::string& parallel : shard_parallels())
     for (DType c : {DType::F32, DType::BF16})
       for (int window : {1, 2})
         for (bool offload : {false, true}) {

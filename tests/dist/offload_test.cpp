@@ -126,17 +126,8 @@ OffloadRun run_steps(const std::string& parallel, int window, bool offload, int 
   return out;
 }
 
-std::vector<std::string> offload_parallels() {
-  const int w = comm().size();
-  std::vector<std::string> out = {"dp_shard=" + std::to_string(w)};
-  if (w % 2 == 0) out.push_back("dp_shard=" + std::to_string(w / 2) + ",tp=2");
-  if (w == 3) out.push_back("tp=3");
-  if (w > 1) out.push_back("dp_shard=" + std::to_string(w) + ",ep=" + std::to_string(w));
-  return out;
-}
-
 TEST(StateOffload, BitwiseEqualToNoOffloadOverSteps) {
-  for (const std::string& parallel : offload_parallels())
+  for (const std::string& parallel : shard_parallels())
     for (int window : {1, 2, 3}) {
       const OffloadRun off = run_steps(parallel, window, false, 4), on = run_steps(parallel, window, true, 4);
       ASSERT_EQ(off.after.size(), on.after.size());
@@ -150,7 +141,7 @@ TEST(StateOffload, BitwiseEqualToNoOffloadOverSteps) {
 }
 
 TEST(StateOffload, BytesAndResidentBoundInStats) {
-  for (const std::string& parallel : offload_parallels())
+  for (const std::string& parallel : shard_parallels())
     for (int window : {1, 2}) {
       const OffloadRun off = run_steps(parallel, window, false, 3), on = run_steps(parallel, window, true, 3);
       for (size_t t = 0; t < on.stats.size(); ++t) {

@@ -21,6 +21,17 @@ namespace {
 
 using test::comm;
 
+// Meshes that every world size has, for the suites that run one model over several layouts: FSDP
+// over all ranks, FSDP × TP=2 (even worlds), TP=3 (3 ranks), FSDP × EP over all ranks (2+).
+std::vector<std::string> shard_parallels() {
+  const int w = comm().size();
+  std::vector<std::string> out = {"dp_shard=" + std::to_string(w)};
+  if (w % 2 == 0) out.push_back("dp_shard=" + std::to_string(w / 2) + ",tp=2");
+  if (w == 3) out.push_back("tp=3");
+  if (w > 1) out.push_back("dp_shard=" + std::to_string(w) + ",ep=" + std::to_string(w));
+  return out;
+}
+
 // A non-owning shared_ptr to the test's world communicator.
 std::shared_ptr<Communicator> shared_comm() { return std::shared_ptr<Communicator>(&comm(), [](Communicator*) {}); }
 
