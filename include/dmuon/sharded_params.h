@@ -74,6 +74,12 @@ struct ShardedParamsOptions {
   // buffer and a copy-out (fewer, larger messages). 0: always the all_gather_v. Same bits either way.
   int64_t unshard_direct_max_messages = 4096;
   std::chrono::milliseconds timeout{0};  // per wait; 0 = the communicator's default
+  // Where the buffers live and the conversions / sums run, as OptimizerOptions::device: "cpu",
+  // "cuda" or "cuda:N". On a device, param(i), grad(i), flat_params(), full_param(i) and full_grad(i)
+  // are device memory (views carry the device), caller tensors of unshard_into / reduce_grads_from
+  // must be on that device, and the MeshCommunicators must take device buffers (a device-aware
+  // memory space). Give the dmuon::Optimizer the same device. Part of what ranks agree on.
+  std::string device = "cpu";
 };
 
 // What the last reduce_grads did on this rank (wall-clock seconds, payload bytes to other ranks).

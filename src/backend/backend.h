@@ -125,6 +125,18 @@ class Backend {
   // Index of the first non-finite element of a contiguous fp32 / bf16 view, or -1.
   virtual int64_t first_non_finite(const TensorView& g) = 0;
 
+  // ---- FSDP data movement (sharded_params.h numerics; src/fsdp) ----
+  // n elements of src (fp32 | bf16) into dst (fp32 | bf16): bits when the dtypes match, fp32 -> bf16
+  // round to nearest even (NaN -> 0x7FC0), bf16 -> fp32 exact.
+  virtual void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) = 0;
+  // `blocks_n` blocks of n elements (dtype fp32 | bf16) back to back: out = block 0 (widened), then
+  // out += block j for j = 1..blocks_n-1, per element in this order, in fp32.
+  virtual void ordered_sum(const void* blocks, DType dtype, int64_t n, int blocks_n, float* out) = 0;
+  // x[k] = x[k] / d (one fp32 division per element).
+  virtual void divide(float* x, int64_t n, float d) = 0;
+  // bytes of zeros at p.
+  virtual void fill_zero(void* p, size_t bytes) = 0;
+
   // ---- orthogonalization ----
   virtual std::unique_ptr<Orthogonalizer> make_orthogonalizer(const NsOptions& o) = 0;
   // `batch` matrices rows × cols back to back, input already rounded to the comm dtype: each

@@ -10,11 +10,9 @@
 // stage is summed (overlap). Replicate-group collectives are posted in one fixed sequence on every
 // rank (a2a 0, a2a 1, gather 0, a2a 2, gather 1, ...), whatever the completion order.
 #include <chrono>
-#include <cstring>
 #include <stdexcept>
 #include <thread>
 
-#include "dmuon/bf16.h"
 #include "dmuon/error.h"
 #include "sharded_params_impl.h"
 
@@ -33,56 +31,23 @@ size_t aligned_bytes(int64_t elems, size_t es) {
   return (static_cast<size_t>(elems) * es + fsdp::kAlign - 1) / fsdp::kAlign * fsdp::kAlign;
 }
 
-// fp32 -> reduce_dtype.
-void to_reduce(const float* src, std::byte* dst, int64_t count, DType dt) {
+// Every touch of the gradient, workspace and shard memory below is a Backend kernel or copy
+// (options.device): the cpu backend runs exactly the host loops this file used to, a device backend
+// the same per-element operations on its memory.
+
+// count elements of a full gradient, from element `at` of `src`, into the send buffer in reduce_dtype
+// (fp32 -> bf16 rounded to nearest even; bf16 -> fp32 exact; same dtype: bits; absent: +0).
+void pack_grad(detail::Backend& be, const fsdp::GradSource& src, int64_t at, std::byte* dst, int64_t count, DType rd) {
   if (count <= 0) return;
-  if (dt == DType::F32)
-    std::memcpy(dst, src, static_cast<size_t>(count) * 4);
+  if (src.data == nullptr)
+    be.fill_zero(dst, static_cast<size_t>(count) * dtype_size(rd));  // +0 in fp32 and bf16
   else
-    float_to_bf16(src, reinterpret_cast<BFloat16*>(dst), static_cast<size_t>(count));
+    be.convert(dst, rd, src.data + static_cast<size_t>(at) * dtype_size(src.dtype), src.dtype, count);
 }
 
-// out = block 0, then out += block j for j = 1..blocks-1 (fp32 accumulation, blocks in order).
-void ordered_sum(const std::byte* blocks, int64_t block_elems, int blocks_n, DType dt, float* out) {
-  const size_t n = static_cast<size_t>(block_elems);
-  if (n == 0) return;
-  if (dt == DType::F32) {
-    const auto* b = reinterpret_cast<const float*>(blocks);
-    std::memcpy(out, b, n * 4);
-    for (int j = 1; j < blocks_n; ++j) {
-      const float* bj = b + static_cast<size_t>(j) * n;
-      for (size_t x = 0; x < n; ++x) out[x] += bj[x];
-    }
-  } else {
-    const auto* b = reinterpret_cast<const BFloat16*>(blocks);
-    bf16_to_float(b, out, n);
-    for (int j = 1; j < blocks_n; ++j) {
-      const BFloat16* bj = b + static_cast<size_t>(j) * n;
-      for (size_t x = 0; x < n; ++x) out[x] += bf16_to_float(bj[x]);
-    }
-  }
-}
-
-// count elements of a full gradient, from element `at` of `src`, into the send buffer in reduce_dtype.
-void pack_grad(const fsdp::GradSource& src, int64_t at, std::byte* dst, int64_t count, DType rd) {
-  if (count <= 0) return;
-  const size_t n = static_cast<size_t>(count);
-  if (src.data == nullptr) {
-    std::memset(dst, 0, n * dtype_size(rd));  // +0 in fp32 and bf16
-  } else if (src.dtype == DType::F32) {
-    to_reduce(reinterpret_cast<const float*>(src.data) + at, dst, count, rd);
-  } else {  // bf16: bits when reduce_dtype is bf16, else widened exactly
-    const BFloat16* b = reinterpret_cast<const BFloat16*>(src.data) + at;
-    if (rd == DType::BF16)
-      std::memcpy(dst, b, n * 2);
-    else
-      bf16_to_float(b, reinterpret_cast<float*>(dst), n);
-  }
-}
-
-void divide(float* x, int64_t n, float d) {
-  if (d == 1.0f) return;
-  for (int64_t k = 0; k < n; ++k) x[k] = x[k] / d;
+void divide(detail::Backend& be, float* x, int64_t n, float d) {
+  if (d == 1.0f || n <= 0) return;
+  be.divide(x, n, d);
 }
 
 }  // namespace
@@ -148,14 +113,14 @@ float divisor_of(const ShardedParams::Impl& m) {
 // Bucket k's shard stage is summed: partial (fp32) = received blocks in rank order.
 void sum_shard(ShardedParams::Impl& m, const Bucket& b) {
   auto* ws = static_cast<std::byte*>(m.workspace.data());
-  ordered_sum(ws + b.recv_at, b.local, m.S, m.opt.reduce_dtype, reinterpret_cast<float*>(ws + b.partial_at));
+  if (b.local > 0) m.backend->ordered_sum(ws + b.recv_at, m.opt.reduce_dtype, b.local, m.S, reinterpret_cast<float*>(ws + b.partial_at));
 }
 
 // Copies a bucket's reduced rows (fp32, packed by parameter) into grad(i).
 void scatter_to_grads(ShardedParams::Impl& m, const Bucket& b, const float* src) {
   for (size_t k = b.first; k < b.last; ++k) {
     const int64_t c = m.count(k, m.s);
-    if (c > 0) std::memcpy(m.flat_grads.as<float>() + m.offset[k], src + b.local_off[k - b.first], static_cast<size_t>(c) * 4);
+    if (c > 0) m.backend->copy(m.flat_grads.as<float>() + m.offset[k], src + b.local_off[k - b.first], static_cast<size_t>(c) * 4);
   }
 }
 
@@ -182,7 +147,7 @@ void ShardedParams::reduce_grads_from_async(std::span<const TensorView> full) {
 
 void ShardedParams::Impl::post_reduce(const std::vector<fsdp::GradSource>& src) {
   Impl& m = *this;
-  if (m.workspace.bytes() < m.workspace_bytes) m.workspace = AlignedBuffer(m.workspace_bytes, false);
+  if (m.workspace.bytes() < m.workspace_bytes) m.workspace = AlignedBuffer(m.workspace_bytes, false, m.device_memory);
   m.stats = ReduceStats{};
   m.stats.buckets = static_cast<int>(m.buckets.size());
   m.reduce_start = Clock::now();
@@ -201,7 +166,7 @@ void ShardedParams::Impl::post_reduce(const std::vector<fsdp::GradSource>& src) 
     for (size_t i = b.first; i < b.last; ++i) {
       for (int j = 0; j < m.S; ++j) {
         const size_t js = static_cast<size_t>(j);
-        pack_grad(src[i], m.row_begin(i, j) * m.row_elems[i],
+        pack_grad(*m.backend, src[i], m.row_begin(i, j) * m.row_elems[i],
                   send + static_cast<size_t>(b.send_displs[js] + b.send_param_off[js][i - b.first]) * rs, m.count(i, j), rd);
       }
     }
@@ -278,12 +243,12 @@ void ShardedParams::wait_reduce_grads() {
     sum_shard(m, b);
     auto* partial = reinterpret_cast<float*>(ws + b.partial_at);
     if (!m.rep_comm) {
-      divide(partial, b.local, d);
+      divide(*m.backend, partial, b.local, d);
       sum_s += seconds(Clock::now() - t0);
       finish(k, partial);
       return;
     }
-    if (rd != DType::F32) float_to_bf16(partial, reinterpret_cast<BFloat16*>(ws + b.rep_send_at), static_cast<size_t>(b.local));
+    if (rd != DType::F32 && b.local > 0) m.backend->convert(ws + b.rep_send_at, rd, partial, DType::F32, b.local);
     sum_s += seconds(Clock::now() - t0);
     stage[k] = Stage::ShardDone;
   };
@@ -344,8 +309,8 @@ void ShardedParams::wait_reduce_grads() {
           const int64_t mine = b.rep_counts[static_cast<size_t>(m.r)];
           auto* total = reinterpret_cast<float*>(ws + b.gathered_at - aligned_bytes(mine, 4));
           const auto t0 = Clock::now();
-          ordered_sum(ws + b.rep_recv_at, mine, m.R, rd, total);
-          divide(total, mine, d);
+          if (mine > 0) m.backend->ordered_sum(ws + b.rep_recv_at, rd, mine, m.R, total);
+          divide(*m.backend, total, mine, d);
           sum_s += seconds(Clock::now() - t0);
           stage[k] = Stage::RepDone, progressed = true;
         } else {

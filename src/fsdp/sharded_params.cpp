@@ -11,13 +11,19 @@
 #include "core/hash.h"
 #include "dmuon/error.h"
 #include "exec/agreement.h"
+#include "exec/engine_device.h"
 #include "sharded_params_impl.h"
 
 namespace dmuon {
 namespace fsdp {
 
-AlignedBuffer::AlignedBuffer(size_t bytes, bool zero) {
+AlignedBuffer::AlignedBuffer(size_t bytes, bool zero, detail::Backend* device) {
   if (bytes == 0) return;
+  if (device != nullptr) {  // the backend's device memory (zero-filled by its allocator)
+    device_ = device->allocate(bytes, detail::MemoryKind::Device);
+    bytes_ = bytes;
+    return;
+  }
   // Large buffers on 2 MiB boundaries, advised as transparent huge pages: first touch then faults
   // 512x fewer pages (buffers are made and freed at every unshard / reshard).
   constexpr size_t kHuge = size_t{2} << 20;
@@ -75,7 +81,8 @@ void check_options(const ShardedParamsOptions& o) {
 std::string shape_text(const Shape& s) { return s.to_string(); }
 
 // One line per parameter, then the mesh and options: what ranks must agree on.
-std::vector<std::string> claim_lines(const std::vector<ParamSpec>& ps, const Mesh& mesh, const ShardedParamsOptions& o) {
+std::vector<std::string> claim_lines(const std::vector<ParamSpec>& ps, const Mesh& mesh, const ShardedParamsOptions& o,
+                                     const std::string& backend) {
   std::vector<std::string> lines;
   lines.push_back(concat(ps.size(), " parameters"));
   for (const ParamSpec& p : ps) {
@@ -91,6 +98,7 @@ std::vector<std::string> claim_lines(const std::vector<ParamSpec>& ps, const Mes
   lines.push_back(concat("options param_dtype=", to_string(o.param_dtype), " reduce_dtype=", to_string(o.reduce_dtype),
                          " reduce=", o.reduce == GradReduce::Mean ? "mean" : "sum", " grad_divisor=", div,
                          " bucket_bytes=", o.bucket_bytes, " unshard_direct_max_messages=", o.unshard_direct_max_messages));
+  lines.push_back(backend);
   return lines;
 }
 
@@ -129,6 +137,17 @@ ShardedParams::ShardedParams(std::shared_ptr<MeshCommunicators> comms, Mesh mesh
   inv.meshes = {mesh};
   inv.params = std::move(params);
   inv.validate();  // names unique, roles and shapes valid on the mesh (std::invalid_argument)
+  // The backend: a bad name throws here (every rank has the same options); a rank whose device
+  // fails (a missing GPU) brings its error to the agreement below, so every rank fails there.
+  std::string backend_line;
+  try {
+    m.backend = detail::resolve_engine_device(options.device).backend;
+    backend_line = detail::concat("backend ", m.backend->name());
+  } catch (const std::invalid_argument& e) {
+    detail::throw_invalid_argument(detail::concat("[fsdp] options.device: ", e.what()));
+  } catch (const std::exception& e) {
+    backend_line = detail::concat("backend '", options.device, "' unavailable: ", e.what());
+  }
   m.comms = std::move(comms);
   m.mesh = std::move(mesh);
   m.opt = options;
@@ -172,18 +191,21 @@ ShardedParams::ShardedParams(std::shared_ptr<MeshCommunicators> comms, Mesh mesh
   m.plan_buckets();
 
   // Agreement (the first communication), then the sub-communicators (collective on first use).
-  detail::agree_on_lines(world, m.timeout, fsdp::claim_lines(m.inv.params, m.mesh, m.opt),
+  detail::agree_on_lines(world, m.timeout, fsdp::claim_lines(m.inv.params, m.mesh, m.opt, backend_line),
                          "[fsdp] ranks disagree on the ShardedParams",
                          "every rank must pass the same parameters (names, shapes, roles, order), mesh and options");
+  DMUON_CHECK_RUNTIME(m.backend != nullptr, "[fsdp] rank ", m.world_rank, ": ", backend_line);  // every rank failed alike
+  m.device_memory = m.backend->capabilities().device_memory ? m.backend.get() : nullptr;
+  m.dev = m.backend->device();
   if (m.S > 1) m.shard_comm = &m.comms->get(m.mesh, shard_mask);
   if (m.R > 1) m.rep_comm = &m.comms->get(m.mesh, rep_mask);
 
-  m.flat_params = AlignedBuffer(static_cast<size_t>(m.flat_elems) * 4, true);
-  m.flat_grads = AlignedBuffer(static_cast<size_t>(m.flat_elems) * 4, true);
+  m.flat_params = AlignedBuffer(static_cast<size_t>(m.flat_elems) * 4, true, m.device_memory);
+  m.flat_grads = AlignedBuffer(static_cast<size_t>(m.flat_elems) * 4, true, m.device_memory);
   for (size_t i = 0; i < n; ++i) {
     const Shape shape = m.boxes[i].shape();
-    m.param_views.emplace_back(m.flat_params.as<float>() + m.offset[i], shape);
-    m.grad_views.emplace_back(m.flat_grads.as<float>() + m.offset[i], shape);
+    m.param_views.emplace_back(m.flat_params.as<float>() + m.offset[i], shape), m.param_views.back().device = m.dev;
+    m.grad_views.emplace_back(m.flat_grads.as<float>() + m.offset[i], shape), m.grad_views.back().device = m.dev;
   }
 }
 
@@ -229,8 +251,11 @@ std::span<const TensorView> ShardedParams::grads() { return impl_->grad_views; }
 
 void ShardedParams::Impl::ensure_full_grads() {
   if (!full_grad_views.empty()) return;
-  full_grads = AlignedBuffer(static_cast<size_t>(full_elems) * 4, true);
-  for (size_t i = 0; i < n(); ++i) full_grad_views.emplace_back(full_grads.as<float>() + full_offset[i], inv.params[i].shape);
+  full_grads = AlignedBuffer(static_cast<size_t>(full_elems) * 4, true, device_memory);
+  for (size_t i = 0; i < n(); ++i) {
+    full_grad_views.emplace_back(full_grads.as<float>() + full_offset[i], inv.params[i].shape);
+    full_grad_views.back().device = dev;
+  }
 }
 
 TensorView ShardedParams::full_grad(size_t i) {
@@ -242,7 +267,7 @@ TensorView ShardedParams::full_grad(size_t i) {
 void ShardedParams::zero_full_grads() {
   Impl& m = *impl_;
   if (m.reduce_posted) throw std::logic_error("[fsdp] zero_full_grads() while a gradient reduction is in flight");
-  if (m.full_grads.data()) std::memset(m.full_grads.data(), 0, m.full_grads.bytes());
+  if (m.full_grads.data()) m.backend->fill_zero(m.full_grads.data(), m.full_grads.bytes());
 }
 
 void ShardedParams::free_full_grads() {
@@ -272,6 +297,8 @@ void ShardedParams::Impl::check_full_views(std::span<const TensorView> full, con
                 v.shape.to_string());
     DMUON_CHECK(v.is_contiguous(), where, " is not contiguous (strides ", v.strides.to_string(), "); pass a contiguous tensor");
     DMUON_CHECK(v.data != nullptr || v.numel() == 0, where, " has no data pointer");
+    DMUON_CHECK(v.device == dev, where, " field 'device': is on ", to_string(v.device), " but this ShardedParams runs on ",
+                to_string(dev), " (options.device '", opt.device, "'); pass tensors on its device");
   }
 }
 

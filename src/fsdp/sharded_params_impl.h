@@ -10,27 +10,31 @@
 #include <memory>
 #include <vector>
 
+#include "backend/backend.h"
 #include "dmuon/sharded_params.h"
 
 namespace dmuon::fsdp {
 
 inline constexpr size_t kAlign = 64;  // bytes: every per-parameter region starts on a cache line
 
-// One zero-initialized (or not) 64-byte aligned allocation. Empty when bytes == 0.
+// One zero-initialized (or not) 64-byte aligned allocation. Empty when bytes == 0. With a backend
+// that has device memory, the allocation is that backend's device memory (always zero-filled,
+// 256-byte aligned) and only the backend's kernels and copies may touch it.
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
-  AlignedBuffer(size_t bytes, bool zero);
-  void* data() const { return p_.get(); }
+  AlignedBuffer(size_t bytes, bool zero, detail::Backend* device = nullptr);
+  void* data() const { return p_ ? p_.get() : device_.data(); }
   size_t bytes() const { return bytes_; }
   template <class T> T* as() const { return static_cast<T*>(data()); }
-  void reset() { p_.reset(), bytes_ = 0; }
+  void reset() { p_.reset(), device_.reset(), bytes_ = 0; }
 
  private:
   struct Free {
     void operator()(void* p) const { std::free(p); }
   };
   std::unique_ptr<void, Free> p_;
+  detail::Buffer device_;
   size_t bytes_ = 0;
 };
 
@@ -78,6 +82,10 @@ struct ShardedParams::Impl {
   Communicator* shard_comm = nullptr;  // null when S == 1 (no communication)
   Communicator* rep_comm = nullptr;    // null when R == 1
   std::chrono::milliseconds timeout{0};  // per wait (resolved: options or the world's default)
+  // options.device: every touch of the buffers below goes through its kernels and copies.
+  std::shared_ptr<detail::Backend> backend;
+  detail::Backend* device_memory = nullptr;  // the backend when its buffers live off the host, else null
+  Device dev;                                // the views' device ({} for cpu)
 
   // Per parameter.
   std::vector<Box> boxes;

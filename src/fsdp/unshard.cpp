@@ -4,7 +4,6 @@
 // group with the per-rank counts cached at construction (uneven and empty shards, no padding) and a
 // copy-out into per-parameter full tensors (Shard(0): the full tensor is
 // rank 0..S-1's rows, concatenated). One shard rank: a local copy, no communication.
-#include <cstring>
 #include <stdexcept>
 
 #include "dmuon/bf16.h"
@@ -17,13 +16,9 @@ using fsdp::AlignedBuffer;
 
 namespace {
 
-// fp32 masters -> param_dtype (bits, or bf16 round to nearest even).
-void convert_in(const float* src, void* dst, int64_t count, DType dt) {
-  if (count <= 0) return;
-  if (dt == DType::F32)
-    std::memcpy(dst, src, static_cast<size_t>(count) * 4);
-  else
-    float_to_bf16(src, static_cast<BFloat16*>(dst), static_cast<size_t>(count));
+// fp32 masters -> param_dtype (bits, or bf16 round to nearest even), by the backend.
+void convert_in(detail::Backend& b, const float* src, void* dst, int64_t count, DType dt) {
+  if (count > 0) b.convert(dst, dt, src, DType::F32, count);
 }
 
 }  // namespace
@@ -37,20 +32,20 @@ void ShardedParams::unshard_async() {
   const DType dt = m.opt.param_dtype;
   const size_t es = dtype_size(dt);
   const size_t n = m.n();
-  m.full_params = AlignedBuffer(static_cast<size_t>(m.full_elems) * es, false);
+  m.full_params = AlignedBuffer(static_cast<size_t>(m.full_elems) * es, false, m.device_memory);
   auto* full = static_cast<std::byte*>(m.full_params.data());
   if (m.shard_comm == nullptr) {  // one shard rank: the local shard is the full tensor
     for (size_t i = 0; i < n; ++i)
-      convert_in(m.flat_params.as<float>() + m.offset[i], full + static_cast<size_t>(m.full_offset[i]) * es, m.count(i, 0), dt);
+      convert_in(*m.backend, m.flat_params.as<float>() + m.offset[i], full + static_cast<size_t>(m.full_offset[i]) * es, m.count(i, 0), dt);
     m.ustate = Impl::UState::Posted;
     return;
   }
   const size_t S = static_cast<size_t>(m.S), me = static_cast<size_t>(m.s);
   const void* send = m.flat_params.data();  // fp32: the flat buffer is the send buffer (its layout is the block's)
   if (dt != DType::F32) {
-    if (!m.ag_send.data()) m.ag_send = AlignedBuffer(static_cast<size_t>(m.ag_counts[me]) * es, true);  // padding stays 0
+    if (!m.ag_send.data()) m.ag_send = AlignedBuffer(static_cast<size_t>(m.ag_counts[me]) * es, true, m.device_memory);  // padding stays 0
     for (size_t i = 0; i < n; ++i)
-      convert_in(m.flat_params.as<float>() + m.offset[i], m.ag_send.as<std::byte>() + static_cast<size_t>(m.offset[i]) * es,
+      convert_in(*m.backend, m.flat_params.as<float>() + m.offset[i], m.ag_send.as<std::byte>() + static_cast<size_t>(m.offset[i]) * es,
                  m.count(i, m.s), dt);
     send = m.ag_send.data();
   }
@@ -64,7 +59,7 @@ void ShardedParams::unshard_async() {
     for (size_t i = 0; i < n; ++i) {
       const int64_t c = m.count(i, m.s);
       if (c > 0)
-        std::memcpy(full + static_cast<size_t>(m.full_offset[i] + m.row_begin(i, m.s) * m.row_elems[i]) * es,
+        m.backend->copy(full + static_cast<size_t>(m.full_offset[i] + m.row_begin(i, m.s) * m.row_elems[i]) * es,
                     src + static_cast<size_t>(m.offset[i]) * es, static_cast<size_t>(c) * es);
     }
     Communicator& c = *m.shard_comm;
@@ -92,7 +87,7 @@ void ShardedParams::unshard_async() {
   }
   int64_t total = 0;
   for (size_t j = 0; j < S; ++j) total += m.ag_counts[j];
-  m.ag_recv = AlignedBuffer(static_cast<size_t>(total) * es, false);
+  m.ag_recv = AlignedBuffer(static_cast<size_t>(total) * es, false, m.device_memory);
   m.ag_work = m.shard_comm->all_gather_v(InBuffer(send, ct, static_cast<size_t>(m.ag_counts[me])),
                                          OutBuffer(m.ag_recv.data(), ct, static_cast<size_t>(total)), m.ag_counts,
                                          m.ag_displs, "fsdp unshard");
@@ -120,7 +115,7 @@ void ShardedParams::wait_unshard() {
         const int64_t c = m.count(i, j);
         if (c == 0) continue;
         const size_t js = static_cast<size_t>(j);
-        std::memcpy(dst + static_cast<size_t>(m.row_begin(i, j) * m.row_elems[i]) * es,
+        m.backend->copy(dst + static_cast<size_t>(m.row_begin(i, j) * m.row_elems[i]) * es,
                     recv + static_cast<size_t>(m.ag_displs[js] + m.ag_param_off[js * n + i]) * es, static_cast<size_t>(c) * es);
       }
     }
@@ -128,7 +123,7 @@ void ShardedParams::wait_unshard() {
   }
   m.full_views.clear();
   for (size_t i = 0; i < n; ++i)
-    m.full_views.emplace_back(full + static_cast<size_t>(m.full_offset[i]) * es, dt, m.inv.params[i].shape);
+    m.full_views.emplace_back(full + static_cast<size_t>(m.full_offset[i]) * es, dt, m.inv.params[i].shape), m.full_views.back().device = m.dev;
   m.ustate = Impl::UState::Unsharded;
 }
 
@@ -143,7 +138,7 @@ void ShardedParams::unshard_into(std::span<const TensorView> full) {
   // This rank's rows, converted into the target (fp32 bits or bf16 round to nearest even).
   for (size_t i = 0; i < n; ++i) {
     const size_t es = dtype_size(full[i].dtype);
-    convert_in(m.flat_params.as<float>() + m.offset[i],
+    convert_in(*m.backend, m.flat_params.as<float>() + m.offset[i],
                static_cast<std::byte*>(full[i].data) + static_cast<size_t>(m.row_begin(i, m.s) * m.row_elems[i]) * es,
                m.count(i, m.s), full[i].dtype);
   }
@@ -152,10 +147,10 @@ void ShardedParams::unshard_into(std::span<const TensorView> full) {
   // masters' element offsets, so one buffer of flat_elems bf16 serves every parameter).
   bool any_bf16 = false;
   for (size_t i = 0; i < n; ++i) any_bf16 = any_bf16 || full[i].dtype == DType::BF16;
-  AlignedBuffer bf16_send(any_bf16 ? static_cast<size_t>(m.flat_elems) * 2 : 0, false);
+  AlignedBuffer bf16_send(any_bf16 ? static_cast<size_t>(m.flat_elems) * 2 : 0, false, m.device_memory);
   for (size_t i = 0; i < n; ++i)
     if (full[i].dtype == DType::BF16)
-      convert_in(m.flat_params.as<float>() + m.offset[i], bf16_send.as<BFloat16>() + m.offset[i], m.count(i, m.s), DType::BF16);
+      convert_in(*m.backend, m.flat_params.as<float>() + m.offset[i], bf16_send.as<BFloat16>() + m.offset[i], m.count(i, m.s), DType::BF16);
   const size_t S = static_cast<size_t>(m.S), me = static_cast<size_t>(m.s);
   Communicator& c = *m.shard_comm;
   Work work;

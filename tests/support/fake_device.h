@@ -146,6 +146,14 @@ class FakeDeviceBackend final : public detail::Backend {
   }
   void round_to_comm(float* x, int64_t n, DType comm) override { cpu_->round_to_comm(mem_->alias(x), n, comm); }
   int64_t first_non_finite(const TensorView& g) override { return cpu_->first_non_finite(host(g)); }
+  void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) override {
+    cpu_->convert(mem_->alias(dst), dst_dtype, mem_->alias(src), src_dtype, n);
+  }
+  void ordered_sum(const void* blocks, DType dtype, int64_t n, int blocks_n, float* out) override {
+    cpu_->ordered_sum(mem_->alias(blocks), dtype, n, blocks_n, mem_->alias(out));
+  }
+  void divide(float* x, int64_t n, float d) override { cpu_->divide(mem_->alias(x), n, d); }
+  void fill_zero(void* p, size_t bytes) override { cpu_->fill_zero(mem_->alias(p), bytes); }
   std::unique_ptr<Orthogonalizer> make_orthogonalizer(const NsOptions& o) override { return cpu_->make_orthogonalizer(o); }
   void muon_units(Orthogonalizer& orth, float* u, int64_t batch, int64_t rows, int64_t cols, float* v, float* v_mean,
                   double beta2, DType comm) override {

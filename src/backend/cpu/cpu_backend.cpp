@@ -77,6 +77,42 @@ class CpuBackend final : public Backend {
     return -1;
   }
 
+  void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) override {
+    if (n <= 0) return;
+    const size_t c = static_cast<size_t>(n);
+    if (dst_dtype == src_dtype)
+      std::memcpy(dst, src, c * dtype_size(dst_dtype));
+    else if (src_dtype == DType::F32)
+      float_to_bf16(static_cast<const float*>(src), static_cast<BFloat16*>(dst), c);
+    else
+      bf16_to_float(static_cast<const BFloat16*>(src), static_cast<float*>(dst), c);
+  }
+  void ordered_sum(const void* blocks, DType dtype, int64_t n, int blocks_n, float* out) override {
+    if (n <= 0) return;
+    const size_t c = static_cast<size_t>(n);
+    if (dtype == DType::F32) {
+      const auto* b = static_cast<const float*>(blocks);
+      std::memcpy(out, b, c * 4);
+      for (int j = 1; j < blocks_n; ++j) {
+        const float* bj = b + static_cast<size_t>(j) * c;
+        for (size_t x = 0; x < c; ++x) out[x] += bj[x];
+      }
+    } else {
+      const auto* b = static_cast<const BFloat16*>(blocks);
+      bf16_to_float(b, out, c);
+      for (int j = 1; j < blocks_n; ++j) {
+        const BFloat16* bj = b + static_cast<size_t>(j) * c;
+        for (size_t x = 0; x < c; ++x) out[x] += bf16_to_float(bj[x]);
+      }
+    }
+  }
+  void divide(float* x, int64_t n, float d) override {
+    for (int64_t k = 0; k < n; ++k) x[k] = x[k] / d;
+  }
+  void fill_zero(void* p, size_t bytes) override {
+    if (bytes) std::memset(p, 0, bytes);
+  }
+
   std::unique_ptr<Orthogonalizer> make_orthogonalizer(const NsOptions& o) override {
     return std::make_unique<Orthogonalizer>(o);
   }

@@ -273,6 +273,32 @@ class CudaBackend final : public Backend {
     finish(cuda::round_bf16(x, n, tl_stream), "round_to_comm");
   }
 
+  // ---- FSDP data movement: one launch each, synchronized like every kernel here ----
+  void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) override {
+    if (n <= 0) return;
+    if (dst_dtype == src_dtype) return copy(dst, src, static_cast<size_t>(n) * dtype_size(dst_dtype));
+    enter();
+    if (src_dtype == DType::F32)
+      finish(cuda::to_bf16(static_cast<const float*>(src), static_cast<uint16_t*>(dst), n, tl_stream), "convert to bf16");
+    else
+      finish(cuda::from_bf16(static_cast<const uint16_t*>(src), static_cast<float*>(dst), n, tl_stream), "convert to fp32");
+  }
+  void ordered_sum(const void* blocks, DType dtype, int64_t n, int blocks_n, float* out) override {
+    if (n <= 0) return;
+    enter();
+    finish(cuda::ordered_sum(blocks, dtype == DType::BF16, n, blocks_n, out, tl_stream), "ordered_sum");
+  }
+  void divide(float* x, int64_t n, float d) override {
+    if (n <= 0) return;
+    enter();
+    finish(cuda::divide(x, n, d, tl_stream), "divide");
+  }
+  void fill_zero(void* p, size_t bytes) override {
+    if (bytes == 0) return;
+    enter();
+    finish(cudaMemsetAsync(p, 0, bytes, tl_stream), "fill_zero");
+  }
+
   int64_t first_non_finite(const TensorView& g) override {
     const int64_t n = g.numel();
     if (n == 0) return -1;

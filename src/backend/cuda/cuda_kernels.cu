@@ -294,6 +294,22 @@ __global__ void add_scaled_kernel(float* y, const float* x, int64_t n, float b) 
 
 cudaError_t done() { return cudaGetLastError(); }
 
+__global__ void from_bf16_kernel(const uint16_t* x, float* y, int64_t n) {
+  DMUON_GRID_LOOP(i, n) y[i] = bf16_bits_to_float(x[i]);
+}
+
+__global__ void ordered_sum_kernel(const void* blocks, bool bf16, int64_t n, int blocks_n, float* out) {
+  DMUON_GRID_LOOP(i, n) {
+    float acc = load_grad(blocks, bf16, i);
+    for (int j = 1; j < blocks_n; ++j) acc = __fadd_rn(acc, load_grad(blocks, bf16, static_cast<int64_t>(j) * n + i));
+    out[i] = acc;
+  }
+}
+
+__global__ void divide_kernel(float* x, int64_t n, float d) {
+  DMUON_GRID_LOOP(i, n) x[i] = __fdiv_rn(x[i], d);
+}
+
 }  // namespace
 
 cudaError_t momentum_ema(float* buf, const void* grad, bool bf16, float* update, int64_t n, float w_grad, float mu,
@@ -321,6 +337,18 @@ cudaError_t adamw(const AdamScalars& k, float* p, const void* grad, bool bf16, f
 }
 cudaError_t scale_rows(float* w, const float* factors, int64_t rows, int64_t cols, cudaStream_t s) {
   if (rows * cols > 0) scale_rows_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(w, factors, rows, cols);
+  return done();
+}
+cudaError_t from_bf16(const uint16_t* x, float* y, int64_t n, cudaStream_t s) {
+  if (n > 0) from_bf16_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, y, n);
+  return done();
+}
+cudaError_t ordered_sum(const void* blocks, bool bf16, int64_t n, int blocks_n, float* out, cudaStream_t s) {
+  if (n > 0) ordered_sum_kernel<<<blocks_for(n), kThreads, 0, s>>>(blocks, bf16, n, blocks_n, out);
+  return done();
+}
+cudaError_t divide(float* x, int64_t n, float d, cudaStream_t s) {
+  if (n > 0) divide_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n, d);
   return done();
 }
 cudaError_t round_bf16(float* x, int64_t n, cudaStream_t s) {

@@ -83,4 +83,12 @@ cudaError_t add_scaled(float* y, const float* x, int64_t n, float b, cudaStream_
 // y = bf16(x) as raw bits.
 cudaError_t to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t s);
 
+// y = fp32(x) from raw bf16 bits (exact).
+cudaError_t from_bf16(const uint16_t* x, float* y, int64_t n, cudaStream_t s);
+// FSDP's fixed-order sum (Backend::ordered_sum): out[i] = b0[i], then out[i] += bj[i] for j = 1..blocks-1
+// (blocks of n elements back to back, fp32 or bf16 widened), each sum rounded on its own.
+cudaError_t ordered_sum(const void* blocks, bool bf16, int64_t n, int blocks_n, float* out, cudaStream_t s);
+// x[i] = x[i] / d (IEEE division: -prec-div=true).
+cudaError_t divide(float* x, int64_t n, float d, cudaStream_t s);
+
 }  // namespace dmuon::cuda
