@@ -21,32 +21,10 @@
 #include "dmuon/bf16.h"
 #include "dmuon/sharded_params.h"
 #include "exec/engine_device.h"
-#include "optimizer_fixture.h"
+#include "sharded_params_fixture.h"
 
 namespace dmuon {
 namespace {
-
-ParamSpec pspec(std::string name, Shape shape, Role role = Role::Muon, bool expert = false) {
-  ParamSpec p;
-  p.name = std::move(name), p.shape = shape, p.role = role, p.expert = expert;
-  return p;
-}
-
-// Uneven and empty shards at S = 2..4 (rows 1, 3, 5, 7), a 1-D bias, an expert stack, a wider matrix.
-std::vector<ParamSpec> device_model() {
-  return {pspec("w_r1", {1, 3}), pspec("w_r3", {3, 5}), pspec("w_r5", {5, 4}), pspec("bias", {7}, Role::AdamW),
-          pspec("experts", {3, 4, 5}, Role::Muon, true), pspec("w_r7", {7, 6}), pspec("w_wide", {13, 64})};
-}
-
-std::vector<std::string> device_meshes() {
-  const int w = comm().size();
-  std::vector<std::string> out = {"dp_shard=" + std::to_string(w)};
-  if (w == 1) out.push_back("");
-  if (w == 2) out.push_back("dp_replicate=2,dp_shard=1");
-  if (w == 3) out.push_back("dp_replicate=3,dp_shard=1");
-  if (w == 4) out.push_back("dp_replicate=2,dp_shard=2");
-  return out;
-}
 
 // Values over many binades (sums depend on their order), differing per rank, parameter, element, tag.
 float val(int rank, size_t p, int64_t j, int tag) {
@@ -142,7 +120,7 @@ Trace run(bool fake, const std::string& mesh_text, const Config& c, size_t* devi
   o.bucket_bytes = c.bucket_bytes, o.unshard_direct_max_messages = c.direct_max;
   const int me = comm().rank();
   const auto comms = std::make_shared<MeshCommunicators>(world);
-  ShardedParams sp(comms, Mesh::parse(mesh_text), c.optimizer ? test_model().params : device_model(), o);
+  ShardedParams sp(comms, Mesh::parse(mesh_text), c.optimizer ? test_model().params : model(), o);
   const size_t n = sp.size();
   detail::Backend& b = *backend;
   for (size_t i = 0; i < n; ++i) {
@@ -230,7 +208,7 @@ std::vector<Config> configs() {
 }
 
 TEST(ShardedParamsDevice, FakeDeviceBitwiseEqualsCpu) {
-  for (const std::string& ms : device_meshes())
+  for (const std::string& ms : meshes())
     for (const Config& c : configs()) {
       SCOPED_TRACE("mesh '" + ms + "' " + text(c));
       const Trace cpu = run(false, ms, c);
@@ -242,7 +220,7 @@ TEST(ShardedParamsDevice, FakeDeviceBitwiseEqualsCpu) {
 }
 
 TEST(ShardedParamsDevice, WithOptimizerOnTheDeviceBitwiseEqualsCpu) {
-  for (const std::string& ms : device_meshes()) {
+  for (const std::string& ms : meshes()) {
     Config c;
     c.optimizer = true, c.bucket_bytes = 512;
     SCOPED_TRACE("mesh '" + ms + "' " + text(c));
@@ -253,7 +231,7 @@ TEST(ShardedParamsDevice, WithOptimizerOnTheDeviceBitwiseEqualsCpu) {
 // The comparison is not vacuous: the traces hold data and one flipped bit in a capture is seen (that
 // a wrong device kernel is seen too was checked by hand, docs/design.md).
 TEST(ShardedParamsDevice, ComparisonDetectsADifference) {
-  const std::string ms = device_meshes().front();
+  const std::string ms = meshes().front();
   Trace cpu = run(false, ms, Config{});
   const Trace dev = run(true, ms, Config{});
   ASSERT_FALSE(cpu.empty());
@@ -274,7 +252,7 @@ TEST(ShardedParamsDevice, RanksOnDifferentBackendsAreRefusedEverywhere) {
     std::unique_ptr<detail::ScopedEngineDevice> inject;
     if (comm().rank() == 0) inject = std::make_unique<detail::ScopedEngineDevice>(detail::EngineDevice{fb, space});
     try {
-      ShardedParams sp(std::make_shared<MeshCommunicators>(world), Mesh::parse(device_meshes().front()), device_model());
+      ShardedParams sp(std::make_shared<MeshCommunicators>(world), Mesh::parse(meshes().front()), model());
     } catch (const Error& e) {
       m = e.what();
     }
@@ -284,7 +262,7 @@ TEST(ShardedParamsDevice, RanksOnDifferentBackendsAreRefusedEverywhere) {
   EXPECT_TRUE(same_everywhere(m)) << m;
   // All on the fake device: fine.
   const detail::ScopedEngineDevice inject({fb, space});
-  ShardedParams sp(std::make_shared<MeshCommunicators>(world), Mesh::parse(device_meshes().front()), device_model());
+  ShardedParams sp(std::make_shared<MeshCommunicators>(world), Mesh::parse(meshes().front()), model());
   sp.unshard();
   EXPECT_TRUE(sp.unsharded());
 }

@@ -14,36 +14,13 @@
 #include "dmuon/bf16.h"
 #include "dmuon/error.h"
 #include "dmuon/sharded_params.h"
-#include "optimizer_fixture.h"
+#include "sharded_params_fixture.h"
 
 namespace dmuon {
 namespace {
 
 // A fresh set per object (its sub-communicators are made on first use, collectively).
 std::shared_ptr<MeshCommunicators> mesh_comms() { return std::make_shared<MeshCommunicators>(shared_comm()); }
-
-ParamSpec spec(std::string name, Shape shape, Role role = Role::Muon, bool expert = false) {
-  ParamSpec p;
-  p.name = std::move(name), p.shape = shape, p.role = role, p.expert = expert;
-  return p;
-}
-
-// Uneven and empty shards at S = 4 (rows 1, 3, 5, 7), a 1-D bias, an expert stack, a wider matrix.
-std::vector<ParamSpec> model() {
-  return {spec("w_r1", {1, 3}),          spec("w_r3", {3, 5}),   spec("w_r5", {5, 4}), spec("bias", {7}, Role::AdamW),
-          spec("experts", {3, 4, 5}, Role::Muon, true), spec("w_r7", {7, 6}), spec("w_wide", {13, 64})};
-}
-
-// Meshes for this world size.
-std::vector<std::string> meshes() {
-  const int w = comm().size();
-  std::vector<std::string> out = {"dp_shard=" + std::to_string(w)};
-  if (w == 1) out.push_back("");
-  if (w == 2) out.push_back("dp_replicate=2,dp_shard=1");
-  if (w == 3) out.push_back("dp_replicate=3,dp_shard=1");
-  if (w == 4) out.push_back("dp_replicate=2,dp_shard=2");
-  return out;
-}
 
 uint32_t mix(uint32_t x) {
   x ^= x >> 16, x *= 0x7feb352du, x ^= x >> 15, x *= 0x846ca68bu, x ^= x >> 16;
