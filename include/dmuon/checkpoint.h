@@ -48,6 +48,16 @@ class ShardedParams;
 // One tensor of a checkpoint as this rank holds it: a key unique in the checkpoint, the global shape
 // and dtype, how it is placed (mesh + placements: its box on this rank is local_box(...)), and a view
 // of the local data (contiguous, shape == the box's shape). Saving reads `data`; loading writes it.
+//
+// Device memory: a view whose data.device is not the CPU is never touched by the host. Its bytes
+// move through `device_copy` (copy(dst, src, bytes): one side host memory, the other inside `data`;
+// complete when it returns, e.g. the engine backend's copy): saving stages them into a bounded host
+// buffer piece by piece before the CRC and the write; loading reads and verifies everything into
+// host staging first (the all-or-nothing protocol below) and copies into `data` only after the
+// ranks agreed. A device view without a device_copy is refused (std::invalid_argument naming the
+// key). checkpoint_tensors() sets it from the engines' backend.
+using CheckpointCopy = std::function<void(void* dst, const void* src, size_t bytes)>;
+
 struct CheckpointTensor {
   std::string key;            // "param/<name>", "optim/<name>/<state key>", or the caller's own
   Shape global_shape;
@@ -55,6 +65,7 @@ struct CheckpointTensor {
   Mesh mesh;
   std::vector<Placement> placements;
   TensorView data;
+  CheckpointCopy device_copy;  // required when data.device is not the CPU; ignored otherwise
 };
 
 struct CheckpointSaveOptions {
@@ -94,7 +105,8 @@ DMUON_API CheckpointInfo read_checkpoint_info(const std::string& dir);
 
 // The tensors of a trainer built on ShardedParams and dmuon::Optimizer: "param/<name>" for every
 // master shard, "optim/<name>/<key>" for every optimizer state tensor (NorMuon's factored state
-// placed like its parameter). `optimizer` may be null (parameters only).
+// placed like its parameter). `optimizer` may be null (parameters only). On a device backend the
+// views are device memory and device_copy is the owning engine's backend copy.
 DMUON_API std::vector<CheckpointTensor> checkpoint_tensors(ShardedParams& params, Optimizer* optimizer);
 
 // COLLECTIVE over params' world: save / load everything above plus the optimizer's per-parameter

@@ -46,6 +46,13 @@
 
 namespace dmuon {
 
+class Optimizer;
+namespace detail {
+class Backend;
+// Internal (src/state/checkpoint_trainer.cpp): the backend whose memory the state is.
+std::shared_ptr<Backend> engine_backend(const Optimizer& optimizer);
+}  // namespace detail
+
 struct OptimizerOptions {
   DType comm_dtype = DType::F32;       // what update inputs and results travel as (fp32 or bf16)
   StrategyRules pins;                  // per-parameter strategy pins (highest precedence)
@@ -178,6 +185,7 @@ class DMUON_API Optimizer {
   struct Impl;
 
  private:
+  friend std::shared_ptr<detail::Backend> detail::engine_backend(const Optimizer& optimizer);
   std::unique_ptr<Impl> impl_;
 };
 

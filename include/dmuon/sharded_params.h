@@ -54,6 +54,13 @@
 
 namespace dmuon {
 
+class ShardedParams;
+namespace detail {
+class Backend;
+// Internal (src/state/checkpoint_trainer.cpp): the backend whose memory the buffers are.
+std::shared_ptr<Backend> engine_backend(const ShardedParams& params);
+}  // namespace detail
+
 // How the summed gradient is scaled: "mean" divides by the number of ranks of the mesh (R·S: each
 // rank contributed one gradient), "sum" leaves it. ShardedParamsOptions::grad_divisor overrides both.
 enum class GradReduce : uint8_t { Mean, Sum };
@@ -169,6 +176,7 @@ class DMUON_API ShardedParams {
   struct Impl;
 
  private:
+  friend std::shared_ptr<detail::Backend> detail::engine_backend(const ShardedParams& params);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -430,4 +430,6 @@ TensorView Optimizer::state(size_t param, std::string_view key) { return impl_->
 int64_t Optimizer::step_count(size_t param) const { return impl_->state.steps(param); }
 void Optimizer::set_step_count(size_t param, int64_t count) { impl_->state.set_steps(param, count); }
 
+std::shared_ptr<detail::Backend> detail::engine_backend(const Optimizer& optimizer) { return optimizer.impl_->backend; }
+
 }  // namespace dmuon

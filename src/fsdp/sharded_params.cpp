@@ -302,4 +302,6 @@ void ShardedParams::Impl::check_full_views(std::span<const TensorView> full, con
   }
 }
 
+std::shared_ptr<detail::Backend> detail::engine_backend(const ShardedParams& params) { return params.impl_->backend; }
+
 }  // namespace dmuon

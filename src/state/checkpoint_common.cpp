@@ -45,7 +45,10 @@ void check_view(const CheckpointTensor& t, const Box& box) {
               t.data.shape.to_string(), ", this rank's box ", box.to_string(), " has shape ", shape.to_string());
   DMUON_CHECK(shape.numel() == 0 || (t.data.data != nullptr && t.data.is_contiguous()), "[checkpoint] tensor '",
               t.key, "': the view must be contiguous and non-null");
-  DMUON_CHECK(t.data.device.kind == DeviceKind::Cpu, "[checkpoint] tensor '", t.key, "': the view must be in host memory");
+  DMUON_CHECK(t.data.device.kind == DeviceKind::Cpu || t.device_copy, "[checkpoint] tensor '", t.key,
+              "': the view is in ", to_string(t.data.device),
+              " memory and has no device_copy: the host does not touch device memory (set "
+              "CheckpointTensor::device_copy, e.g. to the engine backend's copy; checkpoint_tensors() does)");
 }
 
 bool writes_piece(const Mesh& mesh, std::span<const Placement> placements, int rank) {

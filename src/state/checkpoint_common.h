@@ -24,8 +24,13 @@ std::string rank_file_name(const std::string& generation, int rank);  // "<gen>/
 // The box `rank` holds of `t`, after checking the key, the mesh (spans `world` ranks) and the
 // placements; std::invalid_argument "[checkpoint] tensor '<key>': ..." otherwise.
 Box checkpoint_box(const CheckpointTensor& t, int rank, int world);
-// Checks that t.data is a contiguous view of dtype t.dtype and shape box.shape().
+// Checks that t.data is a contiguous view of dtype t.dtype and shape box.shape(), in host memory
+// or with a device_copy.
 void check_view(const CheckpointTensor& t, const Box& box);
+
+// Whether t's view is device memory (its bytes move only through t.device_copy; check_view
+// refuses a device view without one).
+inline bool on_device(const CheckpointTensor& t) { return t.data.device.kind != DeviceKind::Cpu; }
 
 // Whether `rank` writes its piece: its coordinates on the mesh dims that replicate are all 0.
 bool writes_piece(const Mesh& mesh, std::span<const Placement> placements, int rank);

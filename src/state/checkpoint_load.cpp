@@ -1,7 +1,8 @@
 // load_checkpoint and read_checkpoint_info (checkpoint.h): read and validate the index, read the
 // files this rank needs (size, CRC-32, safetensors header, each piece's dtype and shape), copy the
 // intersections of their pieces with this rank's boxes into staging buffers, check that every
-// element is covered exactly once, agree over the world, and only then copy into the targets.
+// element is covered exactly once, agree over the world, and only then copy into the targets
+// (device views through their device_copy, checkpoint.h).
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -202,8 +203,16 @@ CheckpointInfo detail::load_checkpoint_checked(Communicator& comm, const std::st
     failure.capture();
   }
   agree(comm, failure, concat("load from '", dir_in, "'"));
-  for (Target& t : targets)
-    if (!t.staging.empty()) std::memcpy(t.tensor->data.data, t.staging.data(), t.staging.size());
+  // Every rank verified everything in host staging: only now the targets are written (device
+  // views through their device_copy; the host never touches their memory).
+  for (Target& t : targets) {
+    if (t.staging.empty()) continue;
+    if (on_device(*t.tensor)) {
+      t.tensor->device_copy(t.tensor->data.data, t.staging.data(), t.staging.size());
+    } else {
+      std::memcpy(t.tensor->data.data, t.staging.data(), t.staging.size());
+    }
+  }
   return info;
 }
 

@@ -1,6 +1,8 @@
 // save_checkpoint (checkpoint.h): validate and agree, write this rank's pieces under a new
 // generation (temporary name, fsync, rename), gather sizes and CRCs, commit index.json on rank 0
 // (temporary name, fsync, rename, fsync of the directory), then delete the other generations.
+// Device views are staged to host through their device_copy, a bounded buffer at a time, as the
+// file is written (safetensors_io.h).
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -104,7 +106,7 @@ void save_checkpoint(Communicator& comm, const std::string& dir_in, std::span<co
   for (size_t i = 0; i < tensors.size(); ++i) {
     const CheckpointTensor& t = tensors[i];
     if (boxes[i].numel() > 0 && writes_piece(t.mesh, t.placements, rank))
-      pieces.push_back({t.key, t.dtype, boxes[i].shape(), t.data.data});
+      pieces.push_back({t.key, t.dtype, boxes[i].shape(), t.data.data, on_device(t) ? &t.device_copy : nullptr});
   }
   WrittenFile written;
   try {

@@ -2,6 +2,8 @@
 // "param/<name>" per parameter, "optim/<name>/<key>" per optimizer state tensor, the optimizer's
 // per-parameter step counts, over params' world.
 #include "dmuon/checkpoint.h"
+
+#include "backend/backend.h"
 #include "dmuon/error.h"
 #include "dmuon/optimizer.h"
 #include "dmuon/sharded_params.h"
@@ -27,16 +29,24 @@ void check_same_parameters(ShardedParams& params, const Optimizer& optimizer) {
   }
 }
 
+// The copy of an engine's backend, for device views (checkpoint.h: CheckpointTensor::device_copy);
+// the lambda keeps the backend alive.
+CheckpointCopy backend_copy(std::shared_ptr<detail::Backend> backend) {
+  return [b = std::move(backend)](void* dst, const void* src, size_t bytes) { b->copy(dst, src, bytes); };
+}
+
 }  // namespace
 
 std::vector<CheckpointTensor> checkpoint_tensors(ShardedParams& params, Optimizer* optimizer) {
   if (optimizer != nullptr) check_same_parameters(params, *optimizer);
+  const CheckpointCopy params_copy = backend_copy(detail::engine_backend(params));
+  const CheckpointCopy optim_copy = optimizer ? backend_copy(detail::engine_backend(*optimizer)) : CheckpointCopy{};
   const Inventory& inv = params.inventory();
   std::vector<CheckpointTensor> out;
   for (size_t i = 0; i < inv.params.size(); ++i) {
     const ParamSpec& p = inv.params[i];
     const Mesh& mesh = inv.meshes[static_cast<size_t>(p.mesh)];
-    out.push_back({"param/" + p.name, p.shape, DType::F32, mesh, p.placements, params.param(i)});
+    out.push_back({"param/" + p.name, p.shape, DType::F32, mesh, p.placements, params.param(i), params_copy});
   }
   if (optimizer == nullptr) return out;
   for (size_t i = 0; i < inv.params.size(); ++i) {
@@ -45,7 +55,8 @@ std::vector<CheckpointTensor> checkpoint_tensors(ShardedParams& params, Optimize
     for (const std::string& key : optimizer->state_keys(i)) {
       // NorMuon's factored second moment is [A,1] / [1,B] (or per expert), placed like the parameter.
       const Shape shape = key == "normuon_v" ? normuon_state_shape(p.shape, p.expert) : p.shape;
-      out.push_back({"optim/" + p.name + "/" + key, shape, DType::F32, mesh, p.placements, optimizer->state(i, key)});
+      out.push_back({"optim/" + p.name + "/" + key, shape, DType::F32, mesh, p.placements, optimizer->state(i, key),
+                     optim_copy});
     }
   }
   return out;

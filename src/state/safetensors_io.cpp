@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <exception>
 #include <vector>
 
 #include "dmuon/error.h"
@@ -54,11 +56,29 @@ WrittenFile write_safetensors(const std::string& path, std::span<const Safetenso
   f.write_all(header.data(), header.size());
   w.crc32 = crc32_update(0, header.data(), header.size());
   w.size = header.size();
+  std::vector<std::byte> staging;  // device tensors only, kSafetensorsStagingBytes at most
   for (const SafetensorsTensor& t : tensors) {
     const uint64_t n = tensor_bytes(t);
     if (n == 0) continue;
-    f.write_all(t.data, static_cast<size_t>(n));
-    w.crc32 = crc32_update(w.crc32, t.data, static_cast<size_t>(n));
+    if (t.device_copy == nullptr) {
+      f.write_all(t.data, static_cast<size_t>(n));
+      w.crc32 = crc32_update(w.crc32, t.data, static_cast<size_t>(n));
+    } else {
+      if (staging.empty()) staging.resize(kSafetensorsStagingBytes);
+      const auto* src = static_cast<const std::byte*>(t.data);  // device memory: offsets only, never read here
+      for (uint64_t done = 0; done < n;) {
+        const size_t part = static_cast<size_t>(std::min<uint64_t>(n - done, staging.size()));
+        try {
+          (*t.device_copy)(staging.data(), src + done, part);
+        } catch (const std::exception& e) {
+          throw_error(concat("[checkpoint] ", path, ": tensor '", t.name, "': copying ", part,
+                             " bytes from device memory failed: ", e.what()));
+        }
+        f.write_all(staging.data(), part);
+        w.crc32 = crc32_update(w.crc32, staging.data(), part);
+        done += part;
+      }
+    }
     w.size += n;
   }
   f.sync();

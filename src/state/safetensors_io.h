@@ -7,7 +7,9 @@
 // file's size. Errors: dmuon::Error "[checkpoint] <path>: ...".
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -22,13 +24,19 @@ class File;
 
 std::string_view safetensors_dtype(DType t);  // "F32", "BF16"
 
-// One tensor to write: contiguous data of shape.numel() elements (may be null when empty).
+// One tensor to write: contiguous data of shape.numel() elements (may be null when empty). With
+// `device_copy` set, `data` is device memory: the host never reads it, its bytes are copied
+// (device_copy(host_dst, device_src, bytes)) into a bounded host staging buffer, at most
+// kSafetensorsStagingBytes at a time, and written from there.
 struct SafetensorsTensor {
   std::string name;
   DType dtype = DType::F32;
   Shape shape;
   const void* data = nullptr;
+  const std::function<void(void*, const void*, size_t)>* device_copy = nullptr;
 };
+
+inline constexpr size_t kSafetensorsStagingBytes = size_t{8} << 20;
 
 struct WrittenFile {
   uint64_t size = 0;
