@@ -28,27 +28,16 @@
 #include "exec/engine_device.h"
 #include "state/file_io.h"
 #include "state/safetensors_io.h"
+#include "../support/temp_dir.h"
 
 namespace dmuon {
 namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = (fs::temp_directory_path() /
-             ("dmuon_ckpt_dev_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" + info->name()))
-                .string();
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+// A fresh directory per test, removed at the end.
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("dmuon_ckpt_dev_") {}
 };
 
 std::vector<uint8_t> pattern(size_t bytes, uint32_t seed) {

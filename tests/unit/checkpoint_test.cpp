@@ -27,6 +27,7 @@
 #include "state/checkpoint_index.h"
 #include "state/file_io.h"
 #include "state/safetensors_io.h"
+#include "../support/temp_dir.h"
 
 namespace dmuon {
 namespace {
@@ -34,22 +35,8 @@ namespace {
 namespace fs = std::filesystem;
 
 // A fresh directory per test, removed at the end.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = (fs::temp_directory_path() /
-             ("dmuon_ckpt_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" + info->name()))
-                .string();
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& rel) const { return path_ + "/" + rel; }
-
- private:
-  std::string path_;
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("dmuon_ckpt_") {}
 };
 
 std::vector<char> read_bytes(const std::string& path) {
