@@ -1,5 +1,5 @@
 // The mpi backend's staged path (src/comm/mpi/mpi_staging.h) without a GPU: a communicator over a
-// FakeDeviceSpace (staging_spaces.h: "device" memory MPI cannot touch) runs every operation on
+// CountingFakeDeviceSpace (staging_spaces.h: "device" memory MPI cannot touch) runs every operation on
 // device buffers, in place and mixed with host buffers, with a tiny chunk (many rounds) and a large
 // one (one round), and must give bitwise what the plain mpi communicator (test::comm()) gives on
 // host buffers, with the same byte counters, and never hold more pinned memory than its pool bound.
@@ -30,8 +30,8 @@ using test::comm;
 template <class T> struct DevBuf {
   T* data;
   size_t n;
-  test::FakeDeviceSpace* space;
-  DevBuf(test::FakeDeviceSpace& s, const std::vector<T>& init) : n(init.size()), space(&s) {
+  test::CountingFakeDeviceSpace* space;
+  DevBuf(test::CountingFakeDeviceSpace& s, const std::vector<T>& init) : n(init.size()), space(&s) {
     data = static_cast<T*>(s.allocate(n * sizeof(T)));
     s.copy_to_device(data, init.data(), n * sizeof(T));
   }
@@ -58,7 +58,7 @@ int64_t scatter_count(int j) { return j == 1 ? 0 : 2 * j + 9; }
 
 // Staged communicators over one fake device per chunk size.
 struct Staged {
-  std::shared_ptr<test::FakeDeviceSpace> space = std::make_shared<test::FakeDeviceSpace>();
+  std::shared_ptr<test::CountingFakeDeviceSpace> space = std::make_shared<test::CountingFakeDeviceSpace>();
   detail::StagingOptions options;
   std::unique_ptr<Communicator> c;
   explicit Staged(size_t chunk) {
@@ -236,7 +236,7 @@ TEST_P(Staging, GroupedSendRecvAndSplit) {
 
 // Negative control: the fake device really is out of MPI's reach through a plain pointer.
 TEST(StagingNegativeControl, DeviceMemoryIsNotHostReadable) {
-  test::FakeDeviceSpace space(1 << 20);
+  test::CountingFakeDeviceSpace space(1 << 20);
   void* p = space.allocate(64);
   EXPECT_TRUE(space.is_device(p));
   EXPECT_FALSE(space.is_device(&space));

@@ -1,14 +1,12 @@
 // Memory spaces for testing the mpi backend's staging (src/comm/memory_space.h) without a GPU.
-// - FakeDeviceSpace: "device" memory is a PROT_NONE mapping of a memfd whose second, writable
-//   mapping only this space uses for its copies. MPI touching a device pointer directly faults (or
-//   fails), so a passing test proves every device byte went through staging.
+// - CountingFakeDeviceSpace: "device" memory is FakeDeviceMemory's PROT_NONE mapping (the fake device
+//   backend's, tests/support/fake_device.h), whose writable alias only this space uses for its
+//   copies. MPI touching a device pointer directly faults (or fails), so a passing test proves every
+//   device byte went through staging.
 // - AllDeviceSpace: every pointer counts as device memory (copies are memcpy), so the whole
 //   Communicator suite runs through the staged path (DMUON_TEST_BACKEND=mpi-staged).
 // Both count copies and pinned memory (outstanding and peak) so tests can check the pool's bound.
 #pragma once
-
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -16,6 +14,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "../support/fake_device.h"
 #include "comm/memory_space.h"
 
 namespace dmuon::test {
@@ -60,33 +59,14 @@ class AllDeviceSpace final : public CountingSpace {
   }
 };
 
-class FakeDeviceSpace final : public CountingSpace {
+// Device memory from FakeDeviceMemory (tests/support/fake_device.h: PROT_NONE for everyone but
+// this space's copies), with the copy and pinned-memory counters of CountingSpace.
+class CountingFakeDeviceSpace final : public CountingSpace {
  public:
-  explicit FakeDeviceSpace(size_t capacity = size_t{64} << 20) : capacity_(capacity) {
-    const int fd = memfd_create("dmuon-fake-device", 0);
-    if (fd < 0 || ftruncate(fd, static_cast<off_t>(capacity)) != 0) throw std::runtime_error("memfd");
-    device_ = static_cast<std::byte*>(mmap(nullptr, capacity, PROT_NONE, MAP_SHARED, fd, 0));
-    backing_ = static_cast<std::byte*>(mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    close(fd);
-    if (device_ == MAP_FAILED || backing_ == MAP_FAILED) throw std::runtime_error("mmap");
-  }
-  ~FakeDeviceSpace() override {
-    munmap(device_, capacity_);
-    munmap(backing_, capacity_);
-  }
+  explicit CountingFakeDeviceSpace(size_t capacity = size_t{64} << 20) : mem_(capacity) {}
   std::string_view name() const override { return "fake device (test)"; }
-  bool is_device(const void* p) const override {
-    const auto* b = static_cast<const std::byte*>(p);
-    return b >= device_ && b < device_ + capacity_;
-  }
-  // Device memory (bump allocation, 64-byte aligned; freed with the space).
-  void* allocate(size_t bytes) {
-    used_ = (used_ + 63) / 64 * 64;
-    if (used_ + bytes > capacity_) throw std::runtime_error("fake device full");
-    void* p = device_ + used_;
-    used_ += std::max<size_t>(bytes, 1);
-    return p;
-  }
+  bool is_device(const void* p) const override { return mem_.contains(p); }
+  void* allocate(size_t bytes) { return mem_.allocate(bytes); }  // zeroed; freed with the space
   void copy_to_host(void* host, const void* device, size_t bytes) override {
     to_host += 1;
     std::memcpy(host, backing(device, bytes), bytes);
@@ -97,14 +77,13 @@ class FakeDeviceSpace final : public CountingSpace {
   }
 
  private:
-  std::byte* backing(const void* device, size_t bytes) const {
-    const auto* d = static_cast<const std::byte*>(device);
-    if (!is_device(d) || d + bytes > device_ + capacity_) throw std::runtime_error("not fake device memory");
-    return backing_ + (d - device_);
+  template <class T>
+  T* backing(T* device, size_t bytes) const {
+    if (!mem_.contains(device) || (bytes > 0 && !mem_.contains(static_cast<const std::byte*>(device) + bytes - 1)))
+      throw std::runtime_error("not fake device memory");
+    return mem_.alias(device);
   }
-  size_t capacity_, used_ = 0;
-  std::byte* device_ = nullptr;
-  std::byte* backing_ = nullptr;
+  FakeDeviceMemory mem_;
 };
 
 }  // namespace dmuon::test
