@@ -80,6 +80,27 @@ class DeviceMem {
   void* p_ = nullptr;
 };
 
+// Scratch of the calling thread on `device` that grows to the largest request and is kept: muon_units
+// runs once per chunk on each compute stream's thread, and a cudaMalloc / cudaFree pair per call
+// would synchronize the device every time. Never freed (like the cuBLAS handles): a buffer freed
+// after the runtime's teardown at exit would fail.
+std::byte* thread_scratch(int device, size_t bytes) {
+  struct Scratch {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  thread_local std::vector<Scratch> per_device;
+  if (static_cast<int>(per_device.size()) <= device) per_device.resize(static_cast<size_t>(device) + 1);
+  Scratch& s = per_device[static_cast<size_t>(device)];
+  if (s.bytes < bytes) {
+    if (s.p != nullptr) check(cudaFree(s.p), "cudaFree (scratch)");
+    s.p = nullptr, s.bytes = 0;
+    check(cudaMalloc(&s.p, bytes), "cudaMalloc (scratch)");
+    s.bytes = bytes;
+  }
+  return static_cast<std::byte*>(s.p);
+}
+
 void upload(void* dst, const void* src, size_t bytes) {
   if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, tl_stream), "cudaMemcpy to device");
 }
@@ -331,7 +352,7 @@ class CudaBackend final : public Backend {
                 " exceeds the BLAS int range; split it or orthogonalize per expert");
     enter();
     const int64_t len = normuon_state_size(rows, cols);
-    NsWork w(rows, cols, orth.options().matmul_dtype == DType::BF16, v != nullptr ? len : 0);
+    NsWork w(device_, rows, cols, orth.options().matmul_dtype == DType::BF16, v != nullptr ? len : 0);
     const float w_v = cpu::to_scalar(1.0 - beta2);  // normuon_finish's weight
     for (int64_t e = 0; e < batch; ++e) {
       float* x = u + e * rows * cols;
@@ -438,17 +459,14 @@ class CudaBackend final : public Backend {
     }
     return off;
   }
-  // Scratch of one muon_units call, one allocation.
+  // Scratch of one muon_units call, laid out in the thread's scratch on the device (call enter()
+  // first). Valid until the thread's next muon_units.
   struct NsWork : NsPointers {
-    NsWork(int64_t m, int64_t n, bool bf16, int64_t len) : s(std::min(m, n)), mem(measure(m, n, bf16, len)) {
-      ns_layout(m, n, bf16, len, mem.as<std::byte>(), *this);
-    }
-    static size_t measure(int64_t m, int64_t n, bool bf16, int64_t len) {
+    NsWork(int device, int64_t m, int64_t n, bool bf16, int64_t len) : s(std::min(m, n)) {
       NsPointers unused;
-      return ns_layout(m, n, bf16, len, nullptr, unused);
+      ns_layout(m, n, bf16, len, thread_scratch(device, ns_layout(m, n, bf16, len, nullptr, unused)), *this);
     }
     int64_t s;
-    DeviceMem mem;
   };
 
   // Column-major C (M×N) = alpha·op(A)·op(B) + beta·C, fp32 or bf16 operands with fp32 accumulation and
