@@ -211,10 +211,6 @@ void init_comm(nb::module_& m) {
       [](nb::object exchange, int rank, int size, int device, const std::string& name) {
         if (!PyCallable_Check(exchange.ptr()))
           throw nb::type_error("[python] make_nccl_communicator: exchange must be a callable (bytes -> bytes)");
-        if (size < 1 || rank < 0 || rank >= size)  // before the build's own checks (CUDA or not)
-          throw std::invalid_argument("[python] make_nccl_communicator: rank " + std::to_string(rank) +
-                                      " is not in [0, " + std::to_string(size) + "); pass this process's rank and "
-                                      "the number of ranks");
         // Called synchronously from this call, on this thread, with the GIL held.
         CommExchange ex = [exchange](std::span<const std::byte> mine) {
           nb::bytes blob(reinterpret_cast<const char*>(mine.data()), mine.size());

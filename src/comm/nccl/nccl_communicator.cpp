@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/nccl/nccl_args.h"
 #include "comm/nccl/nccl_loader.h"
 #include "comm/nccl/nccl_probe.h"
 #include "comm/work_impl.h"
@@ -544,9 +545,7 @@ std::string nccl_probe(const char* only) {
 
 std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, CommExchange exchange, int device,
                                                      std::string name) {
-  DMUON_CHECK(size > 0 && rank >= 0 && rank < size, "[nccl] make_nccl_communicator: rank ", rank,
-              " is not in [0, ", size, ")");
-  DMUON_CHECK(static_cast<bool>(exchange), "[nccl] make_nccl_communicator: the exchange function is empty");
+  detail::check_nccl_args(rank, size, exchange);
   const int devices = require_devices(rank);
   if (device < 0) {
     if (cudaGetDevice(&device) != cudaSuccess) device = 0;

@@ -1,5 +1,6 @@
 // Built instead of nccl_communicator.cpp when the build has no CUDA or no NCCL headers, so callers
 // need no #ifdef: every way to make an nccl communicator throws dmuon::Error naming the cause.
+#include "comm/nccl/nccl_args.h"
 #include "dmuon/comm_nccl.h"
 #include "dmuon/error.h"
 
@@ -18,7 +19,10 @@ namespace {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(int, int, CommExchange, int, std::string) { unavailable(); }
+std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, CommExchange exchange, int, std::string) {
+  detail::check_nccl_args(rank, size, exchange);
+  unavailable();
+}
 std::unique_ptr<Communicator> make_nccl_communicator() { unavailable(); }
 bool nccl_available() { return false; }
 
