@@ -153,6 +153,8 @@ void run_bench(const BenchNsArgs& a) {
   std::vector<float> g(size_t(m * n));
   for (float& v : g) v = normal(rng);
   DMUON_CHECK(a.device == "cpu" || a.device == "cuda", "[bench] --device must be cpu or cuda, got '", a.device, "'");
+  DMUON_CHECK(!(a.compare && a.device == "cuda"),
+              "[bench] --compare runs the cpu methods only; with --device cuda pick one with --method");
   if (a.device == "cuda") return run_bench_cuda(a, base, dtypes, g, m, n);
   std::vector<float> out(g.size());
 
@@ -274,7 +276,7 @@ void add_bench_ns_command(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--device", args->device,
                   "cpu | cuda (the cuda backend on device 0, next to cuBLAS GEMMs of the same dtype; "
-                  "--compare is cpu only, gram runs as symmetric there)")
+                  "gram runs as symmetric there; --compare is cpu only)")
       ->capture_default_str();
   cmd->add_flag("--compare", args->compare, "Run plain, symmetric and gram in one run and compare");
   cmd->add_flag("--json", args->json, "Print JSON");
