@@ -41,7 +41,9 @@ using CommExchange = std::function<std::vector<std::byte>(std::span<const std::b
 // the build has no CUDA ("[nccl] dmuon was built without CUDA ..."), the build has no NCCL headers,
 // there is no CUDA device ("[nccl] no CUDA device: ..."), or libnccl cannot be loaded (the message
 // names nvidia-nccl-cu13 and DMUON_NCCL_LIBRARY); std::invalid_argument for a bad rank / size or an
-// exchange that returns the wrong number of bytes.
+// exchange that returns the wrong number of bytes. A rank whose own preparation fails (device,
+// libnccl, rank 0's unique id) still joins the one exchange and then throws its error; every other
+// rank throws dmuon::Error naming that rank and its reason, so no rank waits on a peer that left.
 DMUON_API std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, CommExchange exchange,
                                                                int device = -1, std::string name = "world");
 

@@ -8,7 +8,8 @@ from dmuon import _core
 
 
 def _self_exchange(blob):
-    assert isinstance(blob, bytes) and len(blob) == 128  # an ncclUniqueId
+    # an NcclHello: this rank's ok flag and reason, then rank 0's ncclUniqueId (128 bytes)
+    assert isinstance(blob, bytes) and len(blob) == 512
     return blob
 
 

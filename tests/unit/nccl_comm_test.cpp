@@ -8,8 +8,14 @@
 //   error naming rank, op and label. scripts/gpu_check.sh runs this binary and counts skips as failures.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <thread>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -29,6 +35,36 @@ namespace dmuon {
 namespace {
 
 std::vector<std::byte> self_exchange(std::span<const std::byte> mine) { return {mine.begin(), mine.end()}; }
+
+// The bootstrap exchange among `size` ranks played by threads of this process: an all-gather of
+// equal blobs in rank order (a rank that never arrives makes the others throw after 30 s).
+class ThreadExchange {
+ public:
+  explicit ThreadExchange(int size) : size_(size), blobs_(static_cast<size_t>(size)) {}
+  CommExchange for_rank(int rank) {
+    return [this, rank](std::span<const std::byte> mine) {
+      std::unique_lock lock(mu_);
+      ++calls_;
+      blobs_[static_cast<size_t>(rank)].assign(mine.begin(), mine.end());
+      cv_.notify_all();
+      if (!cv_.wait_for(lock, std::chrono::seconds(30), [&] { return calls_ == size_; }))
+        throw std::runtime_error("ThreadExchange: a rank never joined the exchange");
+      std::vector<std::byte> all;
+      for (const auto& b : blobs_) all.insert(all.end(), b.begin(), b.end());
+      return all;
+    };
+  }
+  int calls() {
+    std::lock_guard lock(mu_);
+    return calls_;
+  }
+
+ private:
+  int size_, calls_ = 0;
+  std::vector<std::vector<std::byte>> blobs_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -64,6 +100,22 @@ TEST(NcclComm, UnavailableGivesAClearError) {
 }
 
 #if DMUON_TEST_NCCL
+// Ranks that cannot prepare (here: no CUDA device) still join the one bootstrap exchange, so a
+// peer that could prepare is not left waiting in it; each throws its own error.
+TEST(NcclComm, FailingRanksStillJoinTheExchange) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) GTEST_SKIP() << "a CUDA device is present";
+  (void)cudaGetLastError();
+  ThreadExchange ex(2);
+  std::string msgs[2];
+  std::thread peer([&] { msgs[1] = error_of([&] { (void)make_nccl_communicator(1, 2, ex.for_rank(1)); }); });
+  msgs[0] = error_of([&] { (void)make_nccl_communicator(0, 2, ex.for_rank(0)); });
+  peer.join();
+  EXPECT_EQ(ex.calls(), 2);  // before: a failing rank threw before the exchange (0 calls)
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(msgs[r].find("[nccl] rank " + std::to_string(r) + ": no CUDA device: "), std::string::npos) << msgs[r];
+}
+
 TEST(NcclLoader, MissingLibraryNamesTheWheel) {
   const std::string msg = error_of([] { (void)detail::nccl_probe("/nonexistent/libnccl.so.2"); });
   EXPECT_NE(msg.find("[nccl] could not load libnccl; tried /nonexistent/libnccl.so.2"), std::string::npos) << msg;
@@ -116,6 +168,21 @@ class NcclDevice : public ::testing::Test {
   }
   std::unique_ptr<Communicator> c;
 };
+
+// Rank 1 names a device that does not exist; rank 0 could prepare. Both throw (no hang): rank 1
+// its own error, rank 0 one naming rank 1 and its reason.
+TEST_F(NcclDevice, APeerThatCannotPrepareFailsEveryRank) {
+  ThreadExchange ex(2);
+  std::string msgs[2];
+  std::thread peer([&] { msgs[1] = error_of([&] { (void)make_nccl_communicator(1, 2, ex.for_rank(1), 999); }); });
+  msgs[0] = error_of([&] { (void)make_nccl_communicator(0, 2, ex.for_rank(0)); });
+  peer.join();
+  EXPECT_EQ(ex.calls(), 2);
+  EXPECT_NE(msgs[1].find("[nccl] rank 1: device 999 does not exist"), std::string::npos) << msgs[1];
+  EXPECT_NE(msgs[0].find("[nccl] rank 0: rank 1 of 2 could not prepare its nccl communicator 'world'"),
+            std::string::npos) << msgs[0];
+  EXPECT_NE(msgs[0].find("device 999 does not exist"), std::string::npos) << msgs[0];
+}
 
 TEST_F(NcclDevice, EveryOperationAtWorldSizeOne) {
   ASSERT_EQ(c->backend(), "nccl");

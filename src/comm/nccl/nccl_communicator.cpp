@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -543,26 +544,53 @@ std::string nccl_probe(const char* only) {
 }
 }  // namespace detail
 
+// What each rank contributes to the bootstrap exchange: whether its local preparation (device,
+// libnccl, rank 0's unique id) worked, why not, and rank 0's id. A rank that failed still joins the
+// exchange, so every rank learns of the failure and throws instead of waiting on a peer that left.
+struct NcclHello {
+  char ok = 0;
+  char reason[383] = {};
+  ncclUniqueId id{};
+};
+
 std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, CommExchange exchange, int device,
                                                      std::string name) {
   detail::check_nccl_args(rank, size, exchange);
-  const int devices = require_devices(rank);
-  if (device < 0) {
-    if (cudaGetDevice(&device) != cudaSuccess) device = 0;
+  const detail::NcclApi* api_ptr = nullptr;
+  NcclHello hello;
+  std::exception_ptr failure;
+  try {
+    const int devices = require_devices(rank);
+    if (device < 0) {
+      if (cudaGetDevice(&device) != cudaSuccess) device = 0;
+    }
+    DMUON_CHECK(device < devices, "[nccl] rank ", rank, ": device ", device, " does not exist (", devices,
+                " visible)");
+    api_ptr = &detail::nccl_api();
+    if (rank == 0) {
+      const ncclResult_t r = api_ptr->get_unique_id(&hello.id);
+      DMUON_CHECK_RUNTIME(r == ncclSuccess, "[nccl] rank 0: ncclGetUniqueId failed: ", api_ptr->get_error_string(r));
+    }
+    hello.ok = 1;
+  } catch (const std::exception& e) {
+    failure = std::current_exception();
+    std::strncpy(hello.reason, e.what(), sizeof(hello.reason) - 1);
   }
-  DMUON_CHECK(device < devices, "[nccl] rank ", rank, ": device ", device, " does not exist (", devices, " visible)");
-  const detail::NcclApi& api = detail::nccl_api();
-
-  ncclUniqueId id{};
-  if (rank == 0) {
-    const ncclResult_t r = api.get_unique_id(&id);
-    DMUON_CHECK_RUNTIME(r == ncclSuccess, "[nccl] rank 0: ncclGetUniqueId failed: ", api.get_error_string(r));
+  const auto* mine = reinterpret_cast<const std::byte*>(&hello);
+  const std::vector<std::byte> all = exchange(std::span<const std::byte>(mine, sizeof(hello)));
+  if (failure) std::rethrow_exception(failure);
+  DMUON_CHECK(all.size() == sizeof(hello) * static_cast<size_t>(size), "[nccl] make_nccl_communicator: the exchange "
+              "returned ", all.size(), " bytes; expected ", size, " blobs of ", sizeof(hello), " bytes");
+  for (int r = 0; r < size; ++r) {
+    NcclHello peer;
+    std::memcpy(&peer, all.data() + static_cast<size_t>(r) * sizeof(peer), sizeof(peer));
+    peer.reason[sizeof(peer.reason) - 1] = '\0';
+    DMUON_CHECK_RUNTIME(peer.ok == 1, "[nccl] rank ", rank, ": rank ", r, " of ", size,
+                        " could not prepare its nccl communicator '", name, "', so no rank makes one: ", peer.reason);
+    if (r == 0) hello.id = peer.id;  // rank 0's
   }
-  const auto* mine = reinterpret_cast<const std::byte*>(&id);
-  const std::vector<std::byte> all = exchange(std::span<const std::byte>(mine, sizeof(id)));
-  DMUON_CHECK(all.size() == sizeof(id) * static_cast<size_t>(size), "[nccl] make_nccl_communicator: the exchange "
-              "returned ", all.size(), " bytes; expected ", size, " blobs of ", sizeof(id), " bytes");
-  std::memcpy(&id, all.data(), sizeof(id));  // rank 0's
+  const detail::NcclApi& api = *api_ptr;
+  const ncclUniqueId id = hello.id;
 
   auto shared = std::make_shared<NcclShared>();
   shared->api = &api;
