@@ -324,6 +324,11 @@ class DMUON_API Communicator {
 
 // The size-1 communicator: every collective is a local copy (or nothing), complete when posted.
 DMUON_API std::unique_ptr<Communicator> make_single_communicator();
+// The same for an engine on `device` ("cpu", "cuda", "cuda:N"): its copies may touch that device's
+// memory (through cudart where a pointer is device memory). A cuda name without a usable CUDA
+// device, or in a build without CUDA, throws dmuon::Error naming the device; a bad name throws
+// std::invalid_argument.
+DMUON_API std::unique_ptr<Communicator> make_single_communicator(std::string_view device);
 
 // COLLECTIVE over MPI_COMM_WORLD (bounded by the default timeout): a communicator on a duplicate
 // of MPI_COMM_WORLD (traffic separate from the application's), named "world"; each call makes a

@@ -2,7 +2,9 @@
 // one; the CPU is the default everywhere.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "dmuon/export.h"
 
@@ -17,5 +19,9 @@ struct Device {
 };
 
 DMUON_API std::string to_string(const Device& d);  // "cpu", "cuda:0"
+
+// The device a name gives: "cpu", "cuda" (= cuda:0) or "cuda:N" (N a non-negative decimal);
+// nullopt for anything else. The options that name a device (OptimizerOptions::device, ...) use it.
+DMUON_API std::optional<Device> parse_device(std::string_view name);
 
 }  // namespace dmuon

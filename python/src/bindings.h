@@ -26,20 +26,26 @@ namespace dmuon::python {
 
 namespace nb = nanobind;
 
-// Any CPU array that speaks DLPack (torch tensors, numpy arrays); no dtype or layout constraint, so
-// nanobind never converts (copies): the engine validates dtype, shape and contiguity itself.
-using Array = nb::ndarray<nb::device::cpu>;
+// Any array that speaks DLPack (torch tensors, numpy arrays) on the CPU or a CUDA device; no dtype,
+// layout or device constraint, so nanobind never converts (copies): the engine validates dtype,
+// shape, contiguity and device itself (a view on another device than the engine's is its error,
+// naming the parameter).
+using Array = nb::ndarray<>;
 
-// A view of `a` (fp32 or bf16, up to 4 dims, strides kept). Throws std::invalid_argument naming
-// `what` for another dtype or more dims.
+// A view of `a` (fp32 or bf16, up to 4 dims, strides kept) carrying its device: DLPack's CPU and
+// CUDA-host (pinned) memory are the CPU, kDLCUDA is cuda:<device_id>. Throws std::invalid_argument
+// naming `what` for another dtype, more dims or another device type (managed memory, ROCm, ...).
 TensorView to_view(const Array& a, const char* what);
+// to_view of an array that must be CPU memory (the host-only entry points: Orthogonalizer, ...).
+TensorView to_cpu_view(const Array& a, const char* what);
 // to_view of every array (parameters or gradients of one step).
 std::vector<TensorView> views(const std::vector<Array>& arrays, const char* what);
 // Gradients of one step: None becomes the "no gradient" view (TensorView::is_none).
 using Grad = std::optional<Array>;
 std::vector<TensorView> grad_views(const std::vector<Grad>& grads);
 
-// A torch tensor aliasing fp32 engine state `v`; `owner` (the optimizer object) is kept alive by it.
+// A torch tensor aliasing fp32 engine memory `v` on v's device (a CUDA tensor for device state);
+// `owner` (the optimizer object) is kept alive by it.
 using StateTensor = nb::ndarray<nb::pytorch, float>;
 StateTensor state_tensor(const TensorView& v, nb::handle owner);
 
@@ -86,6 +92,7 @@ struct PyOptimizerArgs {
   std::string strategy, replica = "auto";
   bool exact = true, env_override = true;
   bool offload_state = false;
+  std::string device = "cpu";
 };
 OptimizerOptions optimizer_options(const PyOptimizerArgs& a);
 

@@ -18,21 +18,25 @@ void init_local_optimizer(nb::module_& m) {
   cls.def(
           "__init__",
           [](LocalOptimizer* self, std::vector<ParamInfo> params, std::vector<ParamGroup> groups,
-             const std::string& policy, const std::string& comm_dtype, int threads, bool offload_state) {
+             const std::string& policy, const std::string& comm_dtype, int threads, bool offload_state,
+             const std::string& device) {
             LocalOptimizerOptions options;
             options.policy = parse_non_finite_policy(policy);
             options.comm_dtype = parse_dtype(comm_dtype, "comm_dtype");
             options.threads = threads;
             options.offload_state = offload_state;
+            options.device = device;
             new (self) LocalOptimizer(std::move(params), std::move(groups), options);
           },
           nb::arg("params"), nb::arg("groups"), nb::arg("non_finite") = "raise",
           nb::arg("comm_dtype") = "fp32", nb::arg("threads") = 1, nb::arg("offload_state") = false,
+          nb::arg("device") = "cpu",
           "comm_dtype 'bf16' rounds the orthogonalization input and output to bf16 where the "
           "distributed engine communicates them, so results equal a distributed run's bitwise. "
           "threads: parameters updated at once (0: the BLAS thread count; results do not depend "
           "on it). offload_state=True stages the state through device slots per chunk (bitwise the same "
-          "results; on the cpu backend the same copies, a cost, so the mechanism is tested).")
+          "results; on the cpu backend the same copies, a cost, so the mechanism is tested). device: 'cpu', "
+          "'cuda' or 'cuda:N'; parameters, gradients and state() are that device's memory.")
       .def_prop_rw("threads", &LocalOptimizer::threads, &LocalOptimizer::set_threads)
       .def_prop_ro("comm_dtype", [](const LocalOptimizer& o) { return std::string(to_string(o.comm_dtype())); })
       .def_prop_ro("params", &LocalOptimizer::params)

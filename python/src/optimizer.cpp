@@ -86,6 +86,7 @@ OptimizerOptions optimizer_options(const PyOptimizerArgs& a) {
   options.blas_threads = a.blas_threads;
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(a.timeout_s * 1e3));
   options.offload_state = a.offload_state;
+  options.device = a.device;
   return options;
 }
 
@@ -149,8 +150,12 @@ void init_optimizer(nb::module_& m) {
       .def_prop_ro("rank", &Communicator::rank)
       .def_prop_ro("size", &Communicator::size)
       .def_prop_ro("backend", [](const Communicator& c) { return std::string(c.backend()); });
-  m.def("make_single_communicator",
-        []() { return std::shared_ptr<Communicator>(make_single_communicator()); });
+  m.def(
+      "make_single_communicator",
+      [](const std::string& device) { return std::shared_ptr<Communicator>(make_single_communicator(device)); },
+      nb::arg("device") = "cpu",
+      "The size-1 communicator. device 'cuda' / 'cuda:N': for an engine on that device (its copies may "
+      "touch device memory); dmuon.Error without a usable CUDA device.");
   m.def("make_mpi_communicator",
         []() {
           nb::gil_scoped_release release;
@@ -199,10 +204,10 @@ void init_optimizer(nb::module_& m) {
              std::vector<ParamGroup> groups, const std::string& non_finite, const std::string& comm_dtype,
              int window, int64_t chunk_bytes, int blas_threads, double timeout_s, const nb::object& machine,
              const std::string& strategy, const std::string& replica, bool exact, bool env_override,
-             bool offload_state) {
+             bool offload_state, const std::string& device) {
             const OptimizerOptions options = optimizer_options(
                 {non_finite, comm_dtype, window, chunk_bytes, blas_threads, timeout_s, machine, strategy, replica,
-                 exact, env_override, offload_state});
+                 exact, env_override, offload_state, device});
             nb::gil_scoped_release release;
             new (self) Optimizer(std::move(comm), std::move(inventory), std::move(groups), options);
           },
@@ -210,12 +215,14 @@ void init_optimizer(nb::module_& m) {
           nb::arg("comm_dtype") = "fp32", nb::arg("window") = 2, nb::arg("chunk_bytes") = int64_t{32} << 20,
           nb::arg("blas_threads") = 0, nb::arg("timeout_s") = 0.0, nb::arg("machine") = "h100",
           nb::arg("strategy") = "", nb::arg("replica") = "auto", nb::arg("exact") = true,
-          nb::arg("env_override") = true, nb::arg("offload_state") = false,
+          nb::arg("env_override") = true, nb::arg("offload_state") = false, nb::arg("device") = "cpu",
           "machine: a profile name or a dmuon.MachineProfile; strategy: pins 'pattern:strategy;...;"
           "default:strategy' (highest precedence; DMUON_STRATEGY is read too unless env_override=False); "
           "replica: auto, duplicate or split; exact=False lets the cost model pick gram_allreduce; "
           "offload_state=True keeps the state in pinned host memory and stages each chunk's state through "
-          "device slots (bitwise the same results; on the cpu backend the same copies, a cost).")
+          "device slots (bitwise the same results; on the cpu backend the same copies, a cost). device: 'cpu', "
+          "'cuda' or 'cuda:N': where the step runs; parameters, gradients and state() are that device's "
+          "memory, and the communicator must take its buffers (nccl, or mpi with staging).")
       .def_prop_ro("rank", &Optimizer::rank)
       .def_prop_ro("groups", &Optimizer::groups)
       .def("local_shape", [](const Optimizer& o, size_t i) { return from_shape(o.local_shape(i)); },

@@ -13,7 +13,7 @@ void init_orthogonalize(nb::module_& m) {
       .def(
           "run",
           [](Orthogonalizer& o, const Array& in, const Array& out) {
-            const TensorView vi = to_view(in, "in"), vo = to_view(out, "out");
+            const TensorView vi = to_cpu_view(in, "in"), vo = to_cpu_view(out, "out");
             nb::gil_scoped_release release;
             o.run(vi, vo);
           },

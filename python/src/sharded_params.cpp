@@ -53,8 +53,9 @@ void init_sharded_params(nb::module_& m) {
           "__init__",
           [](ShardedParams* self, std::shared_ptr<Communicator> comm, const Mesh& mesh, std::vector<ParamSpec> params,
              const std::string& reduce, const std::string& reduce_dtype, double grad_divisor, int64_t bucket_bytes,
-             double timeout_s) {
+             double timeout_s, const std::string& device) {
             ShardedParamsOptions o;
+            o.device = device;
             o.reduce = parse_reduce(reduce);
             o.reduce_dtype = parse_dtype(reduce_dtype, "reduce_dtype");
             o.grad_divisor = grad_divisor;
@@ -66,8 +67,9 @@ void init_sharded_params(nb::module_& m) {
           },
           nb::arg("comm"), nb::arg("mesh"), nb::arg("params"), nb::arg("reduce") = "mean",
           nb::arg("reduce_dtype") = "fp32", nb::arg("grad_divisor") = 0.0, nb::arg("bucket_bytes") = int64_t{16} << 20,
-          nb::arg("timeout_s") = 0.0,
-          "COLLECTIVE. mesh: dp_shard=S (or dp_replicate=R,dp_shard=S; no dims on one rank). params: name, "
+          nb::arg("timeout_s") = 0.0, nb::arg("device") = "cpu",
+          "COLLECTIVE. device: 'cpu', 'cuda' or 'cuda:N' (masters, gradients and the caller's full tensors live "
+          "there; the communicator must take its buffers). mesh: dp_shard=S (or dp_replicate=R,dp_shard=S; no dims on one rank). params: name, "
           "shape, role, expert, qk (placements empty, set here). Masters start at zero.")
       .def_prop_ro("size", &ShardedParams::size)
       .def_prop_ro("inventory", &ShardedParams::inventory)
@@ -111,9 +113,10 @@ void init_sharded_params(nb::module_& m) {
              const std::string& comm_dtype, int window, int64_t chunk_bytes, double timeout_s,
              const nb::object& machine, const std::string& strategy, const std::string& replica, bool exact,
              bool env_override, bool offload_state) {
+            // The optimizer steps on the master shards: on their device.
             const OptimizerOptions options = optimizer_options(
                 {non_finite, comm_dtype, window, chunk_bytes, 0, timeout_s, machine, strategy, replica, exact,
-                 env_override, offload_state});
+                 env_override, offload_state, sp.options().device});
             nb::gil_scoped_release release;
             return std::make_unique<Optimizer>(sp.mesh_communicators(), sp.inventory(), std::move(groups), options);
           },
@@ -122,7 +125,9 @@ void init_sharded_params(nb::module_& m) {
           nb::arg("strategy") = "", nb::arg("replica") = "auto", nb::arg("exact") = true,
           nb::arg("env_override") = true, nb::arg("offload_state") = false,
           "COLLECTIVE. A dmuon.Optimizer over this object's mesh communicators and inventory (steps on "
-          "the master shards); the options as dmuon.Optimizer's.");
+          "the master shards, on their device); the options as dmuon.Optimizer's.")
+      .def_prop_ro("device", [](const ShardedParams& sp) { return sp.options().device; },
+                   "Where the masters live: 'cpu', 'cuda' or 'cuda:N' as given.");
 }
 
 }  // namespace dmuon::python

@@ -5,6 +5,22 @@
 
 namespace dmuon::python {
 
+namespace {
+
+// DLPack device types (dlpack.h DLDeviceType): the ones dmuon takes.
+constexpr int32_t kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3;
+
+Device array_device(const Array& a, const char* what) {
+  const int32_t type = a.device_type();
+  if (type == kDLCPU || type == kDLCUDAHost) return Device{};  // pinned host memory is CPU memory
+  if (type == kDLCUDA) return Device{DeviceKind::Cuda, a.device_id()};
+  detail::throw_invalid_argument(detail::concat("[python] ", what, ": DLPack device type ", type, " (device ",
+                                                a.device_id(), ") is not supported; dmuon takes CPU and CUDA "
+                                                "tensors"));
+}
+
+}  // namespace
+
 TensorView to_view(const Array& a, const char* what) {
   DType dtype;
   const nb::dlpack::dtype dt = a.dtype();
@@ -28,7 +44,16 @@ TensorView to_view(const Array& a, const char* what) {
   }
   shape = Shape(std::span<const int64_t>(dims, a.ndim()));
   strides = Shape(std::span<const int64_t>(steps, a.ndim()));
-  return TensorView(const_cast<void*>(a.data()), dtype, shape, strides);
+  TensorView v(const_cast<void*>(a.data()), dtype, shape, strides);
+  v.device = array_device(a, what);
+  return v;
+}
+
+TensorView to_cpu_view(const Array& a, const char* what) {
+  TensorView v = to_view(a, what);
+  DMUON_CHECK(v.device.kind == DeviceKind::Cpu, "[python] ", what, " is on ", to_string(v.device),
+              "; this function runs on the CPU: pass a CPU tensor (.cpu())");
+  return v;
 }
 
 std::vector<TensorView> views(const std::vector<Array>& arrays, const char* what) {
@@ -51,7 +76,9 @@ StateTensor state_tensor(const TensorView& v, nb::handle owner) {
   // An empty local shard may have no storage: any non-null pointer is fine for 0 elements.
   static float dummy = 0;
   float* data = v.numel() == 0 ? &dummy : v.f32();
-  return StateTensor(data, static_cast<size_t>(v.ndim()), shape, owner);
+  const bool cuda = v.device.kind == DeviceKind::Cuda;
+  return StateTensor(data, static_cast<size_t>(v.ndim()), shape, owner, nullptr, nb::dtype<float>(),
+                     cuda ? kDLCUDA : kDLCPU, cuda ? v.device.index : 0);
 }
 
 }  // namespace dmuon::python

@@ -188,6 +188,8 @@ def shutdown() -> None:
     except Exception:  # noqa: BLE001 - best effort at exit
         pass
     gc.collect()  # cycles through tensors that keep an engine alive
+    from . import _device  # the device communicators before the host one (mpi may be both)
+    _device.release()
     _COMM = None
     gc.collect()
     if _OWN_PG and dist.is_initialized():
@@ -225,9 +227,9 @@ def _lift(mesh: Any, placements: list, world: int, where: str) -> tuple[Any, lis
     """(mesh, placements) on a mesh over the whole job: the DTensor's own mesh when it spans the
     job row-major; for a sub-mesh (FSDP2 over mesh["dp"] beside TP), its root mesh with Replicate
     on the root dims the sub-mesh leaves out (the same local shard: those dims replicate)."""
-    if mesh.device_type != "cpu":
-        raise ValueError(f"[torch] {where} lives on a '{mesh.device_type}' mesh; the engine runs "
-                         f"on the CPU (gloo)")
+    if mesh.device_type not in ("cpu", "cuda"):
+        raise ValueError(f"[torch] {where} lives on a '{mesh.device_type}' mesh; dmuon runs on "
+                         f"cpu and cuda meshes")
     if _row_major(mesh, world):
         return mesh, placements
     root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else None

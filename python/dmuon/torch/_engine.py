@@ -5,7 +5,8 @@ One class over two native cores. dmuon.Optimizer (kind "distributed") runs DTens
 (FSDP2 / HSDP / TP / EP) over their local shards, and plain tensors of a job of several ranks with
 a dmuon communicator (init_distributed() or mpirun) as Replicate on a 1-D "world" mesh; it is
 collective. dmuon.LocalOptimizer (kind "local") runs one process, and plain tensors of a job dmuon
-has no communicator for (torchrun: each rank steps its replica alone).
+has no communicator for (torchrun: each rank steps its replica alone). Either runs on the device of
+the parameters' (local) tensors, the CPU or one CUDA device (_device.py).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from .. import _core
-from . import _dist
+from . import _device, _dist
 from ._dist import is_dtensor
 from ._options import make_group_options
 
@@ -42,6 +43,16 @@ def engine_options(options: dict) -> Iterator[None]:
 def current_engine_options() -> Optional[dict]:
     """The options of the engine being built (dmuon.Optimizer keyword arguments), or None."""
     return _OPTIONS.get()
+
+
+def engine_core_options(options: Optional[dict], device: str) -> dict:
+    """The native core's keyword arguments: Muon's engine options with the device, and the cost
+    model's constants those of the device the step runs on unless Muon's `machine` says otherwise."""
+    out = dict(options or {})
+    if out.get("machine") is None:
+        out["machine"] = _device.default_machine(device)
+    out["device"] = device
+    return out
 
 
 def qk_tag(spec: Any, where: str) -> "_core.QkTag":
@@ -105,19 +116,19 @@ class Engine(CoreDelegate):
         world = _dist.world_size() if distributed else 1
         inventory, groups = self._inventory(param_groups, qk_tags, world)
         self.names: list[str] = [spec.name for spec in inventory.params]
+        # the parameters' device (all alike): the backend the step runs on
+        self.device = _device.engine_device(self.params, self.names)
         self._state_cache: dict[int, dict[str, torch.Tensor]] = {}
         _dist.release_at_exit(self)  # native objects released in order at exit
         if not distributed:  # of Muon's engine options, the local core takes offload_state
             offload = bool((_OPTIONS.get() or {}).get("offload_state", False))
             self.core = _core.LocalOptimizer([_info(spec) for spec in inventory.params], groups,
-                                             non_finite, comm_dtype, threads, offload)
+                                             non_finite, comm_dtype, threads, offload, self.device)
             return
         inventory.validate()
         _dist.check_local_shards(self.params, inventory, self.names)  # before any collective
-        self.comm = _dist.communicator(world)
-        # the cost model's constants are those of the device the step runs on: the CPU here, unless
-        # Muon's `machine` says otherwise (engine_options)
-        options = _OPTIONS.get() or {"machine": "cpu"}
+        self.comm = _device.communicator(world, self.device)
+        options = engine_core_options(_OPTIONS.get(), self.device)
         self.core = _core.Optimizer(self.comm, inventory, groups, non_finite, comm_dtype, **options)
 
     def _inventory(self, param_groups: list[dict], qk_tags: dict, world: int):
@@ -195,6 +206,7 @@ class Engine(CoreDelegate):
             if g is not None and self.kind == "distributed":
                 g = g.detach().contiguous()  # no copy when contiguous (FSDP2's are)
             local_grads.append(g)  # None: the engine leaves the parameter untouched
+        _device.wait_for_caller(self.device)
         return self.core.step(local_params, local_grads, qk_logits)
 
 

@@ -86,13 +86,14 @@ def strategy_rules(rules: list[str], default: Optional[str], groups: list[tuple[
     return ";".join(items)
 
 
-def check_machine(machine: Union[None, str, dict, os.PathLike]) -> "_core.MachineProfile":
-    """The cost model's constants: None (the `cpu` profile: the step runs on the CPU), a profile name
+def check_machine(machine: Union[None, str, dict, os.PathLike]) -> Optional["_core.MachineProfile"]:
+    """The cost model's constants: None (kept: the profile of the device the step runs on, `cpu`
+    for CPU parameters and `h100` for CUDA ones, chosen when the engine is built), a profile name
     ('h100', 'cpu'), a path to a JSON file of measured constants (as `dmuon plan --machine`), a
     dict of them (bandwidth_Bps, replicate_bandwidth_Bps, latency_s, flops_per_s, name), or a
     dmuon.MachineProfile."""
     if machine is None:
-        return _core.MachineProfile.named("cpu")
+        return None
     if isinstance(machine, _core.MachineProfile):
         return machine
     if isinstance(machine, dict):

@@ -24,9 +24,9 @@ from typing import Any, Optional
 import torch
 
 from .. import _core
-from . import _dist
+from . import _device, _dist
 from ._dist import as_layout, is_dtensor
-from ._engine import CoreDelegate, Engine, current_engine_options, param_name
+from ._engine import CoreDelegate, Engine, current_engine_options, engine_core_options, param_name
 from ._options import make_group_options
 
 REDUCE_GRADS = (None, "mean", "sum")
@@ -168,6 +168,7 @@ class ZeroEngine(CoreDelegate):
                 self.names.append(name)
             pg.params = indices
             groups.append(pg)
+        self.device = _device.engine_device(self.params, self.names)
         world = _dist.world_size()
         self.mesh = None
         if world > 1:
@@ -177,14 +178,17 @@ class ZeroEngine(CoreDelegate):
                                  f"dmuon.torch.init_distributed() before building the optimizer")
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.tensor import Shard
-            self.mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("zero",))
+            self.mesh = init_device_mesh(self.device.split(":")[0], (world,), mesh_dim_names=("zero",))
             self._layout = (self.mesh, (Shard(0),))
-        comm = _dist.communicator(world)
+        comm = _device.communicator(world, self.device)
         mesh = _core.Mesh([("dp_shard", world)] if world > 1 else [])
-        self.sp = _core.ShardedParams(comm, mesh, specs, reduce=self.reduce_grads or "mean")
+        self.sp = _core.ShardedParams(comm, mesh, specs, reduce=self.reduce_grads or "mean",
+                                      device=self.device)
         # the distributed engine's options of the constructor (window, chunk_bytes, strategy pins,
-        # replica, machine, timeout_s, exact), as for _engine.Engine; the cpu cost model by default
-        options = dict(current_engine_options() or {"machine": "cpu"})
+        # replica, machine, timeout_s, exact), as for _engine.Engine; the device's cost model by
+        # default; the optimizer runs on the masters' device
+        options = engine_core_options(current_engine_options(), self.device)
+        del options["device"]
         self.core = self.sp.make_optimizer(groups, non_finite, comm_dtype, **options)
         self.rows = []
         for i, p in enumerate(self.params):  # masters from this rank's rows of its replica
@@ -222,6 +226,7 @@ class ZeroEngine(CoreDelegate):
         stats = {}
         if self.reduce_grads is not None:
             full = [None if g is None else g.detach().contiguous() for g in grads]
+            _device.wait_for_caller(self.device)  # what the caller's stream writes into them
             t0 = time.perf_counter()
             self.sp.reduce_grads_from(full)
             r = self.sp.last_reduce_stats()
@@ -235,6 +240,7 @@ class ZeroEngine(CoreDelegate):
             shards = []
             for (begin, end), g in zip(self.rows, grads):
                 shards.append(None if g is None else g.detach().contiguous()[begin:end])
+        _device.wait_for_caller(self.device)
         applied = self.core.step(self.masters, shards, qk_logits)
         if applied:  # agreed on every rank, so the all-gather is collective
             t0 = time.perf_counter()
@@ -258,10 +264,14 @@ class ZeroEngine(CoreDelegate):
             wide = bits.reshape(-1).to(torch.int64)
             digests[i, 0] = 1
             digests[i, 1] = wide.sum()
-            digests[i, 2] = (wide * (torch.arange(wide.numel(), dtype=torch.int64) % 65521 + 1)).sum()
+            digests[i, 2] = (wide * (torch.arange(wide.numel(), dtype=torch.int64, device=wide.device)
+                                     % 65521 + 1)).sum()
         both = torch.cat([digests.reshape(-1), -digests.reshape(-1)])
+        if self.device != "cpu" and "gloo" not in str(dist.get_backend()):
+            both = both.to(self.device)  # a process group without gloo reduces device tensors only
         dist.all_reduce(both, op=dist.ReduceOp.MAX)
         n = digests.numel()
+        both = both.cpu()
         differs = (both[:n] != -both[n:]).reshape(-1, 3).any(dim=1)
         if bool(differs.any()):
             i = int(differs.nonzero()[0, 0])

@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import _clip, _dist, _plan, _precision
+from . import _clip, _device, _dist, _plan, _precision
 from ._dist import is_dtensor
 from ._engine import KINDS, engine_options, qk_tag
 from ._zero import ZeroOptions, make_engine
@@ -221,8 +221,7 @@ class Muon(torch.optim.Optimizer):
             if p.dtype not in (torch.float32, torch.bfloat16):
                 raise TypeError(f"[torch] {where} is {p.dtype}; dmuon takes fp32 parameters, or "
                                 f"bf16 ones with fp32 masters (gradients may be fp32 or bf16)")
-            if p.device.type != "cpu":
-                raise TypeError(f"[torch] {where} is on {p.device}; the engine runs on the CPU")
+            _device.check_tensor_device(p, where)
             local = p._local_tensor if is_dtensor(p) else p
             if not local.is_contiguous():
                 raise ValueError(f"[torch] {where} (shape {tuple(p.shape)}) is not contiguous; "

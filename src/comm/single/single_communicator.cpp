@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <optional>
 
 #include "comm/memory_space.h"
 #include "comm/work_impl.h"
 #include "dmuon/comm.h"
+#include "dmuon/device.h"
 #include "dmuon/error.h"
 
 namespace dmuon {
@@ -151,6 +153,23 @@ class SingleCommunicator final : public Communicator {
 std::unique_ptr<Communicator> make_single_communicator() { return std::make_unique<SingleCommunicator>("world", nullptr); }
 std::unique_ptr<Communicator> make_single_communicator(std::shared_ptr<detail::MemorySpace> space) {
   return std::make_unique<SingleCommunicator>("world", std::move(space));
+}
+
+std::unique_ptr<Communicator> make_single_communicator(std::string_view device) {
+  const std::optional<Device> d = parse_device(device);
+  DMUON_CHECK(d.has_value(), "[comm] make_single_communicator: device must be cpu, cuda or cuda:N (got '", device,
+              "')");
+  if (d->kind == DeviceKind::Cpu) return make_single_communicator();
+  std::shared_ptr<detail::MemorySpace> space = detail::default_memory_space();
+  DMUON_CHECK_RUNTIME(space->has_devices(), "[comm] make_single_communicator('", device,
+                      "'): no usable CUDA device in this process (",
+#ifdef DMUON_HAVE_CUDA
+                      "no driver or no GPU visible",
+#else
+                      "dmuon was built without CUDA",
+#endif
+                      "); use device 'cpu'");
+  return make_single_communicator(std::move(space));
 }
 
 }  // namespace dmuon

@@ -7,6 +7,9 @@ rank 0 per passing case; any failure aborts the job (exit code != 0).
 - timeout: rank 1 never steps; the others raise dmuon.DmuonError naming the op within
   DMUON_TIMEOUT_S (then the job ends through os._exit: communication is unusable).
 - hold: an optimizer kept alive past exit by a daemon thread is still released at exit.
+- nccl_bootstrap: the nccl communicator for CUDA parameters (dmuon/torch/_device.py), bootstrapped
+  over torch.distributed: every rank joins the one all_gather_object exchange and, on a machine
+  without a GPU, every rank raises dmuon.DmuonError naming its missing device (no hang).
 - bytes (under mpirun): the same plain-tensor step on the MPI and on the c10d communicator gives
   bitwise the same parameters and the same byte counters (and both equal the plan's prediction).
 Run by hand: python -m torch.distributed.run --standalone --nproc-per-node 3 c10d_cases.py --cases transport
@@ -255,6 +258,39 @@ def case_hold() -> None:
     threading.Thread(target=lambda o=opt: time.sleep(600), daemon=True).start()
 
 
+def case_nccl_bootstrap() -> None:
+    from dmuon import _core
+    from dmuon.torch import _device
+    if torch.cuda.is_available():
+        say("SKIP nccl_bootstrap: a GPU is present (this case checks the no-device path)")
+        return
+    calls = []
+    real = _device.torch_exchange
+
+    def counting(blob: bytes) -> bytes:
+        calls.append(len(blob))
+        out = real(blob)
+        assert len(out) == len(blob) * dist.get_world_size(), (len(out), len(blob))
+        return out
+
+    _device.torch_exchange = counting
+    try:
+        try:
+            _device.communicator(dist.get_world_size(), "cuda:0")
+        except _core.DmuonError as e:
+            msg = str(e)
+        else:
+            raise AssertionError("the nccl communicator came up without a GPU")
+    finally:
+        _device.torch_exchange = real
+    if _core.nccl_available():
+        assert msg.startswith(f"[nccl] rank {dist.get_rank()}: no CUDA device: "), msg
+        assert calls == [512], calls  # the failing rank still joined the exchange
+    else:
+        assert msg.startswith("[nccl] dmuon was built without"), msg
+    assert "cuda:0" not in _device._DEVICE_COMMS
+
+
 def _core_comm(kind: str):
     return _dist._make_comm(kind)
 
@@ -266,7 +302,7 @@ def main() -> None:
     dt.init_distributed(master_port=int(os.environ.get("MASTER_PORT", "29512")))
     dmuon.blas_set_num_threads(1)
     run_cases({"transport": case_transport, "timeout": case_timeout, "bytes": case_bytes,
-               "hold": case_hold}, args.cases)
+               "hold": case_hold, "nccl_bootstrap": case_nccl_bootstrap}, args.cases)
 
 
 if __name__ == "__main__":

@@ -99,6 +99,13 @@ def test_transport_operations_and_release_at_exit(tmp_path):
     assert not leaked(proc), proc.stderr[-3000:]
 
 
+def test_nccl_bootstrap_over_torch_distributed(tmp_path):
+    # the device communicator's bootstrap over torch.distributed: every rank raises (no hang)
+    proc = torchrun(2, C10D_CASES, ["--cases", "nccl_bootstrap"], tmp_path, timeout=120)
+    stdout = ok(proc, "c10d_cases nccl_bootstrap")
+    assert "CASE nccl_bootstrap OK" in stdout, stdout + proc.stderr[-3000:]
+
+
 def test_leak_check_negative_control(tmp_path):
     # without dmuon's exit hook, the optimizer a daemon thread keeps is reported as leaked: the
     # check above can fail

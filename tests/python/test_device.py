@@ -1,0 +1,249 @@
+# Where dmuon.torch runs (dmuon/torch/_device.py) and tensors' devices across the binding.
+# - Everywhere: the engine's device from the parameters (cpu, cuda:N, a clear TypeError for mixed
+#   or unsupported devices, before anything is built), the device communicator's choice (c10d is
+#   refused for CUDA parameters), the binding's DLPack device mapping (a CUDA array reaches the cpu
+#   engine as a cuda view and is refused naming the parameter; managed memory is refused by the
+#   binding; host-only functions refuse device arrays), and what a build or machine without CUDA
+#   says when asked for the cuda backend.
+# - On a GPU (skipped without one): dmuon.torch.Muon on CUDA parameters, the local and the ZeRO
+#   engines, against the same step on the CPU and against torch.optim.Muon on the GPU.
+import ctypes
+import types
+
+import pytest
+import torch
+
+import dmuon
+import dmuon.torch as dt
+from dmuon import _core
+from dmuon.torch import _device
+
+CUDA = torch.cuda.is_available()
+
+
+def fake(device: str):
+    """A stand-in with only a `.device` (torch.device('cuda:1') needs no GPU to exist)."""
+    return types.SimpleNamespace(device=torch.device(device))
+
+
+def test_engine_device_from_the_parameters():
+    assert _device.engine_device([torch.zeros(2, 2), torch.zeros(3)], ["a", "b"]) == "cpu"
+    assert _device.engine_device([], []) == "cpu"
+    assert _device.engine_device([fake("cuda:1"), fake("cuda:1")], ["a", "b"]) == "cuda:1"
+    with pytest.raises(TypeError, match=r"parameter 'b' is on cuda:0 but 'a' is on cpu; one dmuon "
+                                        r"optimizer steps the parameters of one device"):
+        _device.engine_device([torch.zeros(2), fake("cuda:0")], ["a", "b"])
+    with pytest.raises(TypeError, match=r"parameter 'b' is on cuda:1 but 'a' is on cuda:0"):
+        _device.engine_device([fake("cuda:0"), fake("cuda:1")], ["a", "b"])
+    with pytest.raises(TypeError, match=r"parameter 'a' is on meta; dmuon steps CPU and CUDA tensors"):
+        _device.engine_device([torch.zeros(2, device="meta")], ["a"])
+    assert _device.default_machine("cpu") == "cpu" and _device.default_machine("cuda:0") == "h100"
+
+
+def test_muon_refuses_an_unsupported_device_before_building():
+    w = torch.nn.Parameter(torch.zeros(4, 4, device="meta"))
+    with pytest.raises(TypeError, match=r"parameter 0 is on meta; dmuon steps CPU and CUDA tensors"):
+        dt.Muon([w], lr=0.02)
+
+
+def test_device_communicator_choice(monkeypatch):
+    monkeypatch.delenv("DMUON_COMM", raising=False)
+    monkeypatch.delenv("OMPI_COMM_WORLD_SIZE", raising=False)
+    assert _device.device_comm_kind() == "nccl"
+    assert _device.device_comm_kind("nccl") == "nccl"
+    with pytest.raises(ValueError, match=r"c10d communicator \(DMUON_COMM=c10d\) carries host buffers"):
+        _device.device_comm_kind("c10d")
+    with pytest.raises(ValueError, match=r"communicator 'gloo' \(DMUON_COMM\) is unknown"):
+        _device.device_comm_kind("gloo")
+    with pytest.raises(RuntimeError, match=r"needs a job launched with mpirun"):
+        _device.device_comm_kind("mpi")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    assert _device.device_comm_kind() == "mpi"
+    # one rank on the CPU: the host single communicator
+    assert _device.communicator(1, "cpu").size == 1
+
+
+@pytest.mark.skipif(CUDA, reason="checks the no-device path")
+def test_cuda_without_a_device_is_a_clear_error():
+    for make in (lambda: _core.make_single_communicator("cuda:0"),
+                 lambda: _device.communicator(1, "cuda:0")):
+        with pytest.raises(_core.DmuonError, match=r"\[comm\] make_single_communicator\('cuda:0'\): no "
+                                                   r"usable CUDA device"):
+            make()
+    info = _core.ParamInfo()
+    info.name, info.shape = "w", [4, 4]
+    group = _core.ParamGroup()
+    group.params = [0]
+    with pytest.raises(_core.DmuonError, match=r"\[cuda\]"):
+        dmuon.LocalOptimizer([info], [group], device="cuda")
+
+
+def test_bad_device_names():
+    with pytest.raises(ValueError, match=r"device must be cpu, cuda or cuda:N \(got 'cuda:x'\)"):
+        _core.make_single_communicator("cuda:x")
+    info = _core.ParamInfo()
+    info.name, info.shape = "w", [4, 4]
+    group = _core.ParamGroup()
+    group.params = [0]
+    with pytest.raises(ValueError, match=r"option 'device' must be cpu, cuda or cuda:N \(got 'tpu'\)"):
+        dmuon.LocalOptimizer([info], [group], device="tpu")
+
+
+# ---- DLPack devices across the binding, with hand-made DLPack capsules -------------------------
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+_KEEP: list = []  # the capsules' memory (host memory: nothing may read it, it is never freed early)
+
+
+def dlpack_array(shape, device_type: int, device_id: int):
+    """A legacy DLPack capsule of an fp32 array that claims to live on (device_type, device_id),
+    backed by host memory: what the binding sees of a CUDA tensor, made without a GPU."""
+    n = 1
+    for s in shape:
+        n *= s
+    storage = (ctypes.c_float * max(n, 1))()
+    dims = (ctypes.c_int64 * len(shape))(*shape)
+    mt = _DLManagedTensor()
+    mt.dl_tensor.data = ctypes.addressof(storage)
+    mt.dl_tensor.device = _DLDevice(device_type, device_id)
+    mt.dl_tensor.ndim = len(shape)
+    mt.dl_tensor.dtype = _DLDataType(2, 32, 1)  # kDLFloat, 32 bits
+    mt.dl_tensor.shape = dims
+    mt.dl_tensor.strides = None
+    _KEEP.extend([storage, dims, mt])
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return new(ctypes.addressof(mt), b"dltensor", None)
+
+
+def _local_optimizer():
+    info = _core.ParamInfo()
+    info.name, info.shape = "w", [4, 4]
+    group = _core.ParamGroup()
+    group.params = [0]
+    return dmuon.LocalOptimizer([info], [group])
+
+
+def test_a_cuda_array_reaches_the_engine_as_a_device_view():
+    # kDLCUDA on device 1: the cpu engine refuses it naming the parameter and both devices, so the
+    # binding carried the device through (negative control: a CPU array of the same shape steps)
+    opt = _local_optimizer()
+    with pytest.raises(ValueError, match=r"parameter 'w' is on cuda:1"):
+        opt.step([dlpack_array([4, 4], 2, 1)], [torch.ones(4, 4)])
+    w = torch.zeros(4, 4)
+    assert opt.step([w], [torch.ones(4, 4)])
+    assert w.abs().sum() > 0
+    with pytest.raises(ValueError, match=r"gradient of 'w' is on cuda:0"):
+        opt.step([w], [dlpack_array([4, 4], 2, 0)])
+
+
+def test_pinned_host_arrays_are_cpu_and_other_devices_are_refused():
+    opt = _local_optimizer()
+    # kDLCUDAHost (pinned host memory) is CPU memory: it steps
+    assert opt.step([dlpack_array([4, 4], 3, 0)], [torch.ones(4, 4)])
+    with pytest.raises(ValueError, match=r"parameter: DLPack device type 13 \(device 0\) is not "
+                                         r"supported; dmuon takes CPU and CUDA tensors"):
+        opt.step([dlpack_array([4, 4], 13, 0)], [torch.ones(4, 4)])
+
+
+def test_host_only_functions_refuse_device_arrays():
+    o = dmuon.Orthogonalizer(dmuon.NsOptions())
+    with pytest.raises(ValueError, match=r"in is on cuda:0; this function runs on the CPU"):
+        o.run(dlpack_array([4, 4], 2, 0), torch.zeros(4, 4))
+
+
+# ---- on a GPU ----------------------------------------------------------------------------------
+
+gpu = pytest.mark.skipif(not CUDA, reason="no CUDA device (torch.cuda.is_available() is False)")
+
+
+def _model_params(device, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(64, 32), (96, 64), (32, 96), (64,)]
+    return [torch.nn.Parameter((torch.randn(s, generator=g) * 0.02).to(device=device, dtype=dtype))
+            for s in shapes]
+
+
+def _grads(params, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(p.shape, generator=g).to(device=p.device, dtype=p.dtype) for p in params]
+
+
+def _muon(params, **kw):
+    return dt.Muon([dict(params=params[:3]), dict(params=params[3:], algorithm="adamw")], lr=0.02,
+                   **kw)
+
+
+@gpu
+@pytest.mark.parametrize("kw", [dict(), dict(ns_matmul_dtype="fp32"), dict(offload_state=True)])
+def test_cuda_step_matches_the_cpu_step(kw):
+    cpu, cuda = _model_params("cpu"), _model_params("cuda")
+    opts = [_muon(cpu, **kw), _muon(cuda, **kw)]
+    for step in range(3):
+        for ps, opt in zip((cpu, cuda), opts):
+            for p, g in zip(ps, _grads(ps, seed=step)):
+                p.grad = g
+            opt.step()
+    assert opts[1].engine == "local"
+    for a, b in zip(cpu, cuda):
+        assert b.is_cuda
+        # element-wise kernels equal; the GEMMs of cuBLAS and OpenBLAS differ in rounding only
+        assert torch.allclose(a.detach(), b.detach().cpu(), rtol=0, atol=2e-4), (a - b.cpu()).abs().max()
+    state = opts[1].state[cuda[0]]
+    assert state["momentum_buffer"].is_cuda
+
+
+@gpu
+def test_cuda_step_agrees_with_torch_optim_muon():
+    ps, ref = _model_params("cuda")[:3], _model_params("cuda")[:3]
+    opt = dt.Muon(ps, lr=0.02)
+    base = torch.optim.Muon(ref, lr=0.02)
+    for p, q, g in zip(ps, ref, _grads(ps)):
+        p.grad, q.grad = g, g.clone()
+    opt.step()
+    base.step()
+    init = _model_params("cuda")[:3]
+    for p, q, p0 in zip(ps, ref, init):
+        d, e = (p - p0).detach(), (q - p0).detach()
+        assert ((d - e).norm() / e.norm()).item() < 0.05  # bf16 products on both sides
+
+
+@gpu
+def test_bf16_cuda_parameters_use_fp32_masters_on_the_device():
+    ps = _model_params("cuda", dtype=torch.bfloat16)
+    opt = _muon(ps)
+    for p, g in zip(ps, _grads(ps)):
+        p.grad = g
+    opt.step()
+    assert opt.state[ps[0]]["master"].is_cuda and opt.state[ps[0]]["master"].dtype == torch.float32
+    assert torch.equal(ps[0].detach(), opt.state[ps[0]]["master"].to(torch.bfloat16))
+
+
+@gpu
+def test_zero_on_one_cuda_rank_matches_the_local_engine():
+    a, b = _model_params("cuda"), _model_params("cuda")
+    opts = [_muon(a), _muon(b, zero=True)]
+    for ps, opt in zip((a, b), opts):
+        for p, g in zip(ps, _grads(ps)):
+            p.grad = g
+        opt.step()
+    for p, q in zip(a, b):
+        assert torch.equal(p.detach(), q.detach())
