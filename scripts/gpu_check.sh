@@ -7,6 +7,9 @@
 # bookworm registry by scripts/fetch_gpu_debs.sh, and are unpacked here (dpkg-deb -x, no root, no
 # install) into a prefix that CMake, pkg-config and the loader are pointed at.
 #
+# Then the GPU benchmarks (bench ns and bench step --device cuda), and the Python package built with
+# CUDA: tests/python/test_device.py, test_bench.py, test_nccl.py and compare-torch --device cuda.
+#
 # Usage: bash scripts/gpu_check.sh            (from the repository root)
 # Environment:
 #   DEBS=shared/debs      the .deb folder           PREFIX=/tmp/dmuon-gpu-prefix  where they unpack
@@ -191,6 +194,59 @@ if [[ -x "$BUILD/bin/dmuon" ]]; then
       status=1
     fi
   done
+fi
+
+# ---- 7. the optimizer step on the GPU: dmuon bench step --device cuda ----
+# One rank (the single communicator copying device buffers), and under GPU_CHECK_MPI=ON two ranks
+# sharing this GPU through the mpi communicator's staging: auto vs every baseline, bytes == plan.
+if [[ -x "$BUILD/bin/dmuon" ]]; then
+  log="$LOGDIR/bench_step_cuda.log"
+  if "$BUILD/bin/dmuon" bench step --model gpt2-124m --backend single --device cuda --steps 3 >"$log" 2>&1; then
+    row "bench step cuda (1 rank)" ok "$(awk '$1=="auto"{printf "auto %s s/step", $2}' "$log")"
+  else
+    row "bench step cuda (1 rank)" FAIL "$log"
+    status=1
+  fi
+  if [[ "$GPU_CHECK_MPI" == ON ]]; then
+    log="$LOGDIR/bench_step_cuda_np2.log"
+    if "${MPIRUN:-$PREFIX/usr/bin/mpirun}" -n 2 --oversubscribe --bind-to none -x LD_LIBRARY_PATH -x OPAL_PREFIX \
+         "$BUILD/bin/dmuon" bench step --model gpt2-124m --parallel dp_shard=2 --device cuda --compare --steps 3 \
+         >"$log" 2>&1; then
+      row "bench step cuda (np 2, one GPU)" ok "$(awk '$1=="auto"||$1=="allgather"{printf "%s %s s ", $1, $2}' "$log")"
+    else
+      row "bench step cuda (np 2, one GPU)" FAIL "$log"
+      status=1
+    fi
+  fi
+fi
+
+# ---- 8. the Python package on the GPU: dmuon.torch.Muon on CUDA tensors ----
+# pip builds the package with the same environment (the unpacked prefix, the cuBLAS / NCCL wheels);
+# the device tests must run (a skip counts as a failure here), then compare-torch on GPT-2 small.
+log="$LOGDIR/pip_install.log"
+if "$PY" -m pip install --no-build-isolation --no-deps -v . >"$log" 2>&1; then
+  row "pip install (cuda)" ok "$(grep -m1 -o 'cuda backend[^)]*)' "$log" || echo "see $log")"
+  log="$LOGDIR/pytest_cuda.log"
+  (cd /tmp && "$PY" -m pytest -q -rs "$OLDPWD/tests/python/test_device.py" "$OLDPWD/tests/python/test_bench.py" \
+     "$OLDPWD/tests/python/test_nccl.py") >"$log" 2>&1
+  rc=$?
+  skipped=$(grep -c '^SKIPPED' "$log")
+  if ((rc == 0 && skipped <= 1)); then  # the no-device check skips on a GPU machine
+    row "pytest (cuda)" ok "$(tail -1 "$log")"
+  else
+    row "pytest (cuda)" FAIL "rc $rc, $skipped skipped: $log"
+    status=1
+  fi
+  log="$LOGDIR/compare_torch_cuda.log"
+  if (cd /tmp && "$PY" -m dmuon.bench compare-torch --device cuda --repeat 5) >"$log" 2>&1; then
+    row "compare-torch cuda (GPT-2 small)" ok "$(grep -m1 speedup "$log" | tr -s ' ')"
+  else
+    row "compare-torch cuda (GPT-2 small)" FAIL "$log"
+    status=1
+  fi
+else
+  row "pip install (cuda)" FAIL "$log"
+  status=1
 fi
 
 summary

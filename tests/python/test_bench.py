@@ -1,15 +1,38 @@
 # `python -m dmuon.bench compare-torch --json` runs and reports its fields (a tiny model here; the
 # real figures come from the default GPT-2 small run, see docs/python.md). No timing is asserted.
+# --device cuda: the same on the GPU (skipped without one), and a clear exit without one.
 import json
 import subprocess
 import sys
 
+import pytest
+import torch
 
-def test_compare_torch_json_smoke():
-    out = subprocess.run([sys.executable, "-m", "dmuon.bench", "compare-torch", "--json",
-                          "--layers", "1", "--d", "32", "--repeat", "0"],
-                         capture_output=True, text=True, check=True, cwd="/").stdout
-    result = json.loads(out)
+CUDA = torch.cuda.is_available()
+
+
+def compare_torch(*extra):
+    return subprocess.run([sys.executable, "-m", "dmuon.bench", "compare-torch", "--json",
+                           "--layers", "1", "--d", "32", "--repeat", "0", *extra],
+                          capture_output=True, text=True, cwd="/")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not CUDA, reason="no CUDA device"))])
+def test_compare_torch_json_smoke(device):
+    proc = compare_torch("--device", device)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
     for key in ("dmuon_step_seconds", "torch_step_seconds", "speedup", "max_rel_diff"):
         assert result[key] > 0, key
     assert result["matrices"] == 4 and result["max_rel_diff"] < 0.05
+    assert result["device"].startswith(device)
+
+
+def test_compare_torch_refuses_a_device_it_cannot_use():
+    proc = compare_torch("--device", "mps")
+    assert proc.returncode != 0 and "--device mps: use cpu, cuda or cuda:N" in proc.stderr
+    if not CUDA:
+        proc = compare_torch("--device", "cuda")
+        assert proc.returncode != 0
+        assert "--device cuda: no CUDA device" in proc.stderr, proc.stderr

@@ -2,6 +2,9 @@
 // rank fills its local box deterministically), per strategy, with the single-process
 // orthogonalization time of all Muon matrices as the reference (measured in the same run).
 // Example: mpirun -np 2 build/bin/dmuon bench step --model gpt2-124m --parallel dp_shard=2 --compare --json
+// --device cuda runs the engine on the cuda backend: parameters and gradients in device memory, the
+// communicator staging them (mpi: several ranks may share one GPU) or copying them (single); the
+// reference stays the CPU's single-process orthogonalization.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -11,11 +14,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
 #include "commands.h"
 #include "distributed_bench.h"
 #include "dmuon/blas.h"
 #include "dmuon/error.h"
 #include "dmuon/optimizer.h"
+#include "exec/engine_device.h"
 #include "plan_options.h"
 
 namespace dmuon::cli {
@@ -26,6 +31,29 @@ struct StepArgs {
   int steps = 3, blas_threads = 0;
   bool compare = false, json = false;
   std::string backend;  // "" = mpi under mpirun, else single
+  std::string device = "cpu";
+};
+
+// The step's parameters and gradients where the engine runs: the host vectors themselves on the
+// CPU; on a device, device buffers filled from them once, before the timed steps.
+class StepTensors {
+ public:
+  explicit StepTensors(const std::string& device) {
+    if (device != "cpu") backend_ = detail::resolve_engine_device(device).backend;
+  }
+  TensorView view(std::vector<float>& host, const Shape& shape) {
+    if (!backend_) return TensorView(host.data(), shape);
+    const size_t bytes = host.size() * sizeof(float);
+    detail::Buffer& b = buffers_.emplace_back(backend_->allocate(std::max<size_t>(bytes, 4), detail::MemoryKind::Device));
+    if (bytes > 0) backend_->copy(b.data(), host.data(), bytes);
+    TensorView v(static_cast<float*>(b.data()), shape);
+    v.device = backend_->device();
+    return v;
+  }
+
+ private:
+  std::shared_ptr<detail::Backend> backend_;
+  std::vector<detail::Buffer> buffers_;
 };
 
 
@@ -75,6 +103,7 @@ nlohmann::json run_strategy(const std::shared_ptr<Communicator>& comm, const Inv
   OptimizerOptions o;
   o.comm_dtype = po.comm_dtype, o.machine = po.machine, o.replica = po.replica, o.exact = po.exact;
   o.chunk_bytes = po.chunk_bytes, o.window = po.window, o.blas_threads = a.blas_threads;
+  o.device = a.device;
   std::string rules = strategy == "auto" ? "" : "default:" + strategy;
   for (const std::string& p : a.plan.pins) rules += (rules.empty() ? "" : ";") + p;
   o.pins = StrategyRules::parse(rules, "--strategy / --pin");
@@ -86,11 +115,12 @@ nlohmann::json run_strategy(const std::shared_ptr<Communicator>& comm, const Inv
   const size_t n = inv.params.size();
   std::vector<std::vector<float>> w(n), g(n);
   std::vector<TensorView> wv, gv;
+  StepTensors tensors(a.device);
   for (size_t i = 0; i < n; ++i) {
     fill(w[i], opt.local_box(i), inv.params[i].shape, 7 * i + 1);
     fill(g[i], opt.local_box(i), inv.params[i].shape, 7 * i + 2);
-    wv.emplace_back(w[i].data(), opt.local_shape(i));
-    gv.emplace_back(g[i].data(), opt.local_shape(i));
+    wv.push_back(tensors.view(w[i], opt.local_shape(i)));
+    gv.push_back(tensors.view(g[i], opt.local_shape(i)));
   }
   std::vector<double> step, pack, wait, orth, upd, comm_s, overlap, agree;
   StepStats last;
@@ -126,7 +156,10 @@ nlohmann::json run_strategy(const std::shared_ptr<Communicator>& comm, const Inv
 
 void run(const StepArgs& a) {
   const std::string backend = bench_backend(a.backend);
-  std::shared_ptr<Communicator> comm = make_communicator(backend);
+  DMUON_CHECK(parse_device(a.device).has_value(), "[bench] --device must be cpu, cuda or cuda:N (got '", a.device, "')");
+  // the single communicator of a device engine copies device buffers; mpi stages them
+  std::shared_ptr<Communicator> comm =
+      backend == "single" ? make_single_communicator(a.device) : make_communicator(backend);
   const int threads = a.blas_threads > 0 ? a.blas_threads : (comm->size() > 1 ? 1 : 0);
   if (threads > 0) blas_set_num_threads(threads);
   const Inventory inv = make_inventory(a.plan);
@@ -146,6 +179,7 @@ void run(const StepArgs& a) {
   nlohmann::json out;
   out["model"] = inv.model, out["parallel"] = a.plan.parallel, out["world_size"] = comm->size();
   out["comm_dtype"] = a.plan.comm_dtype, out["backend"] = backend, out["steps"] = a.steps;
+  out["device"] = a.device;
   out["blas_threads"] = blas_get_num_threads();
   out["reference_orthogonalize_seconds"] = ref;
   out["results"] = nlohmann::json::array();
@@ -161,9 +195,10 @@ void run(const StepArgs& a) {
     std::cout << out.dump(2) << "\n";
     return;
   }
-  std::printf("%s on %s (%d ranks, %s comm, %d BLAS thread(s)); single-process orthogonalization %.3f s\n",
+  std::printf("%s on %s (%d ranks, %s comm, %d BLAS thread(s), device %s); single-process orthogonalization "
+              "(CPU) %.3f s\n",
               inv.model.c_str(), a.plan.parallel.c_str(), comm->size(), a.plan.comm_dtype.c_str(),
-              out["blas_threads"].get<int>(), ref);
+              out["blas_threads"].get<int>(), a.device.c_str(), ref);
   std::printf("%-16s %9s %8s %8s %8s %8s %8s %8s %7s %12s %12s %10s %8s\n", "strategy", "step s", "agree", "pack", "wait", "orth",
               "update", "comm", "overlap", "sent max", "predicted", "peak buf", "vs auto");
   for (const auto& r : out["results"]) {
@@ -188,6 +223,10 @@ void add_bench_step_command(CLI::App& bench) {
   cmd->add_flag("--json", a->json, "Print JSON (top level: results)");
   cmd->add_option("--blas-threads", a->blas_threads, "BLAS threads per rank (0: 1 under MPI with > 1 rank)");
   cmd->add_option("--backend", a->backend, "mpi or single (default: mpi under mpirun)");
+  cmd->add_option("--device", a->device,
+                  "cpu, cuda or cuda:N: where the step runs (cuda: parameters and gradients in device memory; "
+                  "ranks may share one GPU under mpirun)")
+      ->capture_default_str();
   cmd->callback([a] { run_distributed([&] { run(*a); }); });
 }
 
