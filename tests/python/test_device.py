@@ -193,9 +193,11 @@ def _muon(params, **kw):
 
 
 @gpu
-@pytest.mark.parametrize("kw", [dict(), dict(ns_matmul_dtype="fp32"), dict(offload_state=True)])
-def test_cuda_step_matches_the_cpu_step(kw):
+@pytest.mark.parametrize("kw,bound", [(dict(), 0.02), (dict(ns_matmul_dtype="fp32"), 1e-3),
+                                      (dict(offload_state=True), 0.02)])
+def test_cuda_step_matches_the_cpu_step(kw, bound):
     cpu, cuda = _model_params("cpu"), _model_params("cuda")
+    init = _model_params("cpu")
     opts = [_muon(cpu, **kw), _muon(cuda, **kw)]
     for step in range(3):
         for ps, opt in zip((cpu, cuda), opts):
@@ -203,12 +205,15 @@ def test_cuda_step_matches_the_cpu_step(kw):
                 p.grad = g
             opt.step()
     assert opts[1].engine == "local"
-    for a, b in zip(cpu, cuda):
+    for a, b, p0 in zip(cpu, cuda, init):
         assert b.is_cuda
-        # element-wise kernels equal; the GEMMs of cuBLAS and OpenBLAS differ in rounding only
-        assert torch.allclose(a.detach(), b.detach().cpu(), rtol=0, atol=2e-4), (a - b.cpu()).abs().max()
+        da, db = a.detach() - p0, b.detach().cpu() - p0
+        if a.ndim == 2:  # Newton-Schulz: cuBLAS and the CPU's products round differently
+            assert ((db - da).norm() / da.norm()).item() < bound
+        else:  # AdamW: element-wise kernels with the CPU's arithmetic
+            assert torch.allclose(da, db, rtol=0, atol=1e-6), (da - db).abs().max()
     state = opts[1].state[cuda[0]]
-    assert state["momentum_buffer"].is_cuda
+    assert state["momentum_buffer"].is_cuda == (not kw.get("offload_state", False))
 
 
 @gpu
