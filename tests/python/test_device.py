@@ -8,6 +8,9 @@
 # - On a GPU (skipped without one): dmuon.torch.Muon on CUDA parameters, the local and the ZeRO
 #   engines, against the same step on the CPU and against torch.optim.Muon on the GPU.
 import ctypes
+import socket
+import subprocess
+import sys
 import types
 
 import pytest
@@ -61,6 +64,42 @@ def test_device_communicator_choice(monkeypatch):
     assert _device.device_comm_kind() == "mpi"
     # one rank on the CPU: the host single communicator
     assert _device.communicator(1, "cpu").size == 1
+
+
+_WRAP = r'''
+import sys, torch, torch.distributed as dist
+dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:" + sys.argv[1])
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from dmuon.torch import _dist
+mesh = DeviceMesh("cuda", [0], _init_backend=False)  # a cuda mesh (no GPU needed to describe one)
+local = torch.arange(6.).reshape(2, 3)
+d = _dist.wrap_local(local, mesh, [Shard(0)], [2, 3], (3, 1))
+assert d._local_tensor.data_ptr() == local.data_ptr() and d._local_tensor.device.type == "cpu"
+assert d.device_mesh.device_type == "cuda" and d.shape == (2, 3) and d.placements == (Shard(0),)
+e = _dist.wrap_local(local, DeviceMesh("cpu", [0]), [Replicate()], [2, 3], (3, 1))
+assert e._local_tensor.data_ptr() == local.data_ptr()
+# negative control: from_local moves CPU memory to the cuda mesh's device (or, without CUDA, fails)
+try:
+    moved = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
+    aliased = moved._local_tensor.data_ptr() == local.data_ptr()
+except (AssertionError, RuntimeError):
+    aliased = False
+assert not aliased
+dist.destroy_process_group()
+print("WRAP OK")
+'''
+
+
+def test_cpu_state_on_a_cuda_mesh_is_wrapped_not_moved():
+    # FSDP2's CPUOffloadPolicy shards and offload_state's home copies are CPU memory on a cuda
+    # mesh: their state DTensors must alias the engine's memory (from_local would move them)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-c", _WRAP, str(port)], capture_output=True, text=True,
+                          timeout=120, cwd="/")
+    assert proc.returncode == 0 and "WRAP OK" in proc.stdout, proc.stderr[-3000:]
 
 
 @pytest.mark.skipif(CUDA, reason="checks the no-device path")

@@ -95,11 +95,17 @@ def device_comm_kind(requested: Optional[str] = None) -> str:
     return kind
 
 
-def torch_exchange(blob: bytes) -> bytes:
+def torch_exchange(blob: bytes, index: int = 0) -> bytes:
     """The nccl bootstrap's all-gather over torch.distributed's default process group: every
-    rank's blob, in rank order, concatenated (COLLECTIVE)."""
+    rank's blob, in rank order, concatenated (COLLECTIVE). With CUDA present it runs with device
+    `index` current: an nccl process group stages objects on the current device, which must be
+    this rank's own (not cuda:0 on every rank) even when the caller never called set_device."""
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, bytes(blob))
+    if torch.cuda.is_available():
+        with torch.cuda.device(index):
+            dist.all_gather_object(out, bytes(blob))
+    else:
+        dist.all_gather_object(out, bytes(blob))
     return b"".join(out)
 
 
@@ -131,8 +137,8 @@ def communicator(world: int, device: str) -> "_core.Communicator":
                                        f"torch.distributed.init_process_group) first; the nccl "
                                        f"communicator is bootstrapped over it")
                 index = int(device.split(":")[1])
-                comm = _core.make_nccl_communicator(torch_exchange, dist.get_rank(),
-                                                    dist.get_world_size(), index)
+                comm = _core.make_nccl_communicator(lambda blob: torch_exchange(blob, index),
+                                                    dist.get_rank(), dist.get_world_size(), index)
         _DEVICE_COMMS[device] = comm
     if comm.size != world:
         raise ValueError(f"[torch] the parameters span {world} ranks but dmuon's communicator has "

@@ -277,19 +277,32 @@ def check_local_shards(params: list, inventory: "_core.Inventory", names: list[s
                              f"the engine updates it in place and needs a contiguous shard")
 
 
+def wrap_local(local: torch.Tensor, mesh: Any, placements: Any, shape: Any, stride: Any) -> Any:
+    """A DTensor on (mesh, placements) whose local tensor IS `local` (no copy, no move). CPU memory
+    on a cuda mesh (FSDP2's CPUOffloadPolicy shards and their state, offload_state's pinned home
+    copies) stays where it is: DTensor.from_local would move it to the mesh's device, a copy cut
+    off from the engine, so such tensors are wrapped directly (as FSDP2 wraps its own)."""
+    from torch.distributed.tensor import DTensor
+    if local.device.type == mesh.device_type:
+        return DTensor.from_local(local, mesh, placements, run_check=False, shape=torch.Size(shape),
+                                  stride=tuple(stride))
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+    spec = DTensorSpec(mesh, tuple(placements),
+                       tensor_meta=TensorMeta(torch.Size(shape), tuple(stride), local.dtype))
+    return DTensor(local, spec, requires_grad=False)
+
+
 def as_layout(local: torch.Tensor, layout: Optional[tuple], p: Any, key: str) -> torch.Tensor:
     """Engine state `local` of parameter `p` in p's layout: itself for a plain parameter (layout
     None), else a DTensor with p's mesh and placements whose local tensor is `local` (no copy)."""
     if layout is None:
         return local
-    from torch.distributed.tensor import DTensor
     mesh, placements = layout
     shape = list(p.shape)
     if key == "normuon_v":
         shape = list(_core.normuon_state_shape(shape, p.ndim == 3))
     stride = torch.empty(shape, device="meta").stride()
-    return DTensor.from_local(local, mesh, placements, run_check=False, shape=torch.Size(shape),
-                              stride=stride)
+    return wrap_local(local, mesh, placements, shape, stride)
 
 
 def local_grad(g: Any, layout: tuple, name: str) -> Optional[torch.Tensor]:

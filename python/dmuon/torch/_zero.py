@@ -75,10 +75,8 @@ def _master_of(p: torch.Tensor) -> torch.Tensor:
     """An fp32 copy of bf16 parameter p (exact), plain or a DTensor with p's layout."""
     if not is_dtensor(p):
         return p.detach().to(torch.float32).contiguous()
-    from torch.distributed.tensor import DTensor
     local = p._local_tensor.detach().to(torch.float32).contiguous()
-    return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape,
-                              stride=p.stride())
+    return _dist.wrap_local(local, p.device_mesh, p.placements, p.shape, p.stride())
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -552,6 +552,7 @@ struct NcclHello {
   char reason[383] = {};
   ncclUniqueId id{};
 };
+static_assert(sizeof(NcclHello) == 512, "the bootstrap blob's size is part of the exchange (and its tests)");
 
 std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, CommExchange exchange, int device,
                                                      std::string name) {

@@ -267,9 +267,9 @@ def case_nccl_bootstrap() -> None:
     calls = []
     real = _device.torch_exchange
 
-    def counting(blob: bytes) -> bytes:
+    def counting(blob: bytes, index: int = 0) -> bytes:
         calls.append(len(blob))
-        out = real(blob)
+        out = real(blob, index)
         assert len(out) == len(blob) * dist.get_world_size(), (len(out), len(blob))
         return out
 
