@@ -49,6 +49,18 @@ def test_muon_refuses_an_unsupported_device_before_building():
         dt.Muon([w], lr=0.02)
 
 
+def test_process_group_backend_follows_the_machine(monkeypatch):
+    from dmuon.torch import _dist
+    assert _dist.pg_backend("gloo") == "gloo"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _dist.pg_backend() == "gloo"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    assert _dist.pg_backend() == "cpu:gloo,cuda:nccl"
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: False)
+    assert _dist.pg_backend() == "gloo"
+
+
 def test_device_communicator_choice(monkeypatch):
     monkeypatch.delenv("DMUON_COMM", raising=False)
     monkeypatch.delenv("OMPI_COMM_WORLD_SIZE", raising=False)

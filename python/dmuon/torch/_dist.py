@@ -1,6 +1,7 @@
 """Processes and DTensor layouts for the distributed core behind dmuon.torch.Muon.
 
-`init_distributed()` sets up both process groups of a job: the torch one (gloo) and the engine's
+`init_distributed()` sets up both process groups of a job: the torch one (gloo; plus nccl for CUDA
+tensors on a GPU machine) and the engine's
 communicator. Under torchrun (torch.distributed from env://) the engine's communicator is the c10d
 one over the job's process group (_c10d.py); under `mpirun -np N python ...` it is dmuon's MPI
 one; DMUON_COMM=mpi|c10d (or init_distributed(comm=...)) picks one explicitly, e.g. to compare
@@ -68,10 +69,23 @@ def _make_comm(kind: str) -> "_core.Communicator":
     return make_c10d_communicator()
 
 
+def pg_backend(requested: Optional[str] = None) -> str:
+    """The torch process group's backend init_distributed() asks for: `requested`, else gloo for
+    CPU tensors plus nccl for CUDA ones ("cpu:gloo,cuda:nccl") where torch sees a GPU and has NCCL
+    (FSDP2 on CUDA needs nccl; dmuon's c10d communicator moves host buffers over gloo), else gloo."""
+    if requested is not None:
+        return requested
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        return "cpu:gloo,cuda:nccl"
+    return "gloo"
+
+
 def init_distributed(master_port: int = 29500, timeout_s: Optional[float] = None,
-                     comm: Optional[str] = None) -> tuple[int, int]:
-    """Initialises the torch process group (gloo, CPU) and dmuon's communicator; returns (rank,
-    world_size). Every rank must call it (collective). Launchers:
+                     comm: Optional[str] = None, backend: Optional[str] = None) -> tuple[int, int]:
+    """Initialises the torch process group and dmuon's communicator; returns (rank, world_size).
+    Every rank must call it (collective). The process group's backend is `backend`, else gloo, with
+    nccl for CUDA tensors where there is a GPU (pg_backend()); on a GPU machine call
+    torch.cuda.set_device(local_rank) first. Launchers:
     - torchrun (`python -m torch.distributed.run --nproc-per-node N train.py`): the process group
       from torchrun's environment, and the c10d communicator over it.
     - mpirun (`mpirun -np N python train.py`): maps OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK to
@@ -94,8 +108,8 @@ def init_distributed(master_port: int = 29500, timeout_s: Optional[float] = None
         if timeout_s is not None:
             import datetime
             kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
-        dist.init_process_group("gloo", rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
-                                **kwargs)
+        dist.init_process_group(pg_backend(backend), rank=int(env["RANK"]),
+                                world_size=int(env["WORLD_SIZE"]), **kwargs)
         _OWN_PG = True
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
