@@ -12,10 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "../support/fake_device.h"
-#include "comm/memory_space.h"
-#include "exec/engine_device.h"
-#include "optimizer_fixture.h"
+#include "fake_device_job.h"
 
 namespace dmuon {
 namespace {
@@ -39,22 +36,9 @@ DeviceRun run_on(bool fake_device, const std::string& parallel, const std::strin
   OptimizerOptions o = options_for({"", strategy, comm_dtype});
   o.window = window;
   o.offload_state = offload;
-  std::shared_ptr<detail::Backend> backend = detail::make_cpu_backend();
-  std::shared_ptr<Communicator> world = shared_comm();
-  std::shared_ptr<test::FakeDeviceSpace> space;
-  std::unique_ptr<Optimizer> opt;
-  if (fake_device) {
-    auto fake = std::make_shared<test::FakeDeviceBackend>();
-    space = fake->space();
-    detail::StagingOptions so;
-    so.chunk_bytes = 1024;  // several rounds per collective
-    world = make_mpi_communicator(space, so);  // collective
-    backend = fake;
-    const detail::ScopedEngineDevice inject({fake, space});
-    opt = std::make_unique<Optimizer>(world, inv, test_groups(n, strategy != "gram_allreduce"), o);
-  } else {
-    opt = std::make_unique<Optimizer>(world, inv, test_groups(n, strategy != "gram_allreduce"), o);
-  }
+  test::DeviceJob job(fake_device);  // collective
+  const std::shared_ptr<detail::Backend>& backend = job.backend;
+  auto opt = std::make_unique<Optimizer>(job.world, inv, test_groups(n, strategy != "gram_allreduce"), o);
   const detail::MemoryKind kind = fake_device ? detail::MemoryKind::Device : detail::MemoryKind::Host;
   const Device dev = backend->device();
   std::vector<detail::Buffer> w, g;
@@ -96,7 +80,7 @@ DeviceRun run_on(bool fake_device, const std::string& parallel, const std::strin
       }
     }
   }
-  if (space) out.device_comm_bytes = static_cast<int64_t>(space->to_host + space->to_device);
+  if (job.space) out.device_comm_bytes = static_cast<int64_t>(job.space->to_host + job.space->to_device);
   return out;
 }
 

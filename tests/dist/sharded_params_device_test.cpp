@@ -16,11 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "../support/fake_device.h"
-#include "comm/memory_space.h"
 #include "dmuon/bf16.h"
 #include "dmuon/sharded_params.h"
-#include "exec/engine_device.h"
+#include "fake_device_job.h"
 #include "sharded_params_fixture.h"
 
 namespace dmuon {
@@ -102,19 +100,10 @@ std::string text(const Config& c) {
 }
 
 Trace run(bool fake, const std::string& mesh_text, const Config& c, size_t* device_bytes = nullptr) {
-  std::shared_ptr<detail::Backend> backend = detail::make_cpu_backend();
-  std::shared_ptr<Communicator> world = shared_comm();
-  std::shared_ptr<test::FakeDeviceSpace> space;
-  std::unique_ptr<detail::ScopedEngineDevice> inject;
-  if (fake) {
-    auto fb = std::make_shared<test::FakeDeviceBackend>();
-    space = fb->space();
-    detail::StagingOptions so;
-    so.chunk_bytes = 1024;  // several rounds per collective
-    world = make_mpi_communicator(space, so);  // collective
-    backend = fb;
-    inject = std::make_unique<detail::ScopedEngineDevice>(detail::EngineDevice{fb, space});
-  }
+  test::DeviceJob job(fake);  // collective
+  const std::shared_ptr<detail::Backend>& backend = job.backend;
+  const std::shared_ptr<Communicator>& world = job.world;
+  const std::shared_ptr<test::FakeDeviceSpace>& space = job.space;
   ShardedParamsOptions o;
   o.param_dtype = c.param, o.reduce_dtype = c.reduce, o.reduce = c.mode, o.grad_divisor = c.divisor;
   o.bucket_bytes = c.bucket_bytes, o.unshard_direct_max_messages = c.direct_max;
