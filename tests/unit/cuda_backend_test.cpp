@@ -293,7 +293,9 @@ TEST(CudaBackend, NewtonSchulzMatchesTheCpuAndTheSvdOracle) {
       const std::vector<float> ce(expect.begin() + e * numel, expect.begin() + (e + 1) * numel);
       const std::vector<double> sg = singular_values(xe, c.m, c.n), sc = singular_values(ce, c.m, c.n);
       for (size_t i = 0; i < sg.size(); ++i) EXPECT_NEAR(sg[i], sc[i], c.bf16 ? 5e-2 : 1e-3) << what << " sigma " << i;
-      EXPECT_GT(*std::min_element(sg.begin(), sg.end()), 0.5) << what;
+      // The band only where the input is well conditioned: a square Gaussian matrix has singular
+      // values near 0 that five steps cannot lift (the cpu's are as low; matched above).
+      if (c.m != c.n) EXPECT_GT(*std::min_element(sg.begin(), sg.end()), 0.5) << what;
       EXPECT_LT(*std::max_element(sg.begin(), sg.end()), 1.5) << what;
     }
   }

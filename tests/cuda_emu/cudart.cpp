@@ -1,0 +1,246 @@
+// The emulated CUDA runtime (tests/cuda_emu, README.md there): the cudart entry points dmuon and its
+// tests call, on the host. One device (DMUON_CUDA_EMU_DEVICES sets the count); every operation runs
+// at once on the calling thread, so a stream is only a name and an event a time stamp. Copies check
+// their direction against where the pointers live and their ranges against live allocations, as a
+// GPU's memory protection would fault on a wrong one.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "device_memory.h"
+
+struct CUstream_st {
+  int id;
+};
+struct CUevent_st {
+  std::chrono::steady_clock::time_point at{};
+  bool recorded = false;
+};
+
+namespace {
+
+using namespace dmuon::cuda_emu;
+
+thread_local cudaError_t tl_last = cudaSuccess;
+thread_local int tl_device = 0;
+
+int device_count() {
+  const char* env = std::getenv("DMUON_CUDA_EMU_DEVICES");
+  return env ? std::max(0, std::atoi(env)) : 1;
+}
+
+cudaError_t fail(cudaError_t e) {
+  tl_last = e;
+  return e;
+}
+
+bool stream_ok(cudaStream_t s) { return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread || s->id == 0x5EA; }
+
+// Where `bytes` at p may be read or written by a copy of `kind`: device memory must be one live
+// allocation; host memory must not be inside the device range.
+bool side_ok(const void* p, size_t bytes, bool device, const char* what) {
+  if (device) return expect_device(p, bytes, what);
+  if (is_device(p)) return fail_access(std::string(what) + ": a device pointer where the copy's kind says host");
+  return true;
+}
+
+cudaError_t do_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+  if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+  if (bytes == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr) return fail(cudaErrorInvalidValue);
+  bool dst_dev = is_device(dst), src_dev = is_device(src);
+  switch (kind) {
+    case cudaMemcpyHostToHost: dst_dev = src_dev = false; break;
+    case cudaMemcpyHostToDevice: dst_dev = true, src_dev = false; break;
+    case cudaMemcpyDeviceToHost: dst_dev = false, src_dev = true; break;
+    case cudaMemcpyDeviceToDevice: dst_dev = src_dev = true; break;
+    case cudaMemcpyDefault: break;  // unified addressing: where they are
+    default: return fail(cudaErrorInvalidMemcpyDirection);
+  }
+  if (!side_ok(dst, bytes, dst_dev, "cudaMemcpy destination") || !side_ok(src, bytes, src_dev, "cudaMemcpy source"))
+    return fail(cudaErrorInvalidValue);
+  DeviceScope scope;
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+
+cudaError_t do_memset(void* p, int value, size_t bytes, cudaStream_t s) {
+  if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+  if (bytes == 0) return cudaSuccess;
+  if (!expect_device(p, bytes, "cudaMemset")) return fail(cudaErrorInvalidValue);
+  DeviceScope scope;
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* CUDARTAPI cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error (cuda_emu)";
+    case cudaErrorInvalidValue: return "invalid argument (cuda_emu)";
+    case cudaErrorMemoryAllocation: return "out of memory (cuda_emu)";
+    case cudaErrorInvalidDevice: return "invalid device ordinal (cuda_emu)";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle (cuda_emu)";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered (cuda_emu)";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected (cuda_emu)";
+    case cudaErrorNotReady: return "device not ready (cuda_emu)";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy (cuda_emu)";
+    default: return "unknown error (cuda_emu)";
+  }
+}
+
+cudaError_t CUDARTAPI cudaGetLastError(void) {
+  const cudaError_t e = tl_last;
+  tl_last = cudaSuccess;
+  return e;
+}
+
+cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
+  if (count == nullptr) return fail(cudaErrorInvalidValue);
+  *count = device_count();
+  return *count == 0 ? fail(cudaErrorNoDevice) : cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaSetDevice(int device) {
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  tl_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaGetDevice(int* device) {
+  if (device == nullptr) return fail(cudaErrorInvalidValue);
+  if (device_count() == 0) return fail(cudaErrorNoDevice);
+  *device = tl_device;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (prop == nullptr) return fail(cudaErrorInvalidValue);
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
+  *prop = cudaDeviceProp{};
+  std::snprintf(prop->name, sizeof prop->name, "cuda_emu (host emulation, no GPU)");
+  prop->major = 9;
+  prop->minor = 0;
+  prop->totalGlobalMem = size_t{16} << 30;
+  prop->multiProcessorCount = 1;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaDeviceSynchronize(void) { return cudaSuccess; }
+
+cudaError_t CUDARTAPI cudaMalloc(void** p, size_t bytes) {
+  if (p == nullptr) return fail(cudaErrorInvalidValue);
+  *p = device_alloc(bytes);
+  return *p == nullptr ? fail(cudaErrorMemoryAllocation) : cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaFree(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  if (!device_free(p)) {
+    fail_access("cudaFree of a pointer that is not a live device allocation");
+    return fail(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMallocHost(void** p, size_t bytes) {
+  if (p == nullptr) return fail(cudaErrorInvalidValue);
+  *p = pinned_alloc(bytes);
+  return *p == nullptr ? fail(cudaErrorMemoryAllocation) : cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaHostAlloc(void** p, size_t bytes, unsigned int) { return cudaMallocHost(p, bytes); }
+
+cudaError_t CUDARTAPI cudaFreeHost(void* p) {
+  if (p == nullptr) return cudaSuccess;
+  if (!pinned_free(p)) {
+    fail_access("cudaFreeHost of a pointer that is not pinned memory");
+    return fail(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+  if (a == nullptr) return fail(cudaErrorInvalidValue);
+  *a = cudaPointerAttributes{};
+  if (is_device(p)) {
+    a->type = cudaMemoryTypeDevice;
+    a->device = 0;
+    a->devicePointer = const_cast<void*>(p);
+  } else if (is_pinned(p)) {
+    a->type = cudaMemoryTypeHost;
+    a->devicePointer = a->hostPointer = const_cast<void*>(p);
+  } else {
+    a->type = cudaMemoryTypeUnregistered;
+    a->device = -2;
+    a->hostPointer = const_cast<void*>(p);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  return do_copy(dst, src, bytes, kind, nullptr);
+}
+cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+  return do_copy(dst, src, bytes, kind, s);
+}
+cudaError_t CUDARTAPI cudaMemset(void* p, int value, size_t bytes) { return do_memset(p, value, bytes, nullptr); }
+cudaError_t CUDARTAPI cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
+  return do_memset(p, value, bytes, s);
+}
+
+cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t* s) {
+  if (s == nullptr) return fail(cudaErrorInvalidValue);
+  *s = new CUstream_st{0x5EA};
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return cudaStreamCreate(s); }
+cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t s) {
+  if (s == nullptr || !stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+  s->id = 0;  // a use after destruction fails stream_ok
+  delete s;
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t s) {
+  return stream_ok(s) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t* e) {
+  if (e == nullptr) return fail(cudaErrorInvalidValue);
+  *e = new CUevent_st;
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { return cudaEventCreate(e); }
+cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+  e->at = std::chrono::steady_clock::now();
+  e->recorded = true;
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t e) { return e == nullptr ? fail(cudaErrorInvalidResourceHandle) : cudaSuccess; }
+cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t e) {
+  return e == nullptr ? fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (ms == nullptr || start == nullptr || end == nullptr) return fail(cudaErrorInvalidValue);
+  if (!start->recorded || !end->recorded) return fail(cudaErrorInvalidResourceHandle);
+  *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
+  return cudaSuccess;
+}
+
+}  // extern "C"

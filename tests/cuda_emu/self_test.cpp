@@ -1,0 +1,110 @@
+// The CUDA host emulation's own tests: it must fault where a GPU would, or the emulated GPU tests
+// prove nothing (these are their negative controls), and its cuBLAS must compute the product.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cuda/cublas_loader.h"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace {
+
+using dmuon::detail::cublas;
+
+struct DeviceFloats {
+  explicit DeviceFloats(size_t n) : n(n) { EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), n * 4), cudaSuccess); }
+  ~DeviceFloats() { cudaFree(p); }
+  void put(const std::vector<float>& h) { ASSERT_EQ(cudaMemcpy(p, h.data(), n * 4, cudaMemcpyHostToDevice), cudaSuccess); }
+  std::vector<float> get() const {
+    std::vector<float> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), p, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+  float* p = nullptr;
+  size_t n;
+};
+
+TEST(CudaEmu, HostCodeThatReadsDeviceMemoryFaults) {
+  DeviceFloats d(16);
+  float* p = d.p;
+  EXPECT_DEATH({ std::printf("%f\n", static_cast<double>(*static_cast<volatile float*>(p))); }, "");
+  // the same bytes through cudaMemcpy are readable, and uninitialized memory reads as NaN
+  EXPECT_TRUE(std::isnan(d.get()[3]));
+}
+
+TEST(CudaEmu, CopiesCheckDirectionAndBounds) {
+  DeviceFloats d(8);
+  std::vector<float> h(8, 1.0f), big(9, 1.0f);
+  EXPECT_EQ(cudaMemcpy(d.p, h.data(), 32, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(h.data(), d.p, 32, cudaMemcpyHostToDevice), cudaErrorInvalidValue);  // directions swapped
+  EXPECT_EQ(cudaMemcpy(d.p, big.data(), 36, cudaMemcpyHostToDevice), cudaErrorInvalidValue);  // past the allocation
+  EXPECT_EQ(cudaMemcpy(d.p + 4, h.data(), 16, cudaMemcpyDefault), cudaSuccess);               // inside it, inferred
+  cudaPointerAttributes a{};
+  ASSERT_EQ(cudaPointerGetAttributes(&a, d.p + 2), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeDevice);
+  ASSERT_EQ(cudaPointerGetAttributes(&a, h.data()), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeUnregistered);
+  void* pinned = nullptr;
+  ASSERT_EQ(cudaMallocHost(&pinned, 64), cudaSuccess);
+  ASSERT_EQ(cudaPointerGetAttributes(&a, pinned), cudaSuccess);
+  EXPECT_EQ(a.type, cudaMemoryTypeHost);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+}
+
+TEST(CudaEmu, KernelsRefuseHostPointersAndOverruns) {
+  DeviceFloats d(8);
+  std::vector<float> h(8, 2.0f);
+  EXPECT_EQ(dmuon::cuda::scale(h.data(), d.p, 8, 0.5f, nullptr), cudaErrorIllegalAddress);
+  EXPECT_EQ(dmuon::cuda::scale(d.p, d.p, 9, 0.5f, nullptr), cudaErrorIllegalAddress);
+  d.put(h);
+  (void)cudaGetLastError();  // a launcher returns the runtime's last error: clear the earlier tests'
+  EXPECT_EQ(dmuon::cuda::scale(d.p, d.p, 8, 0.5f, nullptr), cudaSuccess);
+  EXPECT_EQ(d.get(), std::vector<float>(8, 1.0f));
+}
+
+// Column-major 3×2 = (3×4)·(4×2) through the loaded cuBLAS (DMUON_CUBLAS_LIBRARY), against a loop.
+TEST(CudaEmu, CublasComputesAndChecksItsArguments) {
+  const auto& blas = cublas();
+  cublasHandle_t h = nullptr;
+  ASSERT_EQ(blas.create(&h), CUBLAS_STATUS_SUCCESS);
+  std::vector<float> a(12), b(8);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) - 5;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 3) + 1;
+  DeviceFloats da(12), db(8), dc(6);
+  da.put(a), db.put(b);
+  const float one = 1, zero = 0;
+  ASSERT_EQ(blas.sgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 3, 2, 4, &one, da.p, 3, db.p, 4, &zero, dc.p, 3), CUBLAS_STATUS_SUCCESS);
+  const std::vector<float> c = dc.get();
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 2; ++j) {
+      float want = 0;
+      for (int k = 0; k < 4; ++k) want += a[static_cast<size_t>(k * 3 + i)] * b[static_cast<size_t>(j * 4 + k)];
+      EXPECT_EQ(c[static_cast<size_t>(j * 3 + i)], want) << i << "," << j;  // small integers: exact
+    }
+  // lda below the rows of A: cuBLAS's INVALID_VALUE
+  EXPECT_EQ(blas.sgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 3, 2, 4, &one, da.p, 2, db.p, 4, &zero, dc.p, 3),
+            CUBLAS_STATUS_INVALID_VALUE);
+  // a leading dimension that runs past B's allocation, and a host operand: the GPU would fault
+  EXPECT_EQ(blas.sgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 3, 2, 4, &one, da.p, 3, db.p, 5, &zero, dc.p, 3),
+            CUBLAS_STATUS_EXECUTION_FAILED);
+  EXPECT_EQ(blas.sgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 3, 2, 4, &one, a.data(), 3, db.p, 4, &zero, dc.p, 3),
+            CUBLAS_STATUS_EXECUTION_FAILED);
+  // bf16 operands widen exactly: 1.5 and 2 are bf16 values
+  uint16_t *xa = nullptr, *xb = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&xa), 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&xb), 2), cudaSuccess);
+  const uint16_t one_and_half = 0x3FC0, two = 0x4000;
+  ASSERT_EQ(cudaMemcpy(xa, &one_and_half, 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(xb, &two, 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(blas.gemm_ex(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, xa, CUDA_R_16BF, 1, xb, CUDA_R_16BF, 1, &zero,
+                         dc.p, CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(dc.get()[0], 3.0f);
+  cudaFree(xa);
+  cudaFree(xb);
+}
+
+}  // namespace
