@@ -21,6 +21,7 @@
 
 struct cublasContext {
   int magic = 0xB1A5;
+  void* workspace = nullptr;  // device memory, as a real handle's: a leaked handle shows in cudaMemGetInfo
   cudaStream_t stream = nullptr;
   cublasMath_t math = CUBLAS_DEFAULT_MATH;
 };
@@ -40,7 +41,9 @@ size_t span(int rows, int cols, int ld, size_t elem) {
 bool operand_ok(const void* p, int rows, int cols, int ld, size_t elem, const char* gemm, const char* name) {
   const size_t bytes = span(rows, cols, ld, elem);
   if (bytes == 0) return true;
-  return expect_device(p, bytes, (std::string(gemm) + " operand " + name).c_str());
+  const std::string what = std::string(gemm) + " operand " + name;
+  if (reinterpret_cast<uintptr_t>(p) % elem != 0) return fail_access(what + ": misaligned for its element size");
+  return expect_device(p, bytes, what.c_str());
 }
 
 float bf16_to_float(uint16_t b) {
@@ -107,6 +110,15 @@ extern "C" {
 __attribute__((visibility("default"))) cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
   if (h == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   *h = new cublasContext;
+  (*h)->workspace = device_alloc(size_t{1} << 20);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+__attribute__((visibility("default"))) cublasStatus_t cublasDestroy_v2(cublasHandle_t h) {
+  if (!handle_ok(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  device_free(h->workspace);
+  h->magic = 0;
+  delete h;
   return CUBLAS_STATUS_SUCCESS;
 }
 

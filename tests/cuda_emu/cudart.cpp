@@ -153,6 +153,13 @@ cudaError_t CUDARTAPI cudaFree(void* p) {
   return cudaSuccess;
 }
 
+cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  if (free_bytes == nullptr || total == nullptr) return fail(cudaErrorInvalidValue);
+  *total = device_bytes_total();
+  *free_bytes = *total - device_bytes_in_use();
+  return cudaSuccess;
+}
+
 cudaError_t CUDARTAPI cudaMallocHost(void** p, size_t bytes) {
   if (p == nullptr) return fail(cudaErrorInvalidValue);
   *p = pinned_alloc(bytes);

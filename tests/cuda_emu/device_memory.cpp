@@ -114,6 +114,15 @@ bool pinned_free(void* p) {
   return true;
 }
 
+size_t device_bytes_in_use() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  size_t used = 0;
+  for (const auto& [off, bytes] : s.live) used += round_up(bytes == 0 ? 1 : bytes);
+  return used;
+}
+size_t device_bytes_total() { return kRegionBytes; }
+
 bool is_device(const void* p) {
   const State& s = state();
   const auto* b = static_cast<const std::byte*>(p);

@@ -19,6 +19,9 @@ bool device_free(void* p);  // false: not a live device allocation
 void* pinned_alloc(size_t bytes);
 bool pinned_free(void* p);
 
+size_t device_bytes_in_use();  // live device allocations, as allocated (cudaMemGetInfo)
+size_t device_bytes_total();
+
 bool is_device(const void* p);  // inside the device range (live or not)
 bool is_pinned(const void* p);  // inside a live pinned allocation
 // True when [p, p + bytes) lies inside one live device allocation (bytes 0: p inside or one past).

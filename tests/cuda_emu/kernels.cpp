@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -50,10 +52,25 @@ float torch_lerp(float a, float b, float w) {
 size_t f32(int64_t n) { return static_cast<size_t>(n) * 4; }
 size_t grad_bytes(int64_t n, bool bf16) { return static_cast<size_t>(n) * (bf16 ? 2 : 4); }
 
-// Every range a launch touches, checked before it runs.
-bool ranges(std::initializer_list<std::pair<const void*, size_t>> rs, const char* kernel) {
-  for (const auto& [p, bytes] : rs)
-    if (!expect_device(p, bytes, kernel)) return false;
+// A range a launch touches: `bytes` at p, accessed in units of `align` bytes.
+struct Range {
+  const void* p;
+  size_t bytes;
+  size_t align = 4;
+};
+
+bool aligned(const void* p, size_t align, const char* kernel) {
+  if (reinterpret_cast<uintptr_t>(p) % align == 0) return true;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%s: %zu-byte access at %p is misaligned (cudaErrorMisalignedAddress on a GPU)", kernel,
+                align, p);
+  return cuda_emu::fail_access(buf);
+}
+
+// Every range a launch touches, checked before it runs: inside one allocation, and aligned.
+bool ranges(std::initializer_list<Range> rs, const char* kernel) {
+  for (const Range& r : rs)
+    if (!expect_device(r.p, r.bytes, kernel) || (r.bytes > 0 && !aligned(r.p, r.align, kernel))) return false;
   return true;
 }
 
@@ -66,7 +83,7 @@ cudaError_t done() { return cudaGetLastError(); }
 cudaError_t momentum_ema(float* buf, const void* grad, bool bf16, float* update, int64_t n, float w_grad, float mu,
                          bool nesterov, cudaStream_t) {
   if (n <= 0) return done();
-  if (!ranges({{buf, f32(n)}, {grad, grad_bytes(n, bf16)}, {update, f32(n)}}, "momentum_ema")) return illegal();
+  if (!ranges({{buf, f32(n)}, {grad, grad_bytes(n, bf16), bf16 ? 2u : 4u}, {update, f32(n)}}, "momentum_ema")) return illegal();
   DeviceScope scope;
   for (int64_t i = 0; i < n; ++i) {
     const float g = load(grad, bf16, i), b = torch_lerp(buf[i], g, w_grad);
@@ -79,7 +96,7 @@ cudaError_t momentum_ema(float* buf, const void* grad, bool bf16, float* update,
 cudaError_t momentum_heavy_ball(float* buf, const void* grad, bool bf16, float* update, int64_t n, float mu,
                                 bool nesterov, cudaStream_t) {
   if (n <= 0) return done();
-  if (!ranges({{buf, f32(n)}, {grad, grad_bytes(n, bf16)}, {update, f32(n)}}, "momentum_heavy_ball")) return illegal();
+  if (!ranges({{buf, f32(n)}, {grad, grad_bytes(n, bf16), bf16 ? 2u : 4u}, {update, f32(n)}}, "momentum_heavy_ball")) return illegal();
   DeviceScope scope;
   for (int64_t i = 0; i < n; ++i) {
     const float g = load(grad, bf16, i), scaled = buf[i] * mu, b = scaled + g;
@@ -112,7 +129,7 @@ cudaError_t apply_cautious(float* p, const float* u, int64_t n, float lr_adj, fl
 cudaError_t adamw(const AdamScalars& s, float* p, const void* grad, bool bf16, float* m, float* v, int64_t n,
                   cudaStream_t) {
   if (n <= 0) return done();
-  if (!ranges({{p, f32(n)}, {grad, grad_bytes(n, bf16)}, {m, f32(n)}, {v, f32(n)}}, "adamw")) return illegal();
+  if (!ranges({{p, f32(n)}, {grad, grad_bytes(n, bf16), bf16 ? 2u : 4u}, {m, f32(n)}, {v, f32(n)}}, "adamw")) return illegal();
   DeviceScope scope;
   for (int64_t i = 0; i < n; ++i) {
     const float g = load(grad, bf16, i);
@@ -145,7 +162,7 @@ cudaError_t round_bf16(float* x, int64_t n, cudaStream_t) {
 
 cudaError_t first_non_finite(const void* g, bool bf16, int64_t n, unsigned long long* result, cudaStream_t) {
   if (n <= 0) return done();
-  if (!ranges({{g, grad_bytes(n, bf16)}, {result, sizeof *result}}, "first_non_finite")) return illegal();
+  if (!ranges({{g, grad_bytes(n, bf16), bf16 ? 2u : 4u}, {result, sizeof *result, 8}}, "first_non_finite")) return illegal();
   DeviceScope scope;
   for (int64_t i = 0; i < n; ++i) {
     const bool bad = bf16 ? (static_cast<const uint16_t*>(g)[i] & 0x7F80u) == 0x7F80u
@@ -158,8 +175,8 @@ cudaError_t first_non_finite(const void* g, bool bf16, int64_t n, unsigned long 
 cudaError_t pack(const PackRun* runs, const int64_t* prefix, int nruns, std::byte* const* bases, int64_t total,
                  cudaStream_t) {
   if (total <= 0 || nruns <= 0) return done();
-  if (!ranges({{runs, sizeof(PackRun) * static_cast<size_t>(nruns)},
-               {prefix, sizeof(int64_t) * static_cast<size_t>(nruns + 1)}},
+  if (!ranges({{runs, sizeof(PackRun) * static_cast<size_t>(nruns), 8},
+               {prefix, sizeof(int64_t) * static_cast<size_t>(nruns + 1), 8}},
               "pack (table)"))
     return illegal();
   DeviceScope scope;
@@ -173,6 +190,7 @@ cudaError_t pack(const PackRun* runs, const int64_t* prefix, int nruns, std::byt
     const std::byte* d = bases[run.dst] + run.dst_off;
     const size_t dst_span = static_cast<size_t>((run.rows - 1) * run.dst_stride) + static_cast<size_t>(run.len) * dst_elem;
     if (!expect_device(d, dst_span, "pack (destination run)")) return illegal();
+    // (any alignment: the kernel moves misaligned items in 16- or 8-bit pieces)
     if (reads) {
       if (!expect_device(bases + run.src, sizeof(std::byte*), "pack (bases)")) return illegal();
       const std::byte* s = bases[run.src] + run.src_off;
@@ -231,7 +249,7 @@ double tree(std::vector<double>& partial) {
 
 cudaError_t sum_squares(const float* x, int64_t n, double* partials, double* out, cudaStream_t) {
   const int64_t blocks = std::min<int64_t>(blocks_for(n), kSumSquaresBlocks);
-  if (!ranges({{x, f32(n)}, {partials, sizeof(double) * static_cast<size_t>(blocks)}, {out, sizeof(double)}},
+  if (!ranges({{x, f32(n)}, {partials, sizeof(double) * static_cast<size_t>(blocks), 8}, {out, sizeof(double), 8}},
               "sum_squares"))
     return illegal();
   DeviceScope scope;
@@ -259,7 +277,7 @@ cudaError_t sum_squares(const float* x, int64_t n, double* partials, double* out
 cudaError_t normalize(const float* in, float* out, int64_t n, const double* norm2, double scale, double eps, bool add,
                       cudaStream_t) {
   if (n <= 0) return done();
-  if (!ranges({{in, f32(n)}, {out, f32(n)}, {norm2, sizeof(double)}}, "normalize")) return illegal();
+  if (!ranges({{in, f32(n)}, {out, f32(n)}, {norm2, sizeof(double), 8}}, "normalize")) return illegal();
   DeviceScope scope;
   const double norm = std::sqrt(*norm2), scaled = norm * scale;
   const double denom = add ? scaled + eps : (scaled < eps ? eps : scaled);
@@ -276,7 +294,7 @@ cudaError_t normuon(float* u, int64_t rows, int64_t cols, float* v_mean, float* 
   const double k = static_cast<double>(per_row ? cols : rows);
   if (len <= 0) return done();
   if (!ranges({{u, f32(rows * cols)}, {v_mean, f32(len)}, {v, f32(len)}, {sc.step, f32(len)},
-               {sc.norm, sizeof(double)}, {sc.ratio, sizeof(float)}},
+               {sc.norm, sizeof(double), 8}, {sc.ratio, sizeof(float)}},
               "normuon"))
     return illegal();
   DeviceScope scope;
@@ -345,7 +363,7 @@ cudaError_t mirror_lower(float* a, int64_t side, cudaStream_t) {
 }
 
 cudaError_t trace(const float* a, int64_t side, double* out, cudaStream_t) {
-  if (!ranges({{a, f32(side * side)}, {out, sizeof(double)}}, "trace")) return illegal();
+  if (!ranges({{a, f32(side * side)}, {out, sizeof(double), 8}}, "trace")) return illegal();
   DeviceScope scope;
   double sum = 0;
   for (int64_t i = 0; i < side; ++i) sum = sum + static_cast<double>(a[i * side + i]);
@@ -363,7 +381,7 @@ cudaError_t add_scaled(float* y, const float* x, int64_t n, float b, cudaStream_
 
 cudaError_t to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t) {
   if (n <= 0) return done();
-  if (!ranges({{x, f32(n)}, {y, static_cast<size_t>(n) * 2}}, "to_bf16")) return illegal();
+  if (!ranges({{x, f32(n)}, {y, static_cast<size_t>(n) * 2, 2}}, "to_bf16")) return illegal();
   DeviceScope scope;
   for (int64_t i = 0; i < n; ++i) y[i] = float_to_bf16(x[i]);
   return done();
@@ -371,7 +389,7 @@ cudaError_t to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t) {
 
 cudaError_t from_bf16(const uint16_t* x, float* y, int64_t n, cudaStream_t) {
   if (n <= 0) return done();
-  if (!ranges({{x, static_cast<size_t>(n) * 2}, {y, f32(n)}}, "from_bf16")) return illegal();
+  if (!ranges({{x, static_cast<size_t>(n) * 2, 2}, {y, f32(n)}}, "from_bf16")) return illegal();
   DeviceScope scope;
   for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_float(x[i]);
   return done();
@@ -379,7 +397,7 @@ cudaError_t from_bf16(const uint16_t* x, float* y, int64_t n, cudaStream_t) {
 
 cudaError_t ordered_sum(const void* blocks, bool bf16, int64_t n, int blocks_n, float* out, cudaStream_t) {
   if (n <= 0) return done();
-  if (!ranges({{blocks, grad_bytes(n * blocks_n, bf16)}, {out, f32(n)}}, "ordered_sum")) return illegal();
+  if (!ranges({{blocks, grad_bytes(n * blocks_n, bf16), bf16 ? 2u : 4u}, {out, f32(n)}}, "ordered_sum")) return illegal();
   DeviceScope scope;
   for (int64_t i = 0; i < n; ++i) {
     float acc = load(blocks, bf16, i);

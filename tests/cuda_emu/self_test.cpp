@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/cuda_kernels.h"
 
@@ -105,6 +107,22 @@ TEST(CudaEmu, CublasComputesAndChecksItsArguments) {
   EXPECT_EQ(dc.get()[0], 3.0f);
   cudaFree(xa);
   cudaFree(xb);
+}
+
+// The cuda backend on device 1 of two (emulated) leaves the caller's current device as it was:
+// torch's current device on the calling thread is not the backend's business.
+TEST(CudaEmu, CudaBackendLeavesTheCallersDeviceCurrent) {
+  ::setenv("DMUON_CUDA_EMU_DEVICES", "2", 1);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  auto be = dmuon::detail::make_cuda_backend(1);
+  int current = -1;
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  EXPECT_EQ(current, 0) << "make_cuda_backend";
+  dmuon::detail::Buffer b = be->allocate(64, dmuon::detail::MemoryKind::Device);
+  be->fill_zero(b.data(), 64);
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  EXPECT_EQ(current, 0) << "allocate / fill_zero";
+  ::unsetenv("DMUON_CUDA_EMU_DEVICES");
 }
 
 }  // namespace

@@ -13,6 +13,7 @@ namespace dmuon::detail {
 // the compute-type form is the one held.
 struct Cublas {
   decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
   decltype(&cublasSetStream_v2) set_stream = nullptr;
   decltype(&cublasSetMathMode) set_math_mode = nullptr;
   decltype(&cublasSgemm_v2) sgemm = nullptr;
@@ -27,5 +28,16 @@ const Cublas& cublas();
 
 // Throws dmuon::Error "[cuda] <what>: cuBLAS status N" unless `s` is CUBLAS_STATUS_SUCCESS.
 void check_blas(cublasStatus_t s, const char* what);
+
+// A handle as dmuon uses it: CUBLAS_DEFAULT_MATH, so that bf16 products may run on tensor cores; the
+// fp32 products ask for true fp32 per call instead (gemm's CUBLAS_COMPUTE_32F_PEDANTIC: no TF32,
+// whatever NVIDIA_TF32_OVERRIDE says).
+cublasHandle_t make_blas_handle(const char* what);
+
+// Column-major C (m×n, fp32) = alpha·op(A)·op(B) + beta·C through cublasGemmEx: A and B fp32 (true
+// fp32 products) or bf16 (fp32 accumulation). The one GEMM call of the backend and the bench's
+// baseline, so that both run the same configuration.
+void gemm(cublasHandle_t h, bool ta, bool tb, int m, int n, int k, const void* A, int lda, const void* B, int ldb,
+          float* C, int ldc, bool bf16, float alpha, float beta, const char* what);
 
 }  // namespace dmuon::detail

@@ -46,52 +46,59 @@ void finish(cudaError_t launch, const char* what) {
   check(cudaStreamSynchronize(tl_stream), what);
 }
 
-// One handle per thread and device (never destroyed: a handle outliving the runtime at exit is harmless,
-// destroying it after the runtime is not). fp32 products in true fp32: CUBLAS_PEDANTIC_MATH (no TF32).
-cublasHandle_t blas_handle(int device) {
-  thread_local std::vector<cublasHandle_t> handles;
-  if (static_cast<int>(handles.size()) <= device) handles.resize(static_cast<size_t>(device) + 1, nullptr);
-  if (handles[static_cast<size_t>(device)] == nullptr) {
-    cublasHandle_t h = nullptr;
-    check_blas(cublas().create(&h), "cublasCreate");
-    check_blas(cublas().set_math_mode(h, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
-    handles[static_cast<size_t>(device)] = h;
+// The calling thread's cuBLAS handle and Newton–Schulz scratch per device, freed when the thread
+// ends: a pipeline runs its compute stream on a worker thread of its own each step, and resources kept
+// for the process would leak a handle and a scratch every step. The main thread's go at exit before
+// the runtime's own teardown (thread-local destructors run before atexit handlers); errors there are
+// ignored.
+struct ThreadResources {
+  struct Scratch {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  struct OnDevice {
+    cublasHandle_t blas = nullptr;
+    Scratch scratch[2];  // ScratchSlot
+  };
+  std::vector<OnDevice> devices;
+  ~ThreadResources() {
+    for (size_t d = 0; d < devices.size(); ++d) {
+      OnDevice& r = devices[d];
+      if (r.blas == nullptr && r.scratch[0].p == nullptr && r.scratch[1].p == nullptr) continue;
+      if (cudaSetDevice(static_cast<int>(d)) != cudaSuccess) continue;
+      if (r.blas != nullptr) (void)cublas().destroy(r.blas);
+      for (const Scratch& x : r.scratch)
+        if (x.p != nullptr) (void)cudaFree(x.p);
+    }
   }
-  cublasHandle_t h = handles[static_cast<size_t>(device)];
+  OnDevice& on(int device) {
+    if (static_cast<int>(devices.size()) <= device) devices.resize(static_cast<size_t>(device) + 1);
+    return devices[static_cast<size_t>(device)];
+  }
+};
+thread_local ThreadResources tl_resources;
+
+// This thread's handle on `device` (make_blas_handle: fp32 products in true fp32, bf16 on tensor
+// cores), on the thread's current stream.
+cublasHandle_t blas_handle(int device) {
+  cublasHandle_t& h = tl_resources.on(device).blas;
+  if (h == nullptr) h = make_blas_handle("cublasCreate");
   check_blas(cublas().set_stream(h, tl_stream), "cublasSetStream");
   return h;
 }
 
 // ---- device memory helpers -----------------------------------------------------------------------
 
-class DeviceMem {
- public:
-  explicit DeviceMem(size_t bytes) {
-    if (bytes) check(cudaMalloc(&p_, bytes), "cudaMalloc (scratch)");
-  }
-  ~DeviceMem() {
-    if (p_) cudaFree(p_);
-  }
-  DeviceMem(const DeviceMem&) = delete;
-  DeviceMem& operator=(const DeviceMem&) = delete;
-  template <class T> T* as() const { return static_cast<T*>(p_); }
-
- private:
-  void* p_ = nullptr;
-};
-
-// Scratch of the calling thread on `device` that grows to the largest request and is kept: muon_units
-// runs once per chunk on each compute stream's thread, and a cudaMalloc / cudaFree pair per call
-// would synchronize the device every time. Never freed (like the cuBLAS handles): a buffer freed
-// after the runtime's teardown at exit would fail.
-std::byte* thread_scratch(int device, size_t bytes) {
-  struct Scratch {
-    void* p = nullptr;
-    size_t bytes = 0;
-  };
-  thread_local std::vector<Scratch> per_device;
-  if (static_cast<int>(per_device.size()) <= device) per_device.resize(static_cast<size_t>(device) + 1);
-  Scratch& s = per_device[static_cast<size_t>(device)];
+// Scratch of the calling thread on `device` that grows to the largest request and is kept while the
+// thread lives (ThreadResources): muon_units runs once per chunk on each compute stream's thread, and
+// a cudaMalloc / cudaFree pair per call would synchronize the device every time (cudaFree waits for
+// all of its work, NCCL's included). Two slots: Newton–Schulz's work (NsWork, muon_units) and the
+// small tables and work of the other calls (pack, qk_clip_rows, first_non_finite,
+// gram_newton_schulz), which never nest with each other or with muon_units on one thread. Valid
+// until the thread's next request for the same slot; every call synchronizes before returning.
+enum ScratchSlot { kNsScratch = 0, kAuxScratch = 1 };
+std::byte* thread_scratch(int device, size_t bytes, ScratchSlot slot) {
+  ThreadResources::Scratch& s = tl_resources.on(device).scratch[slot];
   if (s.bytes < bytes) {
     if (s.p != nullptr) check(cudaFree(s.p), "cudaFree (scratch)");
     s.p = nullptr, s.bytes = 0;
@@ -110,12 +117,30 @@ void download(void* dst, const void* src, size_t bytes) {
   check(cudaStreamSynchronize(tl_stream), "cudaMemcpy to host");
 }
 
+// Makes `device` current until the end of the scope, then the previous one again.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    int current = 0;
+    check(cudaGetDevice(&current), "cudaGetDevice");
+    if (current != device) check(cudaSetDevice(device), "cudaSetDevice"), previous_ = current;
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;  // -1: the device was already current
+};
+
 // ---- the stream ----------------------------------------------------------------------------------
 
 class CudaStream final : public Stream {
  public:
   CudaStream(int device, bool threaded) : device_(device) {
-    check(cudaSetDevice(device), "cudaSetDevice");
+    const DeviceGuard guard(device);
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     host_ = make_cpu_stream(threaded);
   }
@@ -165,7 +190,7 @@ class CudaBackend final : public Backend {
   }
 
   Buffer allocate(size_t bytes, MemoryKind kind) override {
-    enter();
+    const DeviceGuard guard = enter();
     if (bytes == 0) return Buffer(nullptr, 0, kind, device(), nullptr);
     void* p = nullptr;
     switch (kind) {
@@ -190,7 +215,7 @@ class CudaBackend final : public Backend {
   // cudaMemcpyDefault: unified addressing tells host, pinned host and device memory apart.
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
-    enter();
+    const DeviceGuard guard = enter();
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, tl_stream), "cudaMemcpy (copy)");
     check(cudaStreamSynchronize(tl_stream), "cudaMemcpy (copy)");
   }
@@ -202,7 +227,7 @@ class CudaBackend final : public Backend {
   int threads() const override { return 1; }
 
   void pack(std::span<const PackRun> runs, std::span<std::byte* const> bases) override {
-    enter();
+    const DeviceGuard guard = enter();
     std::vector<PackRun> live;
     std::vector<int64_t> prefix{0};
     for (const PackRun& r : runs)
@@ -214,12 +239,11 @@ class CudaBackend final : public Backend {
     std::memcpy(table.data(), live.data(), runs_bytes);
     std::memcpy(table.data() + runs_bytes, prefix.data(), prefix_bytes);
     std::memcpy(table.data() + runs_bytes + prefix_bytes, bases.data(), bases_bytes);
-    DeviceMem d(table.size());
-    upload(d.as<std::byte>(), table.data(), table.size());
-    finish(cuda::pack(d.as<PackRun>(), reinterpret_cast<const int64_t*>(d.as<std::byte>() + runs_bytes),
-                      static_cast<int>(live.size()),
-                      reinterpret_cast<std::byte* const*>(d.as<std::byte>() + runs_bytes + prefix_bytes), prefix.back(),
-                      tl_stream),
+    std::byte* d = thread_scratch(device_, table.size(), kAuxScratch);
+    upload(d, table.data(), table.size());
+    finish(cuda::pack(reinterpret_cast<const PackRun*>(d), reinterpret_cast<const int64_t*>(d + runs_bytes),
+                      static_cast<int>(live.size()), reinterpret_cast<std::byte* const*>(d + runs_bytes + prefix_bytes),
+                      prefix.back(), tl_stream),
            "pack");
   }
 
@@ -230,7 +254,7 @@ class CudaBackend final : public Backend {
     const int64_t n = grad.numel();
     cpu::check_momentum_args(o, buf, grad.data, update, n);
     if (n == 0) return;
-    enter();
+    const DeviceGuard guard = enter();
     const bool bf16 = grad.dtype == DType::BF16;
     const float mu = cpu::to_scalar(o.momentum);
     if (o.kind == MomentumKind::Ema)
@@ -244,7 +268,7 @@ class CudaBackend final : public Backend {
   void apply_update(const ApplyOptions& o, float* param, const float* update, int64_t n) override {
     cpu::check_apply_args(o, param, update, n);
     if (n == 0) return;
-    enter();
+    const DeviceGuard guard = enter();
     if (o.cautious)
       finish(cuda::apply_cautious(param, update, n, cpu::to_scalar(o.adjusted_lr), cpu::to_scalar(o.lr * o.weight_decay),
                                   tl_stream),
@@ -260,7 +284,7 @@ class CudaBackend final : public Backend {
     const int64_t n = grad.numel();
     const cpu::AdamScalars s = cpu::adamw_args(o, p, grad.data, m, v, n);
     if (n == 0) return;
-    enter();
+    const DeviceGuard guard = enter();
     finish(cuda::adamw(s, p, grad.data, grad.dtype == DType::BF16, m, v, n, tl_stream), "adamw");
   }
 
@@ -282,15 +306,15 @@ class CudaBackend final : public Backend {
       any = any || f[static_cast<size_t>(r)] != 1.0f;
     }
     if (!any) return;
-    enter();
-    DeviceMem d(f.size() * sizeof(float));
-    upload(d.as<float>(), f.data(), f.size() * sizeof(float));
-    finish(cuda::scale_rows(w, d.as<float>(), rows, cols, tl_stream), "qk_clip_rows");
+    const DeviceGuard guard = enter();
+    auto* d = reinterpret_cast<float*>(thread_scratch(device_, f.size() * sizeof(float), kAuxScratch));
+    upload(d, f.data(), f.size() * sizeof(float));
+    finish(cuda::scale_rows(w, d, rows, cols, tl_stream), "qk_clip_rows");
   }
 
   void round_to_comm(float* x, int64_t n, DType comm) override {
     if (comm == DType::F32 || n <= 0) return;
-    enter();
+    const DeviceGuard guard = enter();
     finish(cuda::round_bf16(x, n, tl_stream), "round_to_comm");
   }
 
@@ -298,7 +322,7 @@ class CudaBackend final : public Backend {
   void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) override {
     if (n <= 0) return;
     if (dst_dtype == src_dtype) return copy(dst, src, static_cast<size_t>(n) * dtype_size(dst_dtype));
-    enter();
+    const DeviceGuard guard = enter();
     if (src_dtype == DType::F32)
       finish(cuda::to_bf16(static_cast<const float*>(src), static_cast<uint16_t*>(dst), n, tl_stream), "convert to bf16");
     else
@@ -306,30 +330,29 @@ class CudaBackend final : public Backend {
   }
   void ordered_sum(const void* blocks, DType dtype, int64_t n, int blocks_n, float* out) override {
     if (n <= 0) return;
-    enter();
+    const DeviceGuard guard = enter();
     finish(cuda::ordered_sum(blocks, dtype == DType::BF16, n, blocks_n, out, tl_stream), "ordered_sum");
   }
   void divide(float* x, int64_t n, float d) override {
     if (n <= 0) return;
-    enter();
+    const DeviceGuard guard = enter();
     finish(cuda::divide(x, n, d, tl_stream), "divide");
   }
   void fill_zero(void* p, size_t bytes) override {
     if (bytes == 0) return;
-    enter();
+    const DeviceGuard guard = enter();
     finish(cudaMemsetAsync(p, 0, bytes, tl_stream), "fill_zero");
   }
 
   int64_t first_non_finite(const TensorView& g) override {
     const int64_t n = g.numel();
     if (n == 0) return -1;
-    enter();
-    DeviceMem d(sizeof(unsigned long long));
-    check(cudaMemsetAsync(d.as<void>(), 0xFF, sizeof(unsigned long long), tl_stream), "cudaMemset");
-    check(cuda::first_non_finite(g.data, g.dtype == DType::BF16, n, d.as<unsigned long long>(), tl_stream),
-          "first_non_finite");
+    const DeviceGuard guard = enter();
+    auto* d = reinterpret_cast<unsigned long long*>(thread_scratch(device_, sizeof(unsigned long long), kAuxScratch));
+    check(cudaMemsetAsync(d, 0xFF, sizeof(unsigned long long), tl_stream), "cudaMemset");
+    check(cuda::first_non_finite(g.data, g.dtype == DType::BF16, n, d, tl_stream), "first_non_finite");
     unsigned long long idx = 0;
-    download(&idx, d.as<void>(), sizeof idx);  // the one synchronization
+    download(&idx, d, sizeof idx);  // the one synchronization
     return idx == ~0ull ? -1 : static_cast<int64_t>(idx);
   }
 
@@ -350,7 +373,7 @@ class CudaBackend final : public Backend {
     if (rows == 0 || cols == 0 || batch == 0) return;
     DMUON_CHECK(rows <= INT_MAX && cols <= INT_MAX, "[orth] matrix ", rows, "x", cols,
                 " exceeds the BLAS int range; split it or orthogonalize per expert");
-    enter();
+    const DeviceGuard guard = enter();
     const int64_t len = normuon_state_size(rows, cols);
     NsWork w(device_, rows, cols, orth.options().matmul_dtype == DType::BF16, v != nullptr ? len : 0);
     const float w_v = cpu::to_scalar(1.0 - beta2);  // normuon_finish's weight
@@ -372,13 +395,17 @@ class CudaBackend final : public Backend {
   // Step 0's Gram of the unnormalized slice gives ‖G‖² as its trace: one host synchronization there.
   void gram_newton_schulz(const NsOptions& ns, float* x, int64_t m, int64_t n, bool wide, int64_t sd,
                           const GramReduce& reduce, DType comm) override {
-    enter();
+    const DeviceGuard guard = enter();
     const int64_t ld = wide ? n : m, numel = m * n, ss = sd * sd;
     DMUON_CHECK(sd <= INT_MAX && ld <= INT_MAX && m <= INT_MAX && n <= INT_MAX, "[cuda] gram_newton_schulz: ", m, "x",
                 n, " (Gram side ", sd, ") exceeds the BLAS int range");
-    DeviceMem a_mem(static_cast<size_t>(ss) * sizeof(float)), a2_mem(static_cast<size_t>(ss) * sizeof(float)),
-        tmp_mem(static_cast<size_t>(numel) * sizeof(float)), norm_mem(sizeof(double));
-    float *a = a_mem.as<float>(), *a2 = a2_mem.as<float>(), *tmp = tmp_mem.as<float>();
+    // A, A², the copy of X and the norm in the thread's scratch, each 256-byte aligned
+    const auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+    const size_t a_bytes = up(static_cast<size_t>(ss) * sizeof(float)), tmp_bytes = up(static_cast<size_t>(numel) * sizeof(float));
+    std::byte* work = thread_scratch(device_, 2 * a_bytes + tmp_bytes + sizeof(double), kAuxScratch);
+    float *a = reinterpret_cast<float*>(work), *a2 = reinterpret_cast<float*>(work + a_bytes),
+          *tmp = reinterpret_cast<float*>(work + 2 * a_bytes);
+    auto* norm_dev = reinterpret_cast<double*>(work + 2 * a_bytes + tmp_bytes);
     const auto gram = [&](int step) {
       if (ld > 0) {
         // row-major x is column-major xᵀ (ld n): wide A = X·Xᵀ = (xᵀ)ᵀ·xᵀ; tall A = Xᵀ·X = xᵀ·(xᵀ)ᵀ.
@@ -393,9 +420,9 @@ class CudaBackend final : public Backend {
     };
     const std::vector<Coefficients> coef = make_schedule(ns);
     gram(0);
-    check(cuda::trace(a, sd, norm_mem.as<double>(), tl_stream), "gram trace");
+    check(cuda::trace(a, sd, norm_dev, tl_stream), "gram trace");
     double norm2 = 0;
-    download(&norm2, norm_mem.as<void>(), sizeof norm2);
+    download(&norm2, norm_dev, sizeof norm2);
     const double norm = std::sqrt(norm2) * ns.scale;
     const double d = ns.eps_mode == EpsMode::Add ? norm + ns.eps : std::max(norm, static_cast<double>(ns.eps));
     if (norm2 == 0 || d == 0) {  // every rank sees the same sum: all leave here together
@@ -423,7 +450,9 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  void enter() const { check(cudaSetDevice(device_), "cudaSetDevice"); }
+  // This backend's device, current for the calling scope; the caller's current device comes back
+  // at its end (torch's current device on the caller's thread is left as it was).
+  DeviceGuard enter() const { return DeviceGuard(device_); }
 
   // Device pointers of a muon_units call's scratch (NsWork's pieces).
   struct NsPointers {
@@ -464,7 +493,8 @@ class CudaBackend final : public Backend {
   struct NsWork : NsPointers {
     NsWork(int device, int64_t m, int64_t n, bool bf16, int64_t len) : s(std::min(m, n)) {
       NsPointers unused;
-      ns_layout(m, n, bf16, len, thread_scratch(device, ns_layout(m, n, bf16, len, nullptr, unused)), *this);
+      ns_layout(m, n, bf16, len, thread_scratch(device, ns_layout(m, n, bf16, len, nullptr, unused), kNsScratch),
+                *this);
     }
     int64_t s;
   };
@@ -473,18 +503,9 @@ class CudaBackend final : public Backend {
   // output.
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb,
             float* C, int64_t ldc, bool bf16, float alpha = 1.0f, float beta = 0.0f) {
-    cublasHandle_t h = blas_handle(device_);
-    const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const int m = static_cast<int>(M), n = static_cast<int>(N), k = static_cast<int>(K);
-    if (!bf16)
-      check_blas(cublas().sgemm(h, oa, ob, m, n, k, &alpha, static_cast<const float*>(A), static_cast<int>(lda),
-                                static_cast<const float*>(B), static_cast<int>(ldb), &beta, C, static_cast<int>(ldc)),
-                 "cublasSgemm");
-    else
-      check_blas(cublas().gemm_ex(h, oa, ob, m, n, k, &alpha, A, CUDA_R_16BF, static_cast<int>(lda), B, CUDA_R_16BF,
-                                  static_cast<int>(ldb), &beta, C, CUDA_R_32F, static_cast<int>(ldc),
-                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                 "cublasGemmEx");
+    detail::gemm(blas_handle(device_), ta, tb, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), A,
+                 static_cast<int>(lda), B, static_cast<int>(ldb), C, static_cast<int>(ldc), bf16, alpha, beta,
+                 bf16 ? "cublasGemmEx (bf16)" : "cublasGemmEx (fp32)");
   }
 
   // An s×s symmetric product into the row-major `out`: symmetric, the column-major view's block
@@ -587,7 +608,7 @@ std::shared_ptr<Backend> make_cuda_backend(int device) {
   check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   DMUON_CHECK_RUNTIME(device >= 0 && device < count, "[cuda] device ", device, " requested but only ", count,
                       " CUDA device(s) are visible");
-  check(cudaSetDevice(device), "cudaSetDevice");
+  const DeviceGuard guard(device);  // creates the device's context, leaves the caller's device current
   return std::make_shared<CudaBackend>(device);
 }
 

@@ -1,6 +1,6 @@
 // Internal: `dmuon bench ns --device cuda` (cuda_bench.h). The orthogonalization is the backend's own
 // (Backend::muon_units, which synchronizes before returning); the GEMM baseline calls cuBLAS on a
-// handle of its own with the backend's math mode (CUBLAS_PEDANTIC_MATH: no TF32), timed by events.
+// handle of its own in the backend's configuration (make_blas_handle, gemm: fp32 without TF32), timed by events.
 #include "backend/cuda_bench.h"
 
 #include <cublas_api.h>
@@ -18,21 +18,6 @@ namespace {
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw_error(concat("[cuda] bench ns: ", what, ": ", cudaGetErrorString(e)));
-}
-
-// Column-major C (M×N, fp32) = op(A)·op(B), operands fp32 or bf16, fp32 accumulation.
-void gemm(cublasHandle_t h, bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb,
-          float* C, int ldc, bool bf16) {
-  const float one = 1.0f, zero = 0.0f;
-  const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  if (!bf16)
-    check_blas(cublas().sgemm(h, oa, ob, M, N, K, &one, static_cast<const float*>(A), lda,
-                              static_cast<const float*>(B), ldb, &zero, C, ldc),
-               "cublasSgemm (bench)");
-  else
-    check_blas(cublas().gemm_ex(h, oa, ob, M, N, K, &one, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb, &zero, C,
-                                CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               "cublasGemmEx (bench)");
 }
 
 class EventTimer {
@@ -107,15 +92,17 @@ CudaNsTiming time_ns_cuda(const NsOptions& options, const float* g, int64_t m, i
   // Operands of moderate magnitude (each byte 0x3C: bf16 ≈ 0.0115, fp32 ≈ 0.0115), finite products.
   check(cudaMemset(x.data(), 0x3C, size_t(s) * l * elem), "cudaMemset");
   check(cudaMemset(z.data(), 0x3C, size_t(s) * s * elem), "cudaMemset");
-  cublasHandle_t h = nullptr;
-  check_blas(cublas().create(&h), "cublasCreate (bench)");
-  // cublasDestroy is not among the loaded entry points: the handle lives until exit (harmless).
-  check_blas(cublas().set_math_mode(h, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode (bench)");
+  // the backend's handle configuration (make_blas_handle) on the legacy stream
+  struct Handle {
+    cublasHandle_t h = make_blas_handle("cublasCreate (bench)");
+    ~Handle() { (void)cublas().destroy(h); }
+  } handle;
+  const cublasHandle_t h = handle.h;
   check_blas(cublas().set_stream(h, nullptr), "cublasSetStream (bench)");
   EventTimer t;
   for (int r = 0; r < warmup + repeats; ++r) {
-    const double tg = t.time([&] { gemm(h, true, false, s, s, l, x.data(), l, x.data(), l, c.as<float>(), s, bf16); });
-    const double ta = t.time([&] { gemm(h, false, false, l, s, s, x.data(), l, z.data(), s, d.as<float>(), l, bf16); });
+    const double tg = t.time([&] { gemm(h, true, false, s, s, l, x.data(), l, x.data(), l, c.as<float>(), s, bf16, 1.0f, 0.0f, "cuBLAS GEMM (bench)"); });
+    const double ta = t.time([&] { gemm(h, false, false, l, s, s, x.data(), l, z.data(), s, d.as<float>(), l, bf16, 1.0f, 0.0f, "cuBLAS GEMM (bench)"); });
     if (r >= warmup) out.gram_gemm_seconds.push_back(tg), out.apply_gemm_seconds.push_back(ta);
   }
   return out;

@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -162,7 +163,7 @@ struct NcclShared {
   std::chrono::milliseconds timeout{0};
   std::mutex mu;
   std::vector<ncclComm_t> comms;
-  bool aborted = false;
+  std::atomic<bool> aborted{false};  // written under mu, read without it by the waits
 
   void abort_all() {
     std::lock_guard<std::mutex> lock(mu);
