@@ -129,15 +129,18 @@ bool is_device(const void* p) {
   return b >= s.base && b < s.base + kRegionBytes;
 }
 
-bool is_pinned(const void* p) {
+// [p, p + bytes) inside one live pinned allocation (bytes 0: p inside it).
+bool pinned_range_ok(const void* p, size_t bytes) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   const auto* b = static_cast<const std::byte*>(p);
   auto it = s.pinned.upper_bound(b);
   if (it == s.pinned.begin()) return false;
   --it;
-  return b < it->first + std::max<size_t>(it->second, 1);
+  return b + std::max<size_t>(bytes, 1) <= it->first + std::max<size_t>(it->second, 1);
 }
+
+bool is_pinned(const void* p) { return pinned_range_ok(p, 0); }
 
 bool device_range_ok(const void* p, size_t bytes) {
   State& s = state();
@@ -156,15 +159,6 @@ bool fail_access(const std::string& what) {
   return false;
 }
 
-bool pinned_range_ok(const void* p, size_t bytes) {
-  State& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  const auto* b = static_cast<const std::byte*>(p);
-  auto it = s.pinned.upper_bound(b);
-  if (it == s.pinned.begin()) return false;
-  --it;
-  return b >= it->first && b + bytes <= it->first + it->second;
-}
 
 bool expect_device(const void* p, size_t bytes, const char* what) {
   if (bytes == 0 || device_range_ok(p, bytes) || pinned_range_ok(p, bytes)) return true;
