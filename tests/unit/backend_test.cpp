@@ -12,17 +12,12 @@
 
 #include "backend/backend.h"
 #include "dmuon/error.h"
+#include "test_support.h"
 
 namespace dmuon::detail {
 namespace {
 
-std::vector<float> randn(size_t n, unsigned seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d;
-  std::vector<float> v(n);
-  for (float& x : v) x = d(g);
-  return v;
-}
+using dmuon::test::randn;
 
 TEST(Backend, SelectionAndCapabilities) {
   auto cpu = make_backend("cpu");

@@ -29,6 +29,7 @@
 #include "dmuon/optimizer.h"
 #include "dmuon/update.h"
 #include "state/state_offload.h"
+#include "test_support.h"
 
 namespace dmuon::detail {
 namespace {
@@ -39,13 +40,7 @@ namespace {
     if (!cuda_device_available(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
   } while (0)
 
-std::vector<float> randn(size_t n, unsigned seed, float scale = 1.0f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(g);
-  return v;
-}
+using dmuon::test::randn;
 
 std::vector<BFloat16> to_bf16(const std::vector<float>& v) {
   std::vector<BFloat16> b(v.size());

@@ -21,6 +21,7 @@
 #include "dmuon/local_optimizer.h"
 #include "dmuon/optimizer.h"
 #include "exec/engine_device.h"
+#include "test_support.h"
 
 namespace {
 
@@ -38,13 +39,7 @@ using dmuon::detail::Buffer;
 using dmuon::detail::MemoryKind;
 using dmuon::test::FakeDeviceBackend;
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using dmuon::test::randn;
 
 // Muon (tall, wide; NorMuon + cautious), an expert stack and a QK-tagged weight (heavy ball, Polar
 // Express, QK-clip), AdamW (a bias and an embedding).

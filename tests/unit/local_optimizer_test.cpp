@@ -77,13 +77,7 @@ Mat newton_schulz(Mat g, int m, int n, const std::vector<Coef>& coefs) {
 
 // ---- the model -------------------------------------------------------------------------------
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using dmuon::test::randn;
 
 std::vector<ParamInfo> model_params() {
   std::vector<ParamInfo> p = {{"w_tall", {24, 10}},        {"w_wide", {10, 24}},

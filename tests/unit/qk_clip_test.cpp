@@ -9,19 +9,14 @@
 #include <vector>
 
 #include "dmuon/qk_clip.h"
+#include "test_support.h"
 
 namespace {
 
 using dmuon::QkKind;
 using dmuon::QkTag;
 
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using dmuon::test::randn;
 
 double gamma_of(float s, double tau) { return s > tau ? tau / s : 1.0; }
 

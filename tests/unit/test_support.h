@@ -6,12 +6,23 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <functional>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace dmuon::test {
+
+// n Gaussian values (mean 0, standard deviation `scale`) from mt19937 seeded with `seed`.
+inline std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
 
 // f() must throw std::invalid_argument whose message starts with `area` (e.g. "[orth]") and
 // mentions `needle`.

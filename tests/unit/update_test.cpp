@@ -17,13 +17,7 @@ namespace {
 
 using dmuon::BFloat16;
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using dmuon::test::randn;
 
 std::vector<BFloat16> to_bf16(const std::vector<float>& v) {
   std::vector<BFloat16> out(v.size());
