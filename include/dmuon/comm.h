@@ -208,6 +208,12 @@ class DMUON_API Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   virtual std::string_view backend() const = 0;  // "single" | "mpi" | the external transport's ("c10d")
+  // True when every operation accepts device (CUDA) memory as its buffers: nccl; mpi where it stages
+  // through pinned memory (a device was visible on some rank when it was made); single made for a
+  // device (make_single_communicator("cuda")); an external transport that says so. Inherited by
+  // split(). An engine whose buffers live on a device (OptimizerOptions::device "cuda") refuses a
+  // communicator without it: the host would dereference device memory.
+  virtual bool device_buffers() const { return false; }
   const std::string& name() const { return name_; }  // "world", or the name given to split()
 
   // Variable all-to-all: block j of send (send_displs[j], send_counts[j]) goes to rank j and lands

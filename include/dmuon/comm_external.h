@@ -53,6 +53,9 @@ class DMUON_API ExternalTransport {
 
   // The communicator's backend() and the "[name]" prefix of its errors, e.g. "c10d".
   virtual std::string_view backend() const = 0;
+  // True when every operation accepts device (CUDA) memory (Communicator::device_buffers); false by
+  // default: a transport that moves host memory only (c10d over gloo).
+  virtual bool device_buffers() const { return false; }
 
   using Counts = std::span<const int64_t>;
   virtual std::unique_ptr<ExternalOp> all_to_all_v(InBuffer send, Counts send_counts, Counts send_displs, OutBuffer recv,

@@ -22,6 +22,16 @@ EngineDevice resolve_engine_device(std::string_view device) {
   return {std::move(backend), default_memory_space()};
 }
 
+void check_comm_carries_device(const Backend& backend, const Communicator& comm, std::string_view who) {
+  if (!backend.capabilities().device_memory || comm.device_buffers()) return;
+  throw_invalid_argument(concat(who, " the engine runs on ", to_string(backend.device()),
+                                " (its buffers are device memory) but communicator '", comm.name(), "' (backend '",
+                                comm.backend(), "') carries host memory only: pass make_single_communicator(\"",
+                                to_string(backend.device()), "\") for one rank, make_nccl_communicator(), or "
+                                "make_mpi_communicator() on a machine where the GPU is visible (it stages through "
+                                "pinned memory); or run the engine on the cpu"));
+}
+
 ScopedEngineDevice::ScopedEngineDevice(EngineDevice d) {
   DMUON_CHECK(d.backend && d.space, "[optim] internal: an injected engine device needs a backend and a memory space");
   if (tl_injected) previous_ = *tl_injected, had_previous_ = true;

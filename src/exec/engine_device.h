@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "comm/memory_space.h"
+#include "dmuon/comm.h"
 
 namespace dmuon::detail {
 
@@ -35,6 +36,11 @@ class ScopedEngineDevice {
   EngineDevice previous_;
   bool had_previous_ = false;
 };
+
+// dmuon::Error (invalid_argument) when the backend keeps its buffers on a device and `comm` cannot
+// carry device memory (Communicator::device_buffers): `who` prefixes the message ("[optim]").
+// Local and the same on every rank (the communicator's capability is agreed when it is made).
+void check_comm_carries_device(const Backend& backend, const Communicator& comm, std::string_view who);
 
 // Where the step's own memory (state without offload, chunk arenas, scratch) comes from.
 inline MemoryKind step_memory(const Backend& b) {

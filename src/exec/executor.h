@@ -41,6 +41,12 @@ struct Optimizer::Impl {
   // group (same NsOptions as orth[g]); the count this step resolved (options.compute_streams, 0:
   // the backend's threads).
   std::vector<std::unique_ptr<detail::Stream>> extra_streams;
+  // The pipeline's compute stream (pipeline.cpp), kept from step to step with what lives on its
+  // thread (cuda: its cudaStream_t, cuBLAS handle and Newton–Schulz scratch), made as
+  // `compute_threaded` (options.compute_thread). Dropped when a step fails: a stream whose job
+  // failed runs nothing more.
+  std::unique_ptr<detail::Stream> compute_stream;
+  bool compute_threaded = false;
   std::vector<std::vector<std::unique_ptr<Orthogonalizer>>> extra_orth;  // [stream − 1][group]
   int step_streams = 1;
   std::vector<Shape> local_shapes;      // per parameter: this rank's box's shape (step validation)

@@ -172,6 +172,7 @@ Optimizer::Optimizer(std::shared_ptr<MeshCommunicators> comms, Inventory invento
   detail::PlanClaim claim;
   try {  // pass 1: local checks and the plan; an error here is shared with every rank below
     s.backend = detail::resolve_engine_device(s.options.device).backend;  // e.g. a rank without its GPU
+    detail::check_comm_carries_device(*s.backend, *s.user_comm, "[optim]");
     validate_construction(s, inventory, s.groups, s.group_of);
     PlanOptions po;
     for (const ParamGroup& g : s.groups)

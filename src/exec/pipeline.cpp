@@ -44,8 +44,17 @@ class Pipeline {
     const int n = static_cast<int>(chunks.size());
     const int window = std::max(1, s_.options.window);
     std::vector<std::unique_ptr<ChunkRun>> runs(static_cast<size_t>(n));
-    std::unique_ptr<Stream> compute = s_.backend->make_stream(s_.options.compute_thread);
-    Stream& worker = *compute;
+    Stream& worker = compute_stream();
+    // Declared after `runs`, so on an error it goes first: the stream is dropped (its destructor
+    // drains and joins its worker) while the chunks its jobs use are still alive.
+    struct DropOnError {
+      std::unique_ptr<Stream>& stream;
+      bool ok = false;
+      ~DropOnError() {
+        if (!ok) stream.reset();
+      }
+    } drop{s_.compute_stream};
+    const double busy_before = worker.busy_seconds();  // cumulative over the stream's life
     int started = 0, assembled = 0, scattered = 0, finished = 0;
     int resident = 0;  // offload: chunks whose state was prefetched or acquired
     const bool offload = s_.state.offload();
@@ -109,12 +118,23 @@ class Pipeline {
       }
     }
     worker.rethrow();
-    s_.stats.orthogonalize_seconds += worker.busy_seconds();
+    drop.ok = true;  // every job ran (each chunk's scatter waited for its compute)
+    s_.stats.orthogonalize_seconds += worker.busy_seconds() - busy_before;
     s_.stats.overlap = s_.stats.comm_seconds > 0 ? hidden_ / s_.stats.comm_seconds : 0;
     s_.stats.chunks = n;
   }
 
  private:
+  // The optimizer's compute stream, made on the first step (or again after a failed one).
+  Stream& compute_stream() {
+    if (!s_.compute_stream || s_.compute_threaded != s_.options.compute_thread) {
+      s_.compute_stream.reset();
+      s_.compute_stream = s_.backend->make_stream(s_.options.compute_thread);
+      s_.compute_threaded = s_.options.compute_thread;
+    }
+    return *s_.compute_stream;
+  }
+
   int param_of(int entry) const { return plan_.entries()[static_cast<size_t>(entry)].param; }
 
   template <class F>

@@ -148,6 +148,12 @@ ShardedParams::ShardedParams(std::shared_ptr<MeshCommunicators> comms, Mesh mesh
   } catch (const std::exception& e) {
     backend_line = detail::concat("backend '", options.device, "' unavailable: ", e.what());
   }
+  try {  // same on every rank; through the agreement below all the same (a rank may lack its GPU)
+    if (m.backend) detail::check_comm_carries_device(*m.backend, world, "[fsdp]");
+  } catch (const std::exception& e) {
+    backend_line = detail::concat("backend '", options.device, "' refused: ", e.what());
+    m.backend = nullptr;
+  }
   m.comms = std::move(comms);
   m.mesh = std::move(mesh);
   m.opt = options;

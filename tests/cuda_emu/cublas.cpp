@@ -110,6 +110,7 @@ extern "C" {
 __attribute__((visibility("default"))) cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
   if (h == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
   *h = new cublasContext;
+  count_made(Made::BlasHandle);
   (*h)->workspace = device_alloc(size_t{1} << 20);
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -209,6 +209,7 @@ cudaError_t CUDARTAPI cudaMemsetAsync(void* p, int value, size_t bytes, cudaStre
 cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t* s) {
   if (s == nullptr) return fail(cudaErrorInvalidValue);
   *s = new CUstream_st{0x5EA};
+  count_made(Made::Stream);
   return cudaSuccess;
 }
 cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return cudaStreamCreate(s); }
@@ -225,6 +226,7 @@ cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t s) {
 cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t* e) {
   if (e == nullptr) return fail(cudaErrorInvalidValue);
   *e = new CUevent_st;
+  count_made(Made::Event);
   return cudaSuccess;
 }
 cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { return cudaEventCreate(e); }

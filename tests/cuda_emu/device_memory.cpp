@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -57,7 +58,15 @@ size_t round_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
 
+namespace {
+std::atomic<unsigned long long> g_made[static_cast<size_t>(Made::kCount)];
+}  // namespace
+
+unsigned long long made(Made what) { return g_made[static_cast<size_t>(what)].load(); }
+void count_made(Made what) { g_made[static_cast<size_t>(what)].fetch_add(1); }
+
 void* device_alloc(size_t bytes) {
+  count_made(Made::DeviceAlloc);
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   const size_t need = round_up(bytes == 0 ? 1 : bytes);
@@ -96,6 +105,7 @@ bool device_free(void* p) {
 }
 
 void* pinned_alloc(size_t bytes) {
+  count_made(Made::PinnedAlloc);
   void* p = std::aligned_alloc(kAlign, round_up(bytes == 0 ? 1 : bytes));
   if (p == nullptr) return nullptr;
   State& s = state();

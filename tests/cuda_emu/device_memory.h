@@ -35,6 +35,13 @@ bool pinned_range_ok(const void* p, size_t bytes);  // inside one live pinned al
 // allocation (mapped into the device's address space), for the operation named `what`.
 bool expect_device(const void* p, size_t bytes, const char* what);
 
+// How many resources the emulated CUDA made since the process started (never decremented), so a
+// test can check that a steady state makes none: device allocations (cudaMalloc, a cuBLAS handle's
+// workspace included), pinned allocations, streams, events, cuBLAS handles.
+enum class Made { DeviceAlloc, PinnedAlloc, Stream, Event, BlasHandle, kCount };
+unsigned long long made(Made what);
+void count_made(Made what);
+
 // Device scope: while one exists on any thread, device memory is readable and writable.
 class DeviceScope {
  public:

@@ -225,8 +225,12 @@ TEST_P(Staging, GroupedSendRecvAndSplit) {
     for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], static_cast<int32_t>(10000 * j + 100 * r + i));
   }
   // a split inherits staging: parity groups all-reduce device buffers
+  EXPECT_TRUE(c.device_buffers());
+  // the default mpi communicator stages exactly where a device is visible
+  EXPECT_EQ(comm().device_buffers(), detail::default_memory_space()->has_devices());
   auto sub = c.split(r % 2, r, "parity");
   ASSERT_NE(sub, nullptr);
+  EXPECT_TRUE(sub->device_buffers());
   DevBuf<int64_t> x(*st.space, std::vector<int64_t>{r, 1});
   sub->all_reduce(x.out(), ReduceOp::Sum, "parity sum").wait();
   int64_t want = 0, members = 0;

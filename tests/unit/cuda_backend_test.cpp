@@ -30,6 +30,9 @@
 #include "dmuon/update.h"
 #include "state/state_offload.h"
 #include "test_support.h"
+#if DMUON_TEST_CUDA_EMU
+#include "../cuda_emu/device_memory.h"
+#endif
 
 namespace dmuon::detail {
 namespace {
@@ -554,31 +557,42 @@ TEST(CudaBackend, StateOffloadStagesThroughDeviceSlots) {
 // device (its cuBLAS handle, its Newton–Schulz scratch) must go when the thread does. Measured as
 // the device's free memory after step 2 and after step 8 (Optimizer, the single
 // communicator with device copies).
-TEST(CudaBackend, OptimizerStepsKeepDeviceMemoryFlat) {
-  REQUIRE_CUDA();
-  auto cuda = make_cuda_backend(0);
-  ModelDesc model{"flat", {}};
-  for (auto [name, rows, cols] : {std::tuple{"w0", 96, 64}, std::tuple{"w1", 64, 160}, std::tuple{"w2", 128, 128}}) {
-    ParamSpec p;
-    p.name = name, p.shape = Shape{rows, cols};
-    model.params.push_back(p);
-  }
-  const Inventory inv = apply_parallel(model, parse_parallel("dp_shard=1"));
-  OptimizerOptions o;
-  o.device = "cuda";
-  o.env_override = false;
-  Optimizer opt(make_single_communicator("cuda"), inv, {ParamGroup{GroupOptions{}, {0, 1, 2}}}, o);
+// An Optimizer on the cuda backend (one rank, the single communicator for the device) over three
+// Muon matrices, with its parameters and gradients in device memory.
+struct DeviceSteps {
+  std::shared_ptr<Backend> cuda = make_cuda_backend(0);
+  std::unique_ptr<Optimizer> opt;
   std::vector<Buffer> w, g;
   std::vector<TensorView> wv, gv;
-  for (size_t i = 0; i < 3; ++i) {
-    const Shape s = opt.local_shape(i);
-    std::vector<float> h(static_cast<size_t>(s.numel()));
-    for (size_t j = 0; j < h.size(); ++j) h[j] = std::sin(0.1f * static_cast<float>(j + 7 * i));
-    w.push_back(cuda->allocate(h.size() * 4, MemoryKind::Device)), g.push_back(cuda->allocate(h.size() * 4, MemoryKind::Device));
-    cuda->copy(w.back().data(), h.data(), h.size() * 4), cuda->copy(g.back().data(), h.data(), h.size() * 4);
-    wv.emplace_back(w.back().as<float>(), s), gv.emplace_back(g.back().as<float>(), s);
-    wv.back().device = gv.back().device = cuda->device();
+  DeviceSteps() {
+    ModelDesc model{"flat", {}};
+    for (auto [name, rows, cols] : {std::tuple{"w0", 96, 64}, std::tuple{"w1", 64, 160}, std::tuple{"w2", 128, 128}}) {
+      ParamSpec p;
+      p.name = name, p.shape = Shape{rows, cols};
+      model.params.push_back(p);
+    }
+    const Inventory inv = apply_parallel(model, parse_parallel("dp_shard=1"));
+    OptimizerOptions o;
+    o.device = "cuda";
+    o.env_override = false;
+    opt = std::make_unique<Optimizer>(make_single_communicator("cuda"), inv,
+                                      std::vector<ParamGroup>{ParamGroup{GroupOptions{}, {0, 1, 2}}}, o);
+    for (size_t i = 0; i < 3; ++i) {
+      const Shape s = opt->local_shape(i);
+      std::vector<float> h(static_cast<size_t>(s.numel()));
+      for (size_t j = 0; j < h.size(); ++j) h[j] = std::sin(0.1f * static_cast<float>(j + 7 * i));
+      w.push_back(cuda->allocate(h.size() * 4, MemoryKind::Device)), g.push_back(cuda->allocate(h.size() * 4, MemoryKind::Device));
+      cuda->copy(w.back().data(), h.data(), h.size() * 4), cuda->copy(g.back().data(), h.data(), h.size() * 4);
+      wv.emplace_back(w.back().as<float>(), s), gv.emplace_back(g.back().as<float>(), s);
+      wv.back().device = gv.back().device = cuda->device();
+    }
   }
+  bool step() { return opt->step(wv, gv); }
+};
+
+TEST(CudaBackend, OptimizerStepsKeepDeviceMemoryFlat) {
+  REQUIRE_CUDA();
+  DeviceSteps run;
   const auto free_bytes = [] {
     size_t free = 0, total = 0;
     EXPECT_EQ(cudaMemGetInfo(&free, &total), cudaSuccess);
@@ -586,11 +600,33 @@ TEST(CudaBackend, OptimizerStepsKeepDeviceMemoryFlat) {
   };
   size_t after2 = 0;
   for (int t = 1; t <= 8; ++t) {
-    ASSERT_TRUE(opt.step(wv, gv));
+    ASSERT_TRUE(run.step());
     if (t == 2) after2 = free_bytes();
   }
   EXPECT_EQ(free_bytes(), after2) << "device memory grew over steps 3..8";
 }
+
+#if DMUON_TEST_CUDA_EMU
+// Emulation only (it counts what the runtime made): after the first steps, a step makes no device or
+// pinned allocation, stream, event or cuBLAS handle. The compute stream, its thread and what lives
+// on it (handle, scratch) are kept from step to step; a fresh stream per step would pay a
+// cudaStreamCreate, a cublasCreate and a scratch cudaMalloc every step.
+TEST(CudaBackend, StepsAfterTheFirstMakeNoDeviceResources) {
+  REQUIRE_CUDA();
+  using cuda_emu::Made;
+  DeviceSteps run;
+  ASSERT_TRUE(run.step());
+  ASSERT_TRUE(run.step());
+  const std::vector<Made> kinds = {Made::DeviceAlloc, Made::PinnedAlloc, Made::Stream, Made::Event, Made::BlasHandle};
+  std::vector<unsigned long long> before;
+  for (Made k : kinds) before.push_back(cuda_emu::made(k));
+  for (int t = 3; t <= 6; ++t) ASSERT_TRUE(run.step());
+  const char* names[] = {"device allocations", "pinned allocations", "streams", "events", "cuBLAS handles"};
+  for (size_t k = 0; k < kinds.size(); ++k)
+    EXPECT_EQ(cuda_emu::made(kinds[k]), before[k]) << names[k] << " made over steps 3..6";
+  EXPECT_GT(before.back(), 0u) << "the control: the steps use cuBLAS";
+}
+#endif
 
 }  // namespace
 }  // namespace dmuon::detail

@@ -326,6 +326,39 @@ TEST(DeviceEngine, DeviceOptionIsValidated) {
   EXPECT_THROW(opt.step(pv, gv), std::invalid_argument);
 }
 
+// An engine on a device backend refuses a communicator that moves host memory only (its copies
+// would dereference device memory on the host), naming the fix; the same engine with a
+// communicator made for the device's memory is accepted (the control).
+TEST(DeviceEngine, HostOnlyCommunicatorIsRefused) {
+  auto fake = std::make_shared<FakeDeviceBackend>();
+  const dmuon::detail::ScopedEngineDevice inject({fake, fake->space()});
+  const auto inventory = [] {
+    dmuon::Inventory inv;
+    inv.model = "t";
+    inv.mesh_names = {"dense"};
+    inv.meshes = {dmuon::Mesh::parse("")};
+    inv.params.resize(1);
+    inv.params[0].name = "w", inv.params[0].shape = {4, 6};
+    return inv;
+  };
+  const std::vector<ParamGroup> groups = {{GroupOptions{}, {0}}};
+  std::shared_ptr<dmuon::Communicator> host_only = dmuon::make_single_communicator();
+  EXPECT_FALSE(host_only->device_buffers());
+  try {
+    dmuon::Optimizer opt(host_only, inventory(), groups);
+    FAIL() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("[optim] the engine runs on cuda:0"), std::string::npos) << m;
+    EXPECT_NE(m.find("communicator 'world' (backend 'single') carries host memory only"), std::string::npos) << m;
+    EXPECT_NE(m.find("make_single_communicator(\"cuda:0\")"), std::string::npos) << m;
+  }
+  std::shared_ptr<dmuon::Communicator> on_device = dmuon::make_single_communicator(fake->space());
+  EXPECT_TRUE(on_device->device_buffers());
+  EXPECT_TRUE(on_device->split(0, 0, "sub")->device_buffers());  // inherited by split
+  EXPECT_NO_THROW(dmuon::Optimizer(on_device, inventory(), groups));
+}
+
 // ---- the real cuda backend (skipped without a GPU) ----------------------------------------------
 
 // Bound: AdamW and the element-wise kernels are meant to be bitwise the cpu's; Newton–Schulz runs as

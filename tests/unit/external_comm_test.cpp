@@ -110,8 +110,10 @@ class HubOp final : public ExternalOp {
 
 class HubTransport final : public ExternalTransport {
  public:
-  HubTransport(std::shared_ptr<Hub> hub, int rank) : hub_(std::move(hub)), rank_(rank) {}
+  HubTransport(std::shared_ptr<Hub> hub, int rank, bool device = false)
+      : hub_(std::move(hub)), rank_(rank), device_(device) {}
   std::string_view backend() const override { return "hub"; }
+  bool device_buffers() const override { return device_; }
 
   std::unique_ptr<ExternalOp> all_to_all_v(InBuffer send, Counts sc, Counts sd, OutBuffer recv, Counts rc,
                                            Counts rd) override {
@@ -142,7 +144,7 @@ class HubTransport final : public ExternalTransport {
     int new_rank = 0;
     for (size_t i = 0; i < members.size(); ++i)
       if (members[i].second == rank_) new_rank = static_cast<int>(i);
-    return std::make_shared<HubTransport>(child(color, static_cast<int>(members.size()), splits_++), new_rank);
+    return std::make_shared<HubTransport>(child(color, static_cast<int>(members.size()), splits_++), new_rank, device_);
   }
 
  private:
@@ -160,6 +162,7 @@ class HubTransport final : public ExternalTransport {
 
   std::shared_ptr<Hub> hub_;
   int rank_;
+  bool device_;
   int64_t seq_ = 0;
   int splits_ = 0;
 };
@@ -167,12 +170,12 @@ class HubTransport final : public ExternalTransport {
 // Runs body(rank, comm) on `size` threads, each with its own communicator; rethrows nothing: bodies
 // report through gtest (EXPECT_* is thread-safe).
 template <class Body>
-void run_ranks(int size, Body body, std::chrono::milliseconds timeout = 10s) {
+void run_ranks(int size, Body body, std::chrono::milliseconds timeout = 10s, bool device = false) {
   auto hub = std::make_shared<Hub>(size);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r)
     threads.emplace_back([&, r] {
-      auto comm = make_external_communicator(std::make_shared<HubTransport>(hub, r), r, size);
+      auto comm = make_external_communicator(std::make_shared<HubTransport>(hub, r, device), r, size);
       comm->set_default_timeout(timeout);
       body(r, *comm);
     });
@@ -234,6 +237,21 @@ TEST(ExternalComm, SplitGivesGroupsOrderedByKey) {
     sub->all_reduce(std::span<float>(x), ReduceOp::Sum, "in sub").wait();
     EXPECT_EQ(x[0], r == 1 ? 2.0f : 4.0f);
   });
+}
+
+// Whether the communicator carries device memory is the transport's answer (host only unless it
+// says otherwise), kept by its splits.
+TEST(ExternalComm, DeviceBuffersAreTheTransportsAnswer) {
+  for (const bool device : {false, true})
+    run_ranks(
+        2,
+        [device](int r, Communicator& comm) {
+          EXPECT_EQ(comm.device_buffers(), device);
+          auto sub = comm.split(0, r, "sub");
+          ASSERT_NE(sub, nullptr);
+          EXPECT_EQ(sub->device_buffers(), device);
+        },
+        10s, device);
 }
 
 TEST(ExternalComm, MissingRankTimesOutNamingTheOpAndThenRefusesToPost) {

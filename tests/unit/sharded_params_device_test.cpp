@@ -109,11 +109,26 @@ TEST(ShardedParamsDevice, DeviceOptionIsValidated) {
   ShardedParamsOptions o;
   o.device = "cuda:0";  // no device here (or no CUDA in the build): the backend's own error, on every rank
   try {
-    ShardedParams sp(comms(dmuon::detail::host_memory_space()), Mesh::parse(""), model(), o);
+    ShardedParams sp(comms(dmuon::detail::default_memory_space()), Mesh::parse(""), model(), o);
     SUCCEED() << "a CUDA device is present";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("[cuda]"), std::string::npos) << e.what();
   }
+}
+
+// On a device backend, a communicator that moves host memory only is refused through the
+// agreement (so every rank fails alike), naming the fix; the fake device's own space is accepted.
+TEST(ShardedParamsDevice, HostOnlyCommunicatorIsRefused) {
+  auto fake = std::make_shared<FakeDeviceBackend>();
+  try {
+    make_on(fake, dmuon::detail::host_memory_space());
+    FAIL() << "expected an error";
+  } catch (const dmuon::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("refused: [fsdp] the engine runs on cuda:0"), std::string::npos) << m;
+    EXPECT_NE(m.find("carries host memory only"), std::string::npos) << m;
+  }
+  EXPECT_NO_THROW(make_on(fake, fake->space()));
 }
 
 // The negative control: the host path (the cpu backend's kernels, what ShardedParams ran before

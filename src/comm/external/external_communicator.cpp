@@ -74,6 +74,7 @@ class ExternalCommunicator final : public Communicator {
       : Communicator(rank, size, std::move(name)), transport_(std::move(transport)), rt_(std::move(rt)) {}
 
   std::string_view backend() const override { return rt_->backend; }
+  bool device_buffers() const override { return transport_->device_buffers(); }
 
  protected:
   Work post_all_to_all_v(InBuffer send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,

@@ -157,6 +157,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   bool staged() const { return staging_ != nullptr; }
+  bool device_buffers() const override { return staged(); }
 
  protected:
   Work post_all_to_all_v(InBuffer send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,

@@ -283,6 +283,7 @@ class NcclTransport final : public ExternalTransport {
   }
 
   std::string_view backend() const override { return "nccl"; }
+  bool device_buffers() const override { return true; }
 
   std::unique_ptr<ExternalOp> all_to_all_v(InBuffer send, Counts sc, Counts sd, OutBuffer recv, Counts rc,
                                            Counts rd) override {

@@ -78,6 +78,7 @@ class SingleCommunicator final : public Communicator {
   SingleCommunicator(std::string name, std::shared_ptr<detail::MemorySpace> space)
       : Communicator(0, 1, std::move(name)), space_(std::move(space)) {}
   std::string_view backend() const override { return "single"; }
+  bool device_buffers() const override { return space_ != nullptr && space_->has_devices(); }
 
  protected:
   Work post_all_to_all_v(InBuffer send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
