@@ -149,7 +149,10 @@ void init_optimizer(nb::module_& m) {
   nb::class_<Communicator>(m, "Communicator", "The engine's collectives (dmuon/comm.h).")
       .def_prop_ro("rank", &Communicator::rank)
       .def_prop_ro("size", &Communicator::size)
-      .def_prop_ro("backend", [](const Communicator& c) { return std::string(c.backend()); });
+      .def_prop_ro("backend", [](const Communicator& c) { return std::string(c.backend()); })
+      .def_prop_ro("device_buffers", &Communicator::device_buffers,
+                   "True when its operations take CUDA memory (nccl; mpi staging through pinned memory; single "
+                   "made for a cuda device); an engine on a cuda device refuses one without it.");
   m.def(
       "make_single_communicator",
       [](const std::string& device) { return std::shared_ptr<Communicator>(make_single_communicator(device)); },

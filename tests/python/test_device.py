@@ -140,6 +140,29 @@ def test_bad_device_names():
         dmuon.LocalOptimizer([info], [group], device="tpu")
 
 
+def test_communicators_say_whether_they_carry_device_memory():
+    assert _core.make_single_communicator().device_buffers is False
+    assert _core.make_single_communicator("cpu").device_buffers is False
+    if CUDA:
+        assert _core.make_single_communicator("cuda:0").device_buffers is True
+
+
+@pytest.mark.skipif(not CUDA, reason="no CUDA device (torch.cuda.is_available() is False)")
+def test_a_cuda_engine_refuses_a_host_only_communicator():
+    inv = _core.Inventory()
+    inv.model = "t"
+    inv.meshes, inv.mesh_names = [_core.Mesh([])], ["dense"]
+    spec = _core.ParamSpec()
+    spec.name, spec.shape = "w", [4, 6]
+    inv.params = [spec]
+    group = _core.ParamGroup()
+    group.params = [0]
+    with pytest.raises(ValueError, match=r"communicator 'world' \(backend 'single'\) carries host "
+                                         r"memory only"):
+        _core.Optimizer(_core.make_single_communicator("cpu"), inv, [group], device="cuda:0")
+    _core.Optimizer(_core.make_single_communicator("cuda:0"), inv, [group], device="cuda:0")
+
+
 # ---- DLPack devices across the binding, with hand-made DLPack capsules -------------------------
 
 class _DLDevice(ctypes.Structure):

@@ -606,6 +606,26 @@ TEST(CudaBackend, OptimizerStepsKeepDeviceMemoryFlat) {
   EXPECT_EQ(free_bytes(), after2) << "device memory grew over steps 3..8";
 }
 
+// The single communicator for a device checks the index against the devices this process sees
+// (so 'cuda:7' on a one-GPU machine fails when it is made, naming the range), and carries device
+// memory.
+TEST(CudaBackend, SingleCommunicatorChecksTheDeviceIndex) {
+  REQUIRE_CUDA();
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  const std::string past = "cuda:" + std::to_string(count);
+  try {
+    (void)make_single_communicator(past);
+    FAIL() << "expected an error for " << past;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("make_single_communicator('" + past + "'): this process sees " +
+                                         std::to_string(count) + " CUDA device"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(make_single_communicator("cuda:" + std::to_string(count - 1))->device_buffers());
+}
+
 #if DMUON_TEST_CUDA_EMU
 // Emulation only (it counts what the runtime made): after the first steps, a step makes no device or
 // pinned allocation, stream, event or cuBLAS handle. The compute stream, its thread and what lives

@@ -8,6 +8,10 @@
 #include <deque>
 #include <optional>
 
+#ifdef DMUON_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "comm/memory_space.h"
 #include "comm/work_impl.h"
 #include "dmuon/comm.h"
@@ -170,6 +174,13 @@ std::unique_ptr<Communicator> make_single_communicator(std::string_view device) 
                       "dmuon was built without CUDA",
 #endif
                       "); use device 'cpu'");
+#ifdef DMUON_HAVE_CUDA
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) (void)cudaGetLastError(), count = 0;
+  DMUON_CHECK(d->index < count, "[comm] make_single_communicator('", device, "'): this process sees ", count,
+              " CUDA device", count == 1 ? "" : "s", " (cuda:0 to cuda:", count - 1,
+              "); name one of them (CUDA_VISIBLE_DEVICES renumbers them from 0)");
+#endif
   return make_single_communicator(std::move(space));
 }
 
