@@ -84,6 +84,10 @@ for lib in libblas.so.3 libblas.so liblapack.so.3 liblapack.so; do
 done
 [[ -e "$LIBDIR/libopenblas.so.0" ]] || { [[ -e "$LIBDIR/openblas-pthread/libopenblas.so.0" ]] &&
   ln -sf "$LIBDIR/openblas-pthread/libopenblas.so.0" "$LIBDIR/libopenblas.so.0"; }
+# Open MPI's commands are alternatives too (mpicc -> mpicc.openmpi, made at install time).
+for tool in mpicc mpicxx mpirun mpiexec; do
+  [[ -e "$PREFIX/usr/bin/$tool" || ! -e "$PREFIX/usr/bin/$tool.openmpi" ]] || ln -sf "$tool.openmpi" "$PREFIX/usr/bin/$tool"
+done
 # pkg-config files name prefix=/usr: point them at the prefix.
 for pc in "$LIBDIR"/pkgconfig/*.pc "$PREFIX"/usr/share/pkgconfig/*.pc "$LIBDIR"/openblas-pthread/pkgconfig/*.pc; do
   sed -i "s|^prefix=/usr\$|prefix=$PREFIX/usr|; s|=/usr/|=$PREFIX/usr/|g" "$pc"
@@ -94,13 +98,16 @@ export PKG_CONFIG_PATH="$LIBDIR/pkgconfig:$PREFIX/usr/share/pkgconfig${PKG_CONFI
 export LD_LIBRARY_PATH="$LIBDIR:$LIBDIR/openblas-pthread${CUBLAS_LIB:+:$CUBLAS_LIB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export CMAKE_PREFIX_PATH="$PREFIX/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
 export OPAL_PREFIX="$PREFIX/usr"   # a relocated Open MPI finds its components here
+# PMIx (Open MPI's process manager interface) does not relocate: point it at its components
+export PMIX_MCA_mca_base_component_path="$LIBDIR/pmix2/lib/pmix"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
 # ---- 3. configure and build ----
 MPI_ARGS=(-DDMUON_WITH_MPI=OFF)
 if [[ "$GPU_CHECK_MPI" == ON ]]; then
-  MPI_ARGS=(-DDMUON_WITH_MPI=ON -DMPI_C_COMPILER="$PREFIX/usr/bin/mpicc"
-            -DMPI_C_HEADER_DIR="$LIBDIR/openmpi/include" -DMPI_C_LIB_NAMES=mpi -DMPI_mpi_LIBRARY="$LIBDIR/libmpi.so")
+  MPI_ARGS=(-DDMUON_WITH_MPI=ON -DMPI_C_COMPILER="$PREFIX/usr/bin/mpicc" -DMPIEXEC_EXECUTABLE="$PREFIX/usr/bin/mpiexec"
+            -DMPI_C_HEADER_DIR="$LIBDIR/openmpi/include" -DMPI_C_LIB_NAMES=mpi
+            -DMPI_mpi_LIBRARY="$LIBDIR/openmpi/lib/libmpi.so")
 fi
 GEN=Ninja
 command -v ninja >/dev/null 2>&1 || GEN="Unix Makefiles"
@@ -209,7 +216,7 @@ if [[ -x "$BUILD/bin/dmuon" ]]; then
   fi
   if [[ "$GPU_CHECK_MPI" == ON ]]; then
     log="$LOGDIR/bench_step_cuda_np2.log"
-    if "${MPIRUN:-$PREFIX/usr/bin/mpirun}" -n 2 --oversubscribe --bind-to none -x LD_LIBRARY_PATH -x OPAL_PREFIX \
+    if "${MPIRUN:-$PREFIX/usr/bin/mpirun}" -n 2 --oversubscribe --bind-to none -x LD_LIBRARY_PATH -x OPAL_PREFIX -x PMIX_MCA_mca_base_component_path \
          "$BUILD/bin/dmuon" bench step --model gpt2-124m --parallel dp_shard=2 --device cuda --compare --steps 3 \
          >"$log" 2>&1; then
       row "bench step cuda (np 2, one GPU)" ok "$(awk '$1=="auto"||$1=="allgather"{printf "%s %s s ", $1, $2}' "$log")"
