@@ -84,6 +84,12 @@ for lib in libblas.so.3 libblas.so liblapack.so.3 liblapack.so; do
 done
 [[ -e "$LIBDIR/libopenblas.so.0" ]] || { [[ -e "$LIBDIR/openblas-pthread/libopenblas.so.0" ]] &&
   ln -sf "$LIBDIR/openblas-pthread/libopenblas.so.0" "$LIBDIR/libopenblas.so.0"; }
+# ... and their pkg-config files (lapacke.pc requires lapack; the emulation's tests need openblas).
+for pc in blas lapack openblas; do
+  src="$LIBDIR/openblas-pthread/pkgconfig/$pc-openblas.pc"
+  [[ $pc == openblas ]] && src="$LIBDIR/openblas-pthread/pkgconfig/openblas.pc"
+  [[ -e "$LIBDIR/pkgconfig/$pc.pc" || ! -e "$src" ]] || { mkdir -p "$LIBDIR/pkgconfig"; ln -sf "$src" "$LIBDIR/pkgconfig/$pc.pc"; }
+done
 # Open MPI's commands are alternatives too (mpicc -> mpicc.openmpi, made at install time).
 for tool in mpicc mpicxx mpirun mpiexec; do
   [[ -e "$PREFIX/usr/bin/$tool" || ! -e "$PREFIX/usr/bin/$tool.openmpi" ]] || ln -sf "$tool.openmpi" "$PREFIX/usr/bin/$tool"
