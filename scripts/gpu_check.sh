@@ -82,8 +82,9 @@ for lib in libblas.so.3 libblas.so liblapack.so.3 liblapack.so; do
     [[ -e "$cand" ]] && { ln -sf "$cand" "$LIBDIR/$lib"; break; }
   done
 done
-[[ -e "$LIBDIR/libopenblas.so.0" ]] || { [[ -e "$LIBDIR/openblas-pthread/libopenblas.so.0" ]] &&
-  ln -sf "$LIBDIR/openblas-pthread/libopenblas.so.0" "$LIBDIR/libopenblas.so.0"; }
+for lib in libopenblas.so.0 libopenblas.so; do
+  [[ -e "$LIBDIR/$lib" || ! -e "$LIBDIR/openblas-pthread/$lib" ]] || ln -sf "$LIBDIR/openblas-pthread/$lib" "$LIBDIR/$lib"
+done
 # ... and their pkg-config files (lapacke.pc requires lapack; the emulation's tests need openblas).
 for pc in blas lapack openblas; do
   src="$LIBDIR/openblas-pthread/pkgconfig/$pc-openblas.pc"
