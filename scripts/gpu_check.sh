@@ -11,11 +11,17 @@
 # CUDA: tests/python/test_device.py, test_bench.py, test_nccl.py and compare-torch --device cuda.
 #
 # Usage: bash scripts/gpu_check.sh            (from the repository root)
+#   Through the device tool: run `GPU_CHECK_MPI=ON bash scripts/gpu_check.sh` as one command with the
+#   full 600 s limit; shared/debs travels with the working tree (about 47 MiB of its 64 MiB), and
+#   the summary and the logs come back through $OUT. Rehearse it on a machine without a GPU first
+#   (scripts/rehearse_gpu_check.sh): only the rows that need the device may fail there.
 # Environment:
 #   DEBS=shared/debs      the .deb folder           PREFIX=/tmp/dmuon-gpu-prefix  where they unpack
 #   BUILD=build-gpu       the build folder          JOBS=$(nproc)
 #   GPU_CHECK_MPI=OFF     ON: also build the mpi communicator from the unpacked Open MPI (and its tests)
 #   CUDA_ARCH=90          CMAKE_CUDA_ARCHITECTURES (90: H100 / H200)
+#   OUT                   when set (the device tool's output folder): the summary and a .tgz of the
+#                         logs are copied there
 # Exit status: 0 when the build and every CUDA test pass (a skipped CUDA test counts as a failure
 # here: this script exists to run them on a device).
 set -uo pipefail
@@ -32,10 +38,17 @@ LOGDIR=${LOGDIR:-$BUILD/gpu_check_logs}
 declare -a ROWS=()
 row() { ROWS+=("$(printf '%-34s %-8s %s' "$1" "$2" "${3:-}")"); }
 summary() {
-  echo
-  echo "==== dmuon gpu_check summary ===="
-  printf '%-34s %-8s %s\n' "step" "result" "detail"
-  for r in "${ROWS[@]}"; do echo "$r"; done
+  {
+    echo
+    echo "==== dmuon gpu_check summary ===="
+    printf '%-34s %-8s %s\n' "step" "result" "detail"
+    for r in "${ROWS[@]}"; do echo "$r"; done
+  } | tee "$LOGDIR/summary.txt"
+  # On the device tool's machine: two files back through $OUT (it returns at most 8).
+  if [[ -n "${OUT:-}" && -d "$OUT" ]]; then
+    cp "$LOGDIR/summary.txt" "$OUT/gpu_check_summary.txt"
+    tar -czf "$OUT/gpu_check_logs.tgz" -C "$(dirname "$LOGDIR")" "$(basename "$LOGDIR")" 2>/dev/null || true
+  fi
 }
 fail() {
   row "$1" FAIL "${2:-}"
