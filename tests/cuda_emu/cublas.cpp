@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "device_memory.h"
+#include "streams.h"
 
 struct cublasContext {
   int magic = 0xB1A5;
@@ -86,18 +87,23 @@ cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb
       (!operand_ok(A, a_rows, a_cols, lda, ae, name, "A") || !operand_ok(B, b_rows, b_cols, ldb, be, name, "B")))
     return CUBLAS_STATUS_EXECUTION_FAILED;
   if (!operand_ok(C, m, n, ldc, 4, name, "C")) return CUBLAS_STATUS_EXECUTION_FAILED;
-  DeviceScope scope;
-  if (*beta == 0.0f)  // cuBLAS: C is not read when beta is 0 (it may hold NaN)
-    for (int c = 0; c < n; ++c) std::fill_n(C + static_cast<size_t>(c) * static_cast<size_t>(ldc), m, 0.0f);
-  if (k == 0 || *alpha == 0.0f) {
-    if (*beta != 0.0f)
-      for (int c = 0; c < n; ++c)
-        for (int r = 0; r < m; ++r) C[static_cast<size_t>(c) * static_cast<size_t>(ldc) + static_cast<size_t>(r)] *= *beta;
-    return CUBLAS_STATUS_SUCCESS;
-  }
-  const std::vector<float> a = widen(A, at, a_rows, a_cols, lda), b = widen(B, bt, b_rows, b_cols, ldb);
-  cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
-              m, n, k, *alpha, a.data(), std::max(1, a_rows), b.data(), std::max(1, b_rows), *beta, C, ldc);
+  // Queued on the handle's stream (streams.h); the scalars are read now, as cuBLAS reads host ones.
+  const float alpha_v = *alpha, beta_v = *beta;
+  submit(h->stream, [=] {
+    DeviceScope scope;
+    if (beta_v == 0.0f)  // cuBLAS: C is not read when beta is 0 (it may hold NaN)
+      for (int c = 0; c < n; ++c) std::fill_n(C + static_cast<size_t>(c) * static_cast<size_t>(ldc), m, 0.0f);
+    if (k == 0 || alpha_v == 0.0f) {
+      if (beta_v != 0.0f)
+        for (int c = 0; c < n; ++c)
+          for (int r = 0; r < m; ++r) C[static_cast<size_t>(c) * static_cast<size_t>(ldc) + static_cast<size_t>(r)] *= beta_v;
+      return true;
+    }
+    const std::vector<float> a = widen(A, at, a_rows, a_cols, lda), b = widen(B, bt, b_rows, b_cols, ldb);
+    cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
+                m, n, k, alpha_v, a.data(), std::max(1, a_rows), b.data(), std::max(1, b_rows), beta_v, C, ldc);
+    return true;
+  });
   return CUBLAS_STATUS_SUCCESS;
 }
 

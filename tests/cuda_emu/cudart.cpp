@@ -1,6 +1,7 @@
 // The emulated CUDA runtime (tests/cuda_emu, README.md there): the cudart entry points dmuon and its
-// tests call, on the host. One device (DMUON_CUDA_EMU_DEVICES sets the count); every operation runs
-// at once on the calling thread, so a stream is only a name and an event a time stamp. Copies check
+// tests call, on the host. One device (DMUON_CUDA_EMU_DEVICES sets the count); work on a stream is
+// queued and runs when the host synchronizes with it (streams.h); an event is a point in its
+// stream's queue. Copies check
 // their direction against where the pointers live and their ranges against live allocations, as a
 // GPU's memory protection would fault on a wrong one.
 #include <cuda_runtime_api.h>
@@ -10,16 +11,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "device_memory.h"
+#include "streams.h"
 
 struct CUstream_st {
   int id;
 };
 struct CUevent_st {
-  std::chrono::steady_clock::time_point at{};
+  std::chrono::steady_clock::time_point at{};  // when the recorded point ran
   bool recorded = false;
+  dmuon::cuda_emu::Mark mark;  // the point of its stream's queue it recorded
 };
 
 namespace {
@@ -49,7 +54,17 @@ bool side_ok(const void* p, size_t bytes, bool device, const char* what) {
   return true;
 }
 
-cudaError_t do_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+// A synchronization's result: the sticky error of a queued op that faulted, else success.
+cudaError_t synced() {
+  const int e = sticky_error();
+  return e != 0 ? fail(static_cast<cudaError_t>(e)) : cudaSuccess;
+}
+
+// cudaMemcpy (sync: on the legacy stream, complete when it returns) and cudaMemcpyAsync (queued on
+// s). As CUDA does with pageable host memory: a copy from it takes the source at the call (the
+// caller may reuse it at once), a copy into it completes before returning (after the stream's
+// earlier work). Pinned memory and device-to-device copies stay queued.
+cudaError_t do_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s, bool sync) {
   if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
   if (bytes == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return fail(cudaErrorInvalidValue);
@@ -64,8 +79,26 @@ cudaError_t do_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kin
   }
   if (!side_ok(dst, bytes, dst_dev, "cudaMemcpy destination") || !side_ok(src, bytes, src_dev, "cudaMemcpy source"))
     return fail(cudaErrorInvalidValue);
-  DeviceScope scope;
-  std::memmove(dst, src, bytes);
+  const bool dst_pageable = !dst_dev && !is_pinned(dst), src_pageable = !src_dev && !is_pinned(src);
+  if (src_pageable && !dst_pageable) {  // the source is taken now
+    auto copy = std::make_shared<std::vector<std::byte>>(static_cast<const std::byte*>(src),
+                                                         static_cast<const std::byte*>(src) + bytes);
+    submit(s, [dst, copy] {
+      DeviceScope scope;
+      std::memcpy(dst, copy->data(), copy->size());
+      return true;
+    });
+  } else {
+    submit(s, [dst, src, bytes] {
+      DeviceScope scope;
+      std::memmove(dst, src, bytes);
+      return true;
+    });
+  }
+  if (sync || dst_pageable) {
+    drain(s);
+    return synced();
+  }
   return cudaSuccess;
 }
 
@@ -73,8 +106,11 @@ cudaError_t do_memset(void* p, int value, size_t bytes, cudaStream_t s) {
   if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
   if (bytes == 0) return cudaSuccess;
   if (!expect_device(p, bytes, "cudaMemset")) return fail(cudaErrorInvalidValue);
-  DeviceScope scope;
-  std::memset(p, value, bytes);
+  submit(s, [p, value, bytes] {
+    DeviceScope scope;
+    std::memset(p, value, bytes);
+    return true;
+  });
   return cudaSuccess;
 }
 
@@ -98,6 +134,7 @@ const char* CUDARTAPI cudaGetErrorString(cudaError_t e) {
 }
 
 cudaError_t CUDARTAPI cudaGetLastError(void) {
+  if (sticky_error() != 0) return static_cast<cudaError_t>(sticky_error());  // the context is dead
   const cudaError_t e = tl_last;
   tl_last = cudaSuccess;
   return e;
@@ -136,7 +173,10 @@ cudaError_t CUDARTAPI cudaGetDeviceProperties(cudaDeviceProp* prop, int device) 
   return cudaSuccess;
 }
 
-cudaError_t CUDARTAPI cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
+  drain_all();
+  return synced();
+}
 
 cudaError_t CUDARTAPI cudaMalloc(void** p, size_t bytes) {
   if (p == nullptr) return fail(cudaErrorInvalidValue);
@@ -146,6 +186,7 @@ cudaError_t CUDARTAPI cudaMalloc(void** p, size_t bytes) {
 
 cudaError_t CUDARTAPI cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
+  drain_all();  // cudaFree synchronizes the device
   if (!device_free(p)) {
     fail_access("cudaFree of a pointer that is not a live device allocation");
     return fail(cudaErrorInvalidValue);
@@ -170,6 +211,7 @@ cudaError_t CUDARTAPI cudaHostAlloc(void** p, size_t bytes, unsigned int) { retu
 
 cudaError_t CUDARTAPI cudaFreeHost(void* p) {
   if (p == nullptr) return cudaSuccess;
+  drain_all();
   if (!pinned_free(p)) {
     fail_access("cudaFreeHost of a pointer that is not pinned memory");
     return fail(cudaErrorInvalidValue);
@@ -196,10 +238,10 @@ cudaError_t CUDARTAPI cudaPointerGetAttributes(cudaPointerAttributes* a, const v
 }
 
 cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  return do_copy(dst, src, bytes, kind, nullptr);
+  return do_copy(dst, src, bytes, kind, nullptr, true);
 }
 cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
-  return do_copy(dst, src, bytes, kind, s);
+  return do_copy(dst, src, bytes, kind, s, false);
 }
 cudaError_t CUDARTAPI cudaMemset(void* p, int value, size_t bytes) { return do_memset(p, value, bytes, nullptr); }
 cudaError_t CUDARTAPI cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
@@ -215,12 +257,15 @@ cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t* s) {
 cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return cudaStreamCreate(s); }
 cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t s) {
   if (s == nullptr || !stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+  drain(s);  // its queued work completes first
   s->id = 0;  // a use after destruction fails stream_ok
   delete s;
   return cudaSuccess;
 }
 cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t s) {
-  return stream_ok(s) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+  if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+  drain(s);
+  return synced();
 }
 
 cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t* e) {
@@ -237,17 +282,31 @@ cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t e) {
 cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
-  e->at = std::chrono::steady_clock::now();
+  submit(s, [e] {
+    e->at = std::chrono::steady_clock::now();
+    return true;
+  });
+  e->mark = mark(s);
   e->recorded = true;
   return cudaSuccess;
 }
-cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t e) { return e == nullptr ? fail(cudaErrorInvalidResourceHandle) : cudaSuccess; }
+// Not reached yet: cudaErrorNotReady (not an error: the last error stays), and the queue runs up to
+// the event, as a GPU gets on with its work, so a caller that polls sees it complete next time.
+cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t e) {
+  if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (!e->recorded || reached(e->mark)) return synced();
+  drain_to(e->mark);
+  return cudaErrorNotReady;
+}
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t e) {
-  return e == nullptr ? fail(cudaErrorInvalidResourceHandle) : cudaSuccess;
+  if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (e->recorded) drain_to(e->mark);
+  return synced();
 }
 cudaError_t CUDARTAPI cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (ms == nullptr || start == nullptr || end == nullptr) return fail(cudaErrorInvalidValue);
   if (!start->recorded || !end->recorded) return fail(cudaErrorInvalidResourceHandle);
+  if (!reached(start->mark) || !reached(end->mark)) return cudaErrorNotReady;
   *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
   return cudaSuccess;
 }

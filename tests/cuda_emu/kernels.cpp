@@ -4,6 +4,7 @@
 // the device code calls __fmaf_rn) and the same fixed reduction trees, so their bits are those the
 // GPU kernels are written to give. Each launcher first checks that every range it will touch is one
 // live device allocation: a host pointer or an overrun is cudaErrorIllegalAddress, as on a GPU.
+// The arithmetic is queued on the launch's stream (streams.h): it runs when the host synchronizes.
 #include "backend/cuda/cuda_kernels.h"
 
 #include <algorithm>
@@ -14,12 +15,14 @@
 #include <vector>
 
 #include "device_memory.h"
+#include "streams.h"
 
 namespace dmuon::cuda {
 namespace {
 
 using cuda_emu::DeviceScope;
 using cuda_emu::expect_device;
+using cuda_emu::submit;
 
 constexpr int kThreads = 256;  // cuda_kernels.cu's block size (the reduction trees depend on it)
 
@@ -81,159 +84,186 @@ cudaError_t done() { return cudaGetLastError(); }
 }  // namespace
 
 cudaError_t momentum_ema(float* buf, const void* grad, bool bf16, float* update, int64_t n, float w_grad, float mu,
-                         bool nesterov, cudaStream_t) {
+                         bool nesterov, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{buf, f32(n)}, {grad, grad_bytes(n, bf16), bf16 ? 2u : 4u}, {update, f32(n)}}, "momentum_ema")) return illegal();
-  DeviceScope scope;
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = load(grad, bf16, i), b = torch_lerp(buf[i], g, w_grad);
-    buf[i] = b;
-    update[i] = nesterov ? torch_lerp(g, b, mu) : b;
-  }
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = load(grad, bf16, i), b = torch_lerp(buf[i], g, w_grad);
+      buf[i] = b;
+      update[i] = nesterov ? torch_lerp(g, b, mu) : b;
+    }
+    return true;
+  });
   return done();
 }
 
 cudaError_t momentum_heavy_ball(float* buf, const void* grad, bool bf16, float* update, int64_t n, float mu,
-                                bool nesterov, cudaStream_t) {
+                                bool nesterov, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{buf, f32(n)}, {grad, grad_bytes(n, bf16), bf16 ? 2u : 4u}, {update, f32(n)}}, "momentum_heavy_ball")) return illegal();
-  DeviceScope scope;
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = load(grad, bf16, i), scaled = buf[i] * mu, b = scaled + g;
-    buf[i] = b;
-    update[i] = nesterov ? std::fma(b, mu, g) : b;
-  }
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = load(grad, bf16, i), scaled = buf[i] * mu, b = scaled + g;
+      buf[i] = b;
+      update[i] = nesterov ? std::fma(b, mu, g) : b;
+    }
+    return true;
+  });
   return done();
 }
 
-cudaError_t apply_decoupled(float* p, const float* u, int64_t n, float keep, float neg_lr, cudaStream_t) {
+cudaError_t apply_decoupled(float* p, const float* u, int64_t n, float keep, float neg_lr, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{p, f32(n)}, {u, f32(n)}}, "apply_decoupled")) return illegal();
-  DeviceScope scope;
-  for (int64_t i = 0; i < n; ++i) p[i] = std::fma(u[i], neg_lr, p[i] * keep);
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t i = 0; i < n; ++i) p[i] = std::fma(u[i], neg_lr, p[i] * keep);
+    return true;
+  });
   return done();
 }
 
-cudaError_t apply_cautious(float* p, const float* u, int64_t n, float lr_adj, float lr_wd, cudaStream_t) {
+cudaError_t apply_cautious(float* p, const float* u, int64_t n, float lr_adj, float lr_wd, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{p, f32(n)}, {u, f32(n)}}, "apply_cautious")) return illegal();
-  DeviceScope scope;
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = p[i];
-    const float decay = u[i] * x >= 0.0f ? lr_wd * x : 0.0f;
-    p[i] = x - (lr_adj * u[i] + decay);
-  }
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = p[i];
+      const float decay = u[i] * x >= 0.0f ? lr_wd * x : 0.0f;
+      p[i] = x - (lr_adj * u[i] + decay);
+    }
+    return true;
+  });
   return done();
 }
 
 cudaError_t adamw(const AdamScalars& s, float* p, const void* grad, bool bf16, float* m, float* v, int64_t n,
-                  cudaStream_t) {
+                  cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{p, f32(n)}, {grad, grad_bytes(n, bf16), bf16 ? 2u : 4u}, {m, f32(n)}, {v, f32(n)}}, "adamw")) return illegal();
-  DeviceScope scope;
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = load(grad, bf16, i);
-    const float x = p[i] * s.keep, mi = torch_lerp(m[i], g, s.w1);
-    const float vi = v[i] * s.beta2 + (s.one_m_b2 * g) * g;
-    const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
-    p[i] = x + (s.neg_step * mi) / denom;
-    m[i] = mi;
-    v[i] = vi;
-  }
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = load(grad, bf16, i);
+      const float x = p[i] * s.keep, mi = torch_lerp(m[i], g, s.w1);
+      const float vi = v[i] * s.beta2 + (s.one_m_b2 * g) * g;
+      const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
+      p[i] = x + (s.neg_step * mi) / denom;
+      m[i] = mi;
+      v[i] = vi;
+    }
+    return true;
+  });
   return done();
 }
 
-cudaError_t scale_rows(float* w, const float* factors, int64_t rows, int64_t cols, cudaStream_t) {
+cudaError_t scale_rows(float* w, const float* factors, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (rows * cols <= 0) return done();
   if (!ranges({{w, f32(rows * cols)}, {factors, f32(rows)}}, "scale_rows")) return illegal();
-  DeviceScope scope;
-  for (int64_t i = 0; i < rows * cols; ++i)
-    if (factors[i / cols] != 1.0f) w[i] = w[i] * factors[i / cols];
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t i = 0; i < rows * cols; ++i)
+      if (factors[i / cols] != 1.0f) w[i] = w[i] * factors[i / cols];
+    return true;
+  });
   return done();
 }
 
-cudaError_t round_bf16(float* x, int64_t n, cudaStream_t) {
+cudaError_t round_bf16(float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{x, f32(n)}}, "round_bf16")) return illegal();
-  DeviceScope scope;
-  for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_float(float_to_bf16(x[i]));
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_float(float_to_bf16(x[i]));
+    return true;
+  });
   return done();
 }
 
-cudaError_t first_non_finite(const void* g, bool bf16, int64_t n, unsigned long long* result, cudaStream_t) {
+cudaError_t first_non_finite(const void* g, bool bf16, int64_t n, unsigned long long* result, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{g, grad_bytes(n, bf16), bf16 ? 2u : 4u}, {result, sizeof *result, 8}}, "first_non_finite")) return illegal();
-  DeviceScope scope;
-  for (int64_t i = 0; i < n; ++i) {
-    const bool bad = bf16 ? (static_cast<const uint16_t*>(g)[i] & 0x7F80u) == 0x7F80u
-                          : (float_to_bits(static_cast<const float*>(g)[i]) & 0x7F800000u) == 0x7F800000u;
-    if (bad) *result = std::min(*result, static_cast<unsigned long long>(i));
-  }
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t i = 0; i < n; ++i) {
+      const bool bad = bf16 ? (static_cast<const uint16_t*>(g)[i] & 0x7F80u) == 0x7F80u
+                            : (float_to_bits(static_cast<const float*>(g)[i]) & 0x7F800000u) == 0x7F800000u;
+      if (bad) *result = std::min(*result, static_cast<unsigned long long>(i));
+    }
+    return true;
+  });
   return done();
 }
 
 cudaError_t pack(const PackRun* runs, const int64_t* prefix, int nruns, std::byte* const* bases, int64_t total,
-                 cudaStream_t) {
+                 cudaStream_t stream) {
   if (total <= 0 || nruns <= 0) return done();
   if (!ranges({{runs, sizeof(PackRun) * static_cast<size_t>(nruns), 8},
                {prefix, sizeof(int64_t) * static_cast<size_t>(nruns + 1), 8}},
               "pack (table)"))
     return illegal();
-  DeviceScope scope;
-  // The table itself is device memory: read it inside the scope, then check each run's ranges.
-  for (int r = 0; r < nruns; ++r) {
-    const PackRun& run = runs[r];
-    if (!expect_device(bases + run.dst, sizeof(std::byte*), "pack (bases)")) return illegal();
-    const size_t dst_elem = run.conv == PackConv::F32ToBF16 || run.conv == PackConv::FillNegZeroBF16 ? 2 : 4;
-    const size_t src_elem = run.conv == PackConv::BF16ToF32 ? 2 : 4;
-    const bool reads = run.conv == PackConv::Copy32 || run.conv == PackConv::F32ToBF16 || run.conv == PackConv::BF16ToF32;
-    const std::byte* d = bases[run.dst] + run.dst_off;
-    const size_t dst_span = static_cast<size_t>((run.rows - 1) * run.dst_stride) + static_cast<size_t>(run.len) * dst_elem;
-    if (!expect_device(d, dst_span, "pack (destination run)")) return illegal();
-    // (any alignment: the kernel moves misaligned items in 16- or 8-bit pieces)
-    if (reads) {
-      if (!expect_device(bases + run.src, sizeof(std::byte*), "pack (bases)")) return illegal();
-      const std::byte* s = bases[run.src] + run.src_off;
-      const size_t src_span =
-          static_cast<size_t>((run.rows - 1) * run.src_stride) + static_cast<size_t>(run.len) * src_elem;
-      if (!expect_device(s, src_span, "pack (source run)")) return illegal();
+  submit(stream, [=] {
+    DeviceScope scope;
+    // The table itself is device memory: read it inside the scope, then check each run's ranges.
+    for (int r = 0; r < nruns; ++r) {
+      const PackRun& run = runs[r];
+      if (!expect_device(bases + run.dst, sizeof(std::byte*), "pack (bases)")) return false;
+      const size_t dst_elem = run.conv == PackConv::F32ToBF16 || run.conv == PackConv::FillNegZeroBF16 ? 2 : 4;
+      const size_t src_elem = run.conv == PackConv::BF16ToF32 ? 2 : 4;
+      const bool reads = run.conv == PackConv::Copy32 || run.conv == PackConv::F32ToBF16 || run.conv == PackConv::BF16ToF32;
+      const std::byte* d = bases[run.dst] + run.dst_off;
+      const size_t dst_span = static_cast<size_t>((run.rows - 1) * run.dst_stride) + static_cast<size_t>(run.len) * dst_elem;
+      if (!expect_device(d, dst_span, "pack (destination run)")) return false;
+      // (any alignment: the kernel moves misaligned items in 16- or 8-bit pieces)
+      if (reads) {
+        if (!expect_device(bases + run.src, sizeof(std::byte*), "pack (bases)")) return false;
+        const std::byte* s = bases[run.src] + run.src_off;
+        const size_t src_span =
+            static_cast<size_t>((run.rows - 1) * run.src_stride) + static_cast<size_t>(run.len) * src_elem;
+        if (!expect_device(s, src_span, "pack (source run)")) return false;
+      }
+      if (prefix[r + 1] - prefix[r] != run.len * run.rows) return false;
     }
-    if (prefix[r + 1] - prefix[r] != run.len * run.rows) return illegal();
-  }
-  for (int r = 0; r < nruns; ++r) {
-    const PackRun& run = runs[r];
-    for (int64_t row = 0; row < run.rows; ++row) {
-      std::byte* d = bases[run.dst] + run.dst_off + row * run.dst_stride;
-      const std::byte* s = bases[run.src] + run.src_off + row * run.src_stride;
-      for (int64_t k = 0; k < run.len; ++k) switch (run.conv) {
-          case PackConv::Copy32: std::memcpy(d + 4 * k, s + 4 * k, 4); break;
-          case PackConv::F32ToBF16: {
-            float f;
-            std::memcpy(&f, s + 4 * k, 4);
-            const uint16_t b = float_to_bf16(f);
-            std::memcpy(d + 2 * k, &b, 2);
-            break;
+    for (int r = 0; r < nruns; ++r) {
+      const PackRun& run = runs[r];
+      for (int64_t row = 0; row < run.rows; ++row) {
+        std::byte* d = bases[run.dst] + run.dst_off + row * run.dst_stride;
+        const std::byte* s = bases[run.src] + run.src_off + row * run.src_stride;
+        for (int64_t k = 0; k < run.len; ++k) switch (run.conv) {
+            case PackConv::Copy32: std::memcpy(d + 4 * k, s + 4 * k, 4); break;
+            case PackConv::F32ToBF16: {
+              float f;
+              std::memcpy(&f, s + 4 * k, 4);
+              const uint16_t b = float_to_bf16(f);
+              std::memcpy(d + 2 * k, &b, 2);
+              break;
+            }
+            case PackConv::BF16ToF32: {
+              uint16_t b;
+              std::memcpy(&b, s + 2 * k, 2);
+              const uint32_t u = static_cast<uint32_t>(b) << 16;
+              std::memcpy(d + 4 * k, &u, 4);
+              break;
+            }
+            case PackConv::FillNegZero32: {
+              const uint32_t u = 0x80000000u;
+              std::memcpy(d + 4 * k, &u, 4);
+              break;
+            }
+            case PackConv::FillNegZeroBF16: {
+              const uint16_t u = 0x8000u;
+              std::memcpy(d + 2 * k, &u, 2);
+              break;
+            }
           }
-          case PackConv::BF16ToF32: {
-            uint16_t b;
-            std::memcpy(&b, s + 2 * k, 2);
-            const uint32_t u = static_cast<uint32_t>(b) << 16;
-            std::memcpy(d + 4 * k, &u, 4);
-            break;
-          }
-          case PackConv::FillNegZero32: {
-            const uint32_t u = 0x80000000u;
-            std::memcpy(d + 4 * k, &u, 4);
-            break;
-          }
-          case PackConv::FillNegZeroBF16: {
-            const uint16_t u = 0x8000u;
-            std::memcpy(d + 2 * k, &u, 2);
-            break;
-          }
-        }
+      }
     }
-  }
+    return true;
+  });
   return done();
 }
 
@@ -247,48 +277,54 @@ double tree(std::vector<double>& partial) {
 }
 }  // namespace
 
-cudaError_t sum_squares(const float* x, int64_t n, double* partials, double* out, cudaStream_t) {
+cudaError_t sum_squares(const float* x, int64_t n, double* partials, double* out, cudaStream_t stream) {
   const int64_t blocks = std::min<int64_t>(blocks_for(n), kSumSquaresBlocks);
   if (!ranges({{x, f32(n)}, {partials, sizeof(double) * static_cast<size_t>(blocks), 8}, {out, sizeof(double), 8}},
               "sum_squares"))
     return illegal();
-  DeviceScope scope;
-  std::vector<double> partial(kThreads);
-  for (int64_t b = 0; b < blocks; ++b) {
+  submit(stream, [=] {
+    DeviceScope scope;
+    std::vector<double> partial(kThreads);
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int t = 0; t < kThreads; ++t) {
+        double acc = 0;
+        for (int64_t i = b * kThreads + t; i < n; i += blocks * kThreads) {
+          const double v = x[i];
+          acc = acc + v * v;
+        }
+        partial[static_cast<size_t>(t)] = acc;
+      }
+      partials[b] = tree(partial);
+    }
     for (int t = 0; t < kThreads; ++t) {
       double acc = 0;
-      for (int64_t i = b * kThreads + t; i < n; i += blocks * kThreads) {
-        const double v = x[i];
-        acc = acc + v * v;
-      }
+      for (int64_t i = t; i < blocks; i += kThreads) acc = acc + partials[i];
       partial[static_cast<size_t>(t)] = acc;
     }
-    partials[b] = tree(partial);
-  }
-  for (int t = 0; t < kThreads; ++t) {
-    double acc = 0;
-    for (int64_t i = t; i < blocks; i += kThreads) acc = acc + partials[i];
-    partial[static_cast<size_t>(t)] = acc;
-  }
-  *out = tree(partial);
+    *out = tree(partial);
+    return true;
+  });
   return done();
 }
 
 cudaError_t normalize(const float* in, float* out, int64_t n, const double* norm2, double scale, double eps, bool add,
-                      cudaStream_t) {
+                      cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{in, f32(n)}, {out, f32(n)}, {norm2, sizeof(double), 8}}, "normalize")) return illegal();
-  DeviceScope scope;
-  const double norm = std::sqrt(*norm2), scaled = norm * scale;
-  const double denom = add ? scaled + eps : (scaled < eps ? eps : scaled);
-  const bool zero = norm == 0 || denom == 0;
-  const float inv = zero ? 0.0f : static_cast<float>(1.0 / denom);
-  for (int64_t i = 0; i < n; ++i) out[i] = zero ? 0.0f : in[i] * inv;
+  submit(stream, [=] {
+    DeviceScope scope;
+    const double norm = std::sqrt(*norm2), scaled = norm * scale;
+    const double denom = add ? scaled + eps : (scaled < eps ? eps : scaled);
+    const bool zero = norm == 0 || denom == 0;
+    const float inv = zero ? 0.0f : static_cast<float>(1.0 / denom);
+    for (int64_t i = 0; i < n; ++i) out[i] = zero ? 0.0f : in[i] * inv;
+    return true;
+  });
   return done();
 }
 
 cudaError_t normuon(float* u, int64_t rows, int64_t cols, float* v_mean, float* v, float w, NormuonScratch sc,
-                    cudaStream_t) {
+                    cudaStream_t stream) {
   const bool per_row = rows >= cols;
   const int64_t len = per_row ? rows : cols;
   const double k = static_cast<double>(per_row ? cols : rows);
@@ -297,121 +333,151 @@ cudaError_t normuon(float* u, int64_t rows, int64_t cols, float* v_mean, float* 
                {sc.norm, sizeof(double), 8}, {sc.ratio, sizeof(float)}},
               "normuon"))
     return illegal();
-  DeviceScope scope;
-  for (int64_t t = 0; t < len; ++t) {
-    double sum = 0;
-    const int64_t count = per_row ? cols : rows;
-    for (int64_t j = 0; j < count; ++j) {
-      const double x = per_row ? u[t * cols + j] : u[j * cols + t];
-      sum = sum + x * x;
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t t = 0; t < len; ++t) {
+      double sum = 0;
+      const int64_t count = per_row ? cols : rows;
+      for (int64_t j = 0; j < count; ++j) {
+        const double x = per_row ? u[t * cols + j] : u[j * cols + t];
+        sum = sum + x * x;
+      }
+      v_mean[t] = count > 0 ? static_cast<float>(sum / static_cast<double>(count)) : 0.0f;
     }
-    v_mean[t] = count > 0 ? static_cast<float>(sum / static_cast<double>(count)) : 0.0f;
-  }
-  if (k == 0) return done();
-  double sum = 0;
-  for (int64_t i = 0; i < len; ++i) sum = sum + static_cast<double>(v_mean[i]);
-  *sc.norm = std::sqrt(sum * k);
-  for (int64_t i = 0; i < len; ++i) {
-    const float vi = torch_lerp(v[i], v_mean[i], w);
-    v[i] = vi;
-    sc.step[i] = 1.0f / std::sqrt(vi < 1e-10f ? 1e-10f : vi);
-  }
-  double sum_new = 0;
-  for (int64_t i = 0; i < len; ++i) {
-    const double s = sc.step[i];
-    sum_new = sum_new + (static_cast<double>(v_mean[i]) * k) * (s * s);
-  }
-  const double norm_new = std::sqrt(sum_new);
-  *sc.ratio = static_cast<float>(*sc.norm / (norm_new < 1e-10 ? 1e-10 : norm_new));
-  const float r = *sc.ratio;
-  for (int64_t i = 0; i < rows * cols; ++i) {
-    const int64_t t = per_row ? i / cols : i % cols;
-    u[i] = u[i] * (sc.step[t] * r);
-  }
+    if (k == 0) return true;
+    double sum = 0;
+    for (int64_t i = 0; i < len; ++i) sum = sum + static_cast<double>(v_mean[i]);
+    *sc.norm = std::sqrt(sum * k);
+    for (int64_t i = 0; i < len; ++i) {
+      const float vi = torch_lerp(v[i], v_mean[i], w);
+      v[i] = vi;
+      sc.step[i] = 1.0f / std::sqrt(vi < 1e-10f ? 1e-10f : vi);
+    }
+    double sum_new = 0;
+    for (int64_t i = 0; i < len; ++i) {
+      const double s = sc.step[i];
+      sum_new = sum_new + (static_cast<double>(v_mean[i]) * k) * (s * s);
+    }
+    const double norm_new = std::sqrt(sum_new);
+    *sc.ratio = static_cast<float>(*sc.norm / (norm_new < 1e-10 ? 1e-10 : norm_new));
+    const float r = *sc.ratio;
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const int64_t t = per_row ? i / cols : i % cols;
+      u[i] = u[i] * (sc.step[t] * r);
+    }
+    return true;
+  });
   return done();
 }
 
-cudaError_t scale(const float* in, float* out, int64_t n, float inv, cudaStream_t) {
+cudaError_t scale(const float* in, float* out, int64_t n, float inv, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{in, f32(n)}, {out, f32(n)}}, "scale")) return illegal();
-  DeviceScope scope;
-  for (int64_t i = 0; i < n; ++i) out[i] = in[i] * inv;
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t i = 0; i < n; ++i) out[i] = in[i] * inv;
+    return true;
+  });
   return done();
 }
 
 cudaError_t ns_polynomial(const float* g, const float* g2, float* z, int64_t side, float a, float b, float c,
-                          cudaStream_t) {
+                          cudaStream_t stream) {
   if (side <= 0) return done();
   const int64_t n = side * side;
   if (!ranges({{g, f32(n)}, {g2, f32(n)}, {z, f32(n)}}, "ns_polynomial")) return illegal();
-  DeviceScope scope;
-  for (int64_t i = 0; i < n; ++i) {
-    float v = b * g[i] + c * g2[i];
-    if (i / side == i % side) v = v + a;
-    z[i] = v;
-  }
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t i = 0; i < n; ++i) {
+      float v = b * g[i] + c * g2[i];
+      if (i / side == i % side) v = v + a;
+      z[i] = v;
+    }
+    return true;
+  });
   return done();
 }
 
-cudaError_t mirror_lower(float* a, int64_t side, cudaStream_t) {
+cudaError_t mirror_lower(float* a, int64_t side, cudaStream_t stream) {
   if (side <= 1) return done();
   if (!ranges({{a, f32(side * side)}}, "mirror_lower")) return illegal();
-  DeviceScope scope;
-  for (int64_t i = 0; i < side; ++i)
-    for (int64_t j = i + 1; j < side; ++j) a[i * side + j] = a[j * side + i];
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t i = 0; i < side; ++i)
+      for (int64_t j = i + 1; j < side; ++j) a[i * side + j] = a[j * side + i];
+    return true;
+  });
   return done();
 }
 
-cudaError_t trace(const float* a, int64_t side, double* out, cudaStream_t) {
+cudaError_t trace(const float* a, int64_t side, double* out, cudaStream_t stream) {
   if (!ranges({{a, f32(side * side)}, {out, sizeof(double), 8}}, "trace")) return illegal();
-  DeviceScope scope;
-  double sum = 0;
-  for (int64_t i = 0; i < side; ++i) sum = sum + static_cast<double>(a[i * side + i]);
-  *out = sum;
+  submit(stream, [=] {
+    DeviceScope scope;
+    double sum = 0;
+    for (int64_t i = 0; i < side; ++i) sum = sum + static_cast<double>(a[i * side + i]);
+    *out = sum;
+    return true;
+  });
   return done();
 }
 
-cudaError_t add_scaled(float* y, const float* x, int64_t n, float b, cudaStream_t) {
+cudaError_t add_scaled(float* y, const float* x, int64_t n, float b, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{y, f32(n)}, {x, f32(n)}}, "add_scaled")) return illegal();
-  DeviceScope scope;
-  for (int64_t i = 0; i < n; ++i) y[i] = y[i] + b * x[i];
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t i = 0; i < n; ++i) y[i] = y[i] + b * x[i];
+    return true;
+  });
   return done();
 }
 
-cudaError_t to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t) {
+cudaError_t to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{x, f32(n)}, {y, static_cast<size_t>(n) * 2, 2}}, "to_bf16")) return illegal();
-  DeviceScope scope;
-  for (int64_t i = 0; i < n; ++i) y[i] = float_to_bf16(x[i]);
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t i = 0; i < n; ++i) y[i] = float_to_bf16(x[i]);
+    return true;
+  });
   return done();
 }
 
-cudaError_t from_bf16(const uint16_t* x, float* y, int64_t n, cudaStream_t) {
+cudaError_t from_bf16(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{x, static_cast<size_t>(n) * 2, 2}, {y, f32(n)}}, "from_bf16")) return illegal();
-  DeviceScope scope;
-  for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_float(x[i]);
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_float(x[i]);
+    return true;
+  });
   return done();
 }
 
-cudaError_t ordered_sum(const void* blocks, bool bf16, int64_t n, int blocks_n, float* out, cudaStream_t) {
+cudaError_t ordered_sum(const void* blocks, bool bf16, int64_t n, int blocks_n, float* out, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{blocks, grad_bytes(n * blocks_n, bf16), bf16 ? 2u : 4u}, {out, f32(n)}}, "ordered_sum")) return illegal();
-  DeviceScope scope;
-  for (int64_t i = 0; i < n; ++i) {
-    float acc = load(blocks, bf16, i);
-    for (int j = 1; j < blocks_n; ++j) acc = acc + load(blocks, bf16, static_cast<int64_t>(j) * n + i);
-    out[i] = acc;
-  }
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t i = 0; i < n; ++i) {
+      float acc = load(blocks, bf16, i);
+      for (int j = 1; j < blocks_n; ++j) acc = acc + load(blocks, bf16, static_cast<int64_t>(j) * n + i);
+      out[i] = acc;
+    }
+    return true;
+  });
   return done();
 }
 
-cudaError_t divide(float* x, int64_t n, float d, cudaStream_t) {
+cudaError_t divide(float* x, int64_t n, float d, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{x, f32(n)}}, "divide")) return illegal();
-  DeviceScope scope;
-  for (int64_t i = 0; i < n; ++i) x[i] = x[i] / d;
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t i = 0; i < n; ++i) x[i] = x[i] / d;
+    return true;
+  });
   return done();
 }
 

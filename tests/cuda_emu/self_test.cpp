@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "streams.h"
 
 namespace {
 
@@ -54,6 +55,86 @@ TEST(CudaEmu, CopiesCheckDirectionAndBounds) {
   ASSERT_EQ(cudaPointerGetAttributes(&a, pinned), cudaSuccess);
   EXPECT_EQ(a.type, cudaMemoryTypeHost);
   EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+}
+
+// ---- the deferred streams (streams.h): work runs when the host synchronizes with it ----------
+
+// (and clears the last error the tests before left: launchers report it, as cuda_kernels.cu's do)
+#define REQUIRE_DEFERRED()                                                                \
+  if (!dmuon::cuda_emu::deferred()) GTEST_SKIP() << "DMUON_CUDA_EMU_DEFERRED=0: immediate mode"; \
+  (void)cudaGetLastError()
+
+struct Pinned {
+  explicit Pinned(size_t n) : n(n) {
+    EXPECT_EQ(cudaMallocHost(reinterpret_cast<void**>(&p), n * 4), cudaSuccess);
+    for (size_t i = 0; i < n; ++i) p[i] = -7.0f;
+  }
+  ~Pinned() { cudaFreeHost(p); }
+  float* p = nullptr;
+  size_t n;
+};
+
+// A kernel and a copy into pinned memory, queued on one stream: nothing has run before the stream
+// is synchronized (a host read there sees the old bytes), everything after.
+TEST(CudaEmu, DeferredWorkRunsAtTheStreamsSynchronization) {
+  REQUIRE_DEFERRED();
+  DeviceFloats d(4);
+  d.put({1, 2, 3, 4});
+  Pinned h(4);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(dmuon::cuda::scale(d.p, d.p, 4, 2.0f, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(h.p, d.p, 16, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  EXPECT_EQ(h.p[0], -7.0f) << "ran before the synchronization";
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(std::vector<float>(h.p, h.p + 4), (std::vector<float>{2, 4, 6, 8}));
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
+// Streams are not ordered with each other: a copy on stream b of what stream a computes, with
+// only b synchronized, reads the memory from before a's kernel (the race a missing synchronization
+// makes on a GPU); an event on a, synchronized, orders it.
+TEST(CudaEmu, DeferredStreamsAreNotOrderedWithEachOther) {
+  REQUIRE_DEFERRED();
+  DeviceFloats d(4);
+  d.put({1, 2, 3, 4});
+  Pinned h(4);
+  cudaStream_t a = nullptr, b = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t e = nullptr;
+  ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
+  ASSERT_EQ(dmuon::cuda::scale(d.p, d.p, 4, 10.0f, a), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(e, a), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(h.p, d.p, 16, cudaMemcpyDeviceToHost, b), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
+  EXPECT_EQ(std::vector<float>(h.p, h.p + 4), (std::vector<float>{1, 2, 3, 4})) << "b saw a's unsynchronized work";
+  float ms = 0;
+  EXPECT_EQ(cudaEventElapsedTime(&ms, e, e), cudaErrorNotReady);
+  EXPECT_EQ(cudaEventQuery(e), cudaErrorNotReady);  // not yet; the queue moves on
+  EXPECT_EQ(cudaEventQuery(e), cudaSuccess);
+  ASSERT_EQ(cudaEventSynchronize(e), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(h.p, d.p, 16, cudaMemcpyDeviceToHost, b), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
+  EXPECT_EQ(std::vector<float>(h.p, h.p + 4), (std::vector<float>{10, 20, 30, 40}));
+  EXPECT_EQ(cudaEventDestroy(e), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(a), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(b), cudaSuccess);
+}
+
+// Pageable host memory, as CUDA treats it: a copy from it takes the source at the call (the
+// caller may overwrite it at once), a copy into it has completed when it returns.
+TEST(CudaEmu, DeferredCopiesOfPageableMemoryFollowCuda) {
+  REQUIRE_DEFERRED();
+  DeviceFloats d(4);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  std::vector<float> src = {5, 6, 7, 8}, dst(4, 0.0f);
+  ASSERT_EQ(cudaMemcpyAsync(d.p, src.data(), 16, cudaMemcpyHostToDevice, s), cudaSuccess);
+  src.assign(4, -1.0f);  // the copy took the bytes already
+  ASSERT_EQ(cudaMemcpyAsync(dst.data(), d.p, 16, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  EXPECT_EQ(dst, (std::vector<float>{5, 6, 7, 8}));  // complete on return, no synchronization
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
 TEST(CudaEmu, KernelsRefuseHostPointersAndOverruns) {

@@ -1,0 +1,41 @@
+// Test infrastructure: the emulated GPU's streams (tests/cuda_emu, README.md there).
+//
+// Two modes. Immediate (DMUON_CUDA_EMU_DEFERRED=0): every operation runs at once on the calling
+// thread. Deferred (the default): operations on a stream are queued and run only when the host
+// synchronizes with them: cudaStreamSynchronize, cudaEventSynchronize / cudaEventQuery up to the
+// event, cudaDeviceSynchronize, a synchronous copy on the legacy stream, a copy into pageable host
+// memory, cudaFree / cudaFreeHost / cudaStreamDestroy. Code that reads a result (or reuses a
+// buffer) without the synchronization CUDA requires sees the memory as it was, and a stream that
+// uses another's results without waiting for them reads stale data: the tests' bitwise comparisons
+// then fail, deterministically. A fault found while a queued operation runs is sticky, as on a
+// GPU: every later synchronization returns cudaErrorIllegalAddress.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace dmuon::cuda_emu {
+
+bool deferred();  // the mode, read once from DMUON_CUDA_EMU_DEFERRED
+
+// The queue a stream names: nullptr, cudaStreamLegacy and cudaStreamPerThread are the legacy one.
+const void* queue_key(const void* stream);
+
+// Runs `op` on `stream` (at once, or queued in the deferred mode). `op` returns false when it
+// faulted (it reported what on stderr); that makes the sticky error.
+void submit(const void* stream, std::function<bool()> op);
+// Runs everything queued on `stream` so far; on every stream.
+void drain(const void* stream);
+void drain_all();
+// A point in a stream's queue (what an event records) and running the queue up to it.
+struct Mark {
+  const void* key = nullptr;
+  uint64_t seq = 0;  // the op count the stream had submitted
+};
+Mark mark(const void* stream);
+bool reached(const Mark& m);  // every op before the mark has run
+void drain_to(const Mark& m);
+// cudaErrorIllegalAddress (as an int) once a queued op faulted, else 0.
+int sticky_error();
+
+}  // namespace dmuon::cuda_emu
