@@ -8,6 +8,13 @@
 // Kernels run on the calling thread (cpu) unless submitted to a Stream. Numerics are those of the
 // kernels in update.h / orthogonalize.h; for a given backend the results do not depend on the
 // stream, the thread or the thread count (the basis of bitwise layout invariance).
+// Completion: a device backend's kernels (momentum, apply_update, adamw, qk_clip_rows,
+// round_to_comm, pack, muon_units, gram_newton_schulz) are ordered on the calling thread's stream
+// and may still run when they return: later calls on the same thread see their results, anything
+// else (a communicator, another Stream, the host, the caller after a step) only after the thread's
+// synchronize(). copy, first_non_finite and the FSDP data movement (convert, ordered_sum, divide,
+// fill_zero) complete before returning. A Stream's job ends with its work complete, so its Events
+// mean the results are in memory. On the cpu backend everything completes before returning.
 #pragma once
 
 #include <atomic>
@@ -105,6 +112,9 @@ class Backend {
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   // threaded = false: a stream that runs each job on the caller's thread at submit.
   virtual std::unique_ptr<Stream> make_stream(bool threaded) = 0;
+  // Waits until every kernel the calling thread enqueued on this backend has completed (the
+  // completion contract above; cpu: nothing to wait for). Throws a device error it reports.
+  virtual void synchronize() {}
 
   // Thread control of the backend's own kernels (cpu: the BLAS thread count); 0 leaves it. Returns
   // the previous value. Loads the libraries it needs: a missing one fails here (dmuon::Error).

@@ -381,6 +381,7 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
   detail::run_pipeline(s, in);
   const auto ta = std::chrono::steady_clock::now();
   run_adamw(s, in);
+  s.backend->synchronize();  // the step's work is in memory when it returns (the one wait at its end)
   flush.state = nullptr;
   s.state.flush();
   s.stats.update_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();

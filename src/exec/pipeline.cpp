@@ -76,7 +76,10 @@ class Pipeline {
       if (assembled < started) {
         ChunkRun& c = *runs[static_cast<size_t>(assembled)];
         if (ready(c.gather, c.gather_posted)) {
-          timed([&] { s_.backend->pack(c.r->unpack_gather, c.bases); });
+          timed([&] {
+            s_.backend->pack(c.r->unpack_gather, c.bases);
+            s_.backend->synchronize();  // the compute stream reads the units
+          });
           ChunkRun* cp = &c;
           worker.submit([this, cp] { compute_chunk(*cp); });
           c.computed = worker.record();
@@ -221,6 +224,7 @@ class Pipeline {
       local_apply(s_, in_, param_of(e), u);
     }
     s_.backend->pack(r.pack_gather, c->bases);
+    s_.backend->synchronize();  // the communicators read the arena
     const std::string label = "chunk " + std::to_string(index) + " gather";
     post_messages(*c, r.gather_send, r.gather_recv, label, c->gather);
     post_calls(*c, r.gather_calls, label, c->gather);
@@ -245,6 +249,7 @@ class Pipeline {
   void post_scatter(ChunkRun& c) {
     const auto t0 = Clock::now();
     s_.backend->pack(c.r->pack_scatter, c.bases);
+    s_.backend->synchronize();  // the communicators read the arena
     const std::string label = "chunk " + std::to_string(c.index) + " scatter";
     post_messages(c, c.r->scatter_send, c.r->scatter_recv, label, c.scatter);
     post_calls(c, c.r->scatter_calls, label, c.scatter);

@@ -166,6 +166,9 @@ void StateOffload::release(std::span<const size_t> params) {
       if (regions[t].bytes) out.push_back({regions[t].home, g->resident[k][t], regions[t].bytes}), moved += regions[t].bytes;
   }
   if (!out.empty()) {
+    // The copy stream reads what this thread's kernels wrote (a device backend's kernels may still
+    // be queued on the thread's stream: backend.h).
+    backend_.synchronize();
     Backend* be = &backend_;
     copies_->submit([be, out = std::move(out)] {
       for (const Copy& c : out) be->copy(c.dst, c.src, c.bytes);

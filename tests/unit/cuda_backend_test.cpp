@@ -552,11 +552,6 @@ TEST(CudaBackend, StateOffloadStagesThroughDeviceSlots) {
   EXPECT_GT(off.counters().peak_resident_bytes, 0u);
 }
 
-// The distributed engine's steps on the cuda backend keep their device memory flat: each step's
-// pipeline runs its compute stream on a fresh worker thread, and whatever that thread makes on the
-// device (its cuBLAS handle, its Newton–Schulz scratch) must go when the thread does. Measured as
-// the device's free memory after step 2 and after step 8 (Optimizer, the single
-// communicator with device copies).
 // An Optimizer on the cuda backend (one rank, the single communicator for the device) over three
 // Muon matrices, with its parameters and gradients in device memory.
 struct DeviceSteps {
@@ -590,6 +585,9 @@ struct DeviceSteps {
   bool step() { return opt->step(wv, gv); }
 };
 
+// The engine's steps on the cuda backend keep their device memory flat (whatever a compute stream's
+// thread makes on the device, its cuBLAS handle and Newton–Schulz scratch, is kept or freed, never
+// made again per step): the device's free memory after step 2 equals that after step 8.
 TEST(CudaBackend, OptimizerStepsKeepDeviceMemoryFlat) {
   REQUIRE_CUDA();
   DeviceSteps run;
@@ -604,6 +602,28 @@ TEST(CudaBackend, OptimizerStepsKeepDeviceMemoryFlat) {
     if (t == 2) after2 = free_bytes();
   }
   EXPECT_EQ(free_bytes(), after2) << "device memory grew over steps 3..8";
+}
+
+// A step's results are in memory when it returns: read on another stream (as the caller's, e.g.
+// PyTorch's current stream, would read them), the parameters equal what the backend's own copy
+// reads after the step. The kernels are stream-ordered (backend.h); the step ends with one wait.
+TEST(CudaBackend, StepResultsAreInMemoryWhenTheStepReturns) {
+  REQUIRE_CUDA();
+  DeviceSteps run;
+  cudaStream_t other = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  for (int t = 1; t <= 2; ++t) {
+    ASSERT_TRUE(run.step());
+    for (size_t i = 0; i < run.wv.size(); ++i) {
+      const size_t bytes = static_cast<size_t>(run.wv[i].numel()) * 4;
+      std::vector<float> seen(bytes / 4), want(bytes / 4);
+      ASSERT_EQ(cudaMemcpyAsync(seen.data(), run.wv[i].data, bytes, cudaMemcpyDeviceToHost, other), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
+      run.cuda->copy(want.data(), run.wv[i].data, bytes);
+      expect_bitwise(seen, want, "parameter read on another stream after the step");
+    }
+  }
+  EXPECT_EQ(cudaStreamDestroy(other), cudaSuccess);
 }
 
 // The single communicator for a device checks the index against the devices this process sees

@@ -3,11 +3,15 @@
 // Newton–Schulz through cuBLAS, which is dlopen'd at first use (libdmuon links only the static
 // cudart, so it loads and runs its cpu paths on machines without a GPU, a driver or cuBLAS).
 //
-// First version, correctness before overlap: every kernel call enqueues on the calling thread's
-// current stream (a CudaStream's while one of its jobs runs, else the legacy default stream) and
-// synchronizes it before returning, so "a kernel has returned" means "its results are in memory", as
-// on the cpu backend. A CudaStream runs its host jobs in order on a worker thread (the cpu stream)
-// with its own cudaStream_t current; its Events are the cpu stream's.
+// Stream-ordered: a kernel call enqueues on the calling thread's current stream (a CudaStream's
+// while one of its jobs runs, else the legacy default stream) and returns; later calls on the same
+// thread are ordered after it, and synchronize() waits for it (the caller does so before handing
+// the results to a communicator, another stream or the host: backend.h). Calls that return host
+// values or bytes (copy, first_non_finite) and the FSDP data movement (convert, ordered_sum,
+// divide, fill_zero, whose results go straight to communicators) complete before returning. A
+// CudaStream runs its host jobs in order on a worker thread (the cpu stream) with its own
+// cudaStream_t current and synchronizes it when each job ends, so its Events (the cpu stream's)
+// mean the jobs' device work is in memory.
 #include "backend/cuda/cuda_backend.h"
 
 #include <cublas_api.h>
@@ -40,8 +44,10 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw_error(concat("[cuda] ", what, ": ", cudaGetErrorString(e)));
 }
 
-// Finishes a kernel call: launch errors, then the stream's completion.
-void finish(cudaError_t launch, const char* what) {
+// Ends a kernel call: its launch errors; the work stays queued on the thread's stream.
+void finish(cudaError_t launch, const char* what) { check(launch, what); }
+// Ends a call that completes before returning: launch errors, then the stream's completion.
+void finish_sync(cudaError_t launch, const char* what) {
   check(launch, what);
   check(cudaStreamSynchronize(tl_stream), what);
 }
@@ -152,15 +158,19 @@ class CudaStream final : public Stream {
     host_->submit([this, job = std::move(job)] {
       const cudaStream_t before = tl_stream;
       tl_stream = stream_;
-      struct Restore {
-        cudaStream_t s;
-        ~Restore() { tl_stream = s; }
-      } restore{before};
+      struct Restore {  // on an error too: nothing the job queued runs on after it
+        cudaStream_t before, stream;
+        ~Restore() {
+          (void)cudaStreamSynchronize(stream);
+          tl_stream = before;
+        }
+      } restore{before, stream_};
       check(cudaSetDevice(device_), "cudaSetDevice");
       job();
+      check(cudaStreamSynchronize(stream_), "stream job");  // the job's Event means its work is in memory
     });
   }
-  Event record() override { return host_->record(); }  // jobs finish their device work before returning
+  Event record() override { return host_->record(); }  // each job ends with its stream synchronized
   bool busy() override { return host_->busy(); }
   void synchronize() override { host_->synchronize(); }
   void rethrow() override { host_->rethrow(); }
@@ -221,6 +231,11 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<Stream> make_stream(bool threaded) override {
     return std::make_unique<CudaStream>(device_, threaded);
+  }
+
+  void synchronize() override {
+    const DeviceGuard guard = enter();
+    check(cudaStreamSynchronize(tl_stream), "synchronize");
   }
 
   int set_threads(int) override { return 1; }
@@ -318,30 +333,30 @@ class CudaBackend final : public Backend {
     finish(cuda::round_bf16(x, n, tl_stream), "round_to_comm");
   }
 
-  // ---- FSDP data movement: one launch each, synchronized like every kernel here ----
+  // ---- FSDP data movement: one launch each, complete before returning (communicators read them) ----
   void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) override {
     if (n <= 0) return;
     if (dst_dtype == src_dtype) return copy(dst, src, static_cast<size_t>(n) * dtype_size(dst_dtype));
     const DeviceGuard guard = enter();
     if (src_dtype == DType::F32)
-      finish(cuda::to_bf16(static_cast<const float*>(src), static_cast<uint16_t*>(dst), n, tl_stream), "convert to bf16");
+      finish_sync(cuda::to_bf16(static_cast<const float*>(src), static_cast<uint16_t*>(dst), n, tl_stream), "convert to bf16");
     else
-      finish(cuda::from_bf16(static_cast<const uint16_t*>(src), static_cast<float*>(dst), n, tl_stream), "convert to fp32");
+      finish_sync(cuda::from_bf16(static_cast<const uint16_t*>(src), static_cast<float*>(dst), n, tl_stream), "convert to fp32");
   }
   void ordered_sum(const void* blocks, DType dtype, int64_t n, int blocks_n, float* out) override {
     if (n <= 0) return;
     const DeviceGuard guard = enter();
-    finish(cuda::ordered_sum(blocks, dtype == DType::BF16, n, blocks_n, out, tl_stream), "ordered_sum");
+    finish_sync(cuda::ordered_sum(blocks, dtype == DType::BF16, n, blocks_n, out, tl_stream), "ordered_sum");
   }
   void divide(float* x, int64_t n, float d) override {
     if (n <= 0) return;
     const DeviceGuard guard = enter();
-    finish(cuda::divide(x, n, d, tl_stream), "divide");
+    finish_sync(cuda::divide(x, n, d, tl_stream), "divide");
   }
   void fill_zero(void* p, size_t bytes) override {
     if (bytes == 0) return;
     const DeviceGuard guard = enter();
-    finish(cudaMemsetAsync(p, 0, bytes, tl_stream), "fill_zero");
+    finish_sync(cudaMemsetAsync(p, 0, bytes, tl_stream), "fill_zero");
   }
 
   int64_t first_non_finite(const TensorView& g) override {
@@ -386,7 +401,6 @@ class CudaBackend final : public Backend {
       }
       round_to_comm(x, rows * cols, comm);
     }
-    check(cudaStreamSynchronize(tl_stream), "muon_units");  // the batch's results are in memory
   }
 
   // The gram_allreduce strategy's iteration, as the cpu backend's: per step the local slice's Gram
@@ -446,7 +460,6 @@ class CudaBackend final : public Backend {
       else gemm(false, false, N, M, S, a2, S, tmp, N, x, N, false, 1.0f, static_cast<float>(coef[t].a));
     }
     round_to_comm(x, numel, comm);
-    check(cudaStreamSynchronize(tl_stream), "gram_newton_schulz");
   }
 
  private:
