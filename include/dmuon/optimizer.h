@@ -93,7 +93,10 @@ struct OptimizerOptions {
   // without that device, fails at construction). On a device backend every parameter and gradient
   // view must carry that device (TensorView::device; checked each step, naming the parameter), the
   // state, chunk arenas and scratch are device memory, and state() returns device views (read them
-  // with the device's own copy; docs/design.md "The engine on a device backend").
+  // with the device's own copy; docs/design.md "The engine on a device backend"). Streams: the
+  // step does not order itself after the caller's streams, so the gradients must be in memory when
+  // step() is called (synchronize the stream that wrote them; dmuon.torch waits for PyTorch's
+  // current stream); when step() returns, its writes are in memory, for any stream to read.
   std::string device = "cpu";
 };
 
