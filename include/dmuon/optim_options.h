@@ -74,7 +74,8 @@ struct ParamGroup {
 // LocalOptimizer runs the same pipeline on one rank), on the step's driving thread. A parameter whose state the step does not
 // touch (no gradient on every rank, and no NorMuon state to carry) is left out. Where state offload
 // plugs in (bring the tensors in / write them back); the built-in offload (offload_state) runs there
-// too, before the acquire hook and after the release hook. Empty: nothing is called. A hook that throws
+// too, before the acquire hook and after the release hook. On a device backend the step's kernels
+// on that state have completed when the release hook runs (any stream may read it). Empty: nothing is called. A hook that throws
 // fails the step (state may then be partly updated).
 struct StateHooks {
   std::function<void(std::span<const size_t> params)> acquire, release;

@@ -70,6 +70,7 @@ void compute_units(Optimizer::Impl& s, const StepInputs& in, std::span<const Uni
   auto run = [&](std::vector<std::unique_ptr<Orthogonalizer>>& orth, size_t stream) {
     try {
       for (size_t k; (k = next.fetch_add(1)) < n;) run_job(jobs[order[k]], orth, stream);
+      s.backend->synchronize();  // a device fault of this stream's kernels surfaces here, caught
     } catch (...) {
       std::lock_guard<std::mutex> lock(failure_mutex);
       if (!failure) failure = std::current_exception();
@@ -81,7 +82,17 @@ void compute_units(Optimizer::Impl& s, const StepInputs& in, std::span<const Uni
     s.extra_streams[w]->submit([&run, orth, w] { run(*orth, w + 1); });
   }
   run(s.orth, 0);  // this stream is the first
-  for (size_t w = 0; w + 1 < streams; ++w) s.extra_streams[w]->synchronize();  // run() catches
+  // Wait for every stream before leaving (their jobs use this frame); a stream whose job failed
+  // anyway (its end-of-job synchronization) runs nothing more: the streams are made anew next time.
+  bool stream_failed = false;
+  for (size_t w = 0; w + 1 < streams; ++w) try {
+      s.extra_streams[w]->synchronize();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
+      stream_failed = true;
+    }
+  if (stream_failed) s.extra_streams.clear();
   if (failure) std::rethrow_exception(failure);
 }
 

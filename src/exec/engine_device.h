@@ -38,8 +38,9 @@ class ScopedEngineDevice {
 };
 
 // dmuon::Error (invalid_argument) when the backend keeps its buffers on a device and `comm` cannot
-// carry device memory (Communicator::device_buffers): `who` prefixes the message ("[optim]").
-// Local and the same on every rank (the communicator's capability is agreed when it is made).
+// carry device memory (Communicator::device_buffers): `who` prefixes the message ("[optim]"; empty:
+// none). Local, and the same text on every rank (the device's index is left out; the
+// communicator's capability is agreed when it is made).
 void check_comm_carries_device(const Backend& backend, const Communicator& comm, std::string_view who);
 
 // Where the step's own memory (state without offload, chunk arenas, scratch) comes from.

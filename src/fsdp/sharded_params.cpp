@@ -149,9 +149,9 @@ ShardedParams::ShardedParams(std::shared_ptr<MeshCommunicators> comms, Mesh mesh
     backend_line = detail::concat("backend '", options.device, "' unavailable: ", e.what());
   }
   try {  // same on every rank; through the agreement below all the same (a rank may lack its GPU)
-    if (m.backend) detail::check_comm_carries_device(*m.backend, world, "[fsdp]");
+    if (m.backend) detail::check_comm_carries_device(*m.backend, world, "");
   } catch (const std::exception& e) {
-    backend_line = detail::concat("backend '", options.device, "' refused: ", e.what());
+    backend_line = detail::concat("backend '", m.backend->name(), "' refused: ", e.what());  // rank-independent
     m.backend = nullptr;
   }
   m.comms = std::move(comms);

@@ -25,6 +25,7 @@ void StateStore::init(std::vector<StateSpec> specs, Backend& backend, bool offlo
   const bool device = backend.capabilities().device_memory;
   const MemoryKind home = offload ? MemoryKind::PinnedHost : device ? MemoryKind::Device : MemoryKind::Host;
   view_device_ = offload || !device ? Device{} : backend.device();
+  backend_ = &backend;
   for (StateSpec& s : specs) {
     Param p;
     const auto zeros = [&](const Shape& sh) { return backend.allocate(static_cast<size_t>(sh.numel()) * sizeof(float), home); };
@@ -108,7 +109,10 @@ void StateStore::release(std::span<const size_t> params) {
   std::vector<size_t> buffer;
   const std::span<const size_t> ps = kept(params, buffer);
   if (ps.empty()) return;
-  if (hooks_.release) hooks_.release(ps);
+  if (hooks_.release) {
+    if (backend_ != nullptr) backend_->synchronize();  // the hook reads what the step's kernels wrote
+    hooks_.release(ps);
+  }
   if (offload_) offload_->release(ps);
 }
 

@@ -92,6 +92,7 @@ class StateStore {
   StateHooks hooks_;
   std::vector<uint8_t> untouched_;
   Device view_device_;  // where view() tensors live: the backend's device when the state is device memory
+  Backend* backend_ = nullptr;  // synchronized before the release hook (its kernels may be queued)
   std::unique_ptr<StateOffload> offload_;
 };
 

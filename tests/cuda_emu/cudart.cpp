@@ -95,7 +95,9 @@ cudaError_t do_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kin
       return true;
     });
   }
-  if (sync || dst_pageable) {
+  // Complete on return: a synchronous copy that touches host memory (device to device is not
+  // waited for), a copy into pageable memory, a copy between host memories.
+  if ((sync && !(dst_dev && src_dev)) || dst_pageable || (!dst_dev && !src_dev)) {
     drain(s);
     return synced();
   }
@@ -257,8 +259,7 @@ cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t* s) {
 cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) { return cudaStreamCreate(s); }
 cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t s) {
   if (s == nullptr || !stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
-  drain(s);  // its queued work completes first
-  s->id = 0;  // a use after destruction fails stream_ok
+  s->id = 0;  // its queued work still runs, at a later synchronization (CUDA returns at once too)  // a use after destruction fails stream_ok
   delete s;
   return cudaSuccess;
 }
@@ -276,17 +277,17 @@ cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t* e) {
 }
 cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { return cudaEventCreate(e); }
 cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t e) {
+  if (e != nullptr && e->recorded) drain_to(e->mark);  // its queued record writes into it
   delete e;
   return cudaSuccess;
 }
 cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
-  submit(s, [e] {
+  e->mark = submit_marked(s, [e] {
     e->at = std::chrono::steady_clock::now();
     return true;
   });
-  e->mark = mark(s);
   e->recorded = true;
   return cudaSuccess;
 }

@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "dmuon/local_optimizer.h"
 #include "streams.h"
 
 namespace {
@@ -122,6 +123,26 @@ TEST(CudaEmu, DeferredStreamsAreNotOrderedWithEachOther) {
   EXPECT_EQ(cudaStreamDestroy(b), cudaSuccess);
 }
 
+// A device-wide synchronization (here cudaFree's) runs the legacy stream last: work another stream
+// queued after the legacy stream's, without waiting for it, runs first and sees the memory from
+// before (a GPU may well run it first too), so such a missing wait is not hidden by the order.
+TEST(CudaEmu, DeferredDeviceSynchronizationRunsTheLegacyStreamLast) {
+  REQUIRE_DEFERRED();
+  DeviceFloats d(4);
+  d.put({1, 2, 3, 4});
+  Pinned h(4);
+  cudaStream_t b = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(dmuon::cuda::scale(d.p, d.p, 4, 3.0f, nullptr), cudaSuccess);  // the legacy stream
+  ASSERT_EQ(cudaMemcpyAsync(h.p, d.p, 16, cudaMemcpyDeviceToHost, b), cudaSuccess);
+  void* x = nullptr;
+  ASSERT_EQ(cudaMalloc(&x, 64), cudaSuccess);
+  ASSERT_EQ(cudaFree(x), cudaSuccess);  // synchronizes the device
+  EXPECT_EQ(std::vector<float>(h.p, h.p + 4), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(d.get(), (std::vector<float>{3, 6, 9, 12}));
+  EXPECT_EQ(cudaStreamDestroy(b), cudaSuccess);
+}
+
 // Pageable host memory, as CUDA treats it: a copy from it takes the source at the call (the
 // caller may overwrite it at once), a copy into it has completed when it returns.
 TEST(CudaEmu, DeferredCopiesOfPageableMemoryFollowCuda) {
@@ -203,6 +224,23 @@ TEST(CudaEmu, CudaBackendLeavesTheCallersDeviceCurrent) {
   be->fill_zero(b.data(), 64);
   ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
   EXPECT_EQ(current, 0) << "allocate / fill_zero";
+  {  // a LocalOptimizer step on device 1 (its compute jobs run on the caller's thread)
+    dmuon::ParamInfo info;
+    info.name = "w", info.shape = {6, 4};
+    dmuon::LocalOptimizerOptions o;
+    o.device = "cuda:1";
+    dmuon::LocalOptimizer opt({info}, {dmuon::ParamGroup{dmuon::GroupOptions{}, {0}}}, o);
+    std::vector<float> h(24, 0.5f);
+    dmuon::detail::Buffer w = be->allocate(96, dmuon::detail::MemoryKind::Device);
+    dmuon::detail::Buffer g = be->allocate(96, dmuon::detail::MemoryKind::Device);
+    be->copy(w.data(), h.data(), 96), be->copy(g.data(), h.data(), 96);
+    std::vector<dmuon::TensorView> wv = {dmuon::TensorView(w.as<float>(), info.shape)};
+    std::vector<dmuon::TensorView> gv = {dmuon::TensorView(g.as<float>(), info.shape)};
+    wv[0].device = gv[0].device = {dmuon::DeviceKind::Cuda, 1};
+    ASSERT_TRUE(opt.step(wv, gv));
+    ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+    EXPECT_EQ(current, 0) << "LocalOptimizer::step on cuda:1";
+  }
   ::unsetenv("DMUON_CUDA_EMU_DEVICES");
 }
 

@@ -73,18 +73,21 @@ const void* queue_key(const void* stream) {
   return stream;
 }
 
-void submit(const void* stream, std::function<bool()> op) {
+Mark submit_marked(const void* stream, std::function<bool()> op) {
   const void* key = queue_key(stream);
-  if (!deferred()) {
-    if (!op()) fault();
-    return;
-  }
   State& s = state();
   std::shared_ptr<Queue> q = s.get(key);
+  if (!deferred()) {
+    if (!op()) fault();
+    return {key, 0};  // nothing is ever pending
+  }
   std::lock_guard<std::mutex> lock(s.mu);
   q->ops.push_back(std::move(op));
   ++q->submitted;
+  return {key, q->submitted};
 }
+
+void submit(const void* stream, std::function<bool()> op) { (void)submit_marked(stream, std::move(op)); }
 
 void drain(const void* stream) { run_until(queue_key(stream), UINT64_MAX); }
 
@@ -94,7 +97,7 @@ void drain_all() {
     std::lock_guard<std::mutex> lock(state().mu);
     for (const auto& [k, q] : state().queues) keys.push_back(k);
   }
-  for (const void* k : keys) run_until(k, UINT64_MAX);
+  for (auto k = keys.rbegin(); k != keys.rend(); ++k) run_until(*k, UINT64_MAX);  // legacy (nullptr) last
 }
 
 Mark mark(const void* stream) {

@@ -24,7 +24,8 @@ const void* queue_key(const void* stream);
 // Runs `op` on `stream` (at once, or queued in the deferred mode). `op` returns false when it
 // faulted (it reported what on stderr); that makes the sticky error.
 void submit(const void* stream, std::function<bool()> op);
-// Runs everything queued on `stream` so far; on every stream.
+// Runs everything queued on `stream` so far; on every stream (the legacy one last, so work another
+// stream does without waiting for the legacy stream's runs first, as it may on a GPU).
 void drain(const void* stream);
 void drain_all();
 // A point in a stream's queue (what an event records) and running the queue up to it.
@@ -33,6 +34,8 @@ struct Mark {
   uint64_t seq = 0;  // the op count the stream had submitted
 };
 Mark mark(const void* stream);
+// submit, and the mark just after `op`, in one step (no other thread's op slips in between).
+Mark submit_marked(const void* stream, std::function<bool()> op);
 bool reached(const Mark& m);  // every op before the mark has run
 void drain_to(const Mark& m);
 // cudaErrorIllegalAddress (as an int) once a queued op faulted, else 0.

@@ -14,8 +14,10 @@
 #include <condition_variable>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,6 +28,7 @@
 #include "dmuon/bf16.h"
 #include "dmuon/error.h"
 #include "dmuon/inventory.h"
+#include "dmuon/local_optimizer.h"
 #include "dmuon/optimizer.h"
 #include "dmuon/update.h"
 #include "state/state_offload.h"
@@ -622,6 +625,55 @@ TEST(CudaBackend, StepResultsAreInMemoryWhenTheStepReturns) {
       run.cuda->copy(want.data(), run.wv[i].data, bytes);
       expect_bitwise(seen, want, "parameter read on another stream after the step");
     }
+  }
+  EXPECT_EQ(cudaStreamDestroy(other), cudaSuccess);
+}
+
+// The state release hook (StateHooks) sees the state the step wrote: read on another stream inside
+// the hook, every state tensor (Muon's momentum, AdamW's moments, written just before the release)
+// equals what the backend's own copy reads after the step.
+TEST(CudaBackend, StateReleaseHookSeesTheStepsWrites) {
+  REQUIRE_CUDA();
+  auto cuda = make_cuda_backend(0);
+  LocalOptimizer* opt = nullptr;
+  cudaStream_t other = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  std::map<std::pair<size_t, std::string>, std::vector<float>> seen;
+  LocalOptimizerOptions o;
+  o.device = "cuda";
+  o.state_hooks.release = [&](std::span<const size_t> params) {
+    for (size_t i : params)
+      for (const std::string& key : opt->state_keys(i)) {
+        const TensorView t = opt->state(i, key);
+        std::vector<float>& out = seen[{i, key}];
+        out.resize(static_cast<size_t>(t.numel()));
+        ASSERT_EQ(cudaMemcpyAsync(out.data(), t.data, out.size() * 4, cudaMemcpyDeviceToHost, other), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(other), cudaSuccess);
+      }
+  };
+  GroupOptions adamw;
+  adamw.algorithm = Algorithm::AdamW;
+  LocalOptimizer local({ParamInfo{"w", {8, 6}}, ParamInfo{"b", {6}}},
+                       {ParamGroup{GroupOptions{}, {0}}, ParamGroup{adamw, {1}}}, o);
+  opt = &local;
+  std::vector<Buffer> keep;
+  std::vector<TensorView> wv, gv;
+  for (const ParamInfo& p : local.params()) {
+    const std::vector<float> h = randn(static_cast<size_t>(p.shape.numel()), 31, 1.0f);
+    for (int k = 0; k < 2; ++k) {
+      keep.push_back(cuda->allocate(h.size() * 4, MemoryKind::Device));
+      cuda->copy(keep.back().data(), h.data(), h.size() * 4);
+      (k == 0 ? wv : gv).emplace_back(keep.back().as<float>(), p.shape);
+      (k == 0 ? wv : gv).back().device = cuda->device();
+    }
+  }
+  ASSERT_TRUE(local.step(wv, gv));
+  ASSERT_EQ(seen.size(), 3u);  // momentum_buffer; exp_avg, exp_avg_sq
+  for (auto& [at, got] : seen) {
+    const TensorView t = local.state(at.first, at.second);
+    std::vector<float> want(got.size());
+    cuda->copy(want.data(), t.data, want.size() * 4);
+    expect_bitwise(got, want, at.second + " read in the release hook");
   }
   EXPECT_EQ(cudaStreamDestroy(other), cudaSuccess);
 }

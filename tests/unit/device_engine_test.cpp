@@ -349,9 +349,9 @@ TEST(DeviceEngine, HostOnlyCommunicatorIsRefused) {
     FAIL() << "expected an error";
   } catch (const std::invalid_argument& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("[optim] the engine runs on cuda:0"), std::string::npos) << m;
+    EXPECT_NE(m.find("[optim] the engine runs on cuda "), std::string::npos) << m;
     EXPECT_NE(m.find("communicator 'world' (backend 'single') carries host memory only"), std::string::npos) << m;
-    EXPECT_NE(m.find("make_single_communicator(\"cuda:0\")"), std::string::npos) << m;
+    EXPECT_NE(m.find("make_single_communicator(\"cuda\")"), std::string::npos) << m;
   }
   std::shared_ptr<dmuon::Communicator> on_device = dmuon::make_single_communicator(fake->space());
   EXPECT_TRUE(on_device->device_buffers());

@@ -101,7 +101,11 @@ cublasHandle_t blas_handle(int device) {
 // all of its work, NCCL's included). Two slots: Newton–Schulz's work (NsWork, muon_units) and the
 // small tables and work of the other calls (pack, qk_clip_rows, first_non_finite,
 // gram_newton_schulz), which never nest with each other or with muon_units on one thread. Valid
-// until the thread's next request for the same slot; every call synchronizes before returning.
+// until the thread's next request for the same slot. Kernels are stream-ordered, so a slot is safe
+// to reuse on the stream that last used it; a thread that switches streams (LocalOptimizer's caller
+// runs its compute jobs on the compute stream's cudaStream_t, its other calls on the legacy one)
+// must synchronize the first before the second reuses a slot: the pipeline synchronizes before it
+// submits a chunk to the compute stream, and each job ends synchronized.
 enum ScratchSlot { kNsScratch = 0, kAuxScratch = 1 };
 std::byte* thread_scratch(int device, size_t bytes, ScratchSlot slot) {
   ThreadResources::Scratch& s = tl_resources.on(device).scratch[slot];
@@ -156,6 +160,9 @@ class CudaStream final : public Stream {
   }
   void submit(std::function<void()> job) override {
     host_->submit([this, job = std::move(job)] {
+      // The caller's thread runs the job when the stream is not threaded: its current device comes
+      // back after (declared first: goes last, after the stream's synchronization).
+      const DeviceGuard guard(device_);
       const cudaStream_t before = tl_stream;
       tl_stream = stream_;
       struct Restore {  // on an error too: nothing the job queued runs on after it
@@ -165,7 +172,6 @@ class CudaStream final : public Stream {
           tl_stream = before;
         }
       } restore{before, stream_};
-      check(cudaSetDevice(device_), "cudaSetDevice");
       job();
       check(cudaStreamSynchronize(stream_), "stream job");  // the job's Event means its work is in memory
     });

@@ -1,5 +1,5 @@
 // Internal: `dmuon bench ns --device cuda` (cuda_bench.h). The orthogonalization is the backend's own
-// (Backend::muon_units, which synchronizes before returning); the GEMM baseline calls cuBLAS on a
+// (Backend::muon_units, stream-ordered on the legacy stream, as the events); the GEMM baseline calls cuBLAS on a
 // handle of its own in the backend's configuration (make_blas_handle, gemm: fp32 without TF32), timed by events.
 #include "backend/cuda_bench.h"
 
