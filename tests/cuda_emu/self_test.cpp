@@ -71,24 +71,36 @@ struct Pinned {
     for (size_t i = 0; i < n; ++i) p[i] = -7.0f;
   }
   ~Pinned() { cudaFreeHost(p); }
+  std::vector<float> seen() const { return {p, p + n}; }
   float* p = nullptr;
   size_t n;
+};
+
+// Device values {1, 2, 3, 4}, a pinned host buffer for them (-7 each), a non-blocking stream maker.
+struct Deferred {
+  DeviceFloats d{4};
+  Pinned h{4};
+  Deferred() { d.put({1, 2, 3, 4}); }
+  static cudaStream_t stream() {
+    cudaStream_t s = nullptr;
+    EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    return s;
+  }
 };
 
 // A kernel and a copy into pinned memory, queued on one stream: nothing has run before the stream
 // is synchronized (a host read there sees the old bytes), everything after.
 TEST(CudaEmu, DeferredWorkRunsAtTheStreamsSynchronization) {
   REQUIRE_DEFERRED();
-  DeviceFloats d(4);
-  d.put({1, 2, 3, 4});
-  Pinned h(4);
-  cudaStream_t s = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  Deferred t;
+  DeviceFloats& d = t.d;
+  Pinned& h = t.h;
+  cudaStream_t s = Deferred::stream();
   ASSERT_EQ(dmuon::cuda::scale(d.p, d.p, 4, 2.0f, s), cudaSuccess);
   ASSERT_EQ(cudaMemcpyAsync(h.p, d.p, 16, cudaMemcpyDeviceToHost, s), cudaSuccess);
   EXPECT_EQ(h.p[0], -7.0f) << "ran before the synchronization";
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-  EXPECT_EQ(std::vector<float>(h.p, h.p + 4), (std::vector<float>{2, 4, 6, 8}));
+  EXPECT_EQ(h.seen(), (std::vector<float>{2, 4, 6, 8}));
   EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
@@ -97,19 +109,17 @@ TEST(CudaEmu, DeferredWorkRunsAtTheStreamsSynchronization) {
 // makes on a GPU); an event on a, synchronized, orders it.
 TEST(CudaEmu, DeferredStreamsAreNotOrderedWithEachOther) {
   REQUIRE_DEFERRED();
-  DeviceFloats d(4);
-  d.put({1, 2, 3, 4});
-  Pinned h(4);
-  cudaStream_t a = nullptr, b = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
-  ASSERT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+  Deferred t;
+  DeviceFloats& d = t.d;
+  Pinned& h = t.h;
+  cudaStream_t a = Deferred::stream(), b = Deferred::stream();
   cudaEvent_t e = nullptr;
   ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
   ASSERT_EQ(dmuon::cuda::scale(d.p, d.p, 4, 10.0f, a), cudaSuccess);
   ASSERT_EQ(cudaEventRecord(e, a), cudaSuccess);
   ASSERT_EQ(cudaMemcpyAsync(h.p, d.p, 16, cudaMemcpyDeviceToHost, b), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
-  EXPECT_EQ(std::vector<float>(h.p, h.p + 4), (std::vector<float>{1, 2, 3, 4})) << "b saw a's unsynchronized work";
+  EXPECT_EQ(h.seen(), (std::vector<float>{1, 2, 3, 4})) << "b saw a's unsynchronized work";
   float ms = 0;
   EXPECT_EQ(cudaEventElapsedTime(&ms, e, e), cudaErrorNotReady);
   EXPECT_EQ(cudaEventQuery(e), cudaErrorNotReady);  // not yet; the queue moves on
@@ -117,7 +127,7 @@ TEST(CudaEmu, DeferredStreamsAreNotOrderedWithEachOther) {
   ASSERT_EQ(cudaEventSynchronize(e), cudaSuccess);
   ASSERT_EQ(cudaMemcpyAsync(h.p, d.p, 16, cudaMemcpyDeviceToHost, b), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
-  EXPECT_EQ(std::vector<float>(h.p, h.p + 4), (std::vector<float>{10, 20, 30, 40}));
+  EXPECT_EQ(h.seen(), (std::vector<float>{10, 20, 30, 40}));
   EXPECT_EQ(cudaEventDestroy(e), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(a), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(b), cudaSuccess);
@@ -128,17 +138,16 @@ TEST(CudaEmu, DeferredStreamsAreNotOrderedWithEachOther) {
 // before (a GPU may well run it first too), so such a missing wait is not hidden by the order.
 TEST(CudaEmu, DeferredDeviceSynchronizationRunsTheLegacyStreamLast) {
   REQUIRE_DEFERRED();
-  DeviceFloats d(4);
-  d.put({1, 2, 3, 4});
-  Pinned h(4);
-  cudaStream_t b = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+  Deferred t;
+  DeviceFloats& d = t.d;
+  Pinned& h = t.h;
+  cudaStream_t b = Deferred::stream();
   ASSERT_EQ(dmuon::cuda::scale(d.p, d.p, 4, 3.0f, nullptr), cudaSuccess);  // the legacy stream
   ASSERT_EQ(cudaMemcpyAsync(h.p, d.p, 16, cudaMemcpyDeviceToHost, b), cudaSuccess);
   void* x = nullptr;
   ASSERT_EQ(cudaMalloc(&x, 64), cudaSuccess);
   ASSERT_EQ(cudaFree(x), cudaSuccess);  // synchronizes the device
-  EXPECT_EQ(std::vector<float>(h.p, h.p + 4), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(h.seen(), (std::vector<float>{1, 2, 3, 4}));
   EXPECT_EQ(d.get(), (std::vector<float>{3, 6, 9, 12}));
   EXPECT_EQ(cudaStreamDestroy(b), cudaSuccess);
 }
