@@ -22,7 +22,8 @@ struct CUstream_st {
   int id;
 };
 struct CUevent_st {
-  std::chrono::steady_clock::time_point at{};  // when the recorded point ran
+  // when the recorded point ran (shared with the queued record op, which may outlive the event)
+  std::shared_ptr<std::chrono::steady_clock::time_point> at = std::make_shared<std::chrono::steady_clock::time_point>();
   bool recorded = false;
   dmuon::cuda_emu::Mark mark;  // the point of its stream's queue it recorded
 };
@@ -176,7 +177,7 @@ cudaError_t CUDARTAPI cudaGetDeviceProperties(cudaDeviceProp* prop, int device) 
 }
 
 cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
-  drain_all();
+  drain_device(tl_device);
   return synced();
 }
 
@@ -188,7 +189,7 @@ cudaError_t CUDARTAPI cudaMalloc(void** p, size_t bytes) {
 
 cudaError_t CUDARTAPI cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
-  drain_all();  // cudaFree synchronizes the device
+  drain_device(tl_device);  // cudaFree synchronizes the device
   if (!device_free(p)) {
     fail_access("cudaFree of a pointer that is not a live device allocation");
     return fail(cudaErrorInvalidValue);
@@ -213,7 +214,7 @@ cudaError_t CUDARTAPI cudaHostAlloc(void** p, size_t bytes, unsigned int) { retu
 
 cudaError_t CUDARTAPI cudaFreeHost(void* p) {
   if (p == nullptr) return cudaSuccess;
-  drain_all();
+  drain_device(tl_device);  // as cudaFree (CUDA may wait for more; this is the weaker choice)
   if (!pinned_free(p)) {
     fail_access("cudaFreeHost of a pointer that is not pinned memory");
     return fail(cudaErrorInvalidValue);
@@ -253,6 +254,7 @@ cudaError_t CUDARTAPI cudaMemsetAsync(void* p, int value, size_t bytes, cudaStre
 cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t* s) {
   if (s == nullptr) return fail(cudaErrorInvalidValue);
   *s = new CUstream_st{0x5EA};
+  set_queue_device(*s, tl_device);
   count_made(Made::Stream);
   return cudaSuccess;
 }
@@ -277,15 +279,14 @@ cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t* e) {
 }
 cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) { return cudaEventCreate(e); }
 cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t e) {
-  if (e != nullptr && e->recorded) drain_to(e->mark);  // its queued record writes into it
-  delete e;
+  delete e;  // a queued record writes into its shared time stamp, not into the event
   return cudaSuccess;
 }
 cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
-  e->mark = submit_marked(s, [e] {
-    e->at = std::chrono::steady_clock::now();
+  e->mark = submit_marked(s, [at = e->at] {
+    *at = std::chrono::steady_clock::now();
     return true;
   });
   e->recorded = true;
@@ -296,7 +297,7 @@ cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t e) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   if (!e->recorded || reached(e->mark)) return synced();
-  drain_to(e->mark);
+  (void)try_drain_to(e->mark);  // never waits (a collective's peers may not have come yet)
   return cudaErrorNotReady;
 }
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t e) {
@@ -308,7 +309,7 @@ cudaError_t CUDARTAPI cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEve
   if (ms == nullptr || start == nullptr || end == nullptr) return fail(cudaErrorInvalidValue);
   if (!start->recorded || !end->recorded) return fail(cudaErrorInvalidResourceHandle);
   if (!reached(start->mark) || !reached(end->mark)) return cudaErrorNotReady;
-  *ms = std::chrono::duration<float, std::milli>(end->at - start->at).count();
+  *ms = std::chrono::duration<float, std::milli>(*end->at - *start->at).count();
   return cudaSuccess;
 }
 

@@ -18,16 +18,26 @@ namespace dmuon::cuda_emu {
 
 bool deferred();  // the mode, read once from DMUON_CUDA_EMU_DEFERRED
 
-// The queue a stream names: nullptr, cudaStreamLegacy and cudaStreamPerThread are the legacy one.
+// The queue a stream names: nullptr, cudaStreamLegacy and cudaStreamPerThread are the legacy stream
+// of the calling thread's current device (one per device, as CUDA's).
 const void* queue_key(const void* stream);
+// A stream's device (cudaStreamCreate tells it; the legacy queues know theirs).
+void set_queue_device(const void* stream, int device);
 
 // Runs `op` on `stream` (at once, or queued in the deferred mode). `op` returns false when it
 // faulted (it reported what on stderr); that makes the sticky error.
 void submit(const void* stream, std::function<bool()> op);
+// An op that may have to wait for something outside its stream (a peer of an emulated NCCL
+// collective): Blocked leaves it at the head of its queue, to be run again. A blocking wait
+// (stream / event / device synchronization) retries it until it is Done; a query stops there.
+enum class OpStatus { Done, Fault, Blocked };
+void submit_op(const void* stream, std::function<OpStatus()> op);
+
 // Runs everything queued on `stream` so far; on every stream (the legacy one last, so work another
 // stream does without waiting for the legacy stream's runs first, as it may on a GPU).
 void drain(const void* stream);
-void drain_all();
+void drain_all();                 // every device's queues
+void drain_device(int device);    // the queues of one device (cudaDeviceSynchronize, cudaFree)
 // A point in a stream's queue (what an event records) and running the queue up to it.
 struct Mark {
   const void* key = nullptr;
@@ -38,6 +48,8 @@ Mark mark(const void* stream);
 Mark submit_marked(const void* stream, std::function<bool()> op);
 bool reached(const Mark& m);  // every op before the mark has run
 void drain_to(const Mark& m);
+// Runs the queue up to the mark without waiting on a Blocked op: true when the mark is reached.
+bool try_drain_to(const Mark& m);
 // cudaErrorIllegalAddress (as an int) once a queued op faulted, else 0.
 int sticky_error();
 

@@ -6,6 +6,8 @@
 // - On a GPU (skipped without one, with the reason): every operation at world size 1 on device and
 //   host buffers, a split, and a wait that times out (a recv nobody sends) aborting NCCL with an
 //   error naming rank, op and label. scripts/gpu_check.sh runs this binary and counts skips as failures.
+// - On two devices (NcclTwoDevices; the CUDA emulation's NCCL gives two): two ranks as threads.
+// - The emulated entry (nccl_comm_test_emu) runs the device cases on tests/cuda_emu's NCCL.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -236,6 +238,65 @@ TEST_F(NcclDevice, EveryOperationAtWorldSizeOne) {
   EXPECT_EQ(one[0], 7);
   EXPECT_EQ(c->split(-1, 0, "none"), nullptr);
   EXPECT_EQ(c->counters().collectives, 10u);
+}
+
+// Two ranks (threads of this process) on two devices: variable all-to-all, uneven all-gather and
+// reduce-scatter, a host all-reduce and a split, with integer data (exact sums). Needs two
+// devices (the emulation gives them: DMUON_CUDA_EMU_DEVICES=2).
+TEST(NcclTwoDevices, CollectivesBetweenTwoRanks) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) {
+    (void)cudaGetLastError();
+    GTEST_SKIP() << "needs two CUDA devices";
+  }
+  ThreadExchange ex(2);
+  auto rank_body = [&](int r) {
+    ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+    auto c = make_nccl_communicator(r, 2, ex.for_rank(r), r);
+    c->set_default_timeout(std::chrono::seconds(20));
+    // all_to_all_v: r sends (r + 1) * (j + 2) values 1000 r + 100 j + k to j
+    std::vector<int64_t> sc(2), rc(2), sd(2), rd(2);
+    std::vector<float> send;
+    for (int j = 0; j < 2; ++j) {
+      sc[j] = (r + 1) * (j + 2), rc[j] = (j + 1) * (r + 2);
+      sd[j] = static_cast<int64_t>(send.size());
+      for (int64_t k = 0; k < sc[j]; ++k) send.push_back(static_cast<float>(1000 * r + 100 * j + k));
+    }
+    rd[0] = 0, rd[1] = rc[0];
+    Dev<float> ds(send), dr(std::vector<float>(static_cast<size_t>(rc[0] + rc[1]), -1.0f));
+    c->all_to_all_v(ds.in(), sc, sd, dr.out(), rc, rd, "a2a").wait();
+    const std::vector<float> got = dr.get();
+    for (int i = 0; i < 2; ++i)
+      for (int64_t k = 0; k < rc[i]; ++k)
+        EXPECT_EQ(got[static_cast<size_t>(rd[i] + k)], static_cast<float>(1000 * i + 100 * r + k)) << "rank " << r;
+    // all_gather_v, uneven
+    const int64_t gc[] = {3, 5};
+    Dev<float> mine(std::vector<float>(static_cast<size_t>(gc[r]), static_cast<float>(r + 1)));
+    Dev<float> all(std::vector<float>(8, 0.0f));
+    c->all_gather_v(mine.in(), all.out(), gc, "gather").wait();
+    EXPECT_EQ(all.get(), (std::vector<float>{1, 1, 1, 2, 2, 2, 2, 2})) << "rank " << r;
+    // reduce_scatter_v: block j (counts[j]) of rank r holds 10 r + i
+    const int64_t rsc[] = {4, 2};
+    std::vector<float> blocks;
+    for (int j = 0; j < 2; ++j)
+      for (int64_t i = 0; i < rsc[j]; ++i) blocks.push_back(static_cast<float>(10 * r + i));
+    Dev<float> rs_send(blocks), rs_recv(std::vector<float>(static_cast<size_t>(rsc[r]), 0.0f));
+    c->reduce_scatter_v(rs_send.in(), rs_recv.out(), rsc, ReduceOp::Sum, "rs").wait();
+    std::vector<float> want_rs;
+    for (int64_t i = 0; i < rsc[r]; ++i) want_rs.push_back(static_cast<float>(10 + 2 * i));
+    EXPECT_EQ(rs_recv.get(), want_rs) << "rank " << r;
+    // host all_reduce and a split into one-rank groups
+    std::vector<int64_t> flags{r + 1, -r};
+    c->all_reduce(OutBuffer(flags), ReduceOp::Sum, "flags").wait();
+    EXPECT_EQ(flags, (std::vector<int64_t>{3, -1})) << "rank " << r;
+    auto alone = c->split(r, 0, "alone");
+    ASSERT_NE(alone, nullptr);
+    EXPECT_EQ(alone->size(), 1);
+    c->barrier("end").wait();
+  };
+  std::thread peer(rank_body, 1);
+  rank_body(0);
+  peer.join();
 }
 
 TEST_F(NcclDevice, TimeoutAbortsAndNamesTheOp) {
