@@ -6,11 +6,14 @@
 // - On a GPU (skipped without one, with the reason): every operation at world size 1 on device and
 //   host buffers, a split, and a wait that times out (a recv nobody sends) aborting NCCL with an
 //   error naming rank, op and label. scripts/gpu_check.sh runs this binary and counts skips as failures.
-// - On two devices (NcclTwoDevices; the CUDA emulation's NCCL gives two): two ranks as threads.
+// - On two devices (NcclTwoDevices; the CUDA emulation's NCCL gives two): two ranks as threads, the
+//   collectives and dmuon::Optimizer at dp_shard=2 bitwise vs LocalOptimizer on one device.
 // - The emulated entry (nccl_comm_test_emu) runs the device cases on tests/cuda_emu's NCCL.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
+#include <tuple>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
@@ -25,6 +28,9 @@
 #include "dmuon/comm.h"
 #include "dmuon/comm_nccl.h"
 #include "dmuon/error.h"
+#include "dmuon/inventory.h"
+#include "dmuon/local_optimizer.h"
+#include "dmuon/optimizer.h"
 
 #if DMUON_TEST_CUDA
 #include <cuda_runtime_api.h>
@@ -297,6 +303,121 @@ TEST(NcclTwoDevices, CollectivesBetweenTwoRanks) {
   std::thread peer(rank_body, 1);
   rank_body(0);
   peer.join();
+}
+
+// dmuon::Optimizer over the nccl communicator, two ranks (threads) on two devices, dp_shard=2:
+// after 3 steps every rank's parameter rows and momentum rows are BITWISE those of LocalOptimizer
+// on device 0 over the whole matrices (layout invariance), for fp32 and bf16 communication, and
+// the bytes each rank sent equal the plan's prediction.
+TEST(NcclTwoDevices, OptimizerBitwiseEqualsOneRank) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) {
+    (void)cudaGetLastError();
+    GTEST_SKIP() << "needs two CUDA devices";
+  }
+  ModelDesc model{"nccl2", {}};
+  for (auto [name, rows, cols] : {std::tuple{"w0", 12, 8}, std::tuple{"w1", 7, 10}, std::tuple{"w2", 9, 9}}) {
+    ParamSpec p;
+    p.name = name, p.shape = Shape{rows, cols};
+    model.params.push_back(p);
+  }
+  const Inventory inv = apply_parallel(model, parse_parallel("dp_shard=2"));
+  const size_t n = inv.params.size();
+  const auto value = [](size_t i, size_t j, int t) { return std::sin(0.37f * static_cast<float>(j + 11 * i + 5 * t)); };
+  const auto upload = [](const std::vector<float>& h) {
+    float* d = nullptr;
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), std::max<size_t>(1, h.size()) * 4), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    return d;
+  };
+  const auto download = [](const float* d, size_t count) {
+    std::vector<float> h(count);
+    EXPECT_EQ(cudaMemcpy(h.data(), d, count * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  };
+  for (DType comm_dtype : {DType::F32, DType::BF16}) {
+    // the reference: one rank on device 0, whole matrices
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    std::vector<ParamInfo> infos;
+    for (const ParamSpec& p : inv.params) infos.push_back({p.name, p.shape});
+    LocalOptimizerOptions lo{NonFinitePolicy::Raise, comm_dtype};
+    lo.device = "cuda:0";
+    LocalOptimizer ref(infos, {ParamGroup{GroupOptions{}, {0, 1, 2}}}, lo);
+    std::vector<float*> rw(n), rg(n);
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<float> h(static_cast<size_t>(inv.params[i].shape.numel()));
+      for (size_t j = 0; j < h.size(); ++j) h[j] = value(i, j, 99);
+      rw[i] = upload(h), rg[i] = upload(h);
+    }
+    for (int t = 0; t < 3; ++t) {
+      std::vector<TensorView> wv, gv;
+      for (size_t i = 0; i < n; ++i) {
+        std::vector<float> h(static_cast<size_t>(inv.params[i].shape.numel()));
+        for (size_t j = 0; j < h.size(); ++j) h[j] = value(i, j, t);
+        ASSERT_EQ(cudaMemcpy(rg[i], h.data(), h.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        wv.emplace_back(rw[i], inv.params[i].shape), gv.emplace_back(rg[i], inv.params[i].shape);
+        wv.back().device = gv.back().device = {DeviceKind::Cuda, 0};
+      }
+      ASSERT_TRUE(ref.step(wv, gv));
+    }
+    std::vector<std::vector<float>> want_w(n), want_m(n);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t numel = static_cast<size_t>(inv.params[i].shape.numel());
+      want_w[i] = download(rw[i], numel);
+      want_m[i] = download(static_cast<const float*>(ref.state(i, "momentum_buffer").data), numel);
+      cudaFree(rw[i]), cudaFree(rg[i]);
+    }
+    // two ranks, each its rows of every matrix on its own device
+    ThreadExchange ex(2);
+    auto rank_body = [&](int r) {
+      ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+      std::shared_ptr<Communicator> c = make_nccl_communicator(r, 2, ex.for_rank(r), r);
+      c->set_default_timeout(std::chrono::seconds(30));
+      OptimizerOptions oo;
+      oo.device = "cuda:" + std::to_string(r);
+      oo.comm_dtype = comm_dtype;
+      oo.env_override = false;
+      Optimizer opt(c, inv, {ParamGroup{GroupOptions{}, {0, 1, 2}}}, oo);
+      std::vector<float*> w(n), g(n);
+      std::vector<Range> rows(n);
+      for (size_t i = 0; i < n; ++i) {
+        const Box b = opt.local_box(i);
+        ASSERT_EQ(b.dims[0].ranges().size(), 1u);
+        rows[i] = b.dims[0].ranges()[0];
+        const int64_t cols = inv.params[i].shape[1];
+        std::vector<float> h(static_cast<size_t>(rows[i].size() * cols));
+        for (size_t j = 0; j < h.size(); ++j) h[j] = value(i, static_cast<size_t>(rows[i].begin * cols) + j, 99);
+        w[i] = upload(h), g[i] = upload(h);
+      }
+      for (int t = 0; t < 3; ++t) {
+        std::vector<TensorView> wv, gv;
+        for (size_t i = 0; i < n; ++i) {
+          const int64_t cols = inv.params[i].shape[1];
+          std::vector<float> h(static_cast<size_t>(rows[i].size() * cols));
+          for (size_t j = 0; j < h.size(); ++j) h[j] = value(i, static_cast<size_t>(rows[i].begin * cols) + j, t);
+          ASSERT_EQ(cudaMemcpy(g[i], h.data(), h.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+          wv.emplace_back(w[i], opt.local_shape(i)), gv.emplace_back(g[i], opt.local_shape(i));
+          wv.back().device = gv.back().device = {DeviceKind::Cuda, r};
+        }
+        ASSERT_TRUE(opt.step(wv, gv));
+        EXPECT_EQ(opt.last_stats().bytes_sent, opt.last_stats().bytes_sent_predicted) << "rank " << r << " step " << t;
+      }
+      for (size_t i = 0; i < n; ++i) {
+        const int64_t cols = inv.params[i].shape[1];
+        const size_t at = static_cast<size_t>(rows[i].begin * cols), count = static_cast<size_t>(rows[i].size() * cols);
+        const std::vector<float> gw = download(w[i], count);
+        const std::vector<float> gm = download(static_cast<const float*>(opt.state(i, "momentum_buffer").data), count);
+        EXPECT_EQ(std::memcmp(gw.data(), want_w[i].data() + at, count * 4), 0)
+            << inv.params[i].name << " rank " << r << " comm " << to_string(comm_dtype);
+        EXPECT_EQ(std::memcmp(gm.data(), want_m[i].data() + at, count * 4), 0)
+            << inv.params[i].name << " momentum rank " << r << " comm " << to_string(comm_dtype);
+        cudaFree(w[i]), cudaFree(g[i]);
+      }
+    };
+    std::thread peer(rank_body, 1);
+    rank_body(0);
+    peer.join();
+  }
 }
 
 TEST_F(NcclDevice, TimeoutAbortsAndNamesTheOp) {
