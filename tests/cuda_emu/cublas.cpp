@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bits.h"
 #include "device_memory.h"
 #include "streams.h"
 
@@ -47,12 +48,6 @@ bool operand_ok(const void* p, int rows, int cols, int ld, size_t elem, const ch
   return expect_device(p, bytes, what.c_str());
 }
 
-float bf16_to_float(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // Column-major rows × cols (ld) of fp32 or bf16 into a dense fp32 copy (ld = rows).
 std::vector<float> widen(const void* p, cudaDataType t, int rows, int cols, int ld) {

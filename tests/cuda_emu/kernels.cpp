@@ -14,6 +14,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bits.h"
 #include "device_memory.h"
 #include "streams.h"
 
@@ -28,22 +29,10 @@ constexpr int kThreads = 256;  // cuda_kernels.cu's block size (the reduction tr
 
 int64_t blocks_for(int64_t n) { return std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 8192); }
 
-float bits_to_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint32_t float_to_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float bf16_to_float(uint16_t b) { return bits_to_float(static_cast<uint32_t>(b) << 16); }
-uint16_t float_to_bf16(float f) {
-  const uint32_t u = float_to_bits(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
-  return static_cast<uint16_t>((u + ((u >> 16) & 1u) + 0x7FFFu) >> 16);
-}
+using cuda_emu::bf16_to_float;
+using cuda_emu::float_to_bf16;
+using cuda_emu::float_to_bits;
+
 float load(const void* g, bool bf16, int64_t i) {
   return bf16 ? bf16_to_float(static_cast<const uint16_t*>(g)[i]) : static_cast<const float*>(g)[i];
 }

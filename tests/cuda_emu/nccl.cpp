@@ -28,6 +28,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "bits.h"
 #include "device_memory.h"
 #include "streams.h"
 
@@ -45,18 +46,6 @@ size_t type_size(ncclDataType_t t) {
   }
 }
 
-float bf16_to_float(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint16_t float_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
-  return static_cast<uint16_t>((u + ((u >> 16) & 1u) + 0x7FFFu) >> 16);
-}
 
 template <class T> T combine(T a, T b, ncclRedOp_t op) {
   switch (op) {

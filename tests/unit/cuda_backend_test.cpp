@@ -563,13 +563,8 @@ struct DeviceSteps {
   std::vector<Buffer> w, g;
   std::vector<TensorView> wv, gv;
   DeviceSteps() {
-    ModelDesc model{"flat", {}};
-    for (auto [name, rows, cols] : {std::tuple{"w0", 96, 64}, std::tuple{"w1", 64, 160}, std::tuple{"w2", 128, 128}}) {
-      ParamSpec p;
-      p.name = name, p.shape = Shape{rows, cols};
-      model.params.push_back(p);
-    }
-    const Inventory inv = apply_parallel(model, parse_parallel("dp_shard=1"));
+    const Inventory inv = apply_parallel(test::matrix_model("flat", {{"w0", 96, 64}, {"w1", 64, 160}, {"w2", 128, 128}}),
+                                         parse_parallel("dp_shard=1"));
     OptimizerOptions o;
     o.device = "cuda";
     o.env_override = false;

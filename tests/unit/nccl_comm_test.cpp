@@ -31,6 +31,7 @@
 #include "dmuon/inventory.h"
 #include "dmuon/local_optimizer.h"
 #include "dmuon/optimizer.h"
+#include "test_support.h"
 
 #if DMUON_TEST_CUDA
 #include <cuda_runtime_api.h>
@@ -315,13 +316,8 @@ TEST(NcclTwoDevices, OptimizerBitwiseEqualsOneRank) {
     (void)cudaGetLastError();
     GTEST_SKIP() << "needs two CUDA devices";
   }
-  ModelDesc model{"nccl2", {}};
-  for (auto [name, rows, cols] : {std::tuple{"w0", 12, 8}, std::tuple{"w1", 7, 10}, std::tuple{"w2", 9, 9}}) {
-    ParamSpec p;
-    p.name = name, p.shape = Shape{rows, cols};
-    model.params.push_back(p);
-  }
-  const Inventory inv = apply_parallel(model, parse_parallel("dp_shard=2"));
+  const Inventory inv =
+      apply_parallel(test::matrix_model("nccl2", {{"w0", 12, 8}, {"w1", 7, 10}, {"w2", 9, 9}}), parse_parallel("dp_shard=2"));
   const size_t n = inv.params.size();
   const auto value = [](size_t i, size_t j, int t) { return std::sin(0.37f * static_cast<float>(j + 11 * i + 5 * t)); };
   const auto upload = [](const std::vector<float>& h) {

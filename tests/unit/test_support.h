@@ -11,9 +11,24 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "dmuon/inventory.h"
+
 namespace dmuon::test {
+
+// A model of 2-D Muon matrices, (name, rows, cols) each.
+inline ModelDesc matrix_model(const std::string& name,
+                              std::initializer_list<std::tuple<const char*, int64_t, int64_t>> matrices) {
+  ModelDesc model{name, {}};
+  for (const auto& [n, rows, cols] : matrices) {
+    ParamSpec p;
+    p.name = n, p.shape = Shape{rows, cols};
+    model.params.push_back(p);
+  }
+  return model;
+}
 
 // n Gaussian values (mean 0, standard deviation `scale`) from mt19937 seeded with `seed`.
 inline std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
