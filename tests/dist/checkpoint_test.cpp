@@ -11,10 +11,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
+#include "../support/corrupt_file.h"
 #include "core/hash.h"
 #include "dmuon/checkpoint.h"
 #include "dmuon/comm.h"
@@ -222,13 +222,7 @@ void run_errors(Communicator& comm, const std::string& dir) {
   const CheckpointInfo info = read_checkpoint_info(dir);
   const std::string file = dir + "/" + info.generation + "/rank-" + std::to_string(last) + ".safetensors";
   if (comm.rank() == 0) {  // flip a byte of the last rank's file
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(-2, std::ios::end);
-    char c = 0;
-    f.read(&c, 1);
-    c ^= 0x40;
-    f.seekp(-2, std::ios::end);
-    f.write(&c, 1);
+    test::flip_bits_near_end(file, 2, 0x40);
   }
   comm.barrier("corrupted").wait();
   std::vector<Local> targets = make_locals(comm.rank(), comm.size(), false);

@@ -20,11 +20,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "../support/corrupt_file.h"
 #include "../support/fake_device.h"
 #include "comm/memory_space.h"
 #include "dmuon/checkpoint.h"
@@ -180,13 +180,7 @@ void run_errors(const std::shared_ptr<Communicator>& world, const std::string& d
   }
   const std::string file = dir + "/" + read_checkpoint_info(dir).generation + "/rank-" + std::to_string(last) + ".safetensors";
   if (world->rank() == 0) {  // flip a byte of the last rank's file
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(-3, std::ios::end);
-    char c = 0;
-    f.read(&c, 1);
-    c ^= 0x21;
-    f.seekp(-3, std::ios::end);
-    f.write(&c, 1);
+    test::flip_bits_near_end(file, 3, 0x21);
   }
   world->barrier("corrupted").wait();
   Trainer target(world, mesh_for(W, false), true);

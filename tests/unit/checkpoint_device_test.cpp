@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +27,7 @@
 #include "exec/engine_device.h"
 #include "state/file_io.h"
 #include "state/safetensors_io.h"
+#include "../support/corrupt_file.h"
 #include "../support/temp_dir.h"
 
 namespace dmuon {
@@ -191,15 +191,7 @@ TEST(CheckpointDevice, FailedLoadLeavesDeviceMemoryUnchanged) {
   Set saved = Set::make(fb.get(), 4);
   save_checkpoint(*comm, dir.path(), saved.tensors(), 1);
   const std::string file = dir.path() + "/" + read_checkpoint_info(dir.path()).generation + "/rank-0.safetensors";
-  {
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(-2, std::ios::end);
-    char c = 0;
-    f.read(&c, 1);
-    c ^= 0x10;
-    f.seekp(-2, std::ios::end);
-    f.write(&c, 1);
-  }
+  test::flip_bits_near_end(file, 2, 0x10);
   Set target = Set::make(fb.get(), 50);
   const auto before = target.bytes();
   try {
