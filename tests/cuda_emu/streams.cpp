@@ -117,6 +117,7 @@ bool deferred() {
   return on;
 }
 
+namespace {
 const void* queue_key(const void* stream) {
   if (stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread) return stream;
   int d = 0;
@@ -126,6 +127,7 @@ const void* queue_key(const void* stream) {
   state().devices[key] = d;
   return key;
 }
+}  // namespace
 
 void set_queue_device(const void* stream, int device) {
   std::lock_guard<std::mutex> lock(state().mu);
@@ -160,10 +162,9 @@ void submit(const void* stream, std::function<bool()> op) { (void)submit_marked(
 
 void drain(const void* stream) { run_until(queue_key(stream), UINT64_MAX); }
 
-namespace {
-void drain_keys(int device) {
-  // Every queue until each is empty; a queue blocked on another is left and come back to (the
-  // legacy one last in each round).
+void drain_device(int device) {
+  // Every queue of the device until each is empty; a queue blocked on another is left and come
+  // back to (the legacy one last in each round).
   for (;;) {
     bool all = true;
     const std::vector<const void*> ks = keys(device);
@@ -172,17 +173,6 @@ void drain_keys(int device) {
     help_others(nullptr);
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
-}
-}  // namespace
-
-void drain_all() { drain_keys(-1); }
-void drain_device(int device) { drain_keys(device); }
-
-Mark mark(const void* stream) {
-  const void* key = queue_key(stream);
-  std::shared_ptr<Queue> q = state().get(key);
-  std::lock_guard<std::mutex> lock(state().mu);
-  return {key, q->submitted};
 }
 
 bool reached(const Mark& m) {

@@ -18,9 +18,8 @@ namespace dmuon::cuda_emu {
 
 bool deferred();  // the mode, read once from DMUON_CUDA_EMU_DEFERRED
 
-// The queue a stream names: nullptr, cudaStreamLegacy and cudaStreamPerThread are the legacy stream
-// of the calling thread's current device (one per device, as CUDA's).
-const void* queue_key(const void* stream);
+// nullptr, cudaStreamLegacy and cudaStreamPerThread name the legacy stream of the calling thread's
+// current device (one per device, as CUDA's).
 // A stream's device (cudaStreamCreate tells it; the legacy queues know theirs).
 void set_queue_device(const void* stream, int device);
 
@@ -33,17 +32,16 @@ void submit(const void* stream, std::function<bool()> op);
 enum class OpStatus { Done, Fault, Blocked };
 void submit_op(const void* stream, std::function<OpStatus()> op);
 
-// Runs everything queued on `stream` so far; on every stream (the legacy one last, so work another
-// stream does without waiting for the legacy stream's runs first, as it may on a GPU).
+// Runs everything queued on `stream` so far; on every stream of `device` (cudaDeviceSynchronize,
+// cudaFree), the legacy one last, so work another stream does without waiting for the legacy
+// stream's runs first, as it may on a GPU.
 void drain(const void* stream);
-void drain_all();                 // every device's queues
-void drain_device(int device);    // the queues of one device (cudaDeviceSynchronize, cudaFree)
+void drain_device(int device);
 // A point in a stream's queue (what an event records) and running the queue up to it.
 struct Mark {
   const void* key = nullptr;
   uint64_t seq = 0;  // the op count the stream had submitted
 };
-Mark mark(const void* stream);
 // submit, and the mark just after `op`, in one step (no other thread's op slips in between).
 Mark submit_marked(const void* stream, std::function<bool()> op);
 bool reached(const Mark& m);  // every op before the mark has run
