@@ -167,12 +167,14 @@ class CudaStream final : public Stream {
       tl_stream = stream_;
       struct Restore {  // on an error too: nothing the job queued runs on after it
         cudaStream_t before, stream;
+        bool synced = false;
         ~Restore() {
-          (void)cudaStreamSynchronize(stream);
+          if (!synced) (void)cudaStreamSynchronize(stream);
           tl_stream = before;
         }
       } restore{before, stream_};
       job();
+      restore.synced = true;  // the check below either synchronized or throws a device error
       check(cudaStreamSynchronize(stream_), "stream job");  // the job's Event means its work is in memory
     });
   }
