@@ -88,6 +88,7 @@ struct BackendCaps {
   bool bf16_products = false;     // NsOptions::matmul_dtype BF16
   bool gram_newton_schulz = true;
   bool batched = true;            // expert stacks / same-shape batches in one call
+  bool batches_units = false;     // muon_batch runs several units' products together (device backends)
   bool device_memory = false;     // buffers live off the host
   int max_streams = 0;            // 0: no limit
 };
@@ -154,6 +155,20 @@ class Backend {
   // values; v_mean: scratch of one matrix's size), then rounded to the comm dtype.
   virtual void muon_units(Orthogonalizer& orth, float* u, int64_t batch, int64_t rows, int64_t cols, float* v,
                           float* v_mean, double beta2, DType comm) = 0;
+  // One unit of a muon_batch call: `batch` matrices back to back at u, their NorMuon state at v
+  // (batch × normuon_state_size values) or null.
+  struct UnitRef {
+    float* u = nullptr;
+    int64_t batch = 0;
+    float* v = nullptr;
+  };
+  // muon_units over several units of one shape and one Orthogonalizer: each matrix gets exactly the
+  // bits muon_units gives it (a device backend runs their products as batches: capabilities()
+  // batches_units). The default calls muon_units per unit.
+  virtual void muon_batch(Orthogonalizer& orth, std::span<const UnitRef> units, int64_t rows, int64_t cols,
+                          float* v_mean, double beta2, DType comm) {
+    for (const UnitRef& r : units) muon_units(orth, r.u, r.batch, rows, cols, r.v, v_mean, beta2, comm);
+  }
   // Gram Newton–Schulz on a slice of a matrix sharded along its long dim: x is the local slice
   // (local_rows × local_cols, row-major), the Gram side is rows when `wide` (else cols) of size s;
   // `reduce` sums each step's s×s Gram matrix over the shard group. Result rounded to `comm`.

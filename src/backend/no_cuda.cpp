@@ -13,7 +13,7 @@ double cuda_ns_flops_done(int64_t, int64_t, const NsOptions&) {
   throw_error("[cuda] dmuon was built without CUDA");
 }
 
-CudaNsTiming time_ns_cuda(const NsOptions&, const float*, int64_t, int64_t, int, int) {
+CudaNsTiming time_ns_cuda(const NsOptions&, const float*, int64_t, int64_t, int, int, int64_t) {
   throw_error("[cuda] dmuon was built without CUDA: `dmuon bench ns --device cuda` needs a build with "
               "DMUON_WITH_CUDA (nvcc and the cuBLAS headers; see scripts/gpu_check.sh)");
 }

@@ -4,8 +4,11 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <numeric>
+#include <tuple>
+#include <vector>
 
 #include "exec/engine_device.h"
 #include "exec/executor.h"
@@ -26,10 +29,32 @@ void prepare_streams(Optimizer::Impl& s, size_t extra) {
   }
 }
 
+// The units computed together: one job each, or on a backend that batches units
+// (BackendCaps::batches_units) every job of one Muon group and shape, in job order.
+std::vector<std::vector<size_t>> batch_jobs(const Optimizer::Impl& s, std::span<const UnitJob> jobs) {
+  std::vector<std::vector<size_t>> batches;
+  const bool together = s.backend->capabilities().batches_units;
+  std::map<std::tuple<int, int64_t, int64_t>, size_t> index;  // (group, rows, cols) -> batch
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    const UnitJob& j = jobs[k];
+    if (j.batch == 0 || j.rows == 0 || j.cols == 0) continue;  // an empty matrix: nothing to compute
+    if (!together) {
+      batches.push_back({k});
+      continue;
+    }
+    const auto key = std::make_tuple(s.group_of[static_cast<size_t>(j.param)], j.rows, j.cols);
+    const auto [it, fresh] = index.emplace(key, batches.size());
+    if (fresh) batches.emplace_back();
+    batches[it->second].push_back(k);
+  }
+  return batches;
+}
+
 }  // namespace
 
 void compute_units(Optimizer::Impl& s, const StepInputs& in, std::span<const UnitJob> jobs) {
-  const size_t streams = std::min(static_cast<size_t>(std::max(s.step_streams, 1)), jobs.size());
+  const std::vector<std::vector<size_t>> batches = batch_jobs(s, jobs);
+  const size_t streams = std::min(static_cast<size_t>(std::max(s.step_streams, 1)), batches.size());
   // NorMuon's v_mean scratch, one per stream, in the backend's step memory (device memory on a
   // device backend), sized for the largest matrix of this call; allocated before the streams run.
   int64_t scratch = 0;
@@ -39,37 +64,45 @@ void compute_units(Optimizer::Impl& s, const StepInputs& in, std::span<const Uni
   for (size_t w = 0; w < std::max<size_t>(streams, 1) && scratch > 0; ++w)
     if (s.v_mean_scratch[w].bytes() < static_cast<size_t>(scratch) * sizeof(float))
       s.v_mean_scratch[w] = s.backend->allocate(static_cast<size_t>(scratch) * sizeof(float), step_memory(*s.backend));
-  const auto run_job = [&](const UnitJob& j, std::vector<std::unique_ptr<Orthogonalizer>>& orth, size_t stream) {
-    if (j.batch == 0 || j.rows == 0 || j.cols == 0) return;  // an empty matrix: nothing to compute
-    const size_t g = static_cast<size_t>(s.group_of[static_cast<size_t>(j.param)]);
+  const auto run_batch = [&](const std::vector<size_t>& batch, std::vector<std::unique_ptr<Orthogonalizer>>& orth,
+                             size_t stream) {
+    const UnitJob& first = jobs[batch.front()];
+    const size_t g = static_cast<size_t>(s.group_of[static_cast<size_t>(first.param)]);
     const GroupOptions& o = in.options[g];
-    float* v_mean = j.v ? s.v_mean_scratch[stream].as<float>() : nullptr;
-    s.backend->muon_units(*orth[g], j.data, j.batch, j.rows, j.cols, j.v, v_mean, o.normuon_beta2, s.options.comm_dtype);
+    std::vector<Backend::UnitRef> units;
+    bool normuon = false;
+    for (size_t k : batch) {
+      units.push_back({jobs[k].data, jobs[k].batch, jobs[k].v});
+      normuon = normuon || jobs[k].v != nullptr;
+    }
+    float* v_mean = normuon ? s.v_mean_scratch[stream].as<float>() : nullptr;
+    s.backend->muon_batch(*orth[g], units, first.rows, first.cols, v_mean, o.normuon_beta2, s.options.comm_dtype);
   };
   if (streams <= 1) {
-    for (const UnitJob& j : jobs) run_job(j, s.orth, 0);
+    for (const auto& b : batches) run_batch(b, s.orth, 0);
     return;
   }
-  // Several streams: each takes whole jobs, largest first (work ~ numel × the Gram side). The
-  // order only balances the streams; a job's result does not depend on the stream that runs it.
-  // The step has set the backend to one thread (optimizer.cpp) while streams > 1.
+  // Several streams: each takes whole batches, largest first (work ~ numel × the Gram side). The
+  // order only balances the streams; a matrix's result does not depend on the stream or the batch
+  // that runs it. The step has set the backend to one thread (optimizer.cpp) while streams > 1.
   prepare_streams(s, streams - 1);
-  std::vector<double> work(jobs.size());
-  for (size_t k = 0; k < jobs.size(); ++k) {
-    const UnitJob& j = jobs[k];
-    work[k] = static_cast<double>(j.batch) * static_cast<double>(j.rows) * static_cast<double>(j.cols) *
-              static_cast<double>(std::min(j.rows, j.cols));
-  }
-  std::vector<size_t> order(jobs.size());
+  std::vector<double> work(batches.size());
+  for (size_t k = 0; k < batches.size(); ++k)
+    for (size_t i : batches[k]) {
+      const UnitJob& j = jobs[i];
+      work[k] += static_cast<double>(j.batch) * static_cast<double>(j.rows) * static_cast<double>(j.cols) *
+                 static_cast<double>(std::min(j.rows, j.cols));
+    }
+  std::vector<size_t> order(batches.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return work[a] > work[b]; });
   std::atomic<size_t> next{0};
   std::exception_ptr failure;
   std::mutex failure_mutex;
-  const size_t n = jobs.size();
+  const size_t n = batches.size();
   auto run = [&](std::vector<std::unique_ptr<Orthogonalizer>>& orth, size_t stream) {
     try {
-      for (size_t k; (k = next.fetch_add(1)) < n;) run_job(jobs[order[k]], orth, stream);
+      for (size_t k; (k = next.fetch_add(1)) < n;) run_batch(batches[order[k]], orth, stream);
       s.backend->synchronize();  // a device fault of this stream's kernels surfaces here, caught
     } catch (...) {
       std::lock_guard<std::mutex> lock(failure_mutex);

@@ -7,7 +7,6 @@
 // (CUBLAS_STATUS_INVALID_VALUE, cuBLAS's rules), the data types (NOT_SUPPORTED), and that every
 // element each operand spans lies inside one live device (or pinned) allocation: a host pointer or a
 // leading dimension that runs past the buffer is EXECUTION_FAILED with the operand named on stderr.
-#include <cblas.h>
 #include <cublas_api.h>
 
 #include <algorithm>
@@ -17,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "bits.h"
 #include "device_memory.h"
+#include "gemm_host.h"
 #include "streams.h"
 
 struct cublasContext {
@@ -34,31 +33,8 @@ using namespace dmuon::cuda_emu;
 
 bool handle_ok(cublasHandle_t h) { return h != nullptr && h->magic == 0xB1A5; }
 
-// Column-major rows × cols at p with leading dimension ld, `elem` bytes each: its span in bytes.
-size_t span(int rows, int cols, int ld, size_t elem) {
-  if (rows == 0 || cols == 0) return 0;
-  return (static_cast<size_t>(cols - 1) * static_cast<size_t>(ld) + static_cast<size_t>(rows)) * elem;
-}
-
 bool operand_ok(const void* p, int rows, int cols, int ld, size_t elem, const char* gemm, const char* name) {
-  const size_t bytes = span(rows, cols, ld, elem);
-  if (bytes == 0) return true;
-  const std::string what = std::string(gemm) + " operand " + name;
-  if (reinterpret_cast<uintptr_t>(p) % elem != 0) return fail_access(what + ": misaligned for its element size");
-  return expect_device(p, bytes, what.c_str());
-}
-
-
-// Column-major rows × cols (ld) of fp32 or bf16 into a dense fp32 copy (ld = rows).
-std::vector<float> widen(const void* p, cudaDataType t, int rows, int cols, int ld) {
-  std::vector<float> out(static_cast<size_t>(rows) * static_cast<size_t>(cols));
-  for (int c = 0; c < cols; ++c)
-    for (int r = 0; r < rows; ++r) {
-      const size_t i = static_cast<size_t>(c) * static_cast<size_t>(ld) + static_cast<size_t>(r);
-      out[static_cast<size_t>(c) * static_cast<size_t>(rows) + static_cast<size_t>(r)] =
-          t == CUDA_R_16BF ? bf16_to_float(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
-    }
-  return out;
+  return gemm_operand_ok(p, gemm_span(rows, cols, ld, elem), elem, gemm, name);
 }
 
 // C = alpha·op(A)·op(B) + beta·C, every operand fp32 (A, B widened when bf16), checked first.
@@ -86,17 +62,7 @@ cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb
   const float alpha_v = *alpha, beta_v = *beta;
   submit(h->stream, [=] {
     DeviceScope scope;
-    if (beta_v == 0.0f)  // cuBLAS: C is not read when beta is 0 (it may hold NaN)
-      for (int c = 0; c < n; ++c) std::fill_n(C + static_cast<size_t>(c) * static_cast<size_t>(ldc), m, 0.0f);
-    if (k == 0 || alpha_v == 0.0f) {
-      if (beta_v != 0.0f)
-        for (int c = 0; c < n; ++c)
-          for (int r = 0; r < m; ++r) C[static_cast<size_t>(c) * static_cast<size_t>(ldc) + static_cast<size_t>(r)] *= beta_v;
-      return true;
-    }
-    const std::vector<float> a = widen(A, at, a_rows, a_cols, lda), b = widen(B, bt, b_rows, b_cols, ldb);
-    cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
-                m, n, k, alpha_v, a.data(), std::max(1, a_rows), b.data(), std::max(1, b_rows), beta_v, C, ldc);
+    host_gemm(ta == CUBLAS_OP_T, tb == CUBLAS_OP_T, m, n, k, alpha_v, A, at, lda, B, bt, ldb, beta_v, C, ldc);
     return true;
   });
   return CUBLAS_STATUS_SUCCESS;

@@ -94,6 +94,11 @@ bool device_free(void* p) {
   if (it == s.live.end()) return false;
   size_t off = it->first, len = round_up(it->second == 0 ? 1 : it->second);
   s.live.erase(it);
+  // The whole pages of the freed range go back to the kernel: every access toggle (mprotect) walks
+  // the populated pages of the range, so freed memory that stayed populated would slow every
+  // emulated operation after it. A later allocation there fills its bytes anyway.
+  const size_t page = 4096, first = (off + page - 1) / page * page, last = (off + len) / page * page;
+  if (last > first) (void)madvise(s.base + first, last - first, MADV_DONTNEED);
   auto next = s.free_ranges.lower_bound(off);
   if (next != s.free_ranges.end() && next->first == off + len) len += next->second, next = s.free_ranges.erase(next);
   if (next != s.free_ranges.begin()) {

@@ -370,30 +370,67 @@ cudaError_t scale(const float* in, float* out, int64_t n, float inv, cudaStream_
   return done();
 }
 
-cudaError_t ns_polynomial(const float* g, const float* g2, float* z, int64_t side, float a, float b, float c,
-                          cudaStream_t stream) {
-  if (side <= 0) return done();
-  const int64_t n = side * side;
-  if (!ranges({{g, f32(n)}, {g2, f32(n)}, {z, f32(n)}}, "ns_polynomial")) return illegal();
+cudaError_t ns_polynomial(const float* g, const float* g2, float* z, int64_t side, int64_t stride, int64_t batch,
+                          float a, float b, float c, cudaStream_t stream) {
+  if (side <= 0 || batch <= 0) return done();
+  const int64_t n = side * side, span = (batch - 1) * stride + n;
+  if (!ranges({{g, f32(span)}, {g2, f32(span)}, {z, f32(span)}}, "ns_polynomial")) return illegal();
   submit(stream, [=] {
     DeviceScope scope;
-    for (int64_t i = 0; i < n; ++i) {
-      float v = b * g[i] + c * g2[i];
-      if (i / side == i % side) v = v + a;
-      z[i] = v;
+    for (int64_t e = 0; e < batch; ++e)
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t i = e * stride + r;
+        float v = b * g[i] + c * g2[i];
+        if (r / side == r % side) v = v + a;
+        z[i] = v;
+      }
+    return true;
+  });
+  return done();
+}
+
+cudaError_t mirror_lower(float* a, int64_t side, int64_t stride, int64_t batch, cudaStream_t stream) {
+  if (side <= 1 || batch <= 0) return done();
+  if (!ranges({{a, f32((batch - 1) * stride + side * side)}}, "mirror_lower")) return illegal();
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t e = 0; e < batch; ++e) {
+      float* m = a + e * stride;
+      for (int64_t i = 0; i < side; ++i)
+        for (int64_t j = i + 1; j < side; ++j) m[i * side + j] = m[j * side + i];
     }
     return true;
   });
   return done();
 }
 
-cudaError_t mirror_lower(float* a, int64_t side, cudaStream_t stream) {
-  if (side <= 1) return done();
-  if (!ranges({{a, f32(side * side)}}, "mirror_lower")) return illegal();
+cudaError_t probe_fill(uint16_t* x, int64_t n, int64_t period, cudaStream_t stream) {
+  if (n <= 0 || period <= 0) return done();
+  if (!ranges({{x, static_cast<size_t>(n) * 2, 2}}, "probe_fill")) return illegal();
   submit(stream, [=] {
     DeviceScope scope;
-    for (int64_t i = 0; i < side; ++i)
-      for (int64_t j = i + 1; j < side; ++j) a[i * side + j] = a[j * side + i];
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t h = static_cast<uint32_t>(i % period) * 2654435761u;
+      h ^= h >> 15;
+      h *= 2246822519u;
+      h ^= h >> 13;
+      x[i] = static_cast<uint16_t>(((h >> 31) << 15) | ((115u + (h >> 8) % 25u) << 7) | (h & 0x7Fu));
+    }
+    return true;
+  });
+  return done();
+}
+
+cudaError_t count_mismatches(const float* d, int64_t stride, int64_t batch, const float* ref, int64_t n,
+                             unsigned int* count, cudaStream_t stream) {
+  if (n <= 0 || batch <= 0) return done();
+  if (!ranges({{d, f32((batch - 1) * stride + n)}, {ref, f32(n)}, {count, sizeof(unsigned int)}}, "count_mismatches"))
+    return illegal();
+  submit(stream, [=] {
+    DeviceScope scope;
+    for (int64_t e = 0; e < batch; ++e)
+      for (int64_t i = 0; i < n; ++i)
+        if (std::memcmp(d + e * stride + i, ref + i, 4) != 0) ++*count;
     return true;
   });
   return done();

@@ -76,12 +76,17 @@ int64_t run_and_compare(const RunConfig& c, std::string& detail, bool& bytes_ok)
   const bool bf16_products = normuon && cpu::bf16_matmul_info().available;
   OptimizerOptions oo = options_for(c);
   oo.device = "cuda";
-  Optimizer opt(shared_comm(), inv, test_groups(n, normuon, bf16_products), oo);
+  // The NorMuon group (the expert stack among its parameters) on bf16 products too: its 3 experts
+  // are one batch of Newton–Schulz products in one process and other batches distributed, so the
+  // batched products' layout invariance (batched_gemm.h) is part of the bitwise comparison.
+  std::vector<ParamGroup> groups = test_groups(n, normuon, bf16_products);
+  if (bf16_products) groups[1].options.ns.matmul_dtype = DType::BF16;
+  Optimizer opt(shared_comm(), inv, groups, oo);
   std::vector<ParamInfo> infos;
   for (const ParamSpec& p : inv.params) infos.push_back({p.name, p.shape, p.expert, p.qk});
   LocalOptimizerOptions lo{NonFinitePolicy::Raise, c.comm_dtype};
   lo.device = "cuda";
-  LocalOptimizer ref(infos, test_groups(n, normuon, bf16_products), lo);
+  LocalOptimizer ref(infos, groups, lo);
   std::vector<DeviceBytes> fw, fg, lw, lg;
   for (size_t i = 0; i < n; ++i) {
     const Shape& gs = inv.params[i].shape;

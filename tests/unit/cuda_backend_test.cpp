@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/batched_gemm.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "dmuon/bf16.h"
@@ -325,6 +327,96 @@ TEST(CudaBackend, MuonUnitsWithNorMuonAndBf16CommMatchTheCpu) {
   }
   for (size_t i = 0; i < gv.size(); ++i) ASSERT_NEAR(gv[i], v[i], 1e-3 * std::fabs(v[i]) + 1e-6) << i;
 }
+
+// muon_batch over units of one shape (two experts, then one matrix; NorMuon on) against each
+// matrix alone through muon_units: bitwise, whatever the batch (layout invariance), for fp32 and
+// bf16 products, methods symmetric and plain, wide and tall, a side of ≥ 1024 (block triangle of 2
+// blocks). Returns the counters' growth over the batched calls.
+BatchedGemmCounters expect_batch_equals_alone(Backend& cuda, const std::string& tag) {
+  const BatchedGemmCounters before = batched_gemm_counters();
+  struct Case {
+    int m, n;
+    NsMethod method;
+  };
+  const Case cases[] = {{48, 160, NsMethod::Symmetric}, {130, 70, NsMethod::Plain}, {1030, 1040, NsMethod::Symmetric}};
+  for (const bool bf16 : {false, true}) {
+    if (bf16 && !cuda.capabilities().bf16_products) continue;
+    for (const Case& c : cases) {
+      NsOptions o;
+      o.matmul_dtype = bf16 ? DType::BF16 : DType::F32;
+      o.method = c.method;
+      o.steps = c.m > 1000 ? 2 : 5;
+      auto orth = cuda.make_orthogonalizer(o);
+      const int64_t numel = int64_t{c.m} * c.n, len = normuon_state_size(c.m, c.n);
+      const std::vector<float> u = randn(static_cast<size_t>(3 * numel), 21 + c.m);
+      const std::vector<float> v(static_cast<size_t>(3 * len), 0.25f);
+      Buffer bu = put(cuda, u), bv = put(cuda, v), vm = cuda.allocate(static_cast<size_t>(len) * 4, MemoryKind::Device);
+      const Backend::UnitRef units[] = {{bu.as<float>(), 2, bv.as<float>()},
+                                        {bu.as<float>() + 2 * numel, 1, bv.as<float>() + 2 * len}};
+      cuda.muon_batch(*orth, units, c.m, c.n, vm.as<float>(), 0.95, DType::BF16);
+      Buffer au = put(cuda, u), av = put(cuda, v);
+      for (int64_t e = 0; e < 3; ++e)
+        cuda.muon_units(*orth, au.as<float>() + e * numel, 1, c.m, c.n, av.as<float>() + e * len, vm.as<float>(), 0.95,
+                        DType::BF16);
+      cuda.synchronize();
+      const std::string what = tag + (bf16 ? " bf16 " : " fp32 ") + std::to_string(c.m) + "x" + std::to_string(c.n);
+      expect_bitwise(get<float>(au), get<float>(bu), what + " update");
+      expect_bitwise(get<float>(av), get<float>(bv), what + " NorMuon state");
+    }
+  }
+  const BatchedGemmCounters after = batched_gemm_counters();
+  return {after.batched - before.batched, after.single - before.single, after.gemm_ex - before.gemm_ex,
+          after.probes - before.probes, after.probe_mismatch - before.probe_mismatch};
+}
+
+TEST(CudaBackend, BatchedUnitsGiveEachMatrixItsOwnBits) {
+  REQUIRE_CUDA();
+  auto cuda = make_cuda_backend(0);
+  const BatchedGemmCounters d = expect_batch_equals_alone(*cuda, "batched");
+  EXPECT_GT(d.gemm_ex, 0u) << "fp32 products are one cublasGemmEx per matrix";
+  if (cuda->capabilities().bf16_products) EXPECT_GT(d.single, 0u) << "bf16 products go through cuBLASLt";
+#if DMUON_TEST_CUDA_EMU
+  // The emulated cuBLASLt: every batched shape probed; with the batch-dependent algorithm
+  // (DMUON_CUDA_EMU_LT_BATCH_VARIANT=1, cuda_backend_batch_variant_emu) every probe finds it and the
+  // batches run matrix by matrix, else every batch runs batched.
+  if (cuda->capabilities().bf16_products) {
+    const char* variant = std::getenv("DMUON_CUDA_EMU_LT_BATCH_VARIANT");
+    EXPECT_GT(d.probes, 0u);
+    if (variant != nullptr && std::string(variant) == "1") {
+      EXPECT_EQ(d.probe_mismatch, d.probes);
+      EXPECT_EQ(d.batched, 0u);
+    } else {
+      EXPECT_EQ(d.probe_mismatch, 0u);
+      EXPECT_GT(d.batched, 0u);
+    }
+  }
+#endif
+}
+
+#if DMUON_TEST_CUDA_EMU
+// The negative control of the probe (cuda_backend_batch_variant_emu only, where the emulated
+// cuBLASLt sums a batched product in another order): with the probe off the batched results differ
+// from the matrices alone, so the test above does catch a batch-dependent algorithm.
+TEST(CudaBackend, WithoutTheProbeABatchDependentAlgorithmChangesBits) {
+  REQUIRE_CUDA();
+  const char* variant = std::getenv("DMUON_CUDA_EMU_LT_BATCH_VARIANT");
+  ASSERT_TRUE(variant != nullptr && std::string(variant) == "1") << "run with DMUON_CUDA_EMU_LT_BATCH_VARIANT=1";
+  auto cuda = make_cuda_backend(0);
+  ASSERT_TRUE(cuda->capabilities().bf16_products) << "needs bf16 products (oneDNN on the host)";
+  NsOptions o;
+  o.matmul_dtype = DType::BF16;
+  auto orth = cuda->make_orthogonalizer(o);
+  const int m = 48, n = 160;
+  const std::vector<float> u = randn(size_t{3} * m * n, 5);
+  set_batched_gemm_probe(false);
+  Buffer bu = put(*cuda, u), au = put(*cuda, u);
+  cuda->muon_units(*orth, bu.as<float>(), 3, m, n, nullptr, nullptr, 0.95, DType::F32);
+  for (int e = 0; e < 3; ++e) cuda->muon_units(*orth, au.as<float>() + e * m * n, 1, m, n, nullptr, nullptr, 0.95, DType::F32);
+  set_batched_gemm_probe(true);
+  const std::vector<float> a = get<float>(au), b = get<float>(bu);
+  EXPECT_NE(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "the batch-dependent algorithm left the bits alone";
+}
+#endif
 
 // gram_newton_schulz (the gram_allreduce strategy's kernel) on `shards` slices of one matrix cut along
 // its long dim, one thread per slice, the Gram matrices summed in slice order through host copies (a

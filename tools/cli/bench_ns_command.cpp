@@ -29,6 +29,7 @@ struct BenchNsArgs {
   std::string shape = "1024x4096", schedule = "polar_express", method = "symmetric", matmul = "fp32";
   std::string device = "cpu";
   int steps = 5, repeats = 5, warmup = 1, threads = 0;
+  int64_t batch = 1;
   float scale = 1.0f;
   bool json = false, compare = false;
 };
@@ -95,9 +96,16 @@ void run_bench_cuda(const BenchNsArgs& a, const NsOptions& base, const std::vect
     NsOptions o = base;
     o.method = parse_ns_method(a.method);
     o.matmul_dtype = dt;
-    const detail::CudaNsTiming t = detail::time_ns_cuda(o, g.data(), m, n, a.warmup, a.repeats);
+    const detail::CudaNsTiming t = detail::time_ns_cuda(o, g.data(), m, n, a.warmup, a.repeats, a.batch);
     device = t.device;
     const double sec = median(t.ns_seconds), flops = detail::cuda_ns_flops_done(m, n, o);
+    nlohmann::json batched;
+    if (a.batch > 1) {
+      const double tb = median(t.batched_seconds), to = median(t.one_at_a_time_seconds);
+      batched = {{"batch", a.batch}, {"batched_seconds", tb}, {"one_at_a_time_seconds", to},
+                 {"batched_tflops", flops * double(a.batch) / tb / 1e12}, {"speedup", to / tb},
+                 {"bitwise_equal", t.batch_bitwise}};
+    }
     const double gemm_tflops = 2 * gemm_flops / (median(t.gram_gemm_seconds) + median(t.apply_gemm_seconds)) / 1e12;
     const std::vector<double> sv = singular_values(t.result, m, n);
     rows.push_back({{"matmul_dtype", std::string(to_string(dt))}, {"method", a.method}, {"seconds", sec}, {"times", t.ns_seconds},
@@ -105,7 +113,7 @@ void run_bench_cuda(const BenchNsArgs& a, const NsOptions& base, const std::vect
                     {"gemm_nt_tflops", gemm_flops / median(t.gram_gemm_seconds) / 1e12},
                     {"gemm_nn_tflops", gemm_flops / median(t.apply_gemm_seconds) / 1e12},
                     {"efficiency_vs_gemm", flops / sec / 1e12 / gemm_tflops},
-                    {"sigma_min", sv.back()}, {"sigma_max", sv.front()}});
+                    {"sigma_min", sv.back()}, {"sigma_max", sv.front()}, {"batched", batched}});
   }
   if (a.json) {
     std::cout << nlohmann::json({{"device", "cuda"}, {"gpu", device}, {"shape", shape}, {"schedule", a.schedule},
@@ -123,6 +131,15 @@ void run_bench_cuda(const BenchNsArgs& a, const NsOptions& base, const std::vect
                 r["matmul_dtype"].get<std::string>().c_str(), r["seconds"].get<double>() * 1e3,
                 r["flops"].get<double>() / 1e12, r["tflops"].get<double>(), r["gemm_tflops"].get<double>(),
                 r["efficiency_vs_gemm"].get<double>(), r["sigma_min"].get<double>(), r["sigma_max"].get<double>());
+  for (const auto& r : rows)
+    if (!r["batched"].is_null()) {
+      const auto& b = r["batched"];
+      std::printf("%-6s batch %lld: one call %.3f ms (%.1f TFLOP/s), one matrix at a time %.3f ms: %.2fx; bitwise equal: %s\n",
+                  r["matmul_dtype"].get<std::string>().c_str(), static_cast<long long>(b["batch"].get<int64_t>()),
+                  b["batched_seconds"].get<double>() * 1e3, b["batched_tflops"].get<double>(),
+                  b["one_at_a_time_seconds"].get<double>() * 1e3, b["speedup"].get<double>(),
+                  b["bitwise_equal"].get<bool>() ? "yes" : "NO");
+    }
   std::printf("cuBLAS = the step's two GEMM shapes (%lldx%lldx%lld NT, %lldx%lldx%lld NN) in the same dtype, same run\n",
               static_cast<long long>(s), static_cast<long long>(s), static_cast<long long>(l),
               static_cast<long long>(s), static_cast<long long>(l), static_cast<long long>(s));
@@ -132,6 +149,8 @@ void run_bench(const BenchNsArgs& a) {
   const auto [m, n] = parse_shape(a.shape);
   DMUON_CHECK(a.repeats >= 1, "[bench] --repeats must be >= 1, got ", a.repeats);
   DMUON_CHECK(a.warmup >= 0, "[bench] --warmup must be >= 0, got ", a.warmup);
+  DMUON_CHECK(a.batch >= 1, "[bench] --batch must be >= 1, got ", a.batch);
+  DMUON_CHECK(a.batch == 1 || a.device == "cuda", "[bench] --batch times the cuda backend's batched products; add --device cuda");
   if (a.threads > 0) blas_set_num_threads(a.threads);
   NsOptions base;
   base.schedule = parse_schedule(a.schedule);
@@ -271,6 +290,9 @@ void add_bench_ns_command(CLI::App& bench) {
   cmd->add_option("--warmup", args->warmup, "Untimed warm-up runs")->capture_default_str();
   cmd->add_option("--threads", args->threads, "BLAS threads (0: leave as is)")->capture_default_str();
   cmd->add_option("--scale", args->scale, "Normalization s in |G|_F*s")->capture_default_str();
+  cmd->add_option("--batch", args->batch,
+                  "--device cuda: also time this many copies in one call (batched products) against one at a time")
+      ->capture_default_str();
   cmd->add_option("--matmul-dtype", args->matmul,
                   "Product operands: fp32 | bf16 (oneDNN) | both (each method in each dtype)")
       ->capture_default_str();

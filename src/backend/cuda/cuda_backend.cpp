@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/batched_gemm.h"
 #include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "dmuon/error.h"
@@ -204,6 +205,7 @@ class CudaBackend final : public Backend {
     // make_orthogonalizer), so bf16 products are offered only where that passes.
     c.bf16_products = cpu::bf16_matmul_info().available;
     c.device_memory = true;
+    c.batches_units = true;
     return c;
   }
 
@@ -393,21 +395,44 @@ class CudaBackend final : public Backend {
 
   void muon_units(Orthogonalizer& orth, float* u, int64_t batch, int64_t rows, int64_t cols, float* v, float* v_mean,
                   double beta2, DType comm) override {
-    if (rows == 0 || cols == 0 || batch == 0) return;
+    const UnitRef one{u, batch, v};
+    muon_batch(orth, std::span<const UnitRef>(&one, 1), rows, cols, v_mean, beta2, comm);
+  }
+
+  // The matrices of every unit, kNsBatchBytes of scratch at a time: Newton–Schulz on the whole
+  // batch (orthogonalize, one batched call per product), then per matrix the copy back, NorMuon and
+  // the comm rounding. A matrix's bits do not depend on its batch (batched_gemm.h).
+  void muon_batch(Orthogonalizer& orth, std::span<const UnitRef> units, int64_t rows, int64_t cols, float* v_mean,
+                  double beta2, DType comm) override {
+    if (rows == 0 || cols == 0) return;
     DMUON_CHECK(rows <= INT_MAX && cols <= INT_MAX, "[orth] matrix ", rows, "x", cols,
                 " exceeds the BLAS int range; split it or orthogonalize per expert");
-    const DeviceGuard guard = enter();
     const int64_t len = normuon_state_size(rows, cols);
-    NsWork w(device_, rows, cols, orth.options().matmul_dtype == DType::BF16, v != nullptr ? len : 0);
+    std::vector<Matrix> mats;
+    for (const UnitRef& r : units)
+      for (int64_t e = 0; e < r.batch; ++e)
+        mats.push_back({r.u + e * rows * cols, r.v != nullptr ? r.v + e * len : nullptr});
+    if (mats.empty()) return;
+    for (const Matrix& x : mats)
+      DMUON_CHECK(x.v == nullptr || v_mean != nullptr, "[cuda] muon_units: NorMuon needs the v_mean scratch");
+    const DeviceGuard guard = enter();
+    const bool bf16 = orth.options().matmul_dtype == DType::BF16;
+    NsPointers unused;
+    const size_t per_matrix = ns_layout(rows, cols, bf16, len, 2, nullptr, unused) - ns_layout(rows, cols, bf16, len, 1, nullptr, unused);
+    const size_t cap = std::max<size_t>(1, kNsBatchBytes / std::max<size_t>(per_matrix, 1));
     const float w_v = cpu::to_scalar(1.0 - beta2);  // normuon_finish's weight
-    for (int64_t e = 0; e < batch; ++e) {
-      float* x = u + e * rows * cols;
-      orthogonalize(orth, x, rows, cols, w);
-      if (v != nullptr) {
-        DMUON_CHECK(v_mean != nullptr, "[cuda] muon_units: NorMuon needs the v_mean scratch");
-        check(cuda::normuon(x, rows, cols, v_mean, v + e * len, w_v, w.nm, tl_stream), "normuon");
+    for (size_t first = 0; first < mats.size(); first += cap) {
+      const std::span<const Matrix> part(mats.data() + first, std::min(cap, mats.size() - first));
+      NsWork w(device_, rows, cols, bf16, len, static_cast<int64_t>(part.size()));
+      const float* result = orthogonalize(orth, part, rows, cols, w);
+      for (size_t i = 0; i < part.size(); ++i) {
+        float* x = part[i].x;
+        check(cudaMemcpyAsync(x, result + static_cast<int64_t>(i) * w.sx, static_cast<size_t>(rows * cols) * sizeof(float),
+                              cudaMemcpyDeviceToDevice, tl_stream),
+              "ns copy");
+        if (part[i].v != nullptr) check(cuda::normuon(x, rows, cols, v_mean, part[i].v, w_v, w.nm, tl_stream), "normuon");
+        round_to_comm(x, rows * cols, comm);
       }
-      round_to_comm(x, rows * cols, comm);
     }
   }
 
@@ -433,7 +458,7 @@ class CudaBackend final : public Backend {
         // row-major x is column-major xᵀ (ld n): wide A = X·Xᵀ = (xᵀ)ᵀ·xᵀ; tall A = Xᵀ·X = xᵀ·(xᵀ)ᵀ.
         if (wide) gemm(true, false, sd, sd, n, x, n, x, n, a, sd, false);
         else gemm(false, true, sd, sd, m, x, n, x, n, a, sd, false);
-        check(cuda::mirror_lower(a, sd, tl_stream), "gram mirror");
+        check(cuda::mirror_lower(a, sd, ss, 1, tl_stream), "gram mirror");
       } else {
         check(cudaMemsetAsync(a, 0, static_cast<size_t>(ss) * sizeof(float), tl_stream), "cudaMemset");
       }
@@ -475,18 +500,33 @@ class CudaBackend final : public Backend {
   // at its end (torch's current device on the caller's thread is left as it was).
   DeviceGuard enter() const { return DeviceGuard(device_); }
 
-  // Device pointers of a muon_units call's scratch (NsWork's pieces).
+  // A matrix of a muon_batch call and its NorMuon state (or null).
+  struct Matrix {
+    float* x;
+    float* v;
+  };
+  // Scratch a muon_batch call takes at most at a time (one matrix at least): the batch is cut into
+  // parts that fit. Each part's matrices get the bits they would get alone.
+  static constexpr size_t kNsBatchBytes = size_t{1} << 30;
+
+  // Device pointers of a muon_batch part's scratch (NsWork's pieces). Each matrix of the part has a
+  // slot `sx` (m×n) or `sg` (s×s) elements apart in the slabs, padded to 128 elements so that every
+  // slot starts at the first one's 256-byte alignment (fp32 and bf16 alike).
   struct NsPointers {
     double *norm2 = nullptr, *partials = nullptr;
     cuda::NormuonScratch nm{};
-    float *x = nullptr, *g = nullptr, *g2 = nullptr, *z = nullptr;
+    float *x0 = nullptr, *x1 = nullptr, *g = nullptr, *g2 = nullptr, *z = nullptr;
     uint16_t *xb = nullptr, *gb = nullptr, *zb = nullptr;
+    int64_t sx = 0, sg = 0;
   };
   // Lays the pieces out from `base` (256-byte aligned; base null: only measures) and returns the
-  // bytes: the norm and its partial sums, NorMuon's step (len floats) and scalars, the ping-pong X,
-  // the s×s G, G², Z, and the bf16 operand copies.
-  static size_t ns_layout(int64_t m, int64_t n, bool bf16, int64_t len, std::byte* base, NsPointers& p) {
-    const size_t mn = static_cast<size_t>(m * n), ss = static_cast<size_t>(std::min(m, n) * std::min(m, n));
+  // bytes: the norm and its partial sums, NorMuon's step (len floats) and scalars (used by one
+  // matrix after another, stream-ordered), the ping-pong X slabs, the G, G², Z slabs, and the bf16
+  // operand copies.
+  static size_t ns_layout(int64_t m, int64_t n, bool bf16, int64_t len, int64_t batch, std::byte* base, NsPointers& p) {
+    const auto pad = [](int64_t e) { return (e + 127) / 128 * 128; };
+    p.sx = pad(m * n), p.sg = pad(std::min(m, n) * std::min(m, n));
+    const size_t bx = static_cast<size_t>(batch * p.sx), bg = static_cast<size_t>(batch * p.sg);
     size_t off = 0;
     auto take = [&](size_t bytes) {
       std::byte* at = base ? base + off : nullptr;
@@ -498,30 +538,31 @@ class CudaBackend final : public Backend {
     p.nm.norm = reinterpret_cast<double*>(take(sizeof(double)));
     p.nm.ratio = reinterpret_cast<float*>(take(sizeof(float)));
     p.nm.step = reinterpret_cast<float*>(take(static_cast<size_t>(len) * sizeof(float)));
-    p.x = reinterpret_cast<float*>(take(mn * sizeof(float)));
-    p.g = reinterpret_cast<float*>(take(ss * sizeof(float)));
-    p.g2 = reinterpret_cast<float*>(take(ss * sizeof(float)));
-    p.z = reinterpret_cast<float*>(take(ss * sizeof(float)));
+    p.x0 = reinterpret_cast<float*>(take(bx * sizeof(float)));
+    p.x1 = reinterpret_cast<float*>(take(bx * sizeof(float)));
+    p.g = reinterpret_cast<float*>(take(bg * sizeof(float)));
+    p.g2 = reinterpret_cast<float*>(take(bg * sizeof(float)));
+    p.z = reinterpret_cast<float*>(take(bg * sizeof(float)));
     if (bf16) {
-      p.xb = reinterpret_cast<uint16_t*>(take(mn * sizeof(uint16_t)));
-      p.gb = reinterpret_cast<uint16_t*>(take(ss * sizeof(uint16_t)));
-      p.zb = reinterpret_cast<uint16_t*>(take(ss * sizeof(uint16_t)));
+      p.xb = reinterpret_cast<uint16_t*>(take(bx * sizeof(uint16_t)));
+      p.gb = reinterpret_cast<uint16_t*>(take(bg * sizeof(uint16_t)));
+      p.zb = reinterpret_cast<uint16_t*>(take(bg * sizeof(uint16_t)));
     }
     return off;
   }
-  // Scratch of one muon_units call, laid out in the thread's scratch on the device (call enter()
-  // first). Valid until the thread's next muon_units.
+  // Scratch of one muon_batch part, laid out in the thread's scratch on the device (call enter()
+  // first). Valid until the thread's next muon_batch.
   struct NsWork : NsPointers {
-    NsWork(int device, int64_t m, int64_t n, bool bf16, int64_t len) : s(std::min(m, n)) {
+    NsWork(int device, int64_t m, int64_t n, bool bf16, int64_t len, int64_t batch) : s(std::min(m, n)), batch(batch) {
       NsPointers unused;
-      ns_layout(m, n, bf16, len, thread_scratch(device, ns_layout(m, n, bf16, len, nullptr, unused), kNsScratch),
-                *this);
+      ns_layout(m, n, bf16, len, batch,
+                thread_scratch(device, ns_layout(m, n, bf16, len, batch, nullptr, unused), kNsScratch), *this);
     }
-    int64_t s;
+    int64_t s, batch;
   };
 
   // Column-major C (M×N) = alpha·op(A)·op(B) + beta·C, fp32 or bf16 operands with fp32 accumulation and
-  // output.
+  // output (gram_newton_schulz's products: one matrix, alpha and beta).
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, const void* B, int64_t ldb,
             float* C, int64_t ldc, bool bf16, float alpha = 1.0f, float beta = 0.0f) {
     detail::gemm(blas_handle(device_), ta, tb, static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), A,
@@ -529,77 +570,102 @@ class CudaBackend final : public Backend {
                  bf16 ? "cublasGemmEx (bf16)" : "cublasGemmEx (fp32)");
   }
 
-  // An s×s symmetric product into the row-major `out`: symmetric, the column-major view's block
-  // columns [c0, c1) over rows [0, c1) (the row-major lower block triangle; cuda::lower_blocks) then a
-  // mirror; else one full product. `block(c0, c1)` issues the GEMM of one block column with c1 rows.
-  // The same matrix gets the same calls whatever batch it is in (bitwise layout invariance).
+  // `batch` column-major products C_i (M×N) = op(A_i)·op(B_i), the operands' matrices sa / sb / sc
+  // elements apart (batched_gemm.h: the same bits for a matrix whatever the batch). A probe uses the
+  // thread's aux scratch, which Newton–Schulz leaves alone.
+  void bgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, int64_t sa, const void* B,
+             int64_t ldb, int64_t sb, float* C, int64_t ldc, int64_t sc, bool bf16, int64_t batch) {
+    GemmCall c;
+    c.ta = ta, c.tb = tb, c.m = static_cast<int>(M), c.n = static_cast<int>(N), c.k = static_cast<int>(K);
+    c.a = A, c.lda = static_cast<int>(lda), c.stride_a = sa;
+    c.b = B, c.ldb = static_cast<int>(ldb), c.stride_b = sb;
+    c.d = C, c.ldd = static_cast<int>(ldc), c.stride_d = sc;
+    c.bf16 = bf16;
+    batched_gemm(c, batch, device_, tl_stream, blas_handle(device_),
+                 [this](size_t bytes) { return thread_scratch(device_, bytes, kAuxScratch); });
+  }
+
+  // `batch` s×s symmetric products into the row-major slab `out` (matrices `stride` apart):
+  // symmetric, the column-major view's block columns [c0, c1) over rows [0, c1) (the row-major lower
+  // block triangle; cuda::lower_blocks) then a mirror; else one full product. `block(c0, c1)` issues
+  // the batched GEMM of one block column with c1 rows. Every matrix gets the same calls whatever its
+  // batch (bitwise layout invariance).
   template <class Block>
-  void symmetric_product(int64_t s, float* out, bool symmetric, Block&& block) {
+  void symmetric_product(int64_t s, float* out, int64_t stride, int64_t batch, bool symmetric, Block&& block) {
     const int64_t blocks = symmetric ? cuda::lower_blocks(s) : 1;
     for (int64_t b = 0; b < blocks; ++b) block(s * b / blocks, s * (b + 1) / blocks);
-    if (blocks > 1) check(cuda::mirror_lower(out, s, tl_stream), "ns mirror");
+    if (blocks > 1) check(cuda::mirror_lower(out, s, stride, batch, tl_stream), "ns mirror");
   }
 
-  // G = X·Xᵀ (wide) or Xᵀ·X (tall) of the row-major m×n X at `xa` (fp32 or bf16) into the s×s g. In
-  // the column-major view A = xa (n×m, ld n): wide G = Aᵀ·A, block Aᵀ[0:c1]·A[:, c0:c1]; tall
-  // G = A·Aᵀ, block A[0:c1, :]·(A[c0:c1, :])ᵀ.
-  void gram_product(const void* xa, int64_t m, int64_t n, float* g, bool bf16, bool symmetric) {
-    const int64_t s = std::min(m, n), k = std::max(m, n);
+  // G = X·Xᵀ (wide) or Xᵀ·X (tall) of the row-major m×n matrices of the slab `xa` (fp32 or bf16,
+  // w.sx apart) into the s×s slab g (w.sg apart). In the column-major view A = xa (n×m, ld n): wide
+  // G = Aᵀ·A, block Aᵀ[0:c1]·A[:, c0:c1]; tall G = A·Aᵀ, block A[0:c1, :]·(A[c0:c1, :])ᵀ.
+  void gram_product(const void* xa, int64_t m, int64_t n, float* g, bool bf16, bool symmetric, const NsWork& w) {
+    const int64_t s = w.s, k = std::max(m, n);
     const size_t elem = bf16 ? 2 : 4;
     const auto* base = static_cast<const std::byte*>(xa);
-    symmetric_product(s, g, symmetric, [&](int64_t c0, int64_t c1) {
-      if (m <= n) gemm(true, false, c1, c1 - c0, k, base, n, base + static_cast<size_t>(c0 * n) * elem, n, g + c0 * s, s, bf16);
-      else gemm(false, true, c1, c1 - c0, k, base, n, base + static_cast<size_t>(c0) * elem, n, g + c0 * s, s, bf16);
+    symmetric_product(s, g, w.sg, w.batch, symmetric, [&](int64_t c0, int64_t c1) {
+      if (m <= n)
+        bgemm(true, false, c1, c1 - c0, k, base, n, w.sx, base + static_cast<size_t>(c0 * n) * elem, n, w.sx, g + c0 * s,
+              s, w.sg, bf16, w.batch);
+      else
+        bgemm(false, true, c1, c1 - c0, k, base, n, w.sx, base + static_cast<size_t>(c0) * elem, n, w.sx, g + c0 * s, s,
+              w.sg, bf16, w.batch);
     });
   }
 
-  // g2 = G·G for the symmetric s×s G at `ga` (fp32 or bf16): block G[0:c1, :]·G[:, c0:c1].
-  void square_product(const void* ga, int64_t s, float* g2, bool bf16, bool symmetric) {
+  // g2 = G·G for the symmetric s×s matrices of the slab `ga` (fp32 or bf16): block G[0:c1, :]·G[:, c0:c1].
+  void square_product(const void* ga, float* g2, bool bf16, bool symmetric, const NsWork& w) {
+    const int64_t s = w.s;
     const size_t elem = bf16 ? 2 : 4;
     const auto* base = static_cast<const std::byte*>(ga);
-    symmetric_product(s, g2, symmetric, [&](int64_t c0, int64_t c1) {
-      gemm(false, false, c1, c1 - c0, s, base, s, base + static_cast<size_t>(c0 * s) * elem, s, g2 + c0 * s, s, bf16);
+    symmetric_product(s, g2, w.sg, w.batch, symmetric, [&](int64_t c0, int64_t c1) {
+      bgemm(false, false, c1, c1 - c0, s, base, s, w.sg, base + static_cast<size_t>(c0 * s) * elem, s, w.sg, g2 + c0 * s,
+            s, w.sg, bf16, w.batch);
     });
   }
 
-  // Newton–Schulz on the row-major m×n device matrix x in place, as the cpu Orthogonalizer::run:
-  // X₀ = x / (‖x‖·scale + eps) (or max), per step G = X·Xᵀ (wide) / XᵀX (tall), Z = aI + bG + cG²,
-  // X ← Z·X / X·Z. Row-major X is column-major Xᵀ (ld n) for cuBLAS. G and G² are formed on their
-  // block triangle (gram_product, square_product) unless the method is plain; method gram runs as
-  // symmetric here.
-  void orthogonalize(Orthogonalizer& orth, float* x, int64_t m, int64_t n, NsWork& w) {
+  // Newton–Schulz on the row-major m×n device matrices `mats`, as the cpu Orthogonalizer::run, into
+  // the slab it returns (w.x0 or w.x1, matrices w.sx apart): X₀ = x / (‖x‖·scale + eps) (or max), per
+  // step G = X·Xᵀ (wide) / XᵀX (tall), Z = aI + bG + cG², X ← Z·X / X·Z. Row-major X is column-major Xᵀ
+  // (ld n) for cuBLAS. G and G² are formed on their block triangle (gram_product, square_product)
+  // unless the method is plain; method gram runs as symmetric here. Each product is one batched call
+  // over the part.
+  const float* orthogonalize(Orthogonalizer& orth, std::span<const Matrix> mats, int64_t m, int64_t n, NsWork& w) {
     const NsOptions& o = orth.options();
     const bool bf16 = o.matmul_dtype == DType::BF16;
+    const int64_t b = w.batch;
     // X₀ = x / denom with the norm kept on the device (no host synchronization per matrix); an
     // all-zero x gives +0 throughout, which the products keep exactly (the cpu returns zeros too).
-    check(cuda::sum_squares(x, m * n, w.partials, w.norm2, tl_stream), "ns norm");
-    check(cuda::normalize(x, w.x, m * n, w.norm2, static_cast<double>(o.scale), static_cast<double>(o.eps),
-                          o.eps_mode == EpsMode::Add, tl_stream),
-          "ns normalize");
+    for (int64_t i = 0; i < b; ++i) {
+      const float* x = mats[static_cast<size_t>(i)].x;
+      check(cuda::sum_squares(x, m * n, w.partials, w.norm2, tl_stream), "ns norm");
+      check(cuda::normalize(x, w.x0 + i * w.sx, m * n, w.norm2, static_cast<double>(o.scale), static_cast<double>(o.eps),
+                            o.eps_mode == EpsMode::Add, tl_stream),
+            "ns normalize");
+    }
     const bool wide = m <= n;
     const bool symmetric = o.method != NsMethod::Plain;  // gram runs as symmetric here
     const int64_t s = w.s;
-    float* cur = w.x;
-    float* other = x;
+    float* cur = w.x0;
+    float* other = w.x1;
     for (const Coefficients& k : orth.coefficients()) {
       const void* xa = cur;
-      if (bf16) check(cuda::to_bf16(cur, w.xb, m * n, tl_stream), "ns bf16"), xa = w.xb;
-      gram_product(xa, m, n, w.g, bf16, symmetric);
+      if (bf16) check(cuda::to_bf16(cur, w.xb, b * w.sx, tl_stream), "ns bf16"), xa = w.xb;
+      gram_product(xa, m, n, w.g, bf16, symmetric, w);
       const void* ga = w.g;
-      if (bf16) check(cuda::to_bf16(w.g, w.gb, s * s, tl_stream), "ns bf16"), ga = w.gb;
-      square_product(ga, s, w.g2, bf16, symmetric);
-      check(cuda::ns_polynomial(w.g, w.g2, w.z, s, static_cast<float>(k.a), static_cast<float>(k.b),
+      if (bf16) check(cuda::to_bf16(w.g, w.gb, b * w.sg, tl_stream), "ns bf16"), ga = w.gb;
+      square_product(ga, w.g2, bf16, symmetric, w);
+      check(cuda::ns_polynomial(w.g, w.g2, w.z, s, w.sg, b, static_cast<float>(k.a), static_cast<float>(k.b),
                                 static_cast<float>(k.c), tl_stream),
             "ns polynomial");
       const void* za = w.z;
-      if (bf16) check(cuda::to_bf16(w.z, w.zb, s * s, tl_stream), "ns bf16"), za = w.zb;
-      if (wide) gemm(false, false, n, m, m, xa, n, za, m, other, n, bf16);
-      else gemm(false, false, n, m, n, za, n, xa, n, other, n, bf16);
+      if (bf16) check(cuda::to_bf16(w.z, w.zb, b * w.sg, tl_stream), "ns bf16"), za = w.zb;
+      if (wide) bgemm(false, false, n, m, m, xa, n, w.sx, za, m, w.sg, other, n, w.sx, bf16, b);
+      else bgemm(false, false, n, m, n, za, n, w.sg, xa, n, w.sx, other, n, w.sx, bf16, b);
       std::swap(cur, other);
     }
-    if (cur != x)
-      check(cudaMemcpyAsync(x, cur, static_cast<size_t>(m * n) * sizeof(float), cudaMemcpyDeviceToDevice, tl_stream),
-            "ns copy");
+    return cur;
   }
 
   int device_;

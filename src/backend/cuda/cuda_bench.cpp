@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "backend/backend.h"
 #include "backend/cuda/cublas_loader.h"
@@ -56,9 +57,11 @@ double cuda_ns_flops_done(int64_t m, int64_t n, const NsOptions& options) {
   return options.steps * per_step;
 }
 
-CudaNsTiming time_ns_cuda(const NsOptions& options, const float* g, int64_t m, int64_t n, int warmup, int repeats) {
+CudaNsTiming time_ns_cuda(const NsOptions& options, const float* g, int64_t m, int64_t n, int warmup, int repeats,
+                          int64_t batch) {
   DMUON_CHECK(m > 0 && n > 0 && m <= INT32_MAX && n <= INT32_MAX, "[bench] shape ", m, "x", n, " out of range");
   DMUON_CHECK(repeats >= 1 && warmup >= 0, "[bench] repeats must be >= 1 and warmup >= 0");
+  DMUON_CHECK(batch >= 1, "[bench] --batch must be >= 1, got ", batch);
   auto be = make_cuda_backend(0);  // throws "[cuda] no CUDA device: ..." without one
   CudaNsTiming out;
   cudaDeviceProp prop{};
@@ -80,6 +83,33 @@ CudaNsTiming time_ns_cuda(const NsOptions& options, const float* g, int64_t m, i
   }
   out.result.resize(numel);
   check(cudaMemcpy(out.result.data(), work.data(), bytes, cudaMemcpyDeviceToHost), "download");
+
+  // `batch` copies: one call (batched products) against one call per matrix, same run.
+  out.batch = batch;
+  if (batch > 1) {
+    Buffer many = be->allocate(bytes * static_cast<size_t>(batch), MemoryKind::Device),
+           each = be->allocate(bytes * static_cast<size_t>(batch), MemoryKind::Device);
+    const auto fill = [&](Buffer& b) {
+      for (int64_t e = 0; e < batch; ++e)
+        check(cudaMemcpy(b.as<float>() + e * static_cast<int64_t>(numel), src.data(), bytes, cudaMemcpyDeviceToDevice), "copy");
+      check(cudaDeviceSynchronize(), "synchronize");
+    };
+    for (int r = 0; r < warmup + repeats; ++r) {
+      fill(many), fill(each);
+      EventTimer t;
+      const double tb = t.time([&] { be->muon_units(*orth, many.as<float>(), batch, m, n, nullptr, nullptr, 0.0, DType::F32); });
+      const double to = t.time([&] {
+        for (int64_t e = 0; e < batch; ++e)
+          be->muon_units(*orth, each.as<float>() + e * static_cast<int64_t>(numel), 1, m, n, nullptr, nullptr, 0.0, DType::F32);
+      });
+      if (r >= warmup) out.batched_seconds.push_back(tb), out.one_at_a_time_seconds.push_back(to);
+    }
+    std::vector<float> a(numel * static_cast<size_t>(batch)), b(a.size());
+    check(cudaMemcpy(a.data(), many.data(), a.size() * 4, cudaMemcpyDeviceToHost), "download");
+    check(cudaMemcpy(b.data(), each.data(), b.size() * 4, cudaMemcpyDeviceToHost), "download");
+    for (size_t i = 0; i < a.size() && out.batch_bitwise; ++i)
+      out.batch_bitwise = std::memcmp(&a[i], &b[i], 4) == 0 && std::memcmp(&a[i], &out.result[i % numel], 4) == 0;
+  }
 
   // The baseline: the two GEMM shapes of one step, as the backend issues them for a wide matrix
   // (row-major X s×l is column-major Xᵀ with ld l).

@@ -295,18 +295,44 @@ __global__ void scale_kernel(const float* in, float* out, int64_t n, float inv) 
   DMUON_GRID_LOOP(i, n) out[i] = __fmul_rn(in[i], inv);
 }
 
-__global__ void polynomial_kernel(const float* g, const float* g2, float* z, int64_t side, float a, float b, float c) {
-  DMUON_GRID_LOOP(i, side * side) {
+// Batched s×s matrices `stride` elements apart: flat index k is matrix k / s², element k % s².
+__global__ void polynomial_kernel(const float* g, const float* g2, float* z, int64_t side, int64_t stride, int64_t batch,
+                                  float a, float b, float c) {
+  const int64_t ss = side * side;
+  DMUON_GRID_LOOP(k, batch * ss) {
+    const int64_t r = k % ss, i = k / ss * stride + r;
     float v = __fadd_rn(__fmul_rn(b, g[i]), __fmul_rn(c, g2[i]));
-    if (i / side == i % side) v = __fadd_rn(v, a);
+    if (r / side == r % side) v = __fadd_rn(v, a);
     z[i] = v;
   }
 }
 
-__global__ void mirror_lower_kernel(float* a, int64_t side) {
-  DMUON_GRID_LOOP(k, side * side) {
-    const int64_t i = k / side, j = k % side;
-    if (j > i) a[k] = a[j * side + i];
+__global__ void mirror_lower_kernel(float* a, int64_t side, int64_t stride, int64_t batch) {
+  const int64_t ss = side * side;
+  DMUON_GRID_LOOP(k, batch * ss) {
+    const int64_t r = k % ss, i = r / side, j = r % side;
+    float* m = a + k / ss * stride;
+    if (j > i) m[r] = m[j * side + i];
+  }
+}
+
+// bf16 values ±[2⁻¹², 2¹³) with 7 random mantissa bits, a hash of i mod period: products exact in
+// fp32 over 50 binades, so their sums round, and differently in another order (the batched GEMM
+// probe, batched_gemm.h; values of one binade would sum exactly and pass any order).
+__global__ void probe_fill_kernel(uint16_t* x, int64_t n, int64_t period) {
+  DMUON_GRID_LOOP(i, n) {
+    uint32_t h = static_cast<uint32_t>(i % period) * 2654435761u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    x[i] = static_cast<uint16_t>(((h >> 31) << 15) | ((115u + (h >> 8) % 25u) << 7) | (h & 0x7Fu));
+  }
+}
+
+__global__ void count_mismatches_kernel(const float* d, int64_t stride, int64_t batch, const float* ref, int64_t n,
+                                        unsigned int* count) {
+  DMUON_GRID_LOOP(k, batch * n) {
+    if (__float_as_uint(d[k / n * stride + k % n]) != __float_as_uint(ref[k % n])) atomicAdd(count, 1u);
   }
 }
 
@@ -422,13 +448,23 @@ cudaError_t scale(const float* in, float* out, int64_t n, float inv, cudaStream_
   if (n > 0) scale_kernel<<<blocks_for(n), kThreads, 0, s>>>(in, out, n, inv);
   return done();
 }
-cudaError_t ns_polynomial(const float* g, const float* g2, float* z, int64_t side, float a, float b, float c,
-                          cudaStream_t s) {
-  if (side > 0) polynomial_kernel<<<blocks_for(side * side), kThreads, 0, s>>>(g, g2, z, side, a, b, c);
+cudaError_t ns_polynomial(const float* g, const float* g2, float* z, int64_t side, int64_t stride, int64_t batch,
+                          float a, float b, float c, cudaStream_t s) {
+  if (side > 0 && batch > 0)
+    polynomial_kernel<<<blocks_for(batch * side * side), kThreads, 0, s>>>(g, g2, z, side, stride, batch, a, b, c);
   return done();
 }
-cudaError_t mirror_lower(float* a, int64_t side, cudaStream_t s) {
-  if (side > 1) mirror_lower_kernel<<<blocks_for(side * side), kThreads, 0, s>>>(a, side);
+cudaError_t mirror_lower(float* a, int64_t side, int64_t stride, int64_t batch, cudaStream_t s) {
+  if (side > 1 && batch > 0) mirror_lower_kernel<<<blocks_for(batch * side * side), kThreads, 0, s>>>(a, side, stride, batch);
+  return done();
+}
+cudaError_t probe_fill(uint16_t* x, int64_t n, int64_t period, cudaStream_t s) {
+  if (n > 0 && period > 0) probe_fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n, period);
+  return done();
+}
+cudaError_t count_mismatches(const float* d, int64_t stride, int64_t batch, const float* ref, int64_t n,
+                             unsigned int* count, cudaStream_t s) {
+  if (n > 0 && batch > 0) count_mismatches_kernel<<<blocks_for(batch * n), kThreads, 0, s>>>(d, stride, batch, ref, n, count);
   return done();
 }
 cudaError_t trace(const float* a, int64_t side, double* out, cudaStream_t s) {

@@ -57,9 +57,10 @@ cudaError_t normuon(float* u, int64_t rows, int64_t cols, float* v_mean, float* 
                     cudaStream_t s);
 // out = in · inv (each product rounded once).
 cudaError_t scale(const float* in, float* out, int64_t n, float inv, cudaStream_t s);
-// s×s: z = b·g + c·g2 (each product rounded, then the sum), then z_ii += a (as gram_polynomial).
-cudaError_t ns_polynomial(const float* g, const float* g2, float* z, int64_t side, float a, float b, float c,
-                          cudaStream_t s);
+// `batch` s×s matrices `stride` elements apart (g, g2, z alike): z = b·g + c·g2 (each product
+// rounded, then the sum), then z_ii += a (as gram_polynomial).
+cudaError_t ns_polynomial(const float* g, const float* g2, float* z, int64_t side, int64_t stride, int64_t batch,
+                          float a, float b, float c, cudaStream_t s);
 // Column blocks of a symmetric product's block triangle (the cuda backend's method symmetric): the
 // side is cut into lower_blocks(side) near-equal blocks; block b spans [side·b/B, side·(b+1)/B).
 // One block (a full GEMM) up to 512, at most 8 (≥ 512 columns each): big GEMMs that still skip
@@ -74,8 +75,17 @@ inline double lower_product_flops(int64_t side, int64_t k) {
   }
   return f;
 }
-// The side×side row-major a: the lower triangle copied onto the upper one (exactly symmetric).
-cudaError_t mirror_lower(float* a, int64_t side, cudaStream_t s);
+// `batch` side×side row-major matrices `stride` elements apart from a: the lower triangle copied onto
+// the upper one (exactly symmetric).
+cudaError_t mirror_lower(float* a, int64_t side, int64_t stride, int64_t batch, cudaStream_t s);
+// x[i] = a bf16 value ±[2⁻¹², 2¹³) with a hashed exponent and 7-bit mantissa, a function of i mod
+// period only (the batched GEMM probe's operands: every matrix of a batch the same; products over
+// 50 binades, so sums in another order round differently).
+cudaError_t probe_fill(uint16_t* x, int64_t n, int64_t period, cudaStream_t s);
+// *count += the elements of `batch` n-element blocks `stride` apart from d whose bits differ from ref
+// (*count preset by the caller).
+cudaError_t count_mismatches(const float* d, int64_t stride, int64_t batch, const float* ref, int64_t n,
+                             unsigned int* count, cudaStream_t s);
 // *out = Σ a[i, i] in double, in index order (one thread; deterministic).
 cudaError_t trace(const float* a, int64_t side, double* out, cudaStream_t s);
 // y[i] = y[i] + fp32(b · x[i]) (the cpu gram path's `a2[i] += b * a[i]`).
