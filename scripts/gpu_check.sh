@@ -221,6 +221,16 @@ if [[ -x "$BUILD/bin/dmuon" ]]; then
       status=1
     fi
   done
+  # Small matrices batched (GPT-2 small's MLP shape, 12 layers): one call with batched products
+  # against one matrix at a time, same run, and whether every copy is bitwise the matrix alone.
+  log="$LOGDIR/bench_ns_cuda_batch.log"
+  if "$BUILD/bin/dmuon" bench ns --device cuda --shape 768x3072 --schedule polar_express --steps 5 \
+       --matmul-dtype bf16 --batch 12 --repeats 10 --warmup 2 >"$log" 2>&1 && grep -q "bitwise equal: yes" "$log"; then
+    row "bench ns cuda 768x3072 x12" ok "$(grep -m1 'batch 12' "$log" | tr -s ' ' | cut -c1-110)"
+  else
+    row "bench ns cuda 768x3072 x12" FAIL "$log"
+    status=1
+  fi
 fi
 
 # ---- 7. the optimizer step on the GPU: dmuon bench step --device cuda ----

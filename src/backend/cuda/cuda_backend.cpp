@@ -1,7 +1,9 @@
 // Internal: the cuda backend (backend.h) on one CUDA device. Buffers from cudaMalloc /
 // cudaMallocHost / calloc; the element-wise kernels of cuda_kernels.cu (the cpu kernels' bits);
-// Newton–Schulz through cuBLAS, which is dlopen'd at first use (libdmuon links only the static
-// cudart, so it loads and runs its cpu paths on machines without a GPU, a driver or cuBLAS).
+// Newton–Schulz batched over matrices of one shape, its products through cuBLASLt / cuBLAS
+// (batched_gemm.h: a matrix's bits do not depend on its batch), both dlopen'd at first use
+// (libdmuon links only the static cudart, so it loads and runs its cpu paths on machines without a
+// GPU, a driver or cuBLAS).
 //
 // Stream-ordered: a kernel call enqueues on the calling thread's current stream (a CudaStream's
 // while one of its jobs runs, else the legacy default stream) and returns; later calls on the same
