@@ -29,25 +29,38 @@ void prepare_streams(Optimizer::Impl& s, size_t extra) {
   }
 }
 
-// The units computed together: one job each, or on a backend that batches units
-// (BackendCaps::batches_units) every job of one Muon group and shape, in job order.
+// The units computed together: on a backend that batches units (BackendCaps::batches_units), the
+// jobs of one Muon group with bf16 products and one shape, in job order, cut into as many pieces as
+// there are compute streams (so the streams still share them); else one job each. fp32 products
+// gain nothing from a batch (one GEMM per matrix either way, batched_gemm.h), so they stay one job
+// each and spread over the streams. Which matrices share a call changes no bits.
 std::vector<std::vector<size_t>> batch_jobs(const Optimizer::Impl& s, std::span<const UnitJob> jobs) {
-  std::vector<std::vector<size_t>> batches;
-  const bool together = s.backend->capabilities().batches_units;
-  std::map<std::tuple<int, int64_t, int64_t>, size_t> index;  // (group, rows, cols) -> batch
+  std::vector<std::vector<size_t>> groups;
+  const bool batches = s.backend->capabilities().batches_units;
+  std::map<std::tuple<int, int64_t, int64_t>, size_t> index;  // (group, rows, cols) -> its jobs
   for (size_t k = 0; k < jobs.size(); ++k) {
     const UnitJob& j = jobs[k];
     if (j.batch == 0 || j.rows == 0 || j.cols == 0) continue;  // an empty matrix: nothing to compute
-    if (!together) {
-      batches.push_back({k});
+    const int g = s.group_of[static_cast<size_t>(j.param)];
+    const Orthogonalizer* orth = s.orth[static_cast<size_t>(g)].get();
+    if (!batches || orth == nullptr || orth->options().matmul_dtype != DType::BF16) {
+      groups.push_back({k});
       continue;
     }
-    const auto key = std::make_tuple(s.group_of[static_cast<size_t>(j.param)], j.rows, j.cols);
-    const auto [it, fresh] = index.emplace(key, batches.size());
-    if (fresh) batches.emplace_back();
-    batches[it->second].push_back(k);
+    const auto [it, fresh] = index.emplace(std::make_tuple(g, j.rows, j.cols), groups.size());
+    if (fresh) groups.emplace_back();
+    groups[it->second].push_back(k);
   }
-  return batches;
+  const size_t streams = static_cast<size_t>(std::max(s.step_streams, 1));
+  if (streams == 1) return groups;
+  std::vector<std::vector<size_t>> pieces;
+  for (const std::vector<size_t>& g : groups) {
+    const size_t n = std::min(streams, g.size());
+    for (size_t p = 0; p < n; ++p)
+      pieces.emplace_back(g.begin() + static_cast<std::ptrdiff_t>(g.size() * p / n),
+                          g.begin() + static_cast<std::ptrdiff_t>(g.size() * (p + 1) / n));
+  }
+  return pieces;
 }
 
 }  // namespace

@@ -197,6 +197,24 @@ cudaError_t CUDARTAPI cudaFree(void* p) {
   return cudaSuccess;
 }
 
+// Stream-ordered allocation: the memory is there at once (CUDA's is usable by work queued after the
+// call on the stream); the free runs when the stream reaches it.
+cudaError_t CUDARTAPI cudaMallocAsync(void** p, size_t bytes, cudaStream_t) {
+  if (p == nullptr) return fail(cudaErrorInvalidValue);
+  *p = device_alloc(bytes);
+  return *p == nullptr ? fail(cudaErrorMemoryAllocation) : cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaFreeAsync(void* p, cudaStream_t stream) {
+  if (p == nullptr) return cudaSuccess;
+  if (!device_range_ok(p, 0)) {
+    fail_access("cudaFreeAsync of a pointer that is not a live device allocation");
+    return fail(cudaErrorInvalidValue);
+  }
+  submit(stream, [p] { return device_free(p) || fail_access("cudaFreeAsync: freed twice"); });
+  return cudaSuccess;
+}
+
 cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   if (free_bytes == nullptr || total == nullptr) return fail(cudaErrorInvalidValue);
   *total = device_bytes_total();

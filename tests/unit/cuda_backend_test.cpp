@@ -358,10 +358,24 @@ BatchedGemmCounters expect_batch_equals_alone(Backend& cuda, const std::string& 
       for (int64_t e = 0; e < 3; ++e)
         cuda.muon_units(*orth, au.as<float>() + e * numel, 1, c.m, c.n, av.as<float>() + e * len, vm.as<float>(), 0.95,
                         DType::BF16);
+      // The same batch in parts of one matrix (the scratch cap at its minimum).
+      Buffer pu = put(cuda, u), pv = put(cuda, v);
+      const Backend::UnitRef parts[] = {{pu.as<float>(), 2, pv.as<float>()},
+                                        {pu.as<float>() + 2 * numel, 1, pv.as<float>() + 2 * len}};
+      const size_t cap = set_cuda_ns_batch_bytes(1);
+      try {
+        cuda.muon_batch(*orth, parts, c.m, c.n, vm.as<float>(), 0.95, DType::BF16);
+      } catch (...) {
+        set_cuda_ns_batch_bytes(cap);
+        throw;
+      }
+      set_cuda_ns_batch_bytes(cap);
       cuda.synchronize();
       const std::string what = tag + (bf16 ? " bf16 " : " fp32 ") + std::to_string(c.m) + "x" + std::to_string(c.n);
       expect_bitwise(get<float>(au), get<float>(bu), what + " update");
       expect_bitwise(get<float>(av), get<float>(bv), what + " NorMuon state");
+      expect_bitwise(get<float>(au), get<float>(pu), what + " update, parts of one matrix");
+      expect_bitwise(get<float>(av), get<float>(pv), what + " NorMuon state, parts of one matrix");
     }
   }
   const BatchedGemmCounters after = batched_gemm_counters();
@@ -408,11 +422,17 @@ TEST(CudaBackend, WithoutTheProbeABatchDependentAlgorithmChangesBits) {
   auto orth = cuda->make_orthogonalizer(o);
   const int m = 48, n = 160;
   const std::vector<float> u = randn(size_t{3} * m * n, 5);
-  set_batched_gemm_probe(false);
+  struct ProbeOff {  // on again however the test leaves
+    ProbeOff() { set_batched_gemm_probe(false); }
+    ~ProbeOff() { set_batched_gemm_probe(true); }
+  };
   Buffer bu = put(*cuda, u), au = put(*cuda, u);
-  cuda->muon_units(*orth, bu.as<float>(), 3, m, n, nullptr, nullptr, 0.95, DType::F32);
-  for (int e = 0; e < 3; ++e) cuda->muon_units(*orth, au.as<float>() + e * m * n, 1, m, n, nullptr, nullptr, 0.95, DType::F32);
-  set_batched_gemm_probe(true);
+  {
+    const ProbeOff off;
+    cuda->muon_units(*orth, bu.as<float>(), 3, m, n, nullptr, nullptr, 0.95, DType::F32);
+    for (int e = 0; e < 3; ++e)
+      cuda->muon_units(*orth, au.as<float>() + e * m * n, 1, m, n, nullptr, nullptr, 0.95, DType::F32);
+  }
   const std::vector<float> a = get<float>(au), b = get<float>(bu);
   EXPECT_NE(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "the batch-dependent algorithm left the bits alone";
 }

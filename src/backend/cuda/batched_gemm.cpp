@@ -37,7 +37,6 @@ struct CublasLt {
   decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
   decltype(&cublasLtMatmulAlgoCheck) algo_check = nullptr;
   decltype(&cublasLtMatmul) matmul = nullptr;
-  bool loaded = false;
 };
 
 template <class F>
@@ -46,17 +45,22 @@ bool take(void* h, const char* name, F& f) {
   return f != nullptr;
 }
 
-// nullopt-like: `loaded` false when no candidate has every entry point (the products then run as
-// cublasGemmEx per matrix, which is layout invariant too).
+// Required, like cuBLAS (the same nvidia-cublas package): a rank that ran its bf16 products another
+// way would compute other bits than its peers, so a missing cuBLASLt is an error, not a fallback.
+// Only the soname of cuBLAS 13 (another version could choose other algorithms).
 CublasLt load_lt() {
   std::string wheel = DMUON_CUBLAS_WHEEL_DIR;
   if (!wheel.empty()) wheel += "/libcublasLt.so.13";
   const char* user = std::getenv("DMUON_CUBLASLT_LIBRARY");
-  const char* candidates[] = {user, "libcublasLt.so.13", wheel.empty() ? nullptr : wheel.c_str(), "libcublasLt.so"};
+  const char* candidates[] = {user, "libcublasLt.so.13", wheel.empty() ? nullptr : wheel.c_str()};
+  std::string tried;
   for (const char* name : candidates) {
     if (name == nullptr || *name == '\0') continue;
     void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) continue;
+    if (h == nullptr) {
+      tried += concat(tried.empty() ? "" : ", ", name, " (", dlerror(), ")");
+      continue;
+    }
     CublasLt api;
     const bool ok = take(h, "cublasLtCreate", api.create) && take(h, "cublasLtDestroy", api.destroy) &&
                     take(h, "cublasLtMatmulDescCreate", api.desc_create) &&
@@ -71,13 +75,14 @@ CublasLt load_lt() {
                     take(h, "cublasLtMatmulAlgoGetHeuristic", api.heuristic) &&
                     take(h, "cublasLtMatmulAlgoCheck", api.algo_check) && take(h, "cublasLtMatmul", api.matmul);
     if (!ok) {
+      tried += concat(tried.empty() ? "" : ", ", name, " (missing cublasLt entry points)");
       dlclose(h);
       continue;
     }
-    api.loaded = true;
     return api;
   }
-  return {};
+  throw_error(concat("[cuda] could not load cuBLASLt (bf16 Newton–Schulz products); tried ", tried,
+                     ". pip install nvidia-cublas (scripts/requirements.txt) or set DMUON_CUBLASLT_LIBRARY"));
 }
 
 const CublasLt& lt() {
@@ -153,8 +158,9 @@ struct Plan {
   bool has_algo = false;
   cublasLtMatmulAlgo_t algo{};
   size_t workspace = 0;
-  // Per batch count: cublasLtMatmulAlgoCheck and the probe passed, and the workspace it needs.
-  std::map<int64_t, std::pair<bool, size_t>> batch_ok;
+  // Per (batch count, strides of A, B, D): cublasLtMatmulAlgoCheck and the probe passed, and the
+  // workspace the batched call needs.
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::pair<bool, size_t>> batch_ok;
 };
 
 std::mutex plans_mutex;
@@ -270,7 +276,7 @@ int64_t span(int rows, int cols, int ld) {
 // one operand pair of hashed values (at the real operands' alignments), batched into D, once alone
 // into a reference, every element compared. Synchronizes the stream once.
 bool probe(const GemmCall& c, int64_t batch, const Plan& plan, size_t workspace, ThreadLt::OnDevice& res,
-           cudaStream_t stream, const ProbeScratch& scratch) {
+           cudaStream_t stream) {
   n_probes.fetch_add(1);
   const int64_t span_a = span(c.ta ? c.k : c.m, c.ta ? c.m : c.k, c.lda);
   const int64_t span_b = span(c.tb ? c.n : c.k, c.tb ? c.k : c.n, c.ldb);
@@ -281,27 +287,35 @@ bool probe(const GemmCall& c, int64_t batch, const Plan& plan, size_t workspace,
   const int64_t n_d = off_d + (batch - 1) * c.stride_d + span_d;
   const auto up = [](int64_t bytes) { return static_cast<size_t>((bytes + 255) / 256 * 256); };
   const size_t bytes_a = up(n_a * 2), bytes_b = up(n_b * 2), bytes_d = up(n_d * 4), bytes_r = up((off_d + span_d) * 4);
-  std::byte* base = scratch(bytes_a + bytes_b + bytes_d + bytes_r + 256);
+  // Stream-ordered memory of its own (cudaMallocAsync): no device-wide wait, nothing kept after.
+  void* mem = nullptr;
+  check(cudaMallocAsync(&mem, bytes_a + bytes_b + bytes_d + bytes_r + 256, stream), "batched gemm probe (cudaMallocAsync)");
+  struct Free {
+    void* p;
+    cudaStream_t s;
+    ~Free() { (void)cudaFreeAsync(p, s); }
+  } release{mem, stream};
+  auto* base = static_cast<std::byte*>(mem);
   auto* a = reinterpret_cast<uint16_t*>(base);
   auto* b = reinterpret_cast<uint16_t*>(base + bytes_a);
   auto* d = reinterpret_cast<float*>(base + bytes_a + bytes_b);
   auto* r = reinterpret_cast<float*>(base + bytes_a + bytes_b + bytes_d);
-  auto* count = reinterpret_cast<unsigned int*>(base + bytes_a + bytes_b + bytes_d + bytes_r);
+  auto* flag = reinterpret_cast<unsigned int*>(base + bytes_a + bytes_b + bytes_d + bytes_r);
   // Every matrix of the batch the same values: the pattern repeats with the stride, from the slot's start.
   check(cuda::probe_fill(a + off_a, n_a - off_a, c.stride_a > 0 ? c.stride_a : n_a, stream), "batched gemm probe");
   check(cuda::probe_fill(b + off_b, n_b - off_b, c.stride_b > 0 ? c.stride_b : n_b, stream), "batched gemm probe");
   check(cudaMemsetAsync(d, 0, bytes_d, stream), "batched gemm probe");  // elements no product writes compare equal
   check(cudaMemsetAsync(r, 0, bytes_r, stream), "batched gemm probe");
-  check(cudaMemsetAsync(count, 0, sizeof(unsigned int), stream), "batched gemm probe");
+  check(cudaMemsetAsync(flag, 0, sizeof(unsigned int), stream), "batched gemm probe");
   GemmCall p = c;
   p.a = a + off_a, p.b = b + off_b, p.d = d + off_d;
   lt_matmul(p, batch, plan.algo, res, workspace, stream, "cublasLtMatmul (probe, batched)");
   GemmCall ref = p;
   ref.d = r + off_d;
   lt_matmul(ref, 1, plan.algo, res, plan.workspace, stream, "cublasLtMatmul (probe, one)");
-  check(cuda::count_mismatches(d + off_d, c.stride_d, batch, r + off_d, span_d, count, stream), "batched gemm probe");
+  check(cuda::any_mismatch(d + off_d, c.stride_d, batch, r + off_d, span_d, flag, stream), "batched gemm probe");
   unsigned int mismatches = 0;
-  check(cudaMemcpyAsync(&mismatches, count, sizeof mismatches, cudaMemcpyDeviceToHost, stream), "batched gemm probe");
+  check(cudaMemcpyAsync(&mismatches, flag, sizeof mismatches, cudaMemcpyDeviceToHost, stream), "batched gemm probe");
   check(cudaStreamSynchronize(stream), "batched gemm probe");
   if (mismatches != 0) n_probe_mismatch.fetch_add(1);
   return mismatches == 0;
@@ -309,8 +323,7 @@ bool probe(const GemmCall& c, int64_t batch, const Plan& plan, size_t workspace,
 
 }  // namespace
 
-void batched_gemm(const GemmCall& c, int64_t batch, int device, cudaStream_t stream, cublasHandle_t blas,
-                  const ProbeScratch& probe_scratch) {
+void batched_gemm(const GemmCall& c, int64_t batch, int device, cudaStream_t stream, cublasContext* blas) {
   if (batch <= 0 || c.m == 0 || c.n == 0) return;
   const auto gemm_ex_each = [&] {
     for (int64_t i = 0; i < batch; ++i) {
@@ -320,7 +333,14 @@ void batched_gemm(const GemmCall& c, int64_t batch, int device, cudaStream_t str
     }
     n_gemm_ex.fetch_add(static_cast<uint64_t>(batch));
   };
-  if (!c.bf16 || !lt().loaded) return gemm_ex_each();
+  if (!c.bf16) return gemm_ex_each();
+  // Every matrix at the first one's alignment (strides of whole 256-byte blocks), so one algorithm
+  // fits them all; else each matrix runs alone with the algorithm of its own alignment.
+  const auto whole = [](int64_t stride, size_t elem) { return static_cast<uint64_t>(stride) * elem % 256 == 0; };
+  if (batch > 1 && !(whole(c.stride_a, 2) && whole(c.stride_b, 2) && whole(c.stride_d, 4))) {
+    for (int64_t i = 0; i < batch; ++i) batched_gemm(slot(c, i), 1, device, stream, blas);
+    return;
+  }
   ThreadLt::OnDevice& res = tl_lt.on(device);
   const Key key{device, c.ta, c.tb, c.m, c.n, c.k, c.lda, c.ldb, c.ldd, alignment(c.a), alignment(c.b), alignment(c.d)};
   Plan plan;
@@ -331,7 +351,7 @@ void batched_gemm(const GemmCall& c, int64_t batch, int device, cudaStream_t str
     auto it = plans.find(key);
     if (it == plans.end()) it = plans.emplace(key, choose(c, key, res.handle)).first;
     plan = it->second;
-    if (auto b = plan.batch_ok.find(batch); b != plan.batch_ok.end())
+    if (auto b = plan.batch_ok.find({batch, c.stride_a, c.stride_b, c.stride_d}); b != plan.batch_ok.end())
       known = true, ok = b->second.first, batched_ws = b->second.second;
   }
   if (!plan.has_algo) return gemm_ex_each();
@@ -341,13 +361,9 @@ void batched_gemm(const GemmCall& c, int64_t batch, int device, cudaStream_t str
     return;
   }
   if (!known) {
-    // Strides that keep every matrix at the first one's alignment, an algorithm that takes the
-    // batched layouts, and the probe (outside the lock: it synchronizes the stream).
-    const auto keeps = [](int64_t stride, size_t elem, uint32_t align) {
-      return static_cast<uint64_t>(stride) * elem % align == 0;
-    };
-    ok = keeps(c.stride_a, 2, key.align_a) && keeps(c.stride_b, 2, key.align_b) && keeps(c.stride_d, 4, key.align_d);
-    if (ok) {
+    // An algorithm that takes the batched layouts, and the probe (outside the lock: it
+    // synchronizes the stream).
+    {
       const Descriptors desc(c, batch);
       cublasLtMatmulHeuristicResult_t r{};
       ok = lt().algo_check(res.handle, desc.op_, desc.a_, desc.b_, desc.d_, desc.d_, &plan.algo, &r) ==
@@ -355,9 +371,9 @@ void batched_gemm(const GemmCall& c, int64_t batch, int device, cudaStream_t str
            r.workspaceSize <= kWorkspaceBytes;
       batched_ws = r.workspaceSize;
     }
-    if (ok && probe_on.load()) ok = probe(c, batch, plan, batched_ws, res, stream, probe_scratch);
+    if (ok && probe_on.load()) ok = probe(c, batch, plan, batched_ws, res, stream);
     std::lock_guard<std::mutex> lock(plans_mutex);
-    plans[key].batch_ok.emplace(batch, std::make_pair(ok, batched_ws));
+    plans[key].batch_ok.emplace(std::make_tuple(batch, c.stride_a, c.stride_b, c.stride_d), std::make_pair(ok, batched_ws));
   }
   if (ok) {
     lt_matmul(c, batch, plan.algo, res, batched_ws, stream, "cublasLtMatmul (batched)");

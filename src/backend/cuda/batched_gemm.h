@@ -12,20 +12,22 @@
 // (shape, b) runs a probe (b identical matrices of hashed bf16 values whose sums round differently
 // in another order, batched, against the same product at batch 1) and the batched call is used only
 // where every element of every matrix is bitwise equal; otherwise, and where cublasLtMatmulAlgoCheck
-// refuses the batched layouts, the batch runs as b calls of the batch-1 algorithm. Where cuBLASLt
-// cannot be loaded or has no algorithm for the shape, and for fp32 products (CUBLAS_COMPUTE_32F_PEDANTIC,
-// cublas_loader.h), every matrix is one cublasGemmEx call. Each of these choices is a function of
-// the shape and the device only, so every batch of a shape runs the same per-matrix arithmetic.
+// refuses the batched layouts, the batch runs as b calls of the batch-1 algorithm; matrices whose
+// strides are not whole 256-byte blocks (so that every one has the first one's alignment) each run
+// alone with the algorithm of their own alignment. Where cuBLASLt has no algorithm for the shape,
+// and for fp32 products (CUBLAS_COMPUTE_32F_PEDANTIC, cublas_loader.h), every matrix is one
+// cublasGemmEx call. Each of these choices is a function of the shape, the strides and the device
+// only, so every batch of a shape runs the same per-matrix arithmetic.
 //
-// libcublasLt is dlopen'd on first use, like cuBLAS: $DMUON_CUBLASLT_LIBRARY, libcublasLt.so.13, the
-// nvidia-cublas wheel's, libcublasLt.so.
+// libcublasLt is dlopen'd on first use, like cuBLAS, and required for bf16 products (a rank without
+// it would compute other bits): $DMUON_CUBLASLT_LIBRARY, libcublasLt.so.13, the nvidia-cublas
+// wheel's.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 
 struct cublasContext;  // cublasHandle_t (cublas_api.h, which the tests built against this header lack)
 
@@ -48,15 +50,11 @@ struct GemmCall {
   bool bf16 = false;
 };
 
-// Device memory for a probe (at least `bytes`, 256-byte aligned, on the call's device; valid for
-// the call): the cuda backend passes its thread's scratch that Newton–Schulz does not use.
-using ProbeScratch = std::function<std::byte*(size_t bytes)>;
-
 // Enqueues the batch on `stream` (the calling thread's current stream on `device`, which is
 // current), through `blas` (the thread's cuBLAS handle on that stream) where a product is one
-// cublasGemmEx per matrix. A probe synchronizes `stream` once.
-void batched_gemm(const GemmCall& c, int64_t batch, int device, cudaStream_t stream, cublasContext* blas,
-                  const ProbeScratch& probe_scratch);
+// cublasGemmEx per matrix. A probe takes stream-ordered memory of its own and synchronizes
+// `stream` once. Throws dmuon::Error when cuBLASLt cannot be loaded (bf16 products).
+void batched_gemm(const GemmCall& c, int64_t batch, int device, cudaStream_t stream, cublasContext* blas);
 
 // What batched_gemm did since the process started (tests and the bench read it).
 struct BatchedGemmCounters {

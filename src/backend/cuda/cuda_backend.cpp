@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
@@ -41,7 +42,10 @@
 namespace dmuon::detail {
 namespace {
 
-thread_local cudaStream_t tl_stream = nullptr;  // the current stream of this thread (nullptr: legacy default)
+thread_local cudaStream_t tl_stream = nullptr;
+// The scratch a muon_batch call takes at most at a time (set_cuda_ns_batch_bytes): the batch is cut
+// into parts that fit, one matrix at least. Each part's matrices get the bits they would get alone.
+std::atomic<size_t> ns_batch_bytes{size_t{512} << 20};  // the current stream of this thread (nullptr: legacy default)
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw_error(concat("[cuda] ", what, ": ", cudaGetErrorString(e)));
@@ -401,7 +405,7 @@ class CudaBackend final : public Backend {
     muon_batch(orth, std::span<const UnitRef>(&one, 1), rows, cols, v_mean, beta2, comm);
   }
 
-  // The matrices of every unit, kNsBatchBytes of scratch at a time: Newton–Schulz on the whole
+  // The matrices of every unit, ns_batch_bytes of scratch at a time (set_cuda_ns_batch_bytes): Newton–Schulz on the whole
   // batch (orthogonalize, one batched call per product), then per matrix the copy back, NorMuon and
   // the comm rounding. A matrix's bits do not depend on its batch (batched_gemm.h).
   void muon_batch(Orthogonalizer& orth, std::span<const UnitRef> units, int64_t rows, int64_t cols, float* v_mean,
@@ -421,7 +425,7 @@ class CudaBackend final : public Backend {
     const bool bf16 = orth.options().matmul_dtype == DType::BF16;
     NsPointers unused;
     const size_t per_matrix = ns_layout(rows, cols, bf16, len, 2, nullptr, unused) - ns_layout(rows, cols, bf16, len, 1, nullptr, unused);
-    const size_t cap = std::max<size_t>(1, kNsBatchBytes / std::max<size_t>(per_matrix, 1));
+    const size_t cap = std::max<size_t>(1, ns_batch_bytes.load() / std::max<size_t>(per_matrix, 1));
     const float w_v = cpu::to_scalar(1.0 - beta2);  // normuon_finish's weight
     for (size_t first = 0; first < mats.size(); first += cap) {
       const std::span<const Matrix> part(mats.data() + first, std::min(cap, mats.size() - first));
@@ -507,10 +511,6 @@ class CudaBackend final : public Backend {
     float* x;
     float* v;
   };
-  // Scratch a muon_batch call takes at most at a time (one matrix at least): the batch is cut into
-  // parts that fit. Each part's matrices get the bits they would get alone.
-  static constexpr size_t kNsBatchBytes = size_t{1} << 30;
-
   // Device pointers of a muon_batch part's scratch (NsWork's pieces). Each matrix of the part has a
   // slot `sx` (m×n) or `sg` (s×s) elements apart in the slabs, padded to 128 elements so that every
   // slot starts at the first one's 256-byte alignment (fp32 and bf16 alike).
@@ -573,8 +573,7 @@ class CudaBackend final : public Backend {
   }
 
   // `batch` column-major products C_i (M×N) = op(A_i)·op(B_i), the operands' matrices sa / sb / sc
-  // elements apart (batched_gemm.h: the same bits for a matrix whatever the batch). A probe uses the
-  // thread's aux scratch, which Newton–Schulz leaves alone.
+  // elements apart (batched_gemm.h: the same bits for a matrix whatever the batch).
   void bgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda, int64_t sa, const void* B,
              int64_t ldb, int64_t sb, float* C, int64_t ldc, int64_t sc, bool bf16, int64_t batch) {
     GemmCall c;
@@ -583,8 +582,7 @@ class CudaBackend final : public Backend {
     c.b = B, c.ldb = static_cast<int>(ldb), c.stride_b = sb;
     c.d = C, c.ldd = static_cast<int>(ldc), c.stride_d = sc;
     c.bf16 = bf16;
-    batched_gemm(c, batch, device_, tl_stream, blas_handle(device_),
-                 [this](size_t bytes) { return thread_scratch(device_, bytes, kAuxScratch); });
+    batched_gemm(c, batch, device_, tl_stream, blas_handle(device_));
   }
 
   // `batch` s×s symmetric products into the row-major slab `out` (matrices `stride` apart):
@@ -674,6 +672,8 @@ class CudaBackend final : public Backend {
 };
 
 }  // namespace
+
+size_t set_cuda_ns_batch_bytes(size_t bytes) { return ns_batch_bytes.exchange(bytes); }
 
 bool cuda_device_available(std::string* why) {
   int count = 0;

@@ -82,10 +82,10 @@ cudaError_t mirror_lower(float* a, int64_t side, int64_t stride, int64_t batch, 
 // period only (the batched GEMM probe's operands: every matrix of a batch the same; products over
 // 50 binades, so sums in another order round differently).
 cudaError_t probe_fill(uint16_t* x, int64_t n, int64_t period, cudaStream_t s);
-// *count += the elements of `batch` n-element blocks `stride` apart from d whose bits differ from ref
-// (*count preset by the caller).
-cudaError_t count_mismatches(const float* d, int64_t stride, int64_t batch, const float* ref, int64_t n,
-                             unsigned int* count, cudaStream_t s);
+// *flag = 1 when an element of the `batch` n-element blocks `stride` apart from d differs from ref
+// in its bits (else *flag is left as the caller set it).
+cudaError_t any_mismatch(const float* d, int64_t stride, int64_t batch, const float* ref, int64_t n, unsigned int* flag,
+                         cudaStream_t s);
 // *out = Σ a[i, i] in double, in index order (one thread; deterministic).
 cudaError_t trace(const float* a, int64_t side, double* out, cudaStream_t s);
 // y[i] = y[i] + fp32(b · x[i]) (the cpu gram path's `a2[i] += b * a[i]`).
