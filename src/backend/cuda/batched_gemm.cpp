@@ -5,11 +5,8 @@
 #include <dlfcn.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
-#include <string>
 #include <tuple>
 #include <vector>
 
@@ -49,40 +46,24 @@ bool take(void* h, const char* name, F& f) {
 // way would compute other bits than its peers, so a missing cuBLASLt is an error, not a fallback.
 // Only the soname of cuBLAS 13 (another version could choose other algorithms).
 CublasLt load_lt() {
-  std::string wheel = DMUON_CUBLAS_WHEEL_DIR;
-  if (!wheel.empty()) wheel += "/libcublasLt.so.13";
-  const char* user = std::getenv("DMUON_CUBLASLT_LIBRARY");
-  const char* candidates[] = {user, "libcublasLt.so.13", wheel.empty() ? nullptr : wheel.c_str()};
-  std::string tried;
-  for (const char* name : candidates) {
-    if (name == nullptr || *name == '\0') continue;
-    void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) {
-      tried += concat(tried.empty() ? "" : ", ", name, " (", dlerror(), ")");
-      continue;
-    }
-    CublasLt api;
-    const bool ok = take(h, "cublasLtCreate", api.create) && take(h, "cublasLtDestroy", api.destroy) &&
-                    take(h, "cublasLtMatmulDescCreate", api.desc_create) &&
-                    take(h, "cublasLtMatmulDescDestroy", api.desc_destroy) &&
-                    take(h, "cublasLtMatmulDescSetAttribute", api.desc_set) &&
-                    take(h, "cublasLtMatrixLayoutCreate", api.layout_create) &&
-                    take(h, "cublasLtMatrixLayoutDestroy", api.layout_destroy) &&
-                    take(h, "cublasLtMatrixLayoutSetAttribute", api.layout_set) &&
-                    take(h, "cublasLtMatmulPreferenceCreate", api.pref_create) &&
-                    take(h, "cublasLtMatmulPreferenceDestroy", api.pref_destroy) &&
-                    take(h, "cublasLtMatmulPreferenceSetAttribute", api.pref_set) &&
-                    take(h, "cublasLtMatmulAlgoGetHeuristic", api.heuristic) &&
-                    take(h, "cublasLtMatmulAlgoCheck", api.algo_check) && take(h, "cublasLtMatmul", api.matmul);
-    if (!ok) {
-      tried += concat(tried.empty() ? "" : ", ", name, " (missing cublasLt entry points)");
-      dlclose(h);
-      continue;
-    }
-    return api;
-  }
-  throw_error(concat("[cuda] could not load cuBLASLt (bf16 Newton–Schulz products); tried ", tried,
-                     ". pip install nvidia-cublas (scripts/requirements.txt) or set DMUON_CUBLASLT_LIBRARY"));
+  CublasLt api;
+  open_cublas_family("DMUON_CUBLASLT_LIBRARY", "libcublasLt.so.13", "cuBLASLt (bf16 Newton–Schulz products)",
+                     "missing cublasLt entry points", [&api](void* h, const char*) {
+                       return take(h, "cublasLtCreate", api.create) && take(h, "cublasLtDestroy", api.destroy) &&
+                              take(h, "cublasLtMatmulDescCreate", api.desc_create) &&
+                              take(h, "cublasLtMatmulDescDestroy", api.desc_destroy) &&
+                              take(h, "cublasLtMatmulDescSetAttribute", api.desc_set) &&
+                              take(h, "cublasLtMatrixLayoutCreate", api.layout_create) &&
+                              take(h, "cublasLtMatrixLayoutDestroy", api.layout_destroy) &&
+                              take(h, "cublasLtMatrixLayoutSetAttribute", api.layout_set) &&
+                              take(h, "cublasLtMatmulPreferenceCreate", api.pref_create) &&
+                              take(h, "cublasLtMatmulPreferenceDestroy", api.pref_destroy) &&
+                              take(h, "cublasLtMatmulPreferenceSetAttribute", api.pref_set) &&
+                              take(h, "cublasLtMatmulAlgoGetHeuristic", api.heuristic) &&
+                              take(h, "cublasLtMatmulAlgoCheck", api.algo_check) &&
+                              take(h, "cublasLtMatmul", api.matmul);
+                     });
+  return api;
 }
 
 const CublasLt& lt() {

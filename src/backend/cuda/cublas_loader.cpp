@@ -11,11 +11,32 @@ namespace dmuon::detail {
 namespace {
 
 Cublas load_cublas() {
-  std::string tried;
+  Cublas api;
+  open_cublas_family("DMUON_CUBLAS_LIBRARY", "libcublas.so.13", "cuBLAS",
+                     "missing cublasCreate_v2/Destroy_v2/SetStream_v2/SetMathMode/Sgemm_v2/GemmEx",
+                     [&api](void* h, const char* name) {
+                       api.create = reinterpret_cast<decltype(api.create)>(dlsym(h, "cublasCreate_v2"));
+                       api.destroy = reinterpret_cast<decltype(api.destroy)>(dlsym(h, "cublasDestroy_v2"));
+                       api.set_stream = reinterpret_cast<decltype(api.set_stream)>(dlsym(h, "cublasSetStream_v2"));
+                       api.set_math_mode = reinterpret_cast<decltype(api.set_math_mode)>(dlsym(h, "cublasSetMathMode"));
+                       api.sgemm = reinterpret_cast<decltype(api.sgemm)>(dlsym(h, "cublasSgemm_v2"));
+                       api.gemm_ex = reinterpret_cast<decltype(api.gemm_ex)>(dlsym(h, "cublasGemmEx"));
+                       api.library = name;
+                       return api.create && api.destroy && api.set_stream && api.set_math_mode && api.sgemm &&
+                              api.gemm_ex;
+                     });
+  return api;
+}
+
+}  // namespace
+
+void open_cublas_family(const char* env, const char* soname, const char* what, const char* missing,
+                        const std::function<bool(void*, const char*)>& bind) {
   std::string wheel = DMUON_CUBLAS_WHEEL_DIR;
-  if (!wheel.empty()) wheel += "/libcublas.so.13";
-  const char* user = std::getenv("DMUON_CUBLAS_LIBRARY");
-  const char* candidates[] = {user, "libcublas.so.13", wheel.empty() ? nullptr : wheel.c_str(), "libcublas.so"};
+  if (!wheel.empty()) wheel = concat(wheel, "/", soname);
+  const char* user = std::getenv(env);
+  const char* candidates[] = {user, soname, wheel.empty() ? nullptr : wheel.c_str()};
+  std::string tried;
   for (const char* name : candidates) {
     if (name == nullptr || *name == '\0') continue;
     void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
@@ -23,26 +44,13 @@ Cublas load_cublas() {
       tried += concat(tried.empty() ? "" : ", ", name, " (", dlerror(), ")");
       continue;
     }
-    Cublas api;
-    api.create = reinterpret_cast<decltype(api.create)>(dlsym(h, "cublasCreate_v2"));
-    api.destroy = reinterpret_cast<decltype(api.destroy)>(dlsym(h, "cublasDestroy_v2"));
-    api.set_stream = reinterpret_cast<decltype(api.set_stream)>(dlsym(h, "cublasSetStream_v2"));
-    api.set_math_mode = reinterpret_cast<decltype(api.set_math_mode)>(dlsym(h, "cublasSetMathMode"));
-    api.sgemm = reinterpret_cast<decltype(api.sgemm)>(dlsym(h, "cublasSgemm_v2"));
-    api.gemm_ex = reinterpret_cast<decltype(api.gemm_ex)>(dlsym(h, "cublasGemmEx"));
-    if (!api.create || !api.destroy || !api.set_stream || !api.set_math_mode || !api.sgemm || !api.gemm_ex) {
-      tried += concat(tried.empty() ? "" : ", ", name, " (missing cublasCreate_v2/Destroy_v2/SetStream_v2/SetMathMode/Sgemm_v2/GemmEx)");
-      dlclose(h);
-      continue;
-    }
-    api.library = name;
-    return api;
+    if (bind(h, name)) return;
+    tried += concat(tried.empty() ? "" : ", ", name, " (", missing, ")");
+    dlclose(h);
   }
-  throw_error(concat("[cuda] could not load cuBLAS; tried ", tried,
-                     ". pip install nvidia-cublas (scripts/requirements.txt) or set DMUON_CUBLAS_LIBRARY"));
+  throw_error(concat("[cuda] could not load ", what, "; tried ", tried,
+                     ". pip install nvidia-cublas (scripts/requirements.txt) or set ", env));
 }
-
-}  // namespace
 
 const Cublas& cublas() {
   static const Cublas api = load_cublas();

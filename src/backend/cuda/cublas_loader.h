@@ -1,13 +1,22 @@
 // Internal: cuBLAS, loaded at run time (dlopen) so that libdmuon links only the static cudart and
 // loads on machines without a GPU, a driver or cuBLAS. Search order: $DMUON_CUBLAS_LIBRARY,
-// libcublas.so.13 on the loader path, the nvidia-cublas wheel found at configure time, libcublas.so.
+// libcublas.so.13 on the loader path, the nvidia-cublas wheel found at configure time (only
+// cuBLAS 13's soname: another version has another ABI and other algorithms).
 #pragma once
 
 #include <cublas_api.h>
 
+#include <functional>
 #include <string>
 
 namespace dmuon::detail {
+
+// Opens the first library of the nvidia-cublas family that loads and that `bind` accepts (it takes
+// the entry points from the handle): $`env`, `soname` on the loader path, the wheel's copy found at
+// configure time. Throws dmuon::Error "[cuda] could not load <what>; tried ..." naming each
+// candidate's failure (`missing` when bind refused it), the package and `env`. Handles stay open.
+void open_cublas_family(const char* env, const char* soname, const char* what, const char* missing,
+                        const std::function<bool(void* handle, const char* name)>& bind);
 
 // The entry points dmuon calls. cublasGemmEx is overloaded in C++ (cudaDataType / cublasComputeType_t):
 // the compute-type form is the one held.
