@@ -19,7 +19,12 @@
 //   made), every operation stages through pinned host memory: copies device -> pinned before and
 //   pinned -> device after, collectives in rounds of DMUON_STAGING_CHUNK_BYTES (default 16 MiB; must
 //   be the same on every rank), pinned buffers cached up to DMUON_STAGING_POOL_BYTES (64 MiB).
-//   Device buffers must hold their data when the call is made (no stream ordering).
+//   Device buffers must hold their data when the call is made, or be ordered with order_after().
+// - DEVICE ORDER: order_after(event) makes the operations posted after it read their buffers only
+//   once the device work recorded in `event` (a cudaEvent_t on the stream that writes them) has run:
+//   nccl makes its stream wait for the event on the device (the host does not wait); mpi staging,
+//   single and host transports wait for it on the host at that call. A writer that synchronizes
+//   its stream before posting needs none.
 // - VALIDATION: wrong-sized count arrays, negative counts, a count past the end of a buffer, type
 //   mismatch between send and receive, overlap, or a self-block that does not match (rank r sends
 //   to itself a different count than it expects from itself) throw std::invalid_argument before
@@ -113,6 +118,13 @@ struct DMUON_API OutBuffer {
   explicit OutBuffer(const TensorView& view);
   size_t nbytes() const { return count * comm_type_size(type); }
   InBuffer as_input() const { return InBuffer(data, type, count); }
+};
+
+// A point in a CUDA device's queued work: a cudaEvent_t (as a pointer) recorded on the stream that
+// writes some buffers. Empty: nothing to wait for (host memory, or work already complete).
+struct DeviceEvent {
+  void* cuda_event = nullptr;
+  bool empty() const { return cuda_event == nullptr; }
 };
 
 using CommClock = std::chrono::steady_clock;
@@ -273,6 +285,14 @@ class DMUON_API Communicator {
   [[nodiscard]] Work group_end(std::string_view label);
   bool in_group() const { return group_open_; }
 
+  // Local: operations posted after this call (by this thread) read and write their device buffers
+  // only after the work recorded in `ready` has run (DEVICE ORDER above). nccl: its stream waits
+  // for the event, nothing waits on the host; every other backend waits for it here, on the host.
+  // An empty event does nothing. Works posted before the call are not affected. Throws
+  // dmuon::Error when the device reports an error (or the build has no CUDA and the event is not
+  // empty).
+  void order_after(DeviceEvent ready);
+
   // COLLECTIVE and blocking (bounded by the default timeout): ranks with the same color form a new
   // communicator, ordered by (key, rank). color < 0: this rank joins none and gets nullptr.
   // `name` is used in error messages (default "<parent>/<color>").
@@ -313,6 +333,8 @@ class DMUON_API Communicator {
   virtual std::unique_ptr<Communicator> do_split(int color, int key, std::string name) = 0;
   // Posts `ops` (at least one) in order as one Work named `op`: "send", "recv" or "group".
   virtual Work post_p2p(std::span<const detail::P2pOp> ops, std::string_view op, std::string_view label) = 0;
+  // order_after with a non-empty event. Default: a host wait for the event (cudaEventSynchronize).
+  virtual void do_order_after(DeviceEvent ready);
 
  private:
   void count(ByteCount b);

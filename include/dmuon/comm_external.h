@@ -75,6 +75,10 @@ class DMUON_API ExternalTransport {
                                                    const std::string& name) = 0;
   // A wait on this transport (or one split from the same root) passed its deadline.
   virtual void on_timeout() {}
+  // Communicator::order_after: operations posted after this call wait for `cuda_event` (a recorded
+  // cudaEvent_t, never null here). Default: a host wait for it (cudaEventSynchronize); a transport
+  // that posts on a CUDA stream of its own makes that stream wait instead (nccl).
+  virtual void order_after(void* cuda_event);
 };
 
 // A communicator of `size` ranks (this one is `rank`) over `transport`, named `name` ("world" for

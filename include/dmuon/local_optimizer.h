@@ -89,6 +89,10 @@ class DMUON_API LocalOptimizer {
   DType comm_dtype() const { return comm_dtype_; }
   int threads() const { return threads_; }
   void set_threads(int threads);  // as LocalOptimizerOptions::threads; ≥ 0
+  // The caller's stream on a device (Optimizer::set_stream): step() orders itself with it on the
+  // device instead of waiting on the host. nullptr (default): none.
+  void set_stream(void* stream);
+  void* stream() const;
   ~LocalOptimizer();
   LocalOptimizer(LocalOptimizer&&) noexcept;
   LocalOptimizer& operator=(LocalOptimizer&&) noexcept;

@@ -93,10 +93,11 @@ struct OptimizerOptions {
   // without that device, fails at construction). On a device backend every parameter and gradient
   // view must carry that device (TensorView::device; checked each step, naming the parameter), the
   // state, chunk arenas and scratch are device memory, and state() returns device views (read them
-  // with the device's own copy; docs/design.md "The engine on a device backend"). Streams: the
-  // step does not order itself after the caller's streams, so the gradients must be in memory when
-  // step() is called (synchronize the stream that wrote them; dmuon.torch waits for PyTorch's
-  // current stream); when step() returns, its writes are in memory, for any stream to read.
+  // with the device's own copy; docs/design.md "The engine on a device backend"). Streams: by
+  // default the step does not order itself after the caller's streams, so the gradients must be in
+  // memory when step() is called (synchronize the stream that wrote them), and when step() returns
+  // its writes are in memory, for any stream to read; Optimizer::set_stream orders it with one
+  // stream on the device instead (dmuon.torch passes PyTorch's current stream).
   std::string device = "cpu";
 };
 
@@ -184,6 +185,18 @@ class DMUON_API Optimizer {
   void set_non_finite(NonFinitePolicy policy);
   int compute_streams() const;
   void set_compute_streams(int streams);  // ≥ 0, as OptimizerOptions::compute_streams
+  // The caller's stream on a device backend (a cudaStream_t of the optimizer's device, as a pointer;
+  // cudaStreamLegacy, (void*)0x1, for the legacy default stream, which PyTorch's default stream
+  // is). With one, step() orders itself with it on the device: its work starts after what was
+  // queued on the stream before the call (the gradients need not be in memory), and work queued
+  // there after step() returns runs after the step's writes; step() then returns without waiting
+  // for the device (its one host wait is the non-finite check of the gradients, before the
+  // agreement). Reading the parameters or state from another stream or the host needs a
+  // synchronization of that stream first. nullptr (the default): step() expects its inputs in
+  // memory and waits until its writes are. A non-null stream on the cpu backend throws
+  // std::invalid_argument. Local (not part of the agreement).
+  void set_stream(void* stream);
+  void* stream() const;
 
   struct Impl;
 

@@ -73,7 +73,24 @@ void bind_engine_methods(nb::class_<Engine>& cls, const char* step_doc, const ch
       .def("step_count", &Engine::step_count, nb::arg("param"))
       .def("set_step_count", &Engine::set_step_count, nb::arg("param"), nb::arg("count"))
       .def("options", &Engine::options, nb::arg("group"), nb::rv_policy::reference_internal,
-           "The live GroupOptions of a group: writes take effect at the next step.");
+           "The live GroupOptions of a group: writes take effect at the next step.")
+      .def(
+          "set_stream",
+          [](Engine& e, std::optional<uintptr_t> stream) {
+            e.set_stream(stream ? reinterpret_cast<void*>(*stream) : nullptr);
+          },
+          nb::arg("stream").none(),
+          "The caller's CUDA stream the steps order themselves with on the device (a cudaStream_t as "
+          "an int, e.g. torch.cuda.current_stream().cuda_stream; 1 = cudaStreamLegacy for the legacy "
+          "default stream, whose handle is 0). None: none, step() waits on the host (dmuon/optimizer.h "
+          "Optimizer::set_stream).")
+      .def(
+          "stream", [](const Engine& e) -> std::optional<uintptr_t> {
+            void* s = e.stream();
+            if (s == nullptr) return std::nullopt;
+            return reinterpret_cast<uintptr_t>(s);
+          },
+          "The stream set by set_stream, or None.");
 }
 
 // dmuon::StepStats as a dict (both engines' last_stats(); optimizer.cpp).

@@ -12,9 +12,12 @@
 // round_to_comm, pack, muon_units, gram_newton_schulz) are ordered on the calling thread's stream
 // and may still run when they return: later calls on the same thread see their results, anything
 // else (a communicator, another Stream, the host, a state hook, the caller after a step) only after
-// the thread's synchronize(). copy, first_non_finite and the FSDP data movement (convert, ordered_sum, divide,
+// the thread's synchronize(). copy, first_non_finite(_of) and the FSDP data movement (convert, ordered_sum, divide,
 // fill_zero) complete before returning. A Stream's job ends with its work complete, so its Events
 // mean the results are in memory. On the cpu backend everything completes before returning.
+// Device order without the host: fence() records a point in a stream's work and wait() makes another
+// stream (or, through Communicator::order_after, a communicator) wait for it on the device; the
+// pipeline hands a chunk's arena to the communicators and to the compute stream this way.
 #pragma once
 
 #include <atomic>
@@ -26,6 +29,7 @@
 #include <vector>
 
 #include "backend/pack.h"
+#include "dmuon/comm.h"
 #include "dmuon/device.h"
 #include "dmuon/optim_options.h"
 #include "dmuon/orthogonalize.h"
@@ -72,6 +76,21 @@ class Event {
   std::shared_ptr<std::atomic<bool>> done_;
 };
 
+// A point in one stream's device work: a device backend's event (from a pool it goes back to when the
+// last copy is gone) that another stream or a communicator waits for without the host. Empty on the
+// cpu backend, whose work is complete when its calls return. Waiting on it later waits for the point
+// it was recorded at (the event is not recorded again while a copy lives).
+class Fence {
+ public:
+  Fence() = default;
+  explicit Fence(std::shared_ptr<void> event) : event_(std::move(event)) {}
+  DeviceEvent event() const { return {event_.get()}; }
+  bool empty() const { return !event_; }
+
+ private:
+  std::shared_ptr<void> event_;
+};
+
 // An ordered queue of work (cpu: a worker thread, or the caller's thread when synchronous).
 class Stream {
  public:
@@ -116,6 +135,17 @@ class Backend {
   // Waits until every kernel the calling thread enqueued on this backend has completed (the
   // completion contract above; cpu: nothing to wait for). Throws a device error it reports.
   virtual void synchronize() {}
+  // Device order between streams, without the host (device backends; no-ops on the cpu backend).
+  // `stream`: nullptr for the calling thread's stream (a Stream job's own, else the thread's
+  // default one), else a native stream of this backend's device (cuda: a cudaStream_t;
+  // cudaStreamLegacy for the legacy default stream, which is PyTorch's default stream).
+  // fence: a point after everything queued on `stream` so far. wait: work queued on `stream` after
+  // the call runs after `e` (a fence of any stream of this device, or an event of the caller's).
+  virtual Fence fence(void* stream = nullptr) {
+    (void)stream;
+    return {};
+  }
+  virtual void wait(DeviceEvent e, void* stream = nullptr) { (void)e, (void)stream; }
 
   // Thread control of the backend's own kernels (cpu: the BLAS thread count); 0 leaves it. Returns
   // the previous value. Loads the libraries it needs: a missing one fails here (dmuon::Error).
@@ -135,6 +165,14 @@ class Backend {
   virtual void round_to_comm(float* x, int64_t n, DType comm) = 0;
   // Index of the first non-finite element of a contiguous fp32 / bf16 view, or -1.
   virtual int64_t first_non_finite(const TensorView& g) = 0;
+  // The index of the first of `views` (in order) holding a non-finite element, or -1; empty views
+  // (TensorView::is_none) are skipped. A device backend scans them all into device flags and reads
+  // them back once (one host synchronization for the step's gradients, not one per tensor).
+  virtual int64_t first_non_finite_of(std::span<const TensorView> views) {
+    for (size_t i = 0; i < views.size(); ++i)
+      if (!views[i].is_none() && first_non_finite(views[i]) >= 0) return static_cast<int64_t>(i);
+    return -1;
+  }
 
   // ---- FSDP data movement (sharded_params.h numerics; src/fsdp) ----
   // n elements of src (fp32 | bf16) into dst (fp32 | bf16): bits when the dtypes match, fp32 -> bf16

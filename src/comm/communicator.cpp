@@ -5,6 +5,7 @@
 #include <numeric>
 #include <string>
 
+#include "comm/memory_space.h"
 #include "comm/work_impl.h"
 #include "dmuon/comm.h"
 #include "dmuon/comm_nccl.h"
@@ -288,6 +289,11 @@ std::unique_ptr<Communicator> Communicator::split_mesh_dims(std::span<const int6
                       "; ranks disagree on their mesh coordinates");
   return out;
 }
+
+void Communicator::order_after(DeviceEvent ready) {
+  if (!ready.empty()) do_order_after(ready);
+}
+void Communicator::do_order_after(DeviceEvent ready) { detail::wait_on_host(ready, backend()); }
 
 std::unique_ptr<Communicator> make_communicator(std::string_view backend) {
   if (backend == "single") return make_single_communicator();

@@ -60,6 +60,13 @@ class CudaMemorySpace final : public MemorySpace {
 
 }  // namespace
 
+void wait_on_host(DeviceEvent e, std::string_view who) {
+  if (e.empty()) return;
+  const cudaError_t r = cudaEventSynchronize(static_cast<cudaEvent_t>(e.cuda_event));
+  if (r != cudaSuccess)
+    throw_error(concat("[", who, "] waiting for the device work a communication follows: ", cudaGetErrorString(r)));
+}
+
 std::shared_ptr<MemorySpace> cuda_memory_space() {
   static const std::shared_ptr<MemorySpace> space = []() -> std::shared_ptr<MemorySpace> {
     int n = 0;

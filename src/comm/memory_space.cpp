@@ -14,6 +14,12 @@ namespace dmuon::detail {
 
 MemorySpace::~MemorySpace() = default;
 
+#ifndef DMUON_HAVE_CUDA
+void wait_on_host(DeviceEvent e, std::string_view who) {
+  DMUON_CHECK_RUNTIME(e.empty(), "[", who, "] order_after was given a CUDA event, but dmuon was built without CUDA");
+}
+#endif
+
 namespace {
 
 class HostMemorySpace final : public MemorySpace {

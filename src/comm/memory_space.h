@@ -42,6 +42,10 @@ std::shared_ptr<MemorySpace> host_memory_space();
 // cudart's in a CUDA build when a device is visible, else the host one. A failing device probe
 // (no driver, no device) gives the host one: CPU-only runs never notice CUDA.
 std::shared_ptr<MemorySpace> default_memory_space();
+// Waits on the host until the device work recorded in `e` has run (cudaEventSynchronize; an empty
+// event returns at once): Communicator::order_after for backends that cannot wait on the device.
+// dmuon::Error "[<who>] ..." on a device error, or a non-empty event in a build without CUDA.
+void wait_on_host(DeviceEvent e, std::string_view who);
 #ifdef DMUON_HAVE_CUDA
 // nullptr when no CUDA device is usable (src/comm/cuda_memory_space.cpp).
 std::shared_ptr<MemorySpace> cuda_memory_space();

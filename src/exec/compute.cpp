@@ -123,9 +123,15 @@ void compute_units(Optimizer::Impl& s, const StepInputs& in, std::span<const Uni
       next = n;  // the others stop taking jobs
     }
   };
+  // The other streams read what this thread's stream was ordered after (the pipeline's unpack of
+  // the chunk): each waits for this point on the device.
+  const Fence ready = s.backend->fence();
   for (size_t w = 0; w + 1 < streams; ++w) {
     auto* orth = &s.extra_orth[w];
-    s.extra_streams[w]->submit([&run, orth, w] { run(*orth, w + 1); });
+    s.extra_streams[w]->submit([&s, &run, &ready, orth, w] {
+      s.backend->wait(ready.event());
+      run(*orth, w + 1);
+    });
   }
   run(s.orth, 0);  // this stream is the first
   // Wait for every stream before leaving (their jobs use this frame); a stream whose job failed

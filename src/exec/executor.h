@@ -54,6 +54,8 @@ struct Optimizer::Impl {
   // and host zeros copied into the update buffers of parameters without a gradient.
   std::vector<detail::Buffer> v_mean_scratch;
   std::vector<float> host_zeros;
+  // Optimizer::set_stream: the caller's stream the step orders itself with (nullptr: the host waits).
+  void* caller_stream = nullptr;
 };
 
 namespace detail {

@@ -120,6 +120,9 @@ void LocalOptimizer::set_threads(int threads) {
   threads_ = threads;
 }
 
+void LocalOptimizer::set_stream(void* stream) { impl_->engine->set_stream(stream); }
+void* LocalOptimizer::stream() const { return impl_->engine->stream(); }
+
 const std::vector<ParamGroup>& LocalOptimizer::groups() const { return impl_->engine->groups(); }
 GroupOptions& LocalOptimizer::options(size_t g) { return impl_->engine->options(g); }
 NonFinitePolicy LocalOptimizer::policy() const { return impl_->engine->non_finite(); }

@@ -344,8 +344,12 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
       s.step_streams = std::max(1, streams);
       if (s.step_streams > 1) s.backend->set_threads(1);  // each stream's products on one thread
     }
-    for (size_t i = 0; i < n && claim.bad_param < 0; ++i)
-      if (claim.has_grad[i] && s.backend->first_non_finite(grads[i]) >= 0) claim.bad_param = static_cast<int64_t>(i);
+    // The caller's stream: what it queued before step() (the gradients) comes first, on the device.
+    if (s.caller_stream != nullptr) s.backend->wait(s.backend->fence(s.caller_stream).event());
+    std::vector<TensorView> scanned(n);  // one scan of every gradient, one read back (device backends)
+    for (size_t i = 0; i < n; ++i)
+      if (claim.has_grad[i]) scanned[i] = grads[i];
+    claim.bad_param = s.backend->first_non_finite_of(scanned);
   } catch (const std::exception& e) {
     claim.error = e.what();
   }
@@ -381,7 +385,11 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
   detail::run_pipeline(s, in);
   const auto ta = std::chrono::steady_clock::now();
   run_adamw(s, in);
-  s.backend->synchronize();  // the step's work is in memory when it returns (the one wait at its end)
+  if (s.caller_stream != nullptr) {
+    s.backend->wait(s.backend->fence().event(), s.caller_stream);  // the caller's later work follows the step's
+  } else {
+    s.backend->synchronize();  // the step's work is in memory when it returns (the one wait at its end)
+  }
   flush.state = nullptr;
   s.state.flush();
   s.stats.update_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();
@@ -415,6 +423,12 @@ void Optimizer::set_non_finite(NonFinitePolicy policy) {
   DMUON_CHECK(policy == NonFinitePolicy::Raise || policy == NonFinitePolicy::Skip, "[optim] invalid non-finite policy");
   impl_->options.non_finite = policy;
 }
+void Optimizer::set_stream(void* stream) {
+  DMUON_CHECK(stream == nullptr || impl_->backend->capabilities().device_memory, "[optim] set_stream: the optimizer runs on ",
+              impl_->backend->name(), ", which has no device streams; leave the stream unset (nullptr)");
+  impl_->caller_stream = stream;
+}
+void* Optimizer::stream() const { return impl_->caller_stream; }
 int Optimizer::compute_streams() const { return impl_->options.compute_streams; }
 void Optimizer::set_compute_streams(int streams) {
   DMUON_CHECK(streams >= 0, "[optim] option 'compute_streams' must be ≥ 0 (0: the backend's thread count), got ", streams);

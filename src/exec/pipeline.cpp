@@ -10,6 +10,7 @@
 // only once the chunks before it have finished, so at most window + 1 chunks hold state at once
 // (started − scattered ≤ window, scattered − finished ≤ 1), prefetch included; this delays
 // scatters, never gathers, so the posting order stays the same.
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -76,12 +77,16 @@ class Pipeline {
       if (assembled < started) {
         ChunkRun& c = *runs[static_cast<size_t>(assembled)];
         if (ready(c.gather, c.gather_posted)) {
+          Fence unpacked;
           timed([&] {
             s_.backend->pack(c.r->unpack_gather, c.bases);
-            s_.backend->synchronize();  // the compute stream reads the units
+            unpacked = s_.backend->fence();  // the compute stream reads the units after this point
           });
           ChunkRun* cp = &c;
-          worker.submit([this, cp] { compute_chunk(*cp); });
+          worker.submit([this, cp, unpacked] {
+            s_.backend->wait(unpacked.event());  // on the device: the job's stream, not the host, waits
+            compute_chunk(*cp);
+          });
           c.computed = worker.record();
           ++assembled, progress = true;
         }
@@ -178,6 +183,22 @@ class Pipeline {
     c.reset();
   }
 
+  // The communicators a phase posts on (the optimizer's, when it has messages, and those of its group
+  // calls) start their operations after the device work this thread queued so far (the pack that
+  // wrote the arena): on the device where they can (nccl), else the host waits for it here.
+  void order_posts(size_t messages, const std::vector<GroupCall>& calls) {
+    if (messages == 0 && calls.empty()) return;
+    const Fence packed = s_.backend->fence();
+    if (packed.empty()) return;  // the cpu backend: the pack is done
+    if (messages) s_.comm->order_after(packed.event());
+    std::vector<int> seen;
+    for (const GroupCall& g : calls) {
+      if (std::find(seen.begin(), seen.end(), g.comm) != seen.end()) continue;
+      seen.push_back(g.comm);
+      s_.group_comms[static_cast<size_t>(g.comm)]->order_after(packed.event());
+    }
+  }
+
   // grouped point-to-point messages of one phase on the optimizer's communicator
   void post_messages(ChunkRun& c, const std::vector<Message>& sends, const std::vector<Message>& recvs,
                      const std::string& label, std::vector<Work>& out) {
@@ -224,7 +245,7 @@ class Pipeline {
       local_apply(s_, in_, param_of(e), u);
     }
     s_.backend->pack(r.pack_gather, c->bases);
-    s_.backend->synchronize();  // the communicators read the arena
+    order_posts(r.gather_send.size() + r.gather_recv.size(), r.gather_calls);  // the communicators read the arena
     const std::string label = "chunk " + std::to_string(index) + " gather";
     post_messages(*c, r.gather_send, r.gather_recv, label, c->gather);
     post_calls(*c, r.gather_calls, label, c->gather);
@@ -249,7 +270,7 @@ class Pipeline {
   void post_scatter(ChunkRun& c) {
     const auto t0 = Clock::now();
     s_.backend->pack(c.r->pack_scatter, c.bases);
-    s_.backend->synchronize();  // the communicators read the arena
+    order_posts(c.r->scatter_send.size() + c.r->scatter_recv.size(), c.r->scatter_calls);  // they read the arena
     const std::string label = "chunk " + std::to_string(c.index) + " scatter";
     post_messages(c, c.r->scatter_send, c.r->scatter_recv, label, c.scatter);
     post_calls(c, c.r->scatter_calls, label, c.scatter);

@@ -310,6 +310,17 @@ cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   e->recorded = true;
   return cudaSuccess;
 }
+// The stream's later work waits for the point the event recorded (taken now, as CUDA does: a later
+// record of the same event does not move it). The wait is an op of the stream that, when it comes
+// up, runs the event's stream up to that point (streams.h advance_to); an event never recorded is
+// complete.
+cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  if (e == nullptr || !stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+  if (!e->recorded) return cudaSuccess;
+  submit_op(s, [m = e->mark] { return advance_to(m) ? OpStatus::Done : OpStatus::Blocked; });
+  return cudaSuccess;
+}
+
 // Not reached yet: cudaErrorNotReady (not an error: the last error stays), and the queue runs up to
 // the event, as a GPU gets on with its work, so a caller that polls sees it complete next time.
 cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t e) {

@@ -133,6 +133,39 @@ TEST(CudaEmu, DeferredStreamsAreNotOrderedWithEachOther) {
   EXPECT_EQ(cudaStreamDestroy(b), cudaSuccess);
 }
 
+// cudaStreamWaitEvent orders two streams on the device: b waits for the point a's event recorded
+// (not for a's later work, nor for a later record of the same event), and only b is synchronized
+// by the host. Without the wait b reads what was there before (DeferredStreamsAreNotOrdered...).
+TEST(CudaEmu, DeferredStreamWaitEventOrdersStreamsOnTheDevice) {
+  REQUIRE_DEFERRED();
+  Deferred t;
+  DeviceFloats& d = t.d;
+  Pinned& h = t.h;
+  cudaStream_t a = Deferred::stream(), b = Deferred::stream();
+  cudaEvent_t e = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(dmuon::cuda::scale(d.p, d.p, 4, 10.0f, a), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(e, a), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(b, e, 0), cudaSuccess);
+  ASSERT_EQ(dmuon::cuda::scale(d.p, d.p, 4, 3.0f, a), cudaSuccess);  // after the point b waits for
+  ASSERT_EQ(cudaEventRecord(e, a), cudaSuccess);                       // a later record: b keeps the first
+  ASSERT_EQ(cudaMemcpyAsync(h.p, d.p, 16, cudaMemcpyDeviceToHost, b), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
+  EXPECT_EQ(h.seen(), (std::vector<float>{10, 20, 30, 40}));
+  ASSERT_EQ(cudaStreamSynchronize(a), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(h.p, d.p, 16, cudaMemcpyDeviceToHost, b), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
+  EXPECT_EQ(h.seen(), (std::vector<float>{30, 60, 90, 120}));
+  cudaEvent_t never = nullptr;  // an event never recorded is complete
+  ASSERT_EQ(cudaEventCreate(&never), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(b, never, 0), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
+  EXPECT_EQ(cudaEventDestroy(never), cudaSuccess);
+  EXPECT_EQ(cudaEventDestroy(e), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(a), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(b), cudaSuccess);
+}
+
 // A device-wide synchronization (here cudaFree's) runs the legacy stream last: work another stream
 // queued after the legacy stream's, without waiting for it, runs first and sees the memory from
 // before (a GPU may well run it first too), so such a missing wait is not hidden by the order.

@@ -184,6 +184,12 @@ bool reached(const Mark& m) {
 void drain_to(const Mark& m) { run_until(m.key, m.seq); }
 bool try_drain_to(const Mark& m) { return run_until(m.key, m.seq, false) == Run::Reached && reached(m); }
 
+bool advance_to(const Mark& m) {
+  if (reached(m)) return true;
+  (void)run_until(m.key, m.seq, false, true);
+  return reached(m);
+}
+
 int sticky_error() { return state().sticky.load(); }
 
 }  // namespace dmuon::cuda_emu

@@ -48,6 +48,10 @@ bool reached(const Mark& m);  // every op before the mark has run
 void drain_to(const Mark& m);
 // Runs the queue up to the mark without waiting on a Blocked op: true when the mark is reached.
 bool try_drain_to(const Mark& m);
+// What a stream waiting for an event (cudaStreamWaitEvent) does when its wait comes up: runs the
+// event's queue up to the mark if no other thread is running it, without waiting on a Blocked op
+// there (a GPU runs the other stream on its own). True when the mark is reached.
+bool advance_to(const Mark& m);
 // cudaErrorIllegalAddress (as an int) once a queued op faulted, else 0.
 int sticky_error();
 

@@ -326,3 +326,42 @@ def test_zero_on_one_cuda_rank_matches_the_local_engine():
         opt.step()
     for p, q in zip(a, b):
         assert torch.equal(p.detach(), q.detach())
+
+
+def test_the_callers_stream_is_for_device_engines_only():
+    """Steps order themselves with the caller's CUDA stream (set_stream); the CPU has none."""
+    assert _device.caller_stream("cpu") is None
+    info = dmuon.ParamInfo()
+    info.name, info.shape = "w", [4, 4]
+    group = dmuon.ParamGroup()
+    group.params = [0]
+    opt = dmuon.LocalOptimizer([info], [group])
+    assert opt.stream() is None
+    opt.set_stream(None)
+    with pytest.raises(ValueError, match="set_stream: the optimizer runs on cpu, which has no device streams"):
+        opt.set_stream(1)
+    assert opt.stream() is None
+
+
+@gpu
+def test_cuda_step_on_a_side_stream_is_ordered_with_it():
+    """Gradients written on a side stream and the step run under it, nothing synchronized by hand:
+    the engine takes that stream (set_stream) and the parameters read there after the step equal a
+    run on the default stream."""
+    side = torch.cuda.Stream()
+    ref, ps = _model_params("cuda"), _model_params("cuda")
+    opt_ref, opt = _muon(ref), _muon(ps)
+    for step in range(2):
+        for p, g in zip(ref, _grads(ref, seed=step)):
+            p.grad = g
+        opt_ref.step()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for p, g in zip(ps, _grads(ps, seed=step)):
+                p.grad = g
+            opt.step()
+            assert opt._engine.core.stream() == side.cuda_stream
+            got = [p.detach().clone() for p in ps]
+        torch.cuda.current_stream().wait_stream(side)
+        for a, b in zip(ref, got):
+            assert torch.equal(a.detach(), b)

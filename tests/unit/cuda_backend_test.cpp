@@ -209,6 +209,36 @@ TEST(CudaBackend, QkClipRoundingAndNonFiniteScanMatchTheCpu) {
       const TensorView dv(dg.data(), hv.dtype, Shape{100000});
       EXPECT_EQ(cuda->first_non_finite(dv), cpu->first_non_finite(hv)) << "bad " << bad << " bf16 " << bf16;
     }
+
+  // first_non_finite_of: several tensors (fp32 and bf16, an empty one, a missing one) scanned at
+  // once, the index of the first holding a non-finite value, as the cpu's.
+  std::vector<std::vector<float>> hs;
+  for (size_t k = 0; k < 5; ++k) hs.push_back(randn(3000 + 1000 * k, 20 + static_cast<uint32_t>(k)));
+  hs[2].clear();
+  std::vector<std::vector<BFloat16>> hb(hs.size());
+  for (int first_bad : {-1, 0, 3, 4}) {
+    std::vector<std::vector<float>> h = hs;
+    if (first_bad >= 0) h[static_cast<size_t>(first_bad)][h[static_cast<size_t>(first_bad)].size() - 1] = NAN;
+    std::vector<Buffer> keep;
+    std::vector<TensorView> dvs, hvs;
+    for (size_t k = 0; k < h.size(); ++k) {
+      const Shape shape{static_cast<int64_t>(h[k].size())};
+      if (k == 1) {  // no gradient
+        dvs.emplace_back(), hvs.emplace_back();
+        continue;
+      }
+      if (k == 3) {  // bf16
+        hb[k] = to_bf16(h[k]);
+        keep.push_back(put(*cuda, hb[k]));
+        dvs.emplace_back(keep.back().data(), DType::BF16, shape), hvs.emplace_back(hb[k].data(), DType::BF16, shape);
+        continue;
+      }
+      keep.push_back(put(*cuda, h[k]));
+      dvs.emplace_back(keep.back().data(), DType::F32, shape), hvs.emplace_back(h[k].data(), DType::F32, shape);
+    }
+    EXPECT_EQ(cpu->first_non_finite_of(hvs), first_bad);  // tensors 1 (none) and 2 (empty) never count
+    EXPECT_EQ(cuda->first_non_finite_of(dvs), first_bad);
+  }
 }
 
 TEST(CudaBackend, PackMatchesTheReferenceOnRandomTables) {
@@ -674,12 +704,15 @@ struct DeviceSteps {
   std::unique_ptr<Optimizer> opt;
   std::vector<Buffer> w, g;
   std::vector<TensorView> wv, gv;
-  DeviceSteps() {
+  // compute_thread = false: the compute stream's jobs run on the caller's thread (no thread of the
+  // emulation runs other streams' queues while it waits, so what runs when is deterministic there).
+  explicit DeviceSteps(bool compute_thread = true) {
     const Inventory inv = apply_parallel(test::matrix_model("flat", {{"w0", 96, 64}, {"w1", 64, 160}, {"w2", 128, 128}}),
                                          parse_parallel("dp_shard=1"));
     OptimizerOptions o;
     o.device = "cuda";
     o.env_override = false;
+    o.compute_thread = compute_thread;
     opt = std::make_unique<Optimizer>(make_single_communicator("cuda"), inv,
                                       std::vector<ParamGroup>{ParamGroup{GroupOptions{}, {0, 1, 2}}}, o);
     for (size_t i = 0; i < 3; ++i) {
@@ -734,6 +767,122 @@ TEST(CudaBackend, StepResultsAreInMemoryWhenTheStepReturns) {
     }
   }
   EXPECT_EQ(cudaStreamDestroy(other), cudaSuccess);
+}
+
+// Gradients for step t of DeviceSteps (values that change every step).
+std::vector<float> step_grad(const TensorView& w, int t, size_t i) {
+  std::vector<float> h(static_cast<size_t>(w.numel()));
+  for (size_t j = 0; j < h.size(); ++j) h[j] = std::cos(0.37f * static_cast<float>(j) + static_cast<float>(5 * t + i));
+  return h;
+}
+
+// The parameters of `run` read on `stream` (queued there, then that stream synchronized).
+std::vector<std::vector<float>> params_on(DeviceSteps& run, cudaStream_t stream) {
+  std::vector<std::vector<float>> out;
+  for (const TensorView& w : run.wv) {
+    out.emplace_back(static_cast<size_t>(w.numel()));
+    EXPECT_EQ(cudaMemcpyAsync(out.back().data(), w.data, out.back().size() * 4, cudaMemcpyDeviceToHost, stream), cudaSuccess);
+  }
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  return out;
+}
+
+// Optimizer::set_stream: with the caller's stream set, the step orders itself with it on the
+// device. The gradients are written by copies queued on the caller's stream and not waited for, the
+// parameters read back by copies queued there after step() returns: bitwise the run whose inputs
+// and results went through the host. On the emulation's deferred streams a step that did not wait
+// for the caller's stream reads the gradients of before the copies (the negative control), and one
+// that waited on the host at its end would leave nothing queued (checked: a stream ordered with
+// nothing reads the parameters of before the step).
+TEST(CudaBackend, CallerStreamOrdersTheStepOnTheDevice) {
+  REQUIRE_CUDA();
+  cudaStream_t caller = nullptr, other = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  DeviceSteps ref, dev;
+  dev.opt->set_stream(caller);
+  EXPECT_EQ(dev.opt->stream(), static_cast<void*>(caller));
+  for (int t = 1; t <= 3; ++t) {
+    for (size_t i = 0; i < ref.wv.size(); ++i) {
+      const std::vector<float> h = step_grad(ref.wv[i], t, i);
+      ref.cuda->copy(ref.gv[i].data, h.data(), h.size() * 4);
+      ASSERT_EQ(cudaMemcpyAsync(dev.gv[i].data, h.data(), h.size() * 4, cudaMemcpyHostToDevice, caller), cudaSuccess);
+    }
+    ASSERT_TRUE(ref.step());
+    const std::vector<std::vector<float>> before = params_on(ref, other);  // unused on a GPU
+    ASSERT_TRUE(dev.step());
+#if DMUON_TEST_CUDA_EMU
+    if (t == 1) {  // nothing of the step has run for a stream it is not ordered with
+      const std::vector<std::vector<float>> early = params_on(dev, other);
+      bool same = true;
+      for (size_t i = 0; i < early.size(); ++i) same = same && std::memcmp(early[i].data(), before[i].data(), early[i].size() * 4) == 0;
+      EXPECT_FALSE(same) << "the step's writes were in memory for an unordered stream: it waited on the host";
+    }
+#endif
+    const std::vector<std::vector<float>> want = params_on(ref, other), got = params_on(dev, caller);
+    for (size_t i = 0; i < want.size(); ++i) expect_bitwise(got[i], want[i], "step " + std::to_string(t) + " parameter " + std::to_string(i));
+  }
+#if DMUON_TEST_CUDA_EMU
+  {  // the negative control: the same inputs without the stream (no compute thread: a waiting thread
+     // of the emulation may run any stream's queue, the caller's copies included, as a GPU may)
+    DeviceSteps unordered(false), once(false);
+    for (size_t i = 0; i < once.wv.size(); ++i) {
+      const std::vector<float> h = step_grad(once.wv[i], 1, i);
+      once.cuda->copy(once.gv[i].data, h.data(), h.size() * 4);
+    }
+    ASSERT_TRUE(once.step());
+    for (size_t i = 0; i < unordered.wv.size(); ++i) {
+      const std::vector<float> h = step_grad(unordered.wv[i], 1, i);
+      ASSERT_EQ(cudaMemcpyAsync(unordered.gv[i].data, h.data(), h.size() * 4, cudaMemcpyHostToDevice, caller), cudaSuccess);
+    }
+    ASSERT_TRUE(unordered.step());
+    const std::vector<std::vector<float>> a = params_on(unordered, other), b = params_on(once, other);
+    bool same = true;
+    for (size_t i = 0; i < a.size(); ++i) same = same && std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) == 0;
+    EXPECT_FALSE(same) << "without set_stream the step should have read the gradients of before the queued copies";
+    ASSERT_EQ(cudaStreamSynchronize(caller), cudaSuccess);
+  }
+#endif
+  dev.opt->set_stream(nullptr);
+  EXPECT_EQ(dev.opt->stream(), nullptr);
+  EXPECT_EQ(cudaStreamDestroy(caller), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(other), cudaSuccess);
+}
+
+// More compute streams give the same bits: the three matrices of one chunk run on one, two or
+// three streams, the others waiting on the device for the chunk's unpack (on the emulation's
+// deferred streams a stream that did not wait reads the arena of before it).
+TEST(CudaBackend, ComputeStreamsGiveTheSameBits) {
+  REQUIRE_CUDA();
+  std::vector<std::vector<std::vector<float>>> results;
+  for (int streams : {1, 2, 3}) {
+    DeviceSteps run;
+    run.opt->set_compute_streams(streams);
+    for (int t = 1; t <= 2; ++t) ASSERT_TRUE(run.step());
+    EXPECT_EQ(run.opt->last_stats().chunks, 1) << "the control: all three matrices in one chunk";
+    std::vector<std::vector<float>> p;
+    for (const TensorView& w : run.wv) {
+      p.emplace_back(static_cast<size_t>(w.numel()));
+      run.cuda->copy(p.back().data(), w.data, p.back().size() * 4);
+    }
+    results.push_back(std::move(p));
+  }
+  for (size_t k = 1; k < results.size(); ++k)
+    for (size_t i = 0; i < results[0].size(); ++i)
+      expect_bitwise(results[k][i], results[0][i], std::to_string(k + 1) + " streams, parameter " + std::to_string(i));
+}
+
+// A cpu optimizer has no device streams to order with.
+TEST(CudaBackend, SetStreamOnTheCpuIsRefused) {
+  REQUIRE_CUDA();
+  LocalOptimizer cpu({ParamInfo{"w", {8, 6}}}, {ParamGroup{GroupOptions{}, {0}}});
+  try {
+    cpu.set_stream(reinterpret_cast<void*>(uintptr_t{1}));
+    FAIL() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("set_stream: the optimizer runs on cpu"), std::string::npos) << e.what();
+  }
+  cpu.set_stream(nullptr);
 }
 
 // The state release hook (StateHooks) sees the state the step wrote: read on another stream inside

@@ -61,13 +61,25 @@ def engine_device(params: list[torch.Tensor], names: list[str]) -> str:
 
 
 def wait_for_caller(device: str) -> None:
-    """Before a step on a CUDA device: waits (on the host) until the caller's current stream has
-    finished what it queued, e.g. the backward pass that wrote the gradients. The engine's streams
-    are non-blocking (they do not order themselves after torch's), and the engine synchronizes its
-    own work before the step returns, so this one wait is what orders the step between the caller's
-    work before and after it. Nothing to do on the CPU."""
+    """Before a ShardedParams call on a CUDA device (gradient reduction, unsharding): waits (on the
+    host) until the caller's current stream has finished what it queued, e.g. the backward pass
+    that wrote the gradients. Those calls complete their own device work before returning, so this
+    one wait orders them between the caller's work before and after. Optimizer steps do not need
+    it: they order themselves with the caller's stream on the device (caller_stream). Nothing to do
+    on the CPU."""
     if device != "cpu":
         torch.cuda.current_stream(torch.device(device)).synchronize()
+
+
+def caller_stream(device: str) -> Optional[int]:
+    """The caller's current CUDA stream as the engines' set_stream takes it (a cudaStream_t as an
+    int; the legacy default stream, whose handle is 0, as cudaStreamLegacy = 1), or None on the
+    CPU. A step given it waits for what the stream queued (the backward pass) on the device, and
+    what the caller queues there after the step runs after the step's writes: no host wait."""
+    if device == "cpu":
+        return None
+    handle = torch.cuda.current_stream(torch.device(device)).cuda_stream
+    return handle if handle != 0 else 1
 
 
 def default_machine(device: str) -> str:

@@ -206,7 +206,8 @@ class Engine(CoreDelegate):
             if g is not None and self.kind == "distributed":
                 g = g.detach().contiguous()  # no copy when contiguous (FSDP2's are)
             local_grads.append(g)  # None: the engine leaves the parameter untouched
-        _device.wait_for_caller(self.device)
+        # Ordered with the caller's current stream on the device (no host wait; None on the CPU).
+        self.core.set_stream(_device.caller_stream(self.device))
         return self.core.step(local_params, local_grads, qk_logits)
 
 

@@ -238,7 +238,7 @@ class ZeroEngine(CoreDelegate):
             shards = []
             for (begin, end), g in zip(self.rows, grads):
                 shards.append(None if g is None else g.detach().contiguous()[begin:end])
-        _device.wait_for_caller(self.device)
+        self.core.set_stream(_device.caller_stream(self.device))  # ordered on the device, as _engine's
         applied = self.core.step(self.masters, shards, qk_logits)
         if applied:  # agreed on every rank, so the all-gather is collective
             t0 = time.perf_counter()

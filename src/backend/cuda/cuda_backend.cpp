@@ -199,9 +199,40 @@ class CudaStream final : public Stream {
 
 // ---- the backend -----------------------------------------------------------------------------------
 
+// The events of a backend's fences (timing off), reused: a fence's event goes back when its last
+// copy is gone, and CUDA's waits take the event's state when they are enqueued.
+class EventPool {
+ public:
+  EventPool() = default;
+  ~EventPool() {
+    for (cudaEvent_t e : free_) (void)cudaEventDestroy(e);
+  }
+  cudaEvent_t take() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate (fence)");
+    return e;
+  }
+  void put(cudaEvent_t e) noexcept {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(e);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
+
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : device_(device) {}
+  explicit CudaBackend(int device) : device_(device), events_(std::make_shared<EventPool>()) {}
 
   std::string_view name() const override { return "cuda"; }
   Device device() const override { return {DeviceKind::Cuda, device_}; }
@@ -252,6 +283,21 @@ class CudaBackend final : public Backend {
   void synchronize() override {
     const DeviceGuard guard = enter();
     check(cudaStreamSynchronize(tl_stream), "synchronize");
+  }
+
+  Fence fence(void* stream) override {
+    const DeviceGuard guard = enter();
+    cudaEvent_t e = events_->take();
+    const cudaError_t r = cudaEventRecord(e, stream ? static_cast<cudaStream_t>(stream) : tl_stream);
+    if (r != cudaSuccess) events_->put(e);
+    check(r, "cudaEventRecord (fence)");
+    return Fence(std::shared_ptr<void>(e, [pool = events_](void* q) { pool->put(static_cast<cudaEvent_t>(q)); }));
+  }
+  void wait(DeviceEvent e, void* stream) override {
+    if (e.empty()) return;
+    const DeviceGuard guard = enter();
+    check(cudaStreamWaitEvent(stream ? static_cast<cudaStream_t>(stream) : tl_stream, static_cast<cudaEvent_t>(e.cuda_event), 0),
+          "cudaStreamWaitEvent");
   }
 
   int set_threads(int) override { return 1; }
@@ -373,6 +419,26 @@ class CudaBackend final : public Backend {
     if (bytes == 0) return;
     const DeviceGuard guard = enter();
     finish_sync(cudaMemsetAsync(p, 0, bytes, tl_stream), "fill_zero");
+  }
+
+  // One flag per view, each scanned by its own launch, all read back by one copy: one host
+  // synchronization for the step's gradients (first_non_finite alone: one per tensor).
+  int64_t first_non_finite_of(std::span<const TensorView> views) override {
+    if (views.empty()) return -1;
+    const DeviceGuard guard = enter();
+    const size_t bytes = views.size() * sizeof(unsigned long long);
+    auto* d = reinterpret_cast<unsigned long long*>(thread_scratch(device_, bytes, kAuxScratch));
+    check(cudaMemsetAsync(d, 0xFF, bytes, tl_stream), "cudaMemset");
+    for (size_t i = 0; i < views.size(); ++i) {
+      const TensorView& g = views[i];
+      if (g.is_none() || g.numel() == 0) continue;
+      check(cuda::first_non_finite(g.data, g.dtype == DType::BF16, g.numel(), d + i, tl_stream), "first_non_finite");
+    }
+    std::vector<unsigned long long> idx(views.size());
+    download(idx.data(), d, bytes);  // the one synchronization
+    for (size_t i = 0; i < idx.size(); ++i)
+      if (idx[i] != ~0ull) return static_cast<int64_t>(i);
+    return -1;
   }
 
   int64_t first_non_finite(const TensorView& g) override {
@@ -669,6 +735,7 @@ class CudaBackend final : public Backend {
   }
 
   int device_;
+  std::shared_ptr<EventPool> events_;  // shared with the fences, which may outlive the backend
 };
 
 }  // namespace

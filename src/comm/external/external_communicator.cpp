@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/memory_space.h"
 #include "comm/work_impl.h"
 #include "dmuon/comm_external.h"
 #include "dmuon/error.h"
@@ -16,6 +17,7 @@ namespace dmuon {
 
 ExternalOp::~ExternalOp() = default;
 ExternalTransport::~ExternalTransport() = default;
+void ExternalTransport::order_after(void* cuda_event) { detail::wait_on_host({cuda_event}, backend()); }
 
 namespace {
 
@@ -77,6 +79,12 @@ class ExternalCommunicator final : public Communicator {
   bool device_buffers() const override { return transport_->device_buffers(); }
 
  protected:
+  void do_order_after(DeviceEvent ready) override {
+    DMUON_CHECK_RUNTIME(!rt_->broken, "[", rt_->backend, "] rank ", rt_->world_rank, ": cannot order communicator '",
+                        name(), "' after device work: an earlier collective timed out and communication is unusable; "
+                        "end the job (dmuon::abort_all)");
+    transport_->order_after(ready.cuda_event);
+  }
   Work post_all_to_all_v(InBuffer send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
                          OutBuffer recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
                          std::string_view label) override {

@@ -285,6 +285,14 @@ class NcclTransport final : public ExternalTransport {
   std::string_view backend() const override { return "nccl"; }
   bool device_buffers() const override { return true; }
 
+  // Later operations are enqueued on stream_ after this wait: the device orders them, the host does
+  // not wait (Communicator::order_after).
+  void order_after(void* cuda_event) override {
+    if (shared_->aborted) throw std::runtime_error("the NCCL communicator was aborted after a timeout");
+    DeviceGuard g(shared_->device);
+    check_cuda(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(cuda_event), 0), "cudaStreamWaitEvent");
+  }
+
   std::unique_ptr<ExternalOp> all_to_all_v(InBuffer send, Counts sc, Counts sd, OutBuffer recv, Counts rc,
                                            Counts rd) override {
     return run([&](Ops& o) {
