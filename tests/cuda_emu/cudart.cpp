@@ -81,6 +81,7 @@ cudaError_t do_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kin
   if (!side_ok(dst, bytes, dst_dev, "cudaMemcpy destination") || !side_ok(src, bytes, src_dev, "cudaMemcpy source"))
     return fail(cudaErrorInvalidValue);
   const bool dst_pageable = !dst_dev && !is_pinned(dst), src_pageable = !src_dev && !is_pinned(src);
+  if (src_pageable && dst_dev) count_made(Made::PageableUpload);
   if (src_pageable && !dst_pageable) {  // the source is taken now
     auto copy = std::make_shared<std::vector<std::byte>>(static_cast<const std::byte*>(src),
                                                          static_cast<const std::byte*>(src) + bytes);

@@ -38,7 +38,9 @@ bool expect_device(const void* p, size_t bytes, const char* what);
 // How many resources the emulated CUDA made since the process started (never decremented), so a
 // test can check that a steady state makes none: device allocations (cudaMalloc, a cuBLAS handle's
 // workspace included), pinned allocations, streams, events, cuBLAS handles.
-enum class Made { DeviceAlloc, PinnedAlloc, Stream, Event, BlasHandle, kCount };
+// What the runtime made, and PageableUpload: host-to-device copies from pageable memory (which CUDA
+// may stage with a synchronization of the stream; a step makes none after its first).
+enum class Made { DeviceAlloc, PinnedAlloc, Stream, Event, BlasHandle, PageableUpload, kCount };
 unsigned long long made(Made what);
 void count_made(Made what);
 

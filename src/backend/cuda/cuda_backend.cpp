@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
@@ -64,6 +65,90 @@ void finish_sync(cudaError_t launch, const char* what) {
 // for the process would leak a handle and a scratch every step. The main thread's go at exit before
 // the runtime's own teardown (thread-local destructors run before atexit handlers); errors there are
 // ignored.
+// Uploads of host tables (pack tables, QK-clip factors) through a ring of pinned memory, so that
+// cudaMemcpyAsync stays asynchronous: a copy from pageable memory may synchronize the stream first
+// (CUDA stages it), a host wait per pack call. A region is written again only once the copy out of
+// it has run (an event per upload); the host waits only when the whole ring is still in flight.
+class UploadRing {
+ public:
+  UploadRing() = default;
+  UploadRing(UploadRing&& o) noexcept { swap(o); }
+  UploadRing& operator=(UploadRing&& o) noexcept {
+    swap(o);
+    return *this;
+  }
+  ~UploadRing() { release(); }
+
+  // Queues a copy of `bytes` at src into device memory `dst` on `stream`; src may be reused at once.
+  void upload(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+    if (bytes == 0) return;
+    const size_t need = round_up(bytes);
+    if (need > cap_) grow(need);
+    if (head_ + need > cap_) head_ = 0;  // wrap
+    // The uploads that used this region before: their copies must have run (normally long done, so
+    // the waits return at once; the host waits only when the GPU is a whole ring behind).
+    for (auto g = live_.begin(); g != live_.end();) {
+      if (g->begin < head_ + need && head_ < g->end) {
+        check(cudaEventSynchronize(g->done), "upload ring");
+        spare_.push_back(g->done);
+        g = live_.erase(g);
+      } else {
+        ++g;
+      }
+    }
+    std::byte* at = static_cast<std::byte*>(base_) + head_;
+    std::memcpy(at, src, bytes);
+    check(cudaMemcpyAsync(dst, at, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpy to device");
+    cudaEvent_t e = take_event();
+    check(cudaEventRecord(e, stream), "cudaEventRecord (upload)");
+    live_.push_back({head_, head_ + need, e});
+    head_ += need;
+  }
+
+ private:
+  struct Segment {
+    size_t begin, end;
+    cudaEvent_t done;
+  };
+  static size_t round_up(size_t b) { return (b + 255) / 256 * 256; }
+  void swap(UploadRing& o) noexcept {
+    std::swap(base_, o.base_), std::swap(cap_, o.cap_), std::swap(head_, o.head_);
+    live_.swap(o.live_), spare_.swap(o.spare_);
+  }
+  cudaEvent_t take_event() {
+    if (!spare_.empty()) {
+      cudaEvent_t e = spare_.back();
+      spare_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate (upload)");
+    return e;
+  }
+  void grow(size_t need) {
+    for (const Segment& g : live_) check(cudaEventSynchronize(g.done), "upload ring"), spare_.push_back(g.done);
+    live_.clear();
+    if (base_ != nullptr) check(cudaFreeHost(base_), "cudaFreeHost (upload ring)");
+    base_ = nullptr, cap_ = 0, head_ = 0;
+    const size_t cap = std::max<size_t>(size_t{1} << 20, std::bit_ceil(need) * 4);
+    check(cudaMallocHost(&base_, cap), "cudaMallocHost (upload ring)");
+    cap_ = cap;
+  }
+  void release() noexcept {
+    for (const Segment& g : live_) (void)cudaEventSynchronize(g.done), spare_.push_back(g.done);
+    live_.clear();
+    for (cudaEvent_t e : spare_) (void)cudaEventDestroy(e);
+    spare_.clear();
+    if (base_ != nullptr) (void)cudaFreeHost(base_);
+    base_ = nullptr, cap_ = 0, head_ = 0;
+  }
+
+  void* base_ = nullptr;
+  size_t cap_ = 0, head_ = 0;
+  std::vector<Segment> live_;  // uploads whose region was not written again yet
+  std::vector<cudaEvent_t> spare_;
+};
+
 struct ThreadResources {
   struct Scratch {
     void* p = nullptr;
@@ -72,13 +157,14 @@ struct ThreadResources {
   struct OnDevice {
     cublasHandle_t blas = nullptr;
     Scratch scratch[2];  // ScratchSlot
+    UploadRing uploads;
   };
   std::vector<OnDevice> devices;
   ~ThreadResources() {
     for (size_t d = 0; d < devices.size(); ++d) {
       OnDevice& r = devices[d];
-      if (r.blas == nullptr && r.scratch[0].p == nullptr && r.scratch[1].p == nullptr) continue;
       if (cudaSetDevice(static_cast<int>(d)) != cudaSuccess) continue;
+      r.uploads = UploadRing();  // waits for its copies, frees its memory and events
       if (r.blas != nullptr) (void)cublas().destroy(r.blas);
       for (const Scratch& x : r.scratch)
         if (x.p != nullptr) (void)cudaFree(x.p);
@@ -125,8 +211,10 @@ std::byte* thread_scratch(int device, size_t bytes, ScratchSlot slot) {
   return static_cast<std::byte*>(s.p);
 }
 
-void upload(void* dst, const void* src, size_t bytes) {
-  if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, tl_stream), "cudaMemcpy to device");
+// A host table to device memory on the thread's stream, through its pinned upload ring (no host
+// wait); `src` may be reused when it returns.
+void upload(int device, void* dst, const void* src, size_t bytes) {
+  tl_resources.on(device).uploads.upload(dst, src, bytes, tl_stream);
 }
 void download(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
@@ -317,7 +405,7 @@ class CudaBackend final : public Backend {
     std::memcpy(table.data() + runs_bytes, prefix.data(), prefix_bytes);
     std::memcpy(table.data() + runs_bytes + prefix_bytes, bases.data(), bases_bytes);
     std::byte* d = thread_scratch(device_, table.size(), kAuxScratch);
-    upload(d, table.data(), table.size());
+    upload(device_, d, table.data(), table.size());
     finish(cuda::pack(reinterpret_cast<const PackRun*>(d), reinterpret_cast<const int64_t*>(d + runs_bytes),
                       static_cast<int>(live.size()), reinterpret_cast<std::byte* const*>(d + runs_bytes + prefix_bytes),
                       prefix.back(), tl_stream),
@@ -385,7 +473,7 @@ class CudaBackend final : public Backend {
     if (!any) return;
     const DeviceGuard guard = enter();
     auto* d = reinterpret_cast<float*>(thread_scratch(device_, f.size() * sizeof(float), kAuxScratch));
-    upload(d, f.data(), f.size() * sizeof(float));
+    upload(device_, d, f.data(), f.size() * sizeof(float));
     finish(cuda::scale_rows(w, d, rows, cols, tl_stream), "qk_clip_rows");
   }
 
