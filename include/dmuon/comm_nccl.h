@@ -6,9 +6,10 @@
 //   blocks) or grouped ncclReduce per block; all_reduce, broadcast; barrier as a 1-element
 //   all-reduce; send / recv batches grouped; split through ncclCommSplit.
 // - Buffers: device memory is used in place; host memory (flags, split's (color, key)) goes through
-//   device scratch and pinned bounce buffers. NCCL runs on the communicator's own stream and does
-//   not wait for other streams: device buffers must hold their data when the call is made (the
-//   cuda backend synchronizes each kernel call).
+//   device scratch and pinned bounce buffers. NCCL runs on the communicator's own stream, which
+//   waits for no other stream unless told: device buffers must hold their data when the call is
+//   made, or be ordered with Communicator::order_after(event) (the stream then waits for the event
+//   on the device; the engines order their posts so).
 // - Completion: a CUDA event recorded after the operation plus ncclCommGetAsyncError, polled by
 //   Work::test / wait. A wait past its deadline aborts the NCCL communicators of the root and its
 //   splits (ncclCommAbort) and throws dmuon::Error naming rank, collective, label and communicator.

@@ -7,8 +7,9 @@
 //
 // Stream-ordered: a kernel call enqueues on the calling thread's current stream (a CudaStream's
 // while one of its jobs runs, else the legacy default stream) and returns; later calls on the same
-// thread are ordered after it, and synchronize() waits for it (the caller does so before handing
-// the results to a communicator, another stream or the host: backend.h). Calls that return host
+// thread are ordered after it; synchronize() waits for it on the host, fence() / wait() order
+// another stream after it on the device (the caller does one or the other before handing the
+// results to a communicator, another stream or the host: backend.h). Calls that return host
 // values or bytes (copy, first_non_finite) and the FSDP data movement (convert, ordered_sum,
 // divide, fill_zero, whose results go straight to communicators) complete before returning. A
 // CudaStream runs its host jobs in order on a worker thread (the cpu stream) with its own
@@ -197,8 +198,9 @@ cublasHandle_t blas_handle(int device) {
 // until the thread's next request for the same slot. Kernels are stream-ordered, so a slot is safe
 // to reuse on the stream that last used it; a thread that switches streams (LocalOptimizer's caller
 // runs its compute jobs on the compute stream's cudaStream_t, its other calls on the legacy one)
-// must synchronize the first before the second reuses a slot: the pipeline synchronizes before it
-// submits a chunk to the compute stream, and each job ends synchronized.
+// must order the second after the first before it reuses a slot: a compute job's stream first
+// waits (on the device) for a fence the pipeline recorded on the driving stream after the chunk's
+// unpack, and each job ends synchronized.
 enum ScratchSlot { kNsScratch = 0, kAuxScratch = 1 };
 std::byte* thread_scratch(int device, size_t bytes, ScratchSlot slot) {
   ThreadResources::Scratch& s = tl_resources.on(device).scratch[slot];
