@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -66,6 +67,38 @@ void finish_sync(cudaError_t launch, const char* what) {
 // for the process would leak a handle and a scratch every step. The main thread's go at exit before
 // the runtime's own teardown (thread-local destructors run before atexit handlers); errors there are
 // ignored.
+// Events (timing off) for reuse, shared by threads: a fence's event goes back when its last copy is
+// gone (CUDA's waits take the event's state when they are enqueued), an upload's when its ring
+// region is written again.
+class EventPool {
+ public:
+  EventPool() = default;
+  ~EventPool() {
+    for (cudaEvent_t e : free_) (void)cudaEventDestroy(e);
+  }
+  cudaEvent_t take() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate (fence)");
+    return e;
+  }
+  void put(cudaEvent_t e) noexcept {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(e);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
+
 // Uploads of host tables (pack tables, QK-clip factors) through a ring of pinned memory, so that
 // cudaMemcpyAsync stays asynchronous: a copy from pageable memory may synchronize the stream first
 // (CUDA stages it), a host wait per pack call. A region is written again only once the copy out of
@@ -91,7 +124,7 @@ class UploadRing {
     for (auto g = live_.begin(); g != live_.end();) {
       if (g->begin < head_ + need && head_ < g->end) {
         check(cudaEventSynchronize(g->done), "upload ring");
-        spare_.push_back(g->done);
+        events_->put(g->done);
         g = live_.erase(g);
       } else {
         ++g;
@@ -100,7 +133,7 @@ class UploadRing {
     std::byte* at = static_cast<std::byte*>(base_) + head_;
     std::memcpy(at, src, bytes);
     check(cudaMemcpyAsync(dst, at, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpy to device");
-    cudaEvent_t e = take_event();
+    cudaEvent_t e = events_->take();
     check(cudaEventRecord(e, stream), "cudaEventRecord (upload)");
     live_.push_back({head_, head_ + need, e});
     head_ += need;
@@ -114,20 +147,10 @@ class UploadRing {
   static size_t round_up(size_t b) { return (b + 255) / 256 * 256; }
   void swap(UploadRing& o) noexcept {
     std::swap(base_, o.base_), std::swap(cap_, o.cap_), std::swap(head_, o.head_);
-    live_.swap(o.live_), spare_.swap(o.spare_);
-  }
-  cudaEvent_t take_event() {
-    if (!spare_.empty()) {
-      cudaEvent_t e = spare_.back();
-      spare_.pop_back();
-      return e;
-    }
-    cudaEvent_t e = nullptr;
-    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate (upload)");
-    return e;
+    live_.swap(o.live_), events_.swap(o.events_);
   }
   void grow(size_t need) {
-    for (const Segment& g : live_) check(cudaEventSynchronize(g.done), "upload ring"), spare_.push_back(g.done);
+    for (const Segment& g : live_) check(cudaEventSynchronize(g.done), "upload ring"), events_->put(g.done);
     live_.clear();
     if (base_ != nullptr) check(cudaFreeHost(base_), "cudaFreeHost (upload ring)");
     base_ = nullptr, cap_ = 0, head_ = 0;
@@ -136,10 +159,8 @@ class UploadRing {
     cap_ = cap;
   }
   void release() noexcept {
-    for (const Segment& g : live_) (void)cudaEventSynchronize(g.done), spare_.push_back(g.done);
+    for (const Segment& g : live_) (void)cudaEventSynchronize(g.done), events_->put(g.done);
     live_.clear();
-    for (cudaEvent_t e : spare_) (void)cudaEventDestroy(e);
-    spare_.clear();
     if (base_ != nullptr) (void)cudaFreeHost(base_);
     base_ = nullptr, cap_ = 0, head_ = 0;
   }
@@ -147,7 +168,7 @@ class UploadRing {
   void* base_ = nullptr;
   size_t cap_ = 0, head_ = 0;
   std::vector<Segment> live_;  // uploads whose region was not written again yet
-  std::vector<cudaEvent_t> spare_;
+  std::unique_ptr<EventPool> events_ = std::make_unique<EventPool>();  // destroys them last
 };
 
 struct ThreadResources {
@@ -288,37 +309,6 @@ class CudaStream final : public Stream {
 };
 
 // ---- the backend -----------------------------------------------------------------------------------
-
-// The events of a backend's fences (timing off), reused: a fence's event goes back when its last
-// copy is gone, and CUDA's waits take the event's state when they are enqueued.
-class EventPool {
- public:
-  EventPool() = default;
-  ~EventPool() {
-    for (cudaEvent_t e : free_) (void)cudaEventDestroy(e);
-  }
-  cudaEvent_t take() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!free_.empty()) {
-        cudaEvent_t e = free_.back();
-        free_.pop_back();
-        return e;
-      }
-    }
-    cudaEvent_t e = nullptr;
-    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate (fence)");
-    return e;
-  }
-  void put(cudaEvent_t e) noexcept {
-    std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(e);
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<cudaEvent_t> free_;
-};
 
 class CudaBackend final : public Backend {
  public:
