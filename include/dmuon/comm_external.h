@@ -76,8 +76,10 @@ class DMUON_API ExternalTransport {
   // A wait on this transport (or one split from the same root) passed its deadline.
   virtual void on_timeout() {}
   // Communicator::order_after: operations posted after this call wait for `cuda_event` (a recorded
-  // cudaEvent_t, never null here). Default: a host wait for it (cudaEventSynchronize); a transport
-  // that posts on a CUDA stream of its own makes that stream wait instead (nccl).
+  // cudaEvent_t, never null here; valid during the call only: it is pooled and recorded again later,
+  // so wait for it now, e.g. cudaStreamWaitEvent, never keep it). Default: a host wait for it
+  // (cudaEventSynchronize); a transport that posts on a CUDA stream of its own makes that stream
+  // wait instead (nccl). A failure may throw any std::exception (rethrown as dmuon::Error).
   virtual void order_after(void* cuda_event);
 };
 

@@ -188,11 +188,15 @@ class DMUON_API Optimizer {
   // The caller's stream on a device backend (a cudaStream_t of the optimizer's device, as a pointer;
   // cudaStreamLegacy, (void*)0x1, for the legacy default stream, which PyTorch's default stream
   // is). With one, step() orders itself with it on the device: its work starts after what was
-  // queued on the stream before the call (the gradients need not be in memory), and work queued
-  // there after step() returns runs after the step's writes; step() then returns without waiting
-  // for the device (its one host wait is the non-finite check of the gradients, before the
-  // agreement). Reading the parameters or state from another stream or the host needs a
-  // synchronization of that stream first. nullptr (the default): step() expects its inputs in
+  // queued on the stream before the call (the gradients need not be in memory when step() is
+  // called), and work queued there after step() returns (or throws) runs after the step's work;
+  // step() then returns without waiting for its tail. The host still waits inside the step: for
+  // the non-finite check of the gradients (so, once, for what the stream queued before the call),
+  // and where a hand-off cannot wait on the device (a communicator other than nccl, gram_allreduce,
+  // offload, state hooks, each compute job's end: docs/design.md "Device order between streams").
+  // Another stream, or the host, reading the parameters or state afterwards must be ordered after
+  // this stream (cudaStreamWaitEvent / wait_stream, or a synchronization of this stream). StepStats
+  // times then measure the host's part only. nullptr (the default): step() expects its inputs in
   // memory and waits until its writes are. A non-null stream on the cpu backend throws
   // std::invalid_argument. Local (not part of the agreement).
   void set_stream(void* stream);

@@ -12,7 +12,7 @@
 // round_to_comm, pack, muon_units, gram_newton_schulz) are ordered on the calling thread's stream
 // and may still run when they return: later calls on the same thread see their results, anything
 // else (a communicator, another Stream, the host, a state hook, the caller after a step) only after
-// the thread's synchronize(). copy, first_non_finite(_of) and the FSDP data movement (convert, ordered_sum, divide,
+// the thread's synchronize(), or on the device after a wait for its fence(). copy, first_non_finite(_of) and the FSDP data movement (convert, ordered_sum, divide,
 // fill_zero) complete before returning. A Stream's job ends with its work complete, so its Events
 // mean the results are in memory. On the cpu backend everything completes before returning.
 // Device order without the host: fence() records a point in a stream's work and wait() makes another

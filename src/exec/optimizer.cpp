@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <utility>
 
 #include "dmuon/blas.h"
 #include "dmuon/error.h"
@@ -286,6 +287,22 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
   std::vector<std::unique_ptr<Orthogonalizer>> fresh(s.groups.size());
   double claim_seconds = 0;
   ThreadRestore restore;  // the backend's threads as the step found them, when it returns or throws
+  // Optimizer::set_stream: the caller's stream waits for the step's queued work when the step ends,
+  // also when it throws (its kernels may still read the gradients and write the parameters).
+  struct CallerOrder {
+    detail::Backend* backend = nullptr;
+    void* stream = nullptr;
+    void order() {
+      void* st = std::exchange(stream, nullptr);
+      if (st != nullptr) backend->wait(backend->fence().event(), st);
+    }
+    ~CallerOrder() {
+      try {
+        order();
+      } catch (...) {  // unwinding already: the device error surfaces at the caller's next use
+      }
+    }
+  } caller_order{s.backend.get()};
   try {  // pass 1: validate everything locally
     DMUON_CHECK(params.size() == n && grads.size() == n, "[optim] step got ", params.size(), " parameters and ",
                 grads.size(), " gradients; expected ", n, " of each (one local shard per inventory parameter)");
@@ -344,8 +361,12 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
       s.step_streams = std::max(1, streams);
       if (s.step_streams > 1) s.backend->set_threads(1);  // each stream's products on one thread
     }
-    // The caller's stream: what it queued before step() (the gradients) comes first, on the device.
-    if (s.caller_stream != nullptr) s.backend->wait(s.backend->fence(s.caller_stream).event());
+    // The caller's stream: what it queued before step() (the gradients) comes first, on the device;
+    // what it queues after step() returns or throws comes after the step's work (caller_order).
+    if (s.caller_stream != nullptr) {
+      s.backend->wait(s.backend->fence(s.caller_stream).event());
+      caller_order.stream = s.caller_stream;
+    }
     std::vector<TensorView> scanned(n);  // one scan of every gradient, one read back (device backends)
     for (size_t i = 0; i < n; ++i)
       if (claim.has_grad[i]) scanned[i] = grads[i];
@@ -386,7 +407,7 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
   const auto ta = std::chrono::steady_clock::now();
   run_adamw(s, in);
   if (s.caller_stream != nullptr) {
-    s.backend->wait(s.backend->fence().event(), s.caller_stream);  // the caller's later work follows the step's
+    caller_order.order();  // the caller's later work follows the step's, on the device
   } else {
     s.backend->synchronize();  // the step's work is in memory when it returns (the one wait at its end)
   }

@@ -74,8 +74,10 @@ def wait_for_caller(device: str) -> None:
 def caller_stream(device: str) -> Optional[int]:
     """The caller's current CUDA stream as the engines' set_stream takes it (a cudaStream_t as an
     int; the legacy default stream, whose handle is 0, as cudaStreamLegacy = 1), or None on the
-    CPU. A step given it waits for what the stream queued (the backward pass) on the device, and
-    what the caller queues there after the step runs after the step's writes: no host wait."""
+    CPU. A step given it orders its work after what the stream queued (the backward pass) on the
+    device, and what the caller queues there after the step runs after the step's work, so the
+    step returns without waiting for its tail (the host still waits inside it for the non-finite
+    check of the gradients)."""
     if device == "cpu":
         return None
     handle = torch.cuda.current_stream(torch.device(device)).cuda_stream

@@ -206,7 +206,7 @@ class Engine(CoreDelegate):
             if g is not None and self.kind == "distributed":
                 g = g.detach().contiguous()  # no copy when contiguous (FSDP2's are)
             local_grads.append(g)  # None: the engine leaves the parameter untouched
-        # Ordered with the caller's current stream on the device (no host wait; None on the CPU).
+        # Ordered with the caller's current stream on the device (None on the CPU): _device.caller_stream.
         self.core.set_stream(_device.caller_stream(self.device))
         return self.core.step(local_params, local_grads, qk_logits)
 

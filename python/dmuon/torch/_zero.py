@@ -241,6 +241,8 @@ class ZeroEngine(CoreDelegate):
         self.core.set_stream(_device.caller_stream(self.device))  # ordered on the device, as _engine's
         applied = self.core.step(self.masters, shards, qk_logits)
         if applied:  # agreed on every rank, so the all-gather is collective
+            # The masters the step wrote are read on this thread's stream, after the step's tail
+            # (the step queued it there); unshard_into completes before it returns.
             t0 = time.perf_counter()
             self.sp.unshard_into([p.detach() for p in params])
             stats["unshard_seconds"] = time.perf_counter() - t0

@@ -62,11 +62,6 @@ void finish_sync(cudaError_t launch, const char* what) {
   check(cudaStreamSynchronize(tl_stream), what);
 }
 
-// The calling thread's cuBLAS handle and Newton–Schulz scratch per device, freed when the thread
-// ends: a pipeline runs its compute stream on a worker thread of its own each step, and resources kept
-// for the process would leak a handle and a scratch every step. The main thread's go at exit before
-// the runtime's own teardown (thread-local destructors run before atexit handlers); errors there are
-// ignored.
 // Events (timing off) for reuse, shared by threads: a fence's event goes back when its last copy is
 // gone (CUDA's waits take the event's state when they are enqueued), an upload's when its ring
 // region is written again.
@@ -112,6 +107,7 @@ class UploadRing {
     return *this;
   }
   ~UploadRing() { release(); }
+  bool empty() const { return base_ == nullptr && live_.empty(); }
 
   // Queues a copy of `bytes` at src into device memory `dst` on `stream`; src may be reused at once.
   void upload(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
@@ -133,8 +129,11 @@ class UploadRing {
     std::byte* at = static_cast<std::byte*>(base_) + head_;
     std::memcpy(at, src, bytes);
     check(cudaMemcpyAsync(dst, at, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpy to device");
+    if (!events_) events_ = std::make_unique<EventPool>();
     cudaEvent_t e = events_->take();
-    check(cudaEventRecord(e, stream), "cudaEventRecord (upload)");
+    const cudaError_t recorded = cudaEventRecord(e, stream);
+    if (recorded != cudaSuccess) events_->put(e);
+    check(recorded, "cudaEventRecord (upload)");
     live_.push_back({head_, head_ + need, e});
     head_ += need;
   }
@@ -168,9 +167,14 @@ class UploadRing {
   void* base_ = nullptr;
   size_t cap_ = 0, head_ = 0;
   std::vector<Segment> live_;  // uploads whose region was not written again yet
-  std::unique_ptr<EventPool> events_ = std::make_unique<EventPool>();  // destroys them last
+  std::unique_ptr<EventPool> events_;  // made at the first upload; destroys the events last
 };
 
+// The calling thread's cuBLAS handle and Newton–Schulz scratch per device, freed when the thread
+// ends: a pipeline runs its compute stream on a worker thread of its own each step, and resources kept
+// for the process would leak a handle and a scratch every step. The main thread's go at exit before
+// the runtime's own teardown (thread-local destructors run before atexit handlers); errors there are
+// ignored.
 struct ThreadResources {
   struct Scratch {
     void* p = nullptr;
@@ -185,6 +189,8 @@ struct ThreadResources {
   ~ThreadResources() {
     for (size_t d = 0; d < devices.size(); ++d) {
       OnDevice& r = devices[d];
+      // a device this thread never used: setting it current would make a context there
+      if (r.blas == nullptr && r.scratch[0].p == nullptr && r.scratch[1].p == nullptr && r.uploads.empty()) continue;
       if (cudaSetDevice(static_cast<int>(d)) != cudaSuccess) continue;
       r.uploads = UploadRing();  // waits for its copies, frees its memory and events
       if (r.blas != nullptr) (void)cublas().destroy(r.blas);

@@ -83,7 +83,14 @@ class ExternalCommunicator final : public Communicator {
     DMUON_CHECK_RUNTIME(!rt_->broken, "[", rt_->backend, "] rank ", rt_->world_rank, ": cannot order communicator '",
                         name(), "' after device work: an earlier collective timed out and communication is unusable; "
                         "end the job (dmuon::abort_all)");
-    transport_->order_after(ready.cuda_event);
+    try {
+      transport_->order_after(ready.cuda_event);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      detail::throw_error(detail::concat("[", rt_->backend, "] rank ", rt_->world_rank, ": ordering communicator '", name(),
+                                         "' after device work failed: ", e.what()));
+    }
   }
   Work post_all_to_all_v(InBuffer send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
                          OutBuffer recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
