@@ -81,6 +81,12 @@ struct Deferred {
   DeviceFloats d{4};
   Pinned h{4};
   Deferred() { d.put({1, 2, 3, 4}); }
+  // d read into h by a copy on `s`, then `s` synchronized (and nothing else).
+  std::vector<float> read_on(cudaStream_t s) {
+    EXPECT_EQ(cudaMemcpyAsync(h.p, d.p, 16, cudaMemcpyDeviceToHost, s), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    return h.seen();
+  }
   static cudaStream_t stream() {
     cudaStream_t s = nullptr;
     EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
@@ -111,23 +117,18 @@ TEST(CudaEmu, DeferredStreamsAreNotOrderedWithEachOther) {
   REQUIRE_DEFERRED();
   Deferred t;
   DeviceFloats& d = t.d;
-  Pinned& h = t.h;
   cudaStream_t a = Deferred::stream(), b = Deferred::stream();
   cudaEvent_t e = nullptr;
   ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
   ASSERT_EQ(dmuon::cuda::scale(d.p, d.p, 4, 10.0f, a), cudaSuccess);
   ASSERT_EQ(cudaEventRecord(e, a), cudaSuccess);
-  ASSERT_EQ(cudaMemcpyAsync(h.p, d.p, 16, cudaMemcpyDeviceToHost, b), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
-  EXPECT_EQ(h.seen(), (std::vector<float>{1, 2, 3, 4})) << "b saw a's unsynchronized work";
+  EXPECT_EQ(t.read_on(b), (std::vector<float>{1, 2, 3, 4})) << "b saw a's unsynchronized work";
   float ms = 0;
   EXPECT_EQ(cudaEventElapsedTime(&ms, e, e), cudaErrorNotReady);
   EXPECT_EQ(cudaEventQuery(e), cudaErrorNotReady);  // not yet; the queue moves on
   EXPECT_EQ(cudaEventQuery(e), cudaSuccess);
   ASSERT_EQ(cudaEventSynchronize(e), cudaSuccess);
-  ASSERT_EQ(cudaMemcpyAsync(h.p, d.p, 16, cudaMemcpyDeviceToHost, b), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
-  EXPECT_EQ(h.seen(), (std::vector<float>{10, 20, 30, 40}));
+  EXPECT_EQ(t.read_on(b), (std::vector<float>{10, 20, 30, 40}));
   EXPECT_EQ(cudaEventDestroy(e), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(a), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(b), cudaSuccess);
@@ -140,7 +141,6 @@ TEST(CudaEmu, DeferredStreamWaitEventOrdersStreamsOnTheDevice) {
   REQUIRE_DEFERRED();
   Deferred t;
   DeviceFloats& d = t.d;
-  Pinned& h = t.h;
   cudaStream_t a = Deferred::stream(), b = Deferred::stream();
   cudaEvent_t e = nullptr;
   ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
@@ -149,13 +149,9 @@ TEST(CudaEmu, DeferredStreamWaitEventOrdersStreamsOnTheDevice) {
   ASSERT_EQ(cudaStreamWaitEvent(b, e, 0), cudaSuccess);
   ASSERT_EQ(dmuon::cuda::scale(d.p, d.p, 4, 3.0f, a), cudaSuccess);  // after the point b waits for
   ASSERT_EQ(cudaEventRecord(e, a), cudaSuccess);                       // a later record: b keeps the first
-  ASSERT_EQ(cudaMemcpyAsync(h.p, d.p, 16, cudaMemcpyDeviceToHost, b), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
-  EXPECT_EQ(h.seen(), (std::vector<float>{10, 20, 30, 40}));
+  EXPECT_EQ(t.read_on(b), (std::vector<float>{10, 20, 30, 40}));
   ASSERT_EQ(cudaStreamSynchronize(a), cudaSuccess);
-  ASSERT_EQ(cudaMemcpyAsync(h.p, d.p, 16, cudaMemcpyDeviceToHost, b), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
-  EXPECT_EQ(h.seen(), (std::vector<float>{30, 60, 90, 120}));
+  EXPECT_EQ(t.read_on(b), (std::vector<float>{30, 60, 90, 120}));
   cudaEvent_t never = nullptr;  // an event never recorded is complete
   ASSERT_EQ(cudaEventCreate(&never), cudaSuccess);
   ASSERT_EQ(cudaStreamWaitEvent(b, never, 0), cudaSuccess);

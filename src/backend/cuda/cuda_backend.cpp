@@ -507,10 +507,11 @@ class CudaBackend final : public Backend {
     finish_sync(cudaMemsetAsync(p, 0, bytes, tl_stream), "fill_zero");
   }
 
-  // One flag per view, each scanned by its own launch, all read back by one copy: one host
-  // synchronization for the step's gradients (first_non_finite alone: one per tensor).
-  int64_t first_non_finite_of(std::span<const TensorView> views) override {
-    if (views.empty()) return -1;
+  // One flag per view (the index of its first non-finite element, ~0 for none), each scanned by its
+  // own launch, all read back by one copy: one host synchronization for the step's gradients.
+  std::vector<unsigned long long> non_finite_flags(std::span<const TensorView> views) {
+    std::vector<unsigned long long> idx(views.size(), ~0ull);
+    if (views.empty()) return idx;
     const DeviceGuard guard = enter();
     const size_t bytes = views.size() * sizeof(unsigned long long);
     auto* d = reinterpret_cast<unsigned long long*>(thread_scratch(device_, bytes, kAuxScratch));
@@ -520,22 +521,17 @@ class CudaBackend final : public Backend {
       if (g.is_none() || g.numel() == 0) continue;
       check(cuda::first_non_finite(g.data, g.dtype == DType::BF16, g.numel(), d + i, tl_stream), "first_non_finite");
     }
-    std::vector<unsigned long long> idx(views.size());
     download(idx.data(), d, bytes);  // the one synchronization
+    return idx;
+  }
+  int64_t first_non_finite_of(std::span<const TensorView> views) override {
+    const std::vector<unsigned long long> idx = non_finite_flags(views);
     for (size_t i = 0; i < idx.size(); ++i)
       if (idx[i] != ~0ull) return static_cast<int64_t>(i);
     return -1;
   }
-
   int64_t first_non_finite(const TensorView& g) override {
-    const int64_t n = g.numel();
-    if (n == 0) return -1;
-    const DeviceGuard guard = enter();
-    auto* d = reinterpret_cast<unsigned long long*>(thread_scratch(device_, sizeof(unsigned long long), kAuxScratch));
-    check(cudaMemsetAsync(d, 0xFF, sizeof(unsigned long long), tl_stream), "cudaMemset");
-    check(cuda::first_non_finite(g.data, g.dtype == DType::BF16, n, d, tl_stream), "first_non_finite");
-    unsigned long long idx = 0;
-    download(&idx, d, sizeof idx);  // the one synchronization
+    const unsigned long long idx = non_finite_flags(std::span<const TensorView>(&g, 1))[0];
     return idx == ~0ull ? -1 : static_cast<int64_t>(idx);
   }
 
