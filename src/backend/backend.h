@@ -9,15 +9,18 @@
 // kernels in update.h / orthogonalize.h; for a given backend the results do not depend on the
 // stream, the thread or the thread count (the basis of bitwise layout invariance).
 // Completion: a device backend's kernels (momentum, apply_update, adamw, qk_clip_rows,
-// round_to_comm, pack, muon_units, gram_newton_schulz) are ordered on the calling thread's stream
-// and may still run when they return: later calls on the same thread see their results, anything
-// else (a communicator, another Stream, the host, a state hook, the caller after a step) only after
-// the thread's synchronize(), or on the device after a wait for its fence(). copy, first_non_finite(_of) and the FSDP data movement (convert, ordered_sum, divide,
-// fill_zero) complete before returning. A Stream's job ends with its work complete, so its Events
-// mean the results are in memory. On the cpu backend everything completes before returning.
+// round_to_comm, pack, zero, muon_units, gram_newton_schulz) are ordered on the calling thread's
+// stream and may still run when they return: later calls on the same thread see their results,
+// anything else (a communicator, another Stream, the host, a state hook, the caller after a step)
+// only after the thread's synchronize(), or on the device after a wait for its fence(). copy,
+// first_non_finite(_of) and the FSDP data movement (convert, ordered_sum, divide, fill_zero)
+// complete before returning. A Stream's job ends with its work complete (its Events mean the
+// results are in memory) unless the stream was made JobEnd::Queued. On the cpu backend everything
+// completes before returning.
 // Device order without the host: fence() records a point in a stream's work and wait() makes another
 // stream (or, through Communicator::order_after, a communicator) wait for it on the device; the
-// pipeline hands a chunk's arena to the communicators and to the compute stream this way.
+// pipeline hands a chunk's arena to the communicators and to the compute stream, and the compute
+// stream's results back, this way.
 #pragma once
 
 #include <atomic>
@@ -91,16 +94,35 @@ class Fence {
   std::shared_ptr<void> event_;
 };
 
+// What a device stream's job leaves behind when it ends. Complete: its device work is in memory (the
+// job ends with its stream synchronized), so the stream's Events mean "in memory". Queued: the job
+// ends once its work is queued on the device; its Events mean only that, and whoever reads its
+// results waits for a fence the job records at its end (Backend::fence inside the job, then
+// Backend::wait or Communicator::order_after): the job's thread goes on to the next job while the
+// device still runs this one. The cpu backend's jobs are always complete.
+enum class JobEnd : unsigned char { Complete, Queued };
+
 // An ordered queue of work (cpu: a worker thread, or the caller's thread when synchronous).
 class Stream {
  public:
   virtual ~Stream() = default;
-  virtual void submit(std::function<void()> job) = 0;  // runs after everything submitted before
-  virtual Event record() = 0;                          // done once all work submitted so far is
-  virtual bool busy() = 0;                             // work queued or running
-  virtual void synchronize() = 0;                      // waits for all work; rethrows its first error
-  virtual void rethrow() = 0;                          // rethrows a failed job's error, if any
-  virtual double busy_seconds() const = 0;             // time spent running jobs
+  // Runs `job` after everything submitted before. `after`: a fence of another stream of this
+  // backend that the job's device work waits for, on the device, before anything of it (and before
+  // the point busy_seconds() counts from); kept until the job has run. Empty on the cpu backend.
+  virtual void submit(std::function<void()> job, Fence after = {}) = 0;
+  virtual Event record() = 0;  // done once all jobs submitted so far have ended (JobEnd)
+  // Work queued or running: jobs on the host, and for a Queued stream device work not yet done.
+  virtual bool busy() = 0;
+  // Waits for all work (a Queued stream's device work too); rethrows its first error.
+  virtual void synchronize() = 0;
+  // Waits until every job submitted so far has ended on the host (JobEnd: a Queued stream's device
+  // work may still run); rethrows its first error. The same as synchronize() for Complete streams.
+  virtual void wait_queued() { synchronize(); }
+  virtual void rethrow() = 0;  // rethrows a failed job's error, if any
+  // Time spent running jobs: host time on the cpu backend and for Complete streams; for a Queued
+  // stream, device time from each job's first to its last operation, counted once the device has
+  // done it (a job still running on the device counts later).
+  virtual double busy_seconds() const = 0;
 };
 
 struct BackendCaps {
@@ -113,7 +135,10 @@ struct BackendCaps {
 };
 
 // Gram NS's collective: sums `a` (count floats, an s×s Gram matrix) over the shard group in place.
-using GramReduce = std::function<void(float* a, size_t count, int step)>;
+// `ready`: the backend's point after which `a` is written (empty: it is in memory now); the
+// collective is ordered after it (Communicator::order_after). When the callback returns, the sum is
+// in `a` for the backend's later work.
+using GramReduce = std::function<void(float* a, size_t count, int step, DeviceEvent ready)>;
 
 class Backend {
  public:
@@ -130,8 +155,9 @@ class Backend {
   // a stream: it overlaps the work of the other streams and completes with the stream's Events
   // (state offload streams state this way, state/state_offload.h).
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
-  // threaded = false: a stream that runs each job on the caller's thread at submit.
-  virtual std::unique_ptr<Stream> make_stream(bool threaded) = 0;
+  // threaded = false: a stream that runs each job on the caller's thread at submit. `end`: what a
+  // job leaves behind (JobEnd; ignored where every job's work completes on the host, the cpu).
+  virtual std::unique_ptr<Stream> make_stream(bool threaded, JobEnd end = JobEnd::Complete) = 0;
   // Waits until every kernel the calling thread enqueued on this backend has completed (the
   // completion contract above; cpu: nothing to wait for). Throws a device error it reports.
   virtual void synchronize() {}
@@ -185,6 +211,9 @@ class Backend {
   virtual void divide(float* x, int64_t n, float d) = 0;
   // bytes of zeros at p.
   virtual void fill_zero(void* p, size_t bytes) = 0;
+  // bytes of zeros at p, as an update kernel: ordered on the calling thread's stream (the completion
+  // contract above), no host wait. The default is fill_zero.
+  virtual void zero(void* p, size_t bytes) { fill_zero(p, bytes); }
 
   // ---- orthogonalization ----
   virtual std::unique_ptr<Orthogonalizer> make_orthogonalizer(const NsOptions& o) = 0;

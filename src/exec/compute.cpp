@@ -18,7 +18,7 @@ namespace {
 
 // Streams 2..k exist, each with an Orthogonalizer per Muon group of the group's current options.
 void prepare_streams(Optimizer::Impl& s, size_t extra) {
-  while (s.extra_streams.size() < extra) s.extra_streams.push_back(s.backend->make_stream(true));
+  while (s.extra_streams.size() < extra) s.extra_streams.push_back(s.backend->make_stream(true, JobEnd::Queued));
   if (s.extra_orth.size() < extra) s.extra_orth.resize(extra);
   for (size_t w = 0; w < extra; ++w) {
     auto& orth = s.extra_orth[w];
@@ -116,7 +116,6 @@ void compute_units(Optimizer::Impl& s, const StepInputs& in, std::span<const Uni
   auto run = [&](std::vector<std::unique_ptr<Orthogonalizer>>& orth, size_t stream) {
     try {
       for (size_t k; (k = next.fetch_add(1)) < n;) run_batch(batches[order[k]], orth, stream);
-      s.backend->synchronize();  // a device fault of this stream's kernels surfaces here, caught
     } catch (...) {
       std::lock_guard<std::mutex> lock(failure_mutex);
       if (!failure) failure = std::current_exception();
@@ -124,21 +123,25 @@ void compute_units(Optimizer::Impl& s, const StepInputs& in, std::span<const Uni
     }
   };
   // The other streams read what this thread's stream was ordered after (the pipeline's unpack of
-  // the chunk): each waits for this point on the device.
+  // the chunk): each waits for this point on the device, and records where its own work ends.
   const Fence ready = s.backend->fence();
+  std::vector<Fence> ended(streams - 1);
   for (size_t w = 0; w + 1 < streams; ++w) {
     auto* orth = &s.extra_orth[w];
-    s.extra_streams[w]->submit([&s, &run, &ready, orth, w] {
-      s.backend->wait(ready.event());
-      run(*orth, w + 1);
-    });
+    s.extra_streams[w]->submit(
+        [&s, &run, &ended, orth, w] {
+          run(*orth, w + 1);
+          ended[w] = s.backend->fence();
+        },
+        ready);
   }
   run(s.orth, 0);  // this stream is the first
-  // Wait for every stream before leaving (their jobs use this frame); a stream whose job failed
-  // anyway (its end-of-job synchronization) runs nothing more: the streams are made anew next time.
+  // Wait until every stream has queued its jobs (they use this frame; their device work may still
+  // run: the streams are JobEnd::Queued); a stream whose job failed runs nothing more: the streams
+  // are made anew next time.
   bool stream_failed = false;
   for (size_t w = 0; w + 1 < streams; ++w) try {
-      s.extra_streams[w]->synchronize();
+      s.extra_streams[w]->wait_queued();
     } catch (...) {
       std::lock_guard<std::mutex> lock(failure_mutex);
       if (!failure) failure = std::current_exception();
@@ -146,6 +149,9 @@ void compute_units(Optimizer::Impl& s, const StepInputs& in, std::span<const Uni
     }
   if (stream_failed) s.extra_streams.clear();
   if (failure) std::rethrow_exception(failure);
+  // Whoever reads this thread's stream after the call (the scatter's pack) reads the other
+  // streams' results too: this stream waits for them on the device.
+  for (const Fence& f : ended) s.backend->wait(f.event());
 }
 
 }  // namespace dmuon::detail

@@ -43,17 +43,16 @@ struct Optimizer::Impl {
   std::vector<std::unique_ptr<detail::Stream>> extra_streams;
   // The pipeline's compute stream (pipeline.cpp), kept from step to step with what lives on its
   // thread (cuda: its cudaStream_t, cuBLAS handle and Newton–Schulz scratch), made as
-  // `compute_threaded` (options.compute_thread). Dropped when a step fails: a stream whose job
-  // failed runs nothing more.
+  // `compute_threaded` (options.compute_thread), JobEnd::Queued (its results reach the scatter by
+  // a fence). Dropped when a step fails: a stream whose job failed runs nothing more.
   std::unique_ptr<detail::Stream> compute_stream;
   bool compute_threaded = false;
+  double compute_busy_before = 0;  // its busy_seconds() when this step's pipeline began
   std::vector<std::vector<std::unique_ptr<Orthogonalizer>>> extra_orth;  // [stream − 1][group]
   int step_streams = 1;
   std::vector<Shape> local_shapes;      // per parameter: this rank's box's shape (step validation)
-  // Device backends: NorMuon's v_mean scratch per compute stream (backend memory, grown as needed)
-  // and host zeros copied into the update buffers of parameters without a gradient.
+  // Device backends: NorMuon's v_mean scratch per compute stream (backend memory, grown as needed).
   std::vector<detail::Buffer> v_mean_scratch;
-  std::vector<float> host_zeros;
   // Optimizer::set_stream: the caller's stream the step orders itself with (nullptr: the host waits).
   void* caller_stream = nullptr;
 };

@@ -21,7 +21,8 @@ void run_gram(Optimizer::Impl& s, const StepInputs& in, int entry, float* update
   const bool wide = L.rows <= L.cols;  // Gram side: rows (wide) or cols (tall)
   const std::string base = "param '" + s.plan.inventory().params[static_cast<size_t>(e.param)].name + "' gram step ";
   // the backend runs the iteration; each step's s×s Gram matrix is summed over the shard group here
-  const GramReduce reduce = [&](float* a, size_t count, int step) {
+  const GramReduce reduce = [&](float* a, size_t count, int step, DeviceEvent ready) {
+    comm.order_after(ready);  // nccl: on the device; a staging or host communicator waits here
     Work w = comm.all_reduce(OutBuffer(a, CommType::F32, count), ReduceOp::Sum, base + std::to_string(step));
     wait_work(s, w);
   };

@@ -116,12 +116,7 @@ void local_momentum(Optimizer::Impl& s, const StepInputs& in, int param, float* 
   const ParamLayout& L = s.routes.layouts[static_cast<size_t>(param)];
   if (L.local_numel == 0) return;
   if (!in.active[static_cast<size_t>(param)]) {  // no gradient: the momentum stays, zeros travel
-    if (!s.backend->capabilities().device_memory) {
-      std::fill(update, update + L.local_numel, 0.0f);
-      return;
-    }
-    if (s.host_zeros.size() < static_cast<size_t>(L.local_numel)) s.host_zeros.assign(static_cast<size_t>(L.local_numel), 0.0f);
-    s.backend->copy(update, s.host_zeros.data(), static_cast<size_t>(L.local_numel) * sizeof(float));  // device memory
+    s.backend->zero(update, static_cast<size_t>(L.local_numel) * sizeof(float));  // stream-ordered, no host wait
     return;
   }
   const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(param)])];
@@ -411,6 +406,9 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
   } else {
     s.backend->synchronize();  // the step's work is in memory when it returns (the one wait at its end)
   }
+  // The compute stream's time (a device backend's: device time counted once done, so after the
+  // wait above all of it; with the caller's stream a step's last chunks may count in the next step).
+  if (s.compute_stream) s.stats.orthogonalize_seconds += s.compute_stream->busy_seconds() - s.compute_busy_before;
   flush.state = nullptr;
   s.state.flush();
   s.stats.update_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();

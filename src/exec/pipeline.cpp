@@ -29,7 +29,8 @@ struct ChunkRun {
   const ChunkRoutes* r = nullptr;
   Buffer arena;
   std::vector<std::byte*> bases;  // 0: the arena; 1 + i: the NorMuon state of r->state_params[i]
-  Event computed;                 // the compute stream passed this chunk
+  Event computed;                 // the compute stream's job for this chunk has queued its work
+  Fence results;                  // the compute stream's point after this chunk's results (set by its job)
   Clock::time_point gather_posted, scatter_posted;
   // Works last: destroyed first, while the buffers they use are still alive.
   std::vector<Work> gather, scatter;
@@ -83,10 +84,15 @@ class Pipeline {
             unpacked = s_.backend->fence();  // the compute stream reads the units after this point
           });
           ChunkRun* cp = &c;
-          worker.submit([this, cp, unpacked] {
-            s_.backend->wait(unpacked.event());  // on the device: the job's stream, not the host, waits
-            compute_chunk(*cp);
-          });
+          // On the device, the job's stream waits for the unpack (not the host), and the scatter's
+          // pack for the job's results (post_scatter): the compute thread goes on to the next chunk
+          // while the device still runs this one (JobEnd::Queued).
+          worker.submit(
+              [this, cp] {
+                compute_chunk(*cp);
+                cp->results = s_.backend->fence();
+              },
+              unpacked);
           c.computed = worker.record();
           ++assembled, progress = true;
         }
@@ -127,7 +133,7 @@ class Pipeline {
     }
     worker.rethrow();
     drop.ok = true;  // every job ran (each chunk's scatter waited for its compute)
-    s_.stats.orthogonalize_seconds += worker.busy_seconds() - busy_before;
+    s_.compute_busy_before = busy_before;  // orthogonalize_seconds: read once the step's work is done (optimizer.cpp)
     s_.stats.overlap = s_.stats.comm_seconds > 0 ? hidden_ / s_.stats.comm_seconds : 0;
     s_.stats.chunks = n;
   }
@@ -137,7 +143,7 @@ class Pipeline {
   Stream& compute_stream() {
     if (!s_.compute_stream || s_.compute_threaded != s_.options.compute_thread) {
       s_.compute_stream.reset();
-      s_.compute_stream = s_.backend->make_stream(s_.options.compute_thread);
+      s_.compute_stream = s_.backend->make_stream(s_.options.compute_thread, JobEnd::Queued);
       s_.compute_threaded = s_.options.compute_thread;
     }
     return *s_.compute_stream;
@@ -269,6 +275,7 @@ class Pipeline {
   // pass: own results out of the full units, pack and post the scatter
   void post_scatter(ChunkRun& c) {
     const auto t0 = Clock::now();
+    s_.backend->wait(c.results.event());  // the compute stream's results, on the device (no host wait)
     s_.backend->pack(c.r->pack_scatter, c.bases);
     order_posts(c.r->scatter_send.size() + c.r->scatter_recv.size(), c.r->scatter_calls);  // they read the arena
     const std::string label = "chunk " + std::to_string(c.index) + " scatter";

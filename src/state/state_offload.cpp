@@ -167,12 +167,13 @@ void StateOffload::release(std::span<const size_t> params) {
   }
   if (!out.empty()) {
     // The copy stream reads what this thread's kernels wrote (a device backend's kernels may still
-    // be queued on the thread's stream: backend.h).
-    backend_.synchronize();
+    // be queued on the thread's stream: backend.h): it waits for them on the device.
     Backend* be = &backend_;
-    copies_->submit([be, out = std::move(out)] {
-      for (const Copy& c : out) be->copy(c.dst, c.src, c.bytes);
-    });
+    copies_->submit(
+        [be, out = std::move(out)] {
+          for (const Copy& c : out) be->copy(c.dst, c.src, c.bytes);
+        },
+        backend_.fence());
   }
   counters_.bytes_out += moved;
   if (g->slot) g->slot->state = Slot::Draining, g->slot->drained = copies_->record();

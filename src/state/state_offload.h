@@ -4,9 +4,9 @@
 //   prefetch(g)  copy-in of g issued on the copy stream (overlaps the current chunk's compute);
 //   acquire(g)   g resident: waits for its prefetch, or copies it in now; resident() then gives the
 //                slot's pointers;
-//   release(g)   write-back of g issued on the copy stream (after the calling thread's kernels
-//                complete: Backend::synchronize); the slot returns to the pool once the write-back
-//                has completed;
+//   release(g)   write-back of g issued on the copy stream, which waits on the device for the
+//                calling thread's kernels (a Backend::fence, no host wait); the slot returns to the
+//                pool once the write-back has completed;
 //   flush()      end of step: waits for every copy, so the home copies (what the state views, state
 //                dicts and checkpoints read) hold the step's result.
 // A group is the exact list of one acquire/prefetch call (a pipeline chunk's parameters, an AdamW

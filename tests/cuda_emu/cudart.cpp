@@ -100,6 +100,7 @@ cudaError_t do_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kin
   // Complete on return: a synchronous copy that touches host memory (device to device is not
   // waited for), a copy into pageable memory, a copy between host memories.
   if ((sync && !(dst_dev && src_dev)) || dst_pageable || (!dst_dev && !src_dev)) {
+    count_made(Made::HostWait);
     drain(s);
     return synced();
   }
@@ -178,6 +179,7 @@ cudaError_t CUDARTAPI cudaGetDeviceProperties(cudaDeviceProp* prop, int device) 
 }
 
 cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
+  count_made(Made::HostWait);
   drain_device(tl_device);
   return synced();
 }
@@ -190,6 +192,7 @@ cudaError_t CUDARTAPI cudaMalloc(void** p, size_t bytes) {
 
 cudaError_t CUDARTAPI cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
+  count_made(Made::HostWait);
   drain_device(tl_device);  // cudaFree synchronizes the device
   if (!device_free(p)) {
     fail_access("cudaFree of a pointer that is not a live device allocation");
@@ -233,6 +236,7 @@ cudaError_t CUDARTAPI cudaHostAlloc(void** p, size_t bytes, unsigned int) { retu
 
 cudaError_t CUDARTAPI cudaFreeHost(void* p) {
   if (p == nullptr) return cudaSuccess;
+  count_made(Made::HostWait);
   drain_device(tl_device);  // as cudaFree (CUDA may wait for more; this is the weaker choice)
   if (!pinned_free(p)) {
     fail_access("cudaFreeHost of a pointer that is not pinned memory");
@@ -286,6 +290,7 @@ cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t s) {
 }
 cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t s) {
   if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle);
+  count_made(Made::HostWait);
   drain(s);
   return synced();
 }
@@ -332,6 +337,7 @@ cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t e) {
 }
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t e) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  count_made(Made::HostWait);
   if (e->recorded) drain_to(e->mark);
   return synced();
 }

@@ -39,8 +39,11 @@ bool expect_device(const void* p, size_t bytes, const char* what);
 // test can check that a steady state makes none: device allocations (cudaMalloc, a cuBLAS handle's
 // workspace included), pinned allocations, streams, events, cuBLAS handles.
 // What the runtime made, and PageableUpload: host-to-device copies from pageable memory (which CUDA
-// may stage with a synchronization of the stream; a step makes none after its first).
-enum class Made { DeviceAlloc, PinnedAlloc, Stream, Event, BlasHandle, PageableUpload, kCount };
+// may stage with a synchronization of the stream; a step makes none after its first); HostWait: the
+// calls in which the host waits for queued device work (cudaStreamSynchronize, cudaEventSynchronize,
+// cudaDeviceSynchronize, a copy that completes before returning, cudaFree, cudaFreeHost; a
+// cudaEventQuery never waits and is not counted).
+enum class Made { DeviceAlloc, PinnedAlloc, Stream, Event, BlasHandle, PageableUpload, HostWait, kCount };
 unsigned long long made(Made what);
 void count_made(Made what);
 

@@ -122,7 +122,9 @@ class FakeDeviceBackend final : public detail::Backend {
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes) std::memmove(mem_->alias(dst), mem_->alias(src), bytes);
   }
-  std::unique_ptr<detail::Stream> make_stream(bool threaded) override { return cpu_->make_stream(threaded); }
+  std::unique_ptr<detail::Stream> make_stream(bool threaded, detail::JobEnd end) override {
+    return cpu_->make_stream(threaded, end);
+  }
   int set_threads(int threads) override { return cpu_->set_threads(threads); }
   int threads() const override { return cpu_->threads(); }
 
@@ -163,10 +165,10 @@ class FakeDeviceBackend final : public detail::Backend {
   // as it would from a GPU backend (so the communicator must stage it).
   void gram_newton_schulz(const NsOptions& o, float* x, int64_t local_rows, int64_t local_cols, bool wide, int64_t s,
                           const detail::GramReduce& reduce, DType comm) override {
-    const detail::GramReduce on_device = [&](float* a, size_t count, int step) {
+    const detail::GramReduce on_device = [&](float* a, size_t count, int step, DeviceEvent ready) {
       float* d = gram_scratch(count);
       std::memcpy(mem_->alias(d), a, count * sizeof(float));
-      reduce(d, count, step);
+      reduce(d, count, step, ready);
       std::memcpy(a, mem_->alias(d), count * sizeof(float));
     };
     cpu_->gram_newton_schulz(o, mem_->alias(x), local_rows, local_cols, wide, s, on_device, comm);

@@ -100,7 +100,8 @@ TEST(Backend, GramNewtonSchulzWithReduceCallback) {
     std::vector<float> g = randn(static_cast<size_t>(m * n), 7), x = g, want = g;
     int calls = 0;
     cpu->gram_newton_schulz(ns, x.data(), m, n, m <= n, std::min(m, n),
-                            [&](float*, size_t count, int step) {
+                            [&](float*, size_t count, int step, DeviceEvent ready) {
+                              EXPECT_TRUE(ready.empty()) << "the cpu's Gram matrix is in memory";
                               EXPECT_EQ(count, static_cast<size_t>(std::min(m, n) * std::min(m, n)));
                               EXPECT_EQ(step, calls++);
                             },

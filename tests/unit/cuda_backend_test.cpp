@@ -537,8 +537,10 @@ std::vector<float> gram_ns_sharded(Backend& be, bool device, const NsOptions& o,
   int arrived = 0, generation = 0;
   std::vector<float> total;
   auto reduce_of = [&](int r) {
-    return [&, r](float* a, size_t count, int) {
+    return [&, r](float* a, size_t count, int, DeviceEvent ready) {
       std::vector<float> mine(count);
+      // the Gram matrix is written once `ready` has passed (the backend's stream), not before
+      if (!ready.empty()) EXPECT_EQ(cudaEventSynchronize(static_cast<cudaEvent_t>(ready.cuda_event)), cudaSuccess);
       if (device) EXPECT_EQ(cudaMemcpy(mine.data(), a, count * 4, cudaMemcpyDeviceToHost), cudaSuccess);
       else std::memcpy(mine.data(), a, count * 4);
       std::unique_lock<std::mutex> lock(mu);
@@ -565,7 +567,11 @@ std::vector<float> gram_ns_sharded(Backend& be, bool device, const NsOptions& o,
       std::vector<float>& x = slices[static_cast<size_t>(r)];
       if (device) {
         Buffer d = put(be, x);
-        be.gram_newton_schulz(o, d.as<float>(), lm, ln, wide, s, reduce_of(r), DType::F32);
+        // on a stream of the backend's (not the legacy stream the reduce's copies use): the reduce
+        // reads the Gram matrix only after waiting for `ready`
+        auto stream = be.make_stream(false);
+        stream->submit([&] { be.gram_newton_schulz(o, d.as<float>(), lm, ln, wide, s, reduce_of(r), DType::F32); });
+        stream->synchronize();
         out[static_cast<size_t>(r)] = get<float>(d);
       } else {
         be.gram_newton_schulz(o, x.data(), lm, ln, wide, s, reduce_of(r), DType::F32);
@@ -1022,6 +1028,35 @@ TEST(CudaBackend, StepsAfterTheFirstMakeNoDeviceResources) {
   for (size_t k = 0; k < kinds.size(); ++k)
     EXPECT_EQ(cuda_emu::made(kinds[k]), before[k]) << names[k] << " made over steps 3..6";
   EXPECT_GT(before[4], 0u) << "the control: the steps use cuBLAS";
+}
+
+// Emulation only (it counts the host's waits): a steady step given the caller's stream waits on the
+// host once, for its agreement (the one read-back of the non-finite scan, before the ranks agree:
+// optimizer.h). The compute stream's jobs, the hand-offs between the driving thread, the compute
+// streams and the communicators, and the step's end wait on the device. The control: without the
+// caller's stream the step's end adds one wait (so the counter sees the engine's waits).
+TEST(CudaBackend, AStepWaitsOnTheHostOnlyForItsAgreement) {
+  REQUIRE_CUDA();
+  cudaStream_t caller = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking), cudaSuccess);
+  for (int streams : {1, 2}) {
+    unsigned long long waits[2] = {0, 0};  // [without, with] the caller's stream
+    for (int ordered : {0, 1}) {
+      DeviceSteps run;
+      run.opt->set_compute_streams(streams);
+      if (ordered) run.opt->set_stream(caller);
+      for (int t = 1; t <= 2; ++t) ASSERT_TRUE(run.step());
+      ASSERT_EQ(cudaStreamSynchronize(caller), cudaSuccess);
+      const unsigned long long before = cuda_emu::made(cuda_emu::Made::HostWait);
+      for (int t = 3; t <= 5; ++t) ASSERT_TRUE(run.step());
+      waits[ordered] = cuda_emu::made(cuda_emu::Made::HostWait) - before;
+      ASSERT_EQ(cudaStreamSynchronize(caller), cudaSuccess);
+      EXPECT_GT(run.opt->last_stats().orthogonalize_seconds, 0) << "the compute stream's device time";
+    }
+    EXPECT_EQ(waits[1], 3u) << streams << " compute stream(s): host waits in three steps given the caller's stream";
+    EXPECT_EQ(waits[0], 6u) << streams << " compute stream(s): host waits in three steps without it";
+  }
+  EXPECT_EQ(cudaStreamDestroy(caller), cudaSuccess);
 }
 #endif
 

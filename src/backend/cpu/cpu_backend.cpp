@@ -35,7 +35,7 @@ class CpuBackend final : public Backend {
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes) std::memcpy(dst, src, bytes);
   }
-  std::unique_ptr<Stream> make_stream(bool threaded) override { return make_cpu_stream(threaded); }
+  std::unique_ptr<Stream> make_stream(bool threaded, JobEnd) override { return make_cpu_stream(threaded); }
 
   void pack(std::span<const PackRun> runs, std::span<std::byte* const> bases) override { cpu_pack(runs, bases); }
 
@@ -145,7 +145,7 @@ class CpuBackend final : public Backend {
                          a.data(), static_cast<int>(sd));
       for (int64_t i = 0; i < sd; ++i)
         for (int64_t j = i + 1; j < sd; ++j) a[static_cast<size_t>(i * sd + j)] = a[static_cast<size_t>(j * sd + i)];
-      reduce(a.data(), a.size(), step);
+      reduce(a.data(), a.size(), step, DeviceEvent{});
     };
     const std::vector<Coefficients> coef = make_schedule(ns);
     gram(0);  // step 0's Gram of the unnormalized G also gives ‖G‖² (its trace)

@@ -13,8 +13,10 @@
 // values or bytes (copy, first_non_finite) and the FSDP data movement (convert, ordered_sum,
 // divide, fill_zero, whose results go straight to communicators) complete before returning. A
 // CudaStream runs its host jobs in order on a worker thread (the cpu stream) with its own
-// cudaStream_t current and synchronizes it when each job ends, so its Events (the cpu stream's)
-// mean the jobs' device work is in memory.
+// cudaStream_t current. JobEnd::Complete: it synchronizes that stream when each job ends, so its
+// Events (the cpu stream's) mean the jobs' device work is in memory. JobEnd::Queued: a job ends
+// once its work is queued, between two timing events (the stream's busy_seconds is device time);
+// readers of its results wait for a fence the job records.
 #include "backend/cuda/cuda_backend.h"
 
 #include <cublas_api.h>
@@ -27,6 +29,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -45,10 +48,10 @@
 namespace dmuon::detail {
 namespace {
 
-thread_local cudaStream_t tl_stream = nullptr;
+thread_local cudaStream_t tl_stream = nullptr;  // the current stream of this thread (nullptr: legacy default)
 // The scratch a muon_batch call takes at most at a time (set_cuda_ns_batch_bytes): the batch is cut
 // into parts that fit, one matrix at least. Each part's matrices get the bits they would get alone.
-std::atomic<size_t> ns_batch_bytes{size_t{512} << 20};  // the current stream of this thread (nullptr: legacy default)
+std::atomic<size_t> ns_batch_bytes{size_t{512} << 20};
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw_error(concat("[cuda] ", what, ": ", cudaGetErrorString(e)));
@@ -184,15 +187,19 @@ struct ThreadResources {
     cublasHandle_t blas = nullptr;
     Scratch scratch[2];  // ScratchSlot
     UploadRing uploads;
+    Scratch readback;  // pinned host memory (download)
   };
   std::vector<OnDevice> devices;
   ~ThreadResources() {
     for (size_t d = 0; d < devices.size(); ++d) {
       OnDevice& r = devices[d];
       // a device this thread never used: setting it current would make a context there
-      if (r.blas == nullptr && r.scratch[0].p == nullptr && r.scratch[1].p == nullptr && r.uploads.empty()) continue;
+      if (r.blas == nullptr && r.scratch[0].p == nullptr && r.scratch[1].p == nullptr && r.uploads.empty() &&
+          r.readback.p == nullptr)
+        continue;
       if (cudaSetDevice(static_cast<int>(d)) != cudaSuccess) continue;
       r.uploads = UploadRing();  // waits for its copies, frees its memory and events
+      if (r.readback.p != nullptr) (void)cudaFreeHost(r.readback.p);
       if (r.blas != nullptr) (void)cublas().destroy(r.blas);
       for (const Scratch& x : r.scratch)
         if (x.p != nullptr) (void)cudaFree(x.p);
@@ -223,18 +230,20 @@ cublasHandle_t blas_handle(int device) {
 // small tables and work of the other calls (pack, qk_clip_rows, first_non_finite,
 // gram_newton_schulz), which never nest with each other or with muon_units on one thread. Valid
 // until the thread's next request for the same slot. Kernels are stream-ordered, so a slot is safe
-// to reuse on the stream that last used it; a thread that switches streams (LocalOptimizer's caller
-// runs its compute jobs on the compute stream's cudaStream_t, its other calls on the legacy one)
-// must order the second after the first before it reuses a slot: a compute job's stream first
-// waits (on the device) for a fence the pipeline recorded on the driving stream after the chunk's
-// unpack, and each job ends synchronized.
+// to reuse on the stream that last used it, and each slot keeps to one stream per thread: a thread
+// that runs compute jobs on a compute stream's cudaStream_t (a stream that is not threaded runs
+// them on its caller's thread) uses the NS slot only there (muon_units / muon_batch run only in
+// compute jobs), the aux slot only for its own calls on its current stream outside the jobs.
 enum ScratchSlot { kNsScratch = 0, kAuxScratch = 1 };
 std::byte* thread_scratch(int device, size_t bytes, ScratchSlot slot) {
   ThreadResources::Scratch& s = tl_resources.on(device).scratch[slot];
   if (s.bytes < bytes) {
-    if (s.p != nullptr) check(cudaFree(s.p), "cudaFree (scratch)");
+    // Stream-ordered (the slot's one stream, below): the old block is freed once that stream's
+    // earlier work, its last user, has run; no host or device wait (cudaFree would wait for the
+    // whole device, a stall of every stream mid-step when a compute thread meets a larger matrix).
+    if (s.p != nullptr) check(cudaFreeAsync(s.p, tl_stream), "cudaFreeAsync (scratch)");
     s.p = nullptr, s.bytes = 0;
-    check(cudaMalloc(&s.p, bytes), "cudaMalloc (scratch)");
+    check(cudaMallocAsync(&s.p, bytes, tl_stream), "cudaMallocAsync (scratch)");
     s.bytes = bytes;
   }
   return static_cast<std::byte*>(s.p);
@@ -245,10 +254,21 @@ std::byte* thread_scratch(int device, size_t bytes, ScratchSlot slot) {
 void upload(int device, void* dst, const void* src, size_t bytes) {
   tl_resources.on(device).uploads.upload(dst, src, bytes, tl_stream);
 }
-void download(void* dst, const void* src, size_t bytes) {
+// Device bytes to host memory on the thread's stream, through the thread's pinned read-back buffer
+// (a copy into pageable memory is staged by CUDA and waits on its own): one host wait.
+void download(int device, void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, tl_stream), "cudaMemcpy to host");
+  ThreadResources::Scratch& h = tl_resources.on(device).readback;
+  if (h.bytes < bytes) {
+    if (h.p != nullptr) check(cudaFreeHost(h.p), "cudaFreeHost (read-back)");
+    h.p = nullptr, h.bytes = 0;
+    const size_t cap = std::max<size_t>(bytes, 4096);
+    check(cudaMallocHost(&h.p, cap), "cudaMallocHost (read-back)");
+    h.bytes = cap;
+  }
+  check(cudaMemcpyAsync(h.p, src, bytes, cudaMemcpyDeviceToHost, tl_stream), "cudaMemcpy to host");
   check(cudaStreamSynchronize(tl_stream), "cudaMemcpy to host");
+  std::memcpy(dst, h.p, bytes);
 }
 
 // Makes `device` current until the end of the scope, then the previous one again.
@@ -273,17 +293,21 @@ class DeviceGuard {
 
 class CudaStream final : public Stream {
  public:
-  CudaStream(int device, bool threaded) : device_(device) {
+  CudaStream(int device, bool threaded, JobEnd end) : device_(device), end_(end) {
     const DeviceGuard guard(device);
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     host_ = make_cpu_stream(threaded);
   }
   ~CudaStream() override {
     host_.reset();  // drains and joins the worker first
+    // A Queued job's device work may still run: nothing it reads or writes may go before it does.
+    (void)cudaStreamSynchronize(stream_);
+    for (const Span& t : pending_) (void)cudaEventDestroy(t.start), (void)cudaEventDestroy(t.end);
+    for (cudaEvent_t e : spare_) (void)cudaEventDestroy(e);
     cudaStreamDestroy(stream_);
   }
-  void submit(std::function<void()> job) override {
-    host_->submit([this, job = std::move(job)] {
+  void submit(std::function<void()> job, Fence after = {}) override {
+    host_->submit([this, job = std::move(job), after = std::move(after)] {
       // The caller's thread runs the job when the stream is not threaded: its current device comes
       // back after (declared first: goes last, after the stream's synchronization).
       const DeviceGuard guard(device_);
@@ -297,21 +321,94 @@ class CudaStream final : public Stream {
           tl_stream = before;
         }
       } restore{before, stream_};
-      job();
-      restore.synced = true;  // the check below either synchronized or throws a device error
-      check(cudaStreamSynchronize(stream_), "stream job");  // the job's Event means its work is in memory
+      if (!after.empty())
+        check(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(after.event().cuda_event), 0), "cudaStreamWaitEvent (job)");
+      if (end_ == JobEnd::Complete) {
+        job();
+        restore.synced = true;  // the check below either synchronized or throws a device error
+        check(cudaStreamSynchronize(stream_), "stream job");  // the job's Event means its work is in memory
+        return;
+      }
+      // Queued: the job's device time is the span between two timing events around its work; the
+      // job ends once its work is queued.
+      Span span{take_event(), nullptr};
+      const cudaError_t r = cudaEventRecord(span.start, stream_);
+      if (r != cudaSuccess) give_event(span.start);
+      check(r, "cudaEventRecord (job start)");
+      try {
+        job();
+        span.end = take_event();
+        const cudaError_t e = cudaEventRecord(span.end, stream_);
+        if (e != cudaSuccess) give_event(span.end), span.end = nullptr;
+        check(e, "cudaEventRecord (job end)");
+      } catch (...) {
+        give_event(span.start);
+        throw;
+      }
+      restore.synced = true;
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.push_back(span);
     });
   }
-  Event record() override { return host_->record(); }  // each job ends with its stream synchronized
-  bool busy() override { return host_->busy(); }
-  void synchronize() override { host_->synchronize(); }
+  Event record() override { return host_->record(); }  // Complete: in memory; Queued: queued
+  bool busy() override {
+    if (host_->busy()) return true;
+    if (end_ == JobEnd::Complete) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    return !pending_.empty() && cudaEventQuery(pending_.back().end) == cudaErrorNotReady;
+  }
+  void synchronize() override {
+    host_->synchronize();
+    if (end_ == JobEnd::Complete) return;
+    const DeviceGuard guard(device_);
+    check(cudaStreamSynchronize(stream_), "stream synchronize");
+  }
+  void wait_queued() override { host_->synchronize(); }
   void rethrow() override { host_->rethrow(); }
-  double busy_seconds() const override { return host_->busy_seconds(); }
+  double busy_seconds() const override {
+    if (end_ == JobEnd::Complete) return host_->busy_seconds();
+    std::lock_guard<std::mutex> lock(mu_);
+    while (!pending_.empty()) {  // the spans the device has done, in order
+      const Span t = pending_.front();
+      float ms = 0;
+      if (cudaEventQuery(t.end) != cudaSuccess || cudaEventElapsedTime(&ms, t.start, t.end) != cudaSuccess) break;
+      device_seconds_ += static_cast<double>(ms) / 1e3;
+      pending_.pop_front();
+      spare_.push_back(t.start), spare_.push_back(t.end);
+    }
+    return device_seconds_;
+  }
 
  private:
+  struct Span {
+    cudaEvent_t start, end;
+  };
+  cudaEvent_t take_event() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!spare_.empty()) {
+        cudaEvent_t e = spare_.back();
+        spare_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    check(cudaEventCreate(&e), "cudaEventCreate (job timing)");  // timing on: cudaEventElapsedTime
+    return e;
+  }
+  void give_event(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    spare_.push_back(e);
+  }
+
   int device_;
+  JobEnd end_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Stream> host_;
+  mutable std::mutex mu_;  // the spans: pushed by the job's thread, read by the stream's owner
+  mutable std::deque<Span> pending_;
+  mutable std::vector<cudaEvent_t> spare_;
+  mutable double device_seconds_ = 0;
 };
 
 // ---- the backend -----------------------------------------------------------------------------------
@@ -362,8 +459,8 @@ class CudaBackend final : public Backend {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, tl_stream), "cudaMemcpy (copy)");
     check(cudaStreamSynchronize(tl_stream), "cudaMemcpy (copy)");
   }
-  std::unique_ptr<Stream> make_stream(bool threaded) override {
-    return std::make_unique<CudaStream>(device_, threaded);
+  std::unique_ptr<Stream> make_stream(bool threaded, JobEnd end) override {
+    return std::make_unique<CudaStream>(device_, threaded, end);
   }
 
   void synchronize() override {
@@ -506,6 +603,11 @@ class CudaBackend final : public Backend {
     const DeviceGuard guard = enter();
     finish_sync(cudaMemsetAsync(p, 0, bytes, tl_stream), "fill_zero");
   }
+  void zero(void* p, size_t bytes) override {
+    if (bytes == 0) return;
+    const DeviceGuard guard = enter();
+    finish(cudaMemsetAsync(p, 0, bytes, tl_stream), "zero");
+  }
 
   // One flag per view (the index of its first non-finite element, ~0 for none), each scanned by its
   // own launch, all read back by one copy: one host synchronization for the step's gradients.
@@ -521,7 +623,7 @@ class CudaBackend final : public Backend {
       if (g.is_none() || g.numel() == 0) continue;
       check(cuda::first_non_finite(g.data, g.dtype == DType::BF16, g.numel(), d + i, tl_stream), "first_non_finite");
     }
-    download(idx.data(), d, bytes);  // the one synchronization
+    download(device_, idx.data(), d, bytes);  // the one synchronization
     return idx;
   }
   int64_t first_non_finite_of(std::span<const TensorView> views) override {
@@ -616,14 +718,14 @@ class CudaBackend final : public Backend {
       } else {
         check(cudaMemsetAsync(a, 0, static_cast<size_t>(ss) * sizeof(float), tl_stream), "cudaMemset");
       }
-      check(cudaStreamSynchronize(tl_stream), "gram");  // the collective reads it from another stream
-      reduce(a, static_cast<size_t>(ss), step);
+      const Fence written = fence(nullptr);  // the collective reads it on its own stream, after this point
+      reduce(a, static_cast<size_t>(ss), step, written.event());
     };
     const std::vector<Coefficients> coef = make_schedule(ns);
     gram(0);
     check(cuda::trace(a, sd, norm_dev, tl_stream), "gram trace");
     double norm2 = 0;
-    download(&norm2, norm_dev, sizeof norm2);
+    download(device_, &norm2, norm_dev, sizeof norm2);
     const double norm = std::sqrt(norm2) * ns.scale;
     const double d = ns.eps_mode == EpsMode::Add ? norm + ns.eps : std::max(norm, static_cast<double>(ns.eps));
     if (norm2 == 0 || d == 0) {  // every rank sees the same sum: all leave here together
