@@ -107,11 +107,14 @@ struct StepStats {
   double step_seconds = 0;
   double pack_seconds = 0;             // momentum, pack, unpack, assemble (driving thread)
   double comm_wait_seconds = 0;        // driving thread idle, waiting for collectives
-  double orthogonalize_seconds = 0;    // NS + NorMuon (compute thread, and gram_allreduce)
+  // NS + NorMuon on the compute streams: the compute thread's time on the cpu; device time on a
+  // device (counted once the device has done it: with set_stream, a step's last chunks may count
+  // in the next step's figure). gram_allreduce's iterations run on the driving thread (pack_seconds).
+  double orthogonalize_seconds = 0;
   double update_seconds = 0;           // weight decay, update, QK-clip, AdamW
   double agree_seconds = 0;            // the step's agreement: its claim (digests) and its all-reduce
   double comm_seconds = 0;             // wall time with at least one collective in flight
-  double overlap = 0;                  // fraction of comm_seconds during which compute ran
+  double overlap = 0;                  // fraction of comm_seconds during which compute ran (device: was queued or running)
   // Measured payload of the step's data collectives (comm counters; the control all-reduce
   // excluded), NorMuon state included; its part is also reported on its own.
   uint64_t bytes_sent = 0, bytes_recv = 0;
