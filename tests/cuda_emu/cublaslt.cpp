@@ -157,6 +157,7 @@ EMU_API cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
 EMU_API cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t compute,
                                                 cudaDataType_t scale) {
   if (d == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  count_made(Made::LtDescriptor);
   *d = new cublasLtMatmulDescOpaque_t{};
   new ((*d)->data) Desc{kDescMagic, compute, scale, CUBLAS_OP_N, CUBLAS_OP_N};
   return CUBLAS_STATUS_SUCCESS;

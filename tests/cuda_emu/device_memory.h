@@ -42,8 +42,8 @@ bool expect_device(const void* p, size_t bytes, const char* what);
 // may stage with a synchronization of the stream; a step makes none after its first); HostWait: the
 // calls in which the host waits for queued device work (cudaStreamSynchronize, cudaEventSynchronize,
 // cudaDeviceSynchronize, a copy that completes before returning, cudaFree, cudaFreeHost; a
-// cudaEventQuery never waits and is not counted).
-enum class Made { DeviceAlloc, PinnedAlloc, Stream, Event, BlasHandle, PageableUpload, HostWait, kCount };
+// cudaEventQuery never waits and is not counted); LtDescriptor: cublasLtMatmulDescCreate calls.
+enum class Made { DeviceAlloc, PinnedAlloc, Stream, Event, BlasHandle, PageableUpload, HostWait, LtDescriptor, kCount };
 unsigned long long made(Made what);
 void count_made(Made what);
 

@@ -759,15 +759,17 @@ struct DeviceSteps {
   std::vector<TensorView> wv, gv;
   // compute_thread = false: the compute stream's jobs run on the caller's thread (no thread of the
   // emulation runs other streams' queues while it waits, so what runs when is deterministic there).
-  explicit DeviceSteps(bool compute_thread = true) {
+  explicit DeviceSteps(bool compute_thread = true, DType matmul = DType::F32) {
     const Inventory inv = apply_parallel(test::matrix_model("flat", {{"w0", 96, 64}, {"w1", 64, 160}, {"w2", 128, 128}}),
                                          parse_parallel("dp_shard=1"));
     OptimizerOptions o;
     o.device = "cuda";
     o.env_override = false;
     o.compute_thread = compute_thread;
+    GroupOptions group;
+    group.ns.matmul_dtype = matmul;
     opt = std::make_unique<Optimizer>(make_single_communicator("cuda"), inv,
-                                      std::vector<ParamGroup>{ParamGroup{GroupOptions{}, {0, 1, 2}}}, o);
+                                      std::vector<ParamGroup>{ParamGroup{group, {0, 1, 2}}}, o);
     for (size_t i = 0; i < 3; ++i) {
       const Shape s = opt->local_shape(i);
       std::vector<float> h(static_cast<size_t>(s.numel()));
@@ -1009,25 +1011,30 @@ TEST(CudaBackend, SingleCommunicatorChecksTheDeviceIndex) {
 
 #if DMUON_TEST_CUDA_EMU
 // Emulation only (it counts what the runtime made): after the first steps, a step makes no device or
-// pinned allocation, stream, event or cuBLAS handle. The compute stream, its thread and what lives
-// on it (handle, scratch) are kept from step to step; a fresh stream per step would pay a
-// cudaStreamCreate, a cublasCreate and a scratch cudaMalloc every step.
+// pinned allocation, stream, event, cuBLAS handle or cuBLASLt descriptor, with fp32 and bf16
+// products. The compute stream, its thread and what lives on it (handle, scratch, descriptors) are
+// kept from step to step; a fresh stream per step would pay a cudaStreamCreate, a cublasCreate and a
+// scratch cudaMalloc every step, and descriptors made per product some ten cuBLASLt calls each.
 TEST(CudaBackend, StepsAfterTheFirstMakeNoDeviceResources) {
   REQUIRE_CUDA();
   using cuda_emu::Made;
-  DeviceSteps run;
-  ASSERT_TRUE(run.step());
-  ASSERT_TRUE(run.step());
-  const std::vector<Made> kinds = {Made::DeviceAlloc, Made::PinnedAlloc, Made::Stream,
-                                   Made::Event,       Made::BlasHandle,  Made::PageableUpload};
-  std::vector<unsigned long long> before;
-  for (Made k : kinds) before.push_back(cuda_emu::made(k));
-  for (int t = 3; t <= 6; ++t) ASSERT_TRUE(run.step());
-  const char* names[] = {"device allocations", "pinned allocations", "streams", "events", "cuBLAS handles",
-                         "copies from pageable memory to the device"};
-  for (size_t k = 0; k < kinds.size(); ++k)
-    EXPECT_EQ(cuda_emu::made(kinds[k]), before[k]) << names[k] << " made over steps 3..6";
-  EXPECT_GT(before[4], 0u) << "the control: the steps use cuBLAS";
+  for (DType matmul : {DType::F32, DType::BF16}) {
+    if (matmul == DType::BF16 && !make_cuda_backend(0)->capabilities().bf16_products) continue;  // needs oneDNN
+    DeviceSteps run(true, matmul);
+    ASSERT_TRUE(run.step());
+    ASSERT_TRUE(run.step());
+    const std::vector<Made> kinds = {Made::DeviceAlloc, Made::PinnedAlloc,    Made::Stream,      Made::Event,
+                                     Made::BlasHandle,  Made::PageableUpload, Made::LtDescriptor};
+    std::vector<unsigned long long> before;
+    for (Made k : kinds) before.push_back(cuda_emu::made(k));
+    for (int t = 3; t <= 6; ++t) ASSERT_TRUE(run.step());
+    const char* names[] = {"device allocations", "pinned allocations", "streams", "events", "cuBLAS handles",
+                           "copies from pageable memory to the device", "cuBLASLt matmul descriptors"};
+    for (size_t k = 0; k < kinds.size(); ++k)
+      EXPECT_EQ(cuda_emu::made(kinds[k]), before[k]) << names[k] << " made over steps 3..6 (" << to_string(matmul) << " products)";
+    EXPECT_GT(before[4], 0u) << "the control: the steps use cuBLAS";
+    if (matmul == DType::BF16) EXPECT_GT(before[6], 0u) << "the control: bf16 products go through cuBLASLt";
+  }
 }
 
 // Emulation only (it counts the host's waits): a steady step given the caller's stream waits on the

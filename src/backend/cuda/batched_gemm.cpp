@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 #include <vector>
@@ -80,25 +81,83 @@ void check(cudaError_t e, const char* what) {
 // algorithms ask for, up to this.
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
-// The calling thread's cuBLASLt handle and workspace per device, freed when the thread ends.
+// The descriptors of one cublasLtMatmul (batch count and strides set on the layouts): host objects
+// that name no pointer, so one set serves every call of its shape (ThreadLt keeps them).
+class Descriptors {
+ public:
+  Descriptors(const GemmCall& c, int64_t batch) {
+    const CublasLt& api = lt();
+    check_blas(api.desc_create(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    const int32_t ta = c.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = c.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    check_blas(api.desc_set(op_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "cublasLtMatmulDescSetAttribute");
+    check_blas(api.desc_set(op_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "cublasLtMatmulDescSetAttribute");
+    layout(&a_, CUDA_R_16BF, c.ta ? c.k : c.m, c.ta ? c.m : c.k, c.lda, batch, c.stride_a);
+    layout(&b_, CUDA_R_16BF, c.tb ? c.n : c.k, c.tb ? c.k : c.n, c.ldb, batch, c.stride_b);
+    layout(&d_, CUDA_R_32F, c.m, c.n, c.ldd, batch, c.stride_d);
+  }
+  ~Descriptors() {
+    const CublasLt& api = lt();
+    for (cublasLtMatrixLayout_t l : {a_, b_, d_})
+      if (l != nullptr) (void)api.layout_destroy(l);
+    if (op_ != nullptr) (void)api.desc_destroy(op_);
+  }
+  Descriptors(const Descriptors&) = delete;
+  Descriptors& operator=(const Descriptors&) = delete;
+
+  cublasLtMatmulDesc_t op_ = nullptr;
+  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;  // C is D (beta 0)
+
+ private:
+  static void layout(cublasLtMatrixLayout_t* l, cudaDataType t, int rows, int cols, int ld, int64_t batch,
+                     int64_t stride) {
+    const CublasLt& api = lt();
+    check_blas(api.layout_create(l, t, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld),
+               "cublasLtMatrixLayoutCreate");
+    if (batch == 1) return;
+    const int32_t count = static_cast<int32_t>(batch);
+    check_blas(api.layout_set(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
+               "cublasLtMatrixLayoutSetAttribute");
+    check_blas(api.layout_set(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
+               "cublasLtMatrixLayoutSetAttribute");
+  }
+};
+
+// The calling thread's cuBLASLt handle and workspace per device, and its descriptors, freed when the
+// thread ends.
 struct ThreadLt {
   struct OnDevice {
     cublasLtHandle_t handle = nullptr;
     void* workspace = nullptr;
     size_t workspace_bytes = 0;
-    // At least `bytes` of workspace (grows; a growth frees the old one, which waits for the device).
-    void* workspace_for(size_t bytes) {
+    // At least `bytes` of workspace, on `stream` (a thread's cuBLASLt calls run on one stream: its
+    // compute jobs'). A growth is stream-ordered: the old block goes once that stream's earlier
+    // products have run (cudaFree would wait for the whole device).
+    void* workspace_for(size_t bytes, cudaStream_t stream) {
       if (bytes > workspace_bytes) {
-        if (workspace != nullptr) check(cudaFree(workspace), "cudaFree (cuBLASLt workspace)");
+        if (workspace != nullptr) check(cudaFreeAsync(workspace, stream), "cudaFreeAsync (cuBLASLt workspace)");
         workspace = nullptr, workspace_bytes = 0;
-        check(cudaMalloc(&workspace, bytes), "cudaMalloc (cuBLASLt workspace)");
+        check(cudaMallocAsync(&workspace, bytes, stream), "cudaMallocAsync (cuBLASLt workspace)");
         workspace_bytes = bytes;
       }
       return workspace;
     }
   };
   std::vector<OnDevice> devices;
+  // Per call shape and batch layout: (ta, tb, m, n, k, lda, ldb, ldd, batch, stride a, b, d). A step
+  // meets a handful; a process that keeps meeting new ones starts over past kMaxDescriptors.
+  using DescKey = std::tuple<bool, bool, int, int, int, int, int, int, int64_t, int64_t, int64_t, int64_t>;
+  static constexpr size_t kMaxDescriptors = 512;
+  std::map<DescKey, std::unique_ptr<Descriptors>> descriptors;
+  const Descriptors& descriptors_for(const GemmCall& c, int64_t batch) {
+    const DescKey key{c.ta, c.tb, c.m, c.n, c.k, c.lda, c.ldb, c.ldd, batch,
+                      batch == 1 ? 0 : c.stride_a, batch == 1 ? 0 : c.stride_b, batch == 1 ? 0 : c.stride_d};
+    auto it = descriptors.find(key);
+    if (it != descriptors.end()) return *it->second;
+    if (descriptors.size() >= kMaxDescriptors) descriptors.clear();
+    return *descriptors.emplace(key, std::make_unique<Descriptors>(c, batch)).first->second;
+  }
   ~ThreadLt() {
+    descriptors.clear();
     for (size_t d = 0; d < devices.size(); ++d) {
       OnDevice& r = devices[d];
       if (r.handle == nullptr && r.workspace == nullptr) continue;
@@ -150,47 +209,6 @@ std::map<Key, Plan> plans;  // process-wide: every thread runs a shape with the 
 std::atomic<bool> probe_on{true};
 std::atomic<uint64_t> n_batched{0}, n_single{0}, n_gemm_ex{0}, n_probes{0}, n_probe_mismatch{0};
 
-// The descriptors of one cublasLtMatmul (batch count and strides set on the layouts), destroyed at
-// the end of the scope.
-class Descriptors {
- public:
-  Descriptors(const GemmCall& c, int64_t batch) {
-    const CublasLt& api = lt();
-    check_blas(api.desc_create(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-    const int32_t ta = c.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = c.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    check_blas(api.desc_set(op_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "cublasLtMatmulDescSetAttribute");
-    check_blas(api.desc_set(op_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "cublasLtMatmulDescSetAttribute");
-    layout(&a_, CUDA_R_16BF, c.ta ? c.k : c.m, c.ta ? c.m : c.k, c.lda, batch, c.stride_a);
-    layout(&b_, CUDA_R_16BF, c.tb ? c.n : c.k, c.tb ? c.k : c.n, c.ldb, batch, c.stride_b);
-    layout(&d_, CUDA_R_32F, c.m, c.n, c.ldd, batch, c.stride_d);
-  }
-  ~Descriptors() {
-    const CublasLt& api = lt();
-    for (cublasLtMatrixLayout_t l : {a_, b_, d_})
-      if (l != nullptr) (void)api.layout_destroy(l);
-    if (op_ != nullptr) (void)api.desc_destroy(op_);
-  }
-  Descriptors(const Descriptors&) = delete;
-  Descriptors& operator=(const Descriptors&) = delete;
-
-  cublasLtMatmulDesc_t op_ = nullptr;
-  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;  // C is D (beta 0)
-
- private:
-  static void layout(cublasLtMatrixLayout_t* l, cudaDataType t, int rows, int cols, int ld, int64_t batch,
-                     int64_t stride) {
-    const CublasLt& api = lt();
-    check_blas(api.layout_create(l, t, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld),
-               "cublasLtMatrixLayoutCreate");
-    if (batch == 1) return;
-    const int32_t count = static_cast<int32_t>(batch);
-    check_blas(api.layout_set(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
-               "cublasLtMatrixLayoutSetAttribute");
-    check_blas(api.layout_set(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride),
-               "cublasLtMatrixLayoutSetAttribute");
-  }
-};
-
 // The algorithm of a shape: the heuristic's first at batch 1, no split-K, the fixed workspace, the
 // operands' alignments.
 Plan choose(const GemmCall& c, const Key& key, cublasLtHandle_t handle) {
@@ -231,9 +249,9 @@ Plan choose(const GemmCall& c, const Key& key, cublasLtHandle_t handle) {
 
 void lt_matmul(const GemmCall& c, int64_t batch, const cublasLtMatmulAlgo_t& algo, ThreadLt::OnDevice& res,
                size_t workspace, cudaStream_t stream, const char* what) {
-  const Descriptors desc(c, batch);
+  const Descriptors& desc = tl_lt.descriptors_for(c, batch);
   const float one = 1.0f, zero = 0.0f;
-  void* ws = workspace > 0 ? res.workspace_for(workspace) : nullptr;
+  void* ws = workspace > 0 ? res.workspace_for(workspace, stream) : nullptr;
   check_blas(lt().matmul(res.handle, desc.op_, &one, c.a, desc.a_, c.b, desc.b_, &zero, c.d, desc.d_, c.d, desc.d_, &algo,
                          ws, workspace, stream),
              what);
@@ -345,7 +363,7 @@ void batched_gemm(const GemmCall& c, int64_t batch, int device, cudaStream_t str
     // An algorithm that takes the batched layouts, and the probe (outside the lock: it
     // synchronizes the stream).
     {
-      const Descriptors desc(c, batch);
+      const Descriptors& desc = tl_lt.descriptors_for(c, batch);
       cublasLtMatmulHeuristicResult_t r{};
       ok = lt().algo_check(res.handle, desc.op_, desc.a_, desc.b_, desc.d_, desc.d_, &plan.algo, &r) ==
                CUBLAS_STATUS_SUCCESS &&
