@@ -195,13 +195,16 @@ class DMUON_API Optimizer {
   // called), and work queued there after step() returns (or throws) runs after the step's work;
   // step() then returns without waiting for its tail. The host still waits inside the step: for
   // the non-finite check of the gradients (so, once, for what the stream queued before the call),
-  // and where a hand-off cannot wait on the device (a communicator other than nccl, gram_allreduce,
-  // offload, state hooks, each compute job's end: docs/design.md "Device order between streams").
-  // Another stream, or the host, reading the parameters or state afterwards must be ordered after
-  // this stream (cudaStreamWaitEvent / wait_stream, or a synchronization of this stream). StepStats
-  // times then measure the host's part only. nullptr (the default): step() expects its inputs in
-  // memory and waits until its writes are. A non-null stream on the cpu backend throws
-  // std::invalid_argument. Local (not part of the agreement).
+  // for each collective's completion (its deadline), and where a hand-off cannot wait on the
+  // device (a communicator other than nccl, gram_allreduce's trace, the offload copy-in, state
+  // hooks: docs/design.md "Device order between streams"). Another stream, or the host, reading the
+  // parameters or state afterwards must be ordered after this stream (cudaStreamWaitEvent /
+  // wait_stream, or a synchronization of this stream). StepStats wall times then measure the
+  // host's part (orthogonalize_seconds is device time, and a step's last chunk may count in the
+  // next step's figure); a device fault of the step's work surfaces at a later CUDA call, at the
+  // latest in the next step. nullptr (the default): step() expects its inputs in memory and waits
+  // until its writes are. A non-null stream on the cpu backend throws std::invalid_argument. Local
+  // (not part of the agreement).
   void set_stream(void* stream);
   void* stream() const;
 

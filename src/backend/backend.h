@@ -158,8 +158,9 @@ class Backend {
   // threaded = false: a stream that runs each job on the caller's thread at submit. `end`: what a
   // job leaves behind (JobEnd; ignored where every job's work completes on the host, the cpu).
   virtual std::unique_ptr<Stream> make_stream(bool threaded, JobEnd end = JobEnd::Complete) = 0;
-  // Waits until every kernel the calling thread enqueued on this backend has completed (the
-  // completion contract above; cpu: nothing to wait for). Throws a device error it reports.
+  // Waits until every kernel the calling thread enqueued on its current stream has completed (the
+  // completion contract above; inside a job of a Stream, that stream's; cpu: nothing to wait for).
+  // Throws a device error it reports.
   virtual void synchronize() {}
   // Device order between streams, without the host (device backends; no-ops on the cpu backend).
   // `stream`: nullptr for the calling thread's stream (a Stream job's own, else the thread's

@@ -75,8 +75,12 @@ void compute_units(Optimizer::Impl& s, const StepInputs& in, std::span<const Uni
     if (j.v) scratch = std::max(scratch, std::max(j.rows, j.cols));
   if (s.v_mean_scratch.size() < std::max<size_t>(streams, 1)) s.v_mean_scratch.resize(std::max<size_t>(streams, 1));
   for (size_t w = 0; w < std::max<size_t>(streams, 1) && scratch > 0; ++w)
-    if (s.v_mean_scratch[w].bytes() < static_cast<size_t>(scratch) * sizeof(float))
+    if (s.v_mean_scratch[w].bytes() < static_cast<size_t>(scratch) * sizeof(float)) {
+      // The old buffer goes: the stream that used it is done with it first (stream w − 1 of the
+      // extra ones, Queued; this thread's stream is synchronized by allocate's zero fill).
+      if (w > 0 && w - 1 < s.extra_streams.size()) s.extra_streams[w - 1]->synchronize();
       s.v_mean_scratch[w] = s.backend->allocate(static_cast<size_t>(scratch) * sizeof(float), step_memory(*s.backend));
+    }
   const auto run_batch = [&](const std::vector<size_t>& batch, std::vector<std::unique_ptr<Orthogonalizer>>& orth,
                              size_t stream) {
     const UnitJob& first = jobs[batch.front()];
@@ -137,18 +141,19 @@ void compute_units(Optimizer::Impl& s, const StepInputs& in, std::span<const Uni
   }
   run(s.orth, 0);  // this stream is the first
   // Wait until every stream has queued its jobs (they use this frame; their device work may still
-  // run: the streams are JobEnd::Queued); a stream whose job failed runs nothing more: the streams
+  // run: the streams are JobEnd::Queued). On a failure anywhere the extra streams go (their
+  // destructors wait for their device work, which writes the chunk's arena the caller may free) and
   // are made anew next time.
-  bool stream_failed = false;
   for (size_t w = 0; w + 1 < streams; ++w) try {
       s.extra_streams[w]->wait_queued();
     } catch (...) {
       std::lock_guard<std::mutex> lock(failure_mutex);
       if (!failure) failure = std::current_exception();
-      stream_failed = true;
     }
-  if (stream_failed) s.extra_streams.clear();
-  if (failure) std::rethrow_exception(failure);
+  if (failure) {
+    s.extra_streams.clear();
+    std::rethrow_exception(failure);
+  }
   // Whoever reads this thread's stream after the call (the scatter's pack) reads the other
   // streams' results too: this stream waits for them on the device.
   for (const Fence& f : ended) s.backend->wait(f.event());

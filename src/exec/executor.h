@@ -37,17 +37,19 @@ struct Optimizer::Impl {
   uint64_t predicted_sent = 0, predicted_recv = 0;          // the plan's figures for this rank
   StepStats stats;
   std::vector<detail::Buffer> arenas;   // free chunk arenas (backend memory), reused step to step
-  // compute_streams (compute.cpp): streams 2..k, persistent, each with its Orthogonalizer per Muon
-  // group (same NsOptions as orth[g]); the count this step resolved (options.compute_streams, 0:
-  // the backend's threads).
+  // compute_streams (compute.cpp): streams 2..k, persistent, JobEnd::Queued, each with its
+  // Orthogonalizer per Muon group (same NsOptions as orth[g]); the count this step resolved
+  // (options.compute_streams, 0: the backend's threads). Dropped when a compute pass or a step fails
+  // (their destructors wait for their device work).
   std::vector<std::unique_ptr<detail::Stream>> extra_streams;
   // The pipeline's compute stream (pipeline.cpp), kept from step to step with what lives on its
   // thread (cuda: its cudaStream_t, cuBLAS handle and Newton–Schulz scratch), made as
   // `compute_threaded` (options.compute_thread), JobEnd::Queued (its results reach the scatter by
-  // a fence). Dropped when a step fails: a stream whose job failed runs nothing more.
+  // a fence). Dropped when a step fails in the pipeline or at its end wait: a stream whose job
+  // failed runs nothing more (a device fault of its work is its error too).
   std::unique_ptr<detail::Stream> compute_stream;
   bool compute_threaded = false;
-  double compute_busy_before = 0;  // its busy_seconds() when this step's pipeline began
+  double compute_counted = 0;  // its busy_seconds() already in a step's stats (0 for a new stream)
   std::vector<std::vector<std::unique_ptr<Orthogonalizer>>> extra_orth;  // [stream − 1][group]
   int step_streams = 1;
   std::vector<Shape> local_shapes;      // per parameter: this rank's box's shape (step validation)

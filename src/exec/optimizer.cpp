@@ -404,11 +404,20 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
   if (s.caller_stream != nullptr) {
     caller_order.order();  // the caller's later work follows the step's, on the device
   } else {
-    s.backend->synchronize();  // the step's work is in memory when it returns (the one wait at its end)
+    try {
+      s.backend->synchronize();  // the step's work is in memory when it returns (the one wait at its end)
+    } catch (...) {  // a device fault of the step's work (a compute stream's included): its streams go
+      s.compute_stream.reset(), s.extra_streams.clear();
+      throw;
+    }
   }
-  // The compute stream's time (a device backend's: device time counted once done, so after the
-  // wait above all of it; with the caller's stream a step's last chunks may count in the next step).
-  if (s.compute_stream) s.stats.orthogonalize_seconds += s.compute_stream->busy_seconds() - s.compute_busy_before;
+  // The compute stream's time not counted yet (a device backend's: device time, counted once the
+  // device has done it, so a step's last chunk may count in the next step's figure).
+  if (s.compute_stream) {
+    const double busy = s.compute_stream->busy_seconds();
+    s.stats.orthogonalize_seconds += busy - s.compute_counted;
+    s.compute_counted = busy;
+  }
   flush.state = nullptr;
   s.state.flush();
   s.stats.update_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();

@@ -47,16 +47,16 @@ class Pipeline {
     const int window = std::max(1, s_.options.window);
     std::vector<std::unique_ptr<ChunkRun>> runs(static_cast<size_t>(n));
     Stream& worker = compute_stream();
-    // Declared after `runs`, so on an error it goes first: the stream is dropped (its destructor
-    // drains and joins its worker) while the chunks its jobs use are still alive.
+    // Declared after `runs`, so on an error it goes first: the streams are dropped (their
+    // destructors drain their jobs, wait for their device work and join their workers) while the
+    // chunks their jobs use are still alive.
     struct DropOnError {
-      std::unique_ptr<Stream>& stream;
+      Optimizer::Impl& s;
       bool ok = false;
       ~DropOnError() {
-        if (!ok) stream.reset();
+        if (!ok) s.compute_stream.reset(), s.extra_streams.clear();
       }
-    } drop{s_.compute_stream};
-    const double busy_before = worker.busy_seconds();  // cumulative over the stream's life
+    } drop{s_};
     int started = 0, assembled = 0, scattered = 0, finished = 0;
     int resident = 0;  // offload: chunks whose state was prefetched or acquired
     const bool offload = s_.state.offload();
@@ -132,8 +132,7 @@ class Pipeline {
       }
     }
     worker.rethrow();
-    drop.ok = true;  // every job ran (each chunk's scatter waited for its compute)
-    s_.compute_busy_before = busy_before;  // orthogonalize_seconds: read once the step's work is done (optimizer.cpp)
+    drop.ok = true;  // every job ran; each chunk's scatter was queued after its results (a fence)
     s_.stats.overlap = s_.stats.comm_seconds > 0 ? hidden_ / s_.stats.comm_seconds : 0;
     s_.stats.chunks = n;
   }
@@ -145,6 +144,7 @@ class Pipeline {
       s_.compute_stream.reset();
       s_.compute_stream = s_.backend->make_stream(s_.options.compute_thread, JobEnd::Queued);
       s_.compute_threaded = s_.options.compute_thread;
+      s_.compute_counted = 0;
     }
     return *s_.compute_stream;
   }

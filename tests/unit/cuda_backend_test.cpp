@@ -125,6 +125,52 @@ TEST(CudaBackend, BuffersStreamsAndCapabilities) {
   }
 }
 
+// JobEnd::Queued: a job ends once its work is queued. A fence it records at its end orders a
+// reader on the device; `after` makes a job's work wait for a fence of another stream; busy_seconds
+// is the jobs' device time once done. On the emulation's deferred streams, a reader ordered with
+// nothing still sees the memory of before the job (its work did not run when the job ended), and a
+// Complete stream's job has its work in memory when it ends (the control).
+TEST(CudaBackend, QueuedStreamJobsEndWithTheirWorkQueued) {
+  REQUIRE_CUDA();
+  auto be = make_cuda_backend(0);
+  const std::vector<float> ones(1024, 1.0f), zeros(1024, 0.0f);
+  cudaStream_t other = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  const auto read_on = [&](const Buffer& b, DeviceEvent after) {
+    std::vector<float> h(b.bytes() / 4);
+    be->wait(after, other);
+    EXPECT_EQ(cudaMemcpyAsync(h.data(), b.data(), b.bytes(), cudaMemcpyDeviceToHost, other), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(other), cudaSuccess);
+    return h;
+  };
+  for (JobEnd end : {JobEnd::Queued, JobEnd::Complete}) {
+    auto st = be->make_stream(true, end);
+    Buffer a = put(*be, ones);
+    Fence done;
+    st->submit([&] {
+      be->zero(a.data(), a.bytes());
+      done = be->fence();
+    });
+    st->wait_queued();
+    ASSERT_FALSE(done.empty());
+#if DMUON_TEST_CUDA_EMU
+    if (end == JobEnd::Queued) EXPECT_EQ(read_on(a, {}), ones) << "the job's work ran before the job ended";
+    else EXPECT_EQ(read_on(a, {}), zeros) << "a Complete job ends with its work in memory";
+#endif
+    EXPECT_EQ(read_on(a, done.event()), zeros) << "a reader ordered after the job's fence";
+    // `after`: the job's work waits for a fence of another stream (a copy queued there, not waited for)
+    Buffer b = put(*be, zeros);
+    EXPECT_EQ(cudaMemcpyAsync(b.data(), ones.data(), b.bytes(), cudaMemcpyHostToDevice, other), cudaSuccess);
+    Buffer c = put(*be, zeros);
+    st->submit([&] { be->copy(c.data(), b.data(), c.bytes()); }, be->fence(other));  // on the job's stream
+    st->synchronize();
+    EXPECT_FALSE(st->busy());
+    EXPECT_GE(st->busy_seconds(), 0.0);
+    EXPECT_EQ(get<float>(c), ones) << "the job's work ran after the fence it was given";
+  }
+  EXPECT_EQ(cudaStreamDestroy(other), cudaSuccess);
+}
+
 TEST(CudaBackend, MomentumIsBitwiseTheCpuKernel) {
   REQUIRE_CUDA();
   auto cuda = make_cuda_backend(0);

@@ -162,6 +162,7 @@ struct ThreadLt {
       OnDevice& r = devices[d];
       if (r.handle == nullptr && r.workspace == nullptr) continue;
       if (cudaSetDevice(static_cast<int>(d)) != cudaSuccess) continue;
+      (void)cudaStreamSynchronize(nullptr);  // as ThreadResources (cuda_backend.cpp): the users are done
       if (r.handle != nullptr) (void)lt().destroy(r.handle);
       if (r.workspace != nullptr) (void)cudaFree(r.workspace);
     }

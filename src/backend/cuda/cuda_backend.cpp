@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -198,6 +199,10 @@ struct ThreadResources {
           r.readback.p == nullptr)
         continue;
       if (cudaSetDevice(static_cast<int>(d)) != cudaSuccess) continue;
+      // What used the memory is done: a CudaStream synchronizes its stream before its worker thread
+      // ends; the thread's own calls ran on the legacy stream, waited for here. (cudaFree does not
+      // wait for memory from cudaMallocAsync.)
+      (void)cudaStreamSynchronize(nullptr);
       r.uploads = UploadRing();  // waits for its copies, frees its memory and events
       if (r.readback.p != nullptr) (void)cudaFreeHost(r.readback.p);
       if (r.blas != nullptr) (void)cublas().destroy(r.blas);
@@ -230,10 +235,12 @@ cublasHandle_t blas_handle(int device) {
 // small tables and work of the other calls (pack, qk_clip_rows, first_non_finite,
 // gram_newton_schulz), which never nest with each other or with muon_units on one thread. Valid
 // until the thread's next request for the same slot. Kernels are stream-ordered, so a slot is safe
-// to reuse on the stream that last used it, and each slot keeps to one stream per thread: a thread
-// that runs compute jobs on a compute stream's cudaStream_t (a stream that is not threaded runs
-// them on its caller's thread) uses the NS slot only there (muon_units / muon_batch run only in
-// compute jobs), the aux slot only for its own calls on its current stream outside the jobs.
+// to reuse on the stream that last used it, and the engine keeps each slot to one stream per
+// thread: a thread that runs compute jobs on a compute stream's cudaStream_t (a stream that is not
+// threaded runs them on its caller's thread) uses the NS slot only there (the engine calls
+// muon_units / muon_batch only in compute jobs), the aux slot only for its own calls on its
+// current stream outside the jobs. A caller that uses a slot from two streams (the bench runs
+// everything on one) orders the second after the first.
 enum ScratchSlot { kNsScratch = 0, kAuxScratch = 1 };
 std::byte* thread_scratch(int device, size_t bytes, ScratchSlot slot) {
   ThreadResources::Scratch& s = tl_resources.on(device).scratch[slot];
@@ -299,9 +306,14 @@ class CudaStream final : public Stream {
     host_ = make_cpu_stream(threaded);
   }
   ~CudaStream() override {
-    host_.reset();  // drains and joins the worker first
-    // A Queued job's device work may still run: nothing it reads or writes may go before it does.
+    // The jobs first, then their device work (a Queued job's may still run), and only then the
+    // worker thread, whose exit frees what lives on it (its scratch, cuBLAS handle, workspace).
+    try {
+      host_->synchronize();
+    } catch (...) {  // a failed job: its error was the step's
+    }
     (void)cudaStreamSynchronize(stream_);
+    host_.reset();
     for (const Span& t : pending_) (void)cudaEventDestroy(t.start), (void)cudaEventDestroy(t.end);
     for (cudaEvent_t e : spare_) (void)cudaEventDestroy(e);
     cudaStreamDestroy(stream_);
@@ -309,7 +321,7 @@ class CudaStream final : public Stream {
   void submit(std::function<void()> job, Fence after = {}) override {
     host_->submit([this, job = std::move(job), after = std::move(after)] {
       // The caller's thread runs the job when the stream is not threaded: its current device comes
-      // back after (declared first: goes last, after the stream's synchronization).
+      // back after (declared first: goes last, after the job's end).
       const DeviceGuard guard(device_);
       const cudaStream_t before = tl_stream;
       tl_stream = stream_;
@@ -355,23 +367,38 @@ class CudaStream final : public Stream {
     if (host_->busy()) return true;
     if (end_ == JobEnd::Complete) return false;
     std::lock_guard<std::mutex> lock(mu_);
-    return !pending_.empty() && cudaEventQuery(pending_.back().end) == cudaErrorNotReady;
+    if (pending_.empty()) return false;
+    const cudaError_t q = cudaEventQuery(pending_.back().end);
+    note(q);
+    return q == cudaErrorNotReady;
   }
   void synchronize() override {
     host_->synchronize();
     if (end_ == JobEnd::Complete) return;
+    rethrow_device();
     const DeviceGuard guard(device_);
     check(cudaStreamSynchronize(stream_), "stream synchronize");
   }
-  void wait_queued() override { host_->synchronize(); }
-  void rethrow() override { host_->rethrow(); }
+  void wait_queued() override {
+    host_->synchronize();
+    rethrow_device();
+  }
+  void rethrow() override {
+    host_->rethrow();
+    rethrow_device();
+  }
   double busy_seconds() const override {
     if (end_ == JobEnd::Complete) return host_->busy_seconds();
     std::lock_guard<std::mutex> lock(mu_);
     while (!pending_.empty()) {  // the spans the device has done, in order
       const Span t = pending_.front();
+      cudaError_t q = cudaEventQuery(t.end);
       float ms = 0;
-      if (cudaEventQuery(t.end) != cudaSuccess || cudaEventElapsedTime(&ms, t.start, t.end) != cudaSuccess) break;
+      if (q == cudaSuccess) q = cudaEventElapsedTime(&ms, t.start, t.end);
+      if (q != cudaSuccess) {
+        note(q);
+        break;
+      }
       device_seconds_ += static_cast<double>(ms) / 1e3;
       pending_.pop_front();
       spare_.push_back(t.start), spare_.push_back(t.end);
@@ -380,6 +407,21 @@ class CudaStream final : public Stream {
   }
 
  private:
+  // A device error a query met (a Queued job's kernels faulted after the job ended): kept for
+  // rethrow(), wait_queued() and synchronize(), so the stream's owner sees it as a job's error.
+  // Under mu_.
+  void note(cudaError_t e) const {
+    if (e == cudaSuccess || e == cudaErrorNotReady || device_error_) return;
+    try {
+      check(e, "compute stream (the device work of a queued job)");
+    } catch (...) {
+      device_error_ = std::current_exception();
+    }
+  }
+  void rethrow_device() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (device_error_) std::rethrow_exception(device_error_);
+  }
   struct Span {
     cudaEvent_t start, end;
   };
@@ -409,6 +451,7 @@ class CudaStream final : public Stream {
   mutable std::deque<Span> pending_;
   mutable std::vector<cudaEvent_t> spare_;
   mutable double device_seconds_ = 0;
+  mutable std::exception_ptr device_error_;
 };
 
 // ---- the backend -----------------------------------------------------------------------------------
