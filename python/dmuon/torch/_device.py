@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
+from torch.utils.dlpack import to_dlpack
 
 from .. import _core
 from . import _dist
@@ -82,6 +83,15 @@ def caller_stream(device: str) -> Optional[int]:
         return None
     handle = torch.cuda.current_stream(torch.device(device)).cuda_stream
     return handle if handle != 0 else 1
+
+
+def engine_arrays(tensors: list) -> list:
+    """The tensors as the core's step takes them: DLPack capsules (None kept), made by
+    torch.utils.dlpack.to_dlpack. A capsule costs about a ninth of the `__dlpack__` protocol the
+    binding otherwise calls per tensor (0.2 vs 1.8 us on the development CPU: for GPT-2 small's 48
+    matrices and their gradients, ~150 us of every step). The protocol's stream argument is not
+    needed: the step orders itself with the caller's stream (caller_stream, set_stream)."""
+    return [None if t is None else to_dlpack(t) for t in tensors]
 
 
 def default_machine(device: str) -> str:

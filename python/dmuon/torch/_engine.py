@@ -208,7 +208,7 @@ class Engine(CoreDelegate):
             local_grads.append(g)  # None: the engine leaves the parameter untouched
         # Ordered with the caller's current stream on the device (None on the CPU): _device.caller_stream.
         self.core.set_stream(_device.caller_stream(self.device))
-        return self.core.step(local_params, local_grads, qk_logits)
+        return self.core.step(_device.engine_arrays(local_params), _device.engine_arrays(local_grads), qk_logits)
 
 
 def _info(spec: "_core.ParamSpec") -> "_core.ParamInfo":

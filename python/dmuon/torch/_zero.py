@@ -239,7 +239,7 @@ class ZeroEngine(CoreDelegate):
             for (begin, end), g in zip(self.rows, grads):
                 shards.append(None if g is None else g.detach().contiguous()[begin:end])
         self.core.set_stream(_device.caller_stream(self.device))  # ordered on the device, as _engine's
-        applied = self.core.step(self.masters, shards, qk_logits)
+        applied = self.core.step(_device.engine_arrays(self.masters), _device.engine_arrays(shards), qk_logits)
         if applied:  # agreed on every rank, so the all-gather is collective
             # The masters the step wrote are read on this thread's stream, after the step's tail
             # (the step queued it there); unshard_into completes before it returns.

@@ -295,6 +295,11 @@ class Muon(torch.optim.Optimizer):
         with engine_options(self._engine_options()):
             engine = make_engine(self.param_groups, self._qk_tags(), self._non_finite,
                                  self._comm_dtype, self._threads, self._engine_kind, self._zero)
+        # Each parameter's "step" (a 0-d float32 tensor, as torch's optimizers keep it) is a view of
+        # one counter vector, so a step counts them all with one add (a foreach add over 48 0-d CPU
+        # tensors costs ~60 us a step; the vector's add ~2 us).
+        self._step_counts = torch.zeros(len(engine.params), dtype=torch.float32)
+        self._step_tensors = []
         for i, p in enumerate(engine.params):
             state = engine.state(i)
             j = old_index.get(id(p))
@@ -303,10 +308,12 @@ class Muon(torch.optim.Optimizer):
                     if key in state:
                         _copy_into(state[key], value)
                 engine.set_step_count(i, old.step_count(j))
-            state["step"] = torch.tensor(float(engine.step_count(i)), dtype=torch.float32)
+            step = self._step_counts[i]
+            step.fill_(float(engine.step_count(i)))
+            state["step"] = step
+            self._step_tensors.append(step)
             self.state[p] = state
         self._engine = engine
-        self._step_tensors = [self.state[p]["step"] for p in engine.params]
         self._built = [{k: g.get(k) for k in STRUCTURAL} for g in self.param_groups]
         self._built_strategy = [g.get("strategy") for g in self.param_groups]
         self.engine_builds += 1
@@ -369,9 +376,9 @@ class Muon(torch.optim.Optimizer):
         phases.phase("dmuon.write_back")
         if applied:
             if len(present) == len(grads):
-                torch._foreach_add_(self._step_tensors, 1.0)
+                self._step_counts.add_(1.0)
             elif present:
-                torch._foreach_add_([self._step_tensors[i] for i in present], 1.0)
+                self._step_counts.index_add_(0, torch.tensor(present), torch.ones(len(present)))
         if self._none_grad:  # Motif's none_grad: the step has consumed the gradients
             for i in present:
                 engine.params[i].grad = None
