@@ -71,7 +71,8 @@ void finish_sync(cudaError_t launch, const char* what) {
 // region is written again.
 class EventPool {
  public:
-  EventPool() = default;
+  // timing: events that cudaEventElapsedTime can read (else cudaEventDisableTiming, cheaper to wait on).
+  explicit EventPool(bool timing = false) : flags_(timing ? cudaEventDefault : cudaEventDisableTiming) {}
   ~EventPool() {
     for (cudaEvent_t e : free_) (void)cudaEventDestroy(e);
   }
@@ -85,7 +86,7 @@ class EventPool {
       }
     }
     cudaEvent_t e = nullptr;
-    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate (fence)");
+    check(cudaEventCreateWithFlags(&e, flags_), "cudaEventCreate");
     return e;
   }
   void put(cudaEvent_t e) noexcept {
@@ -94,6 +95,7 @@ class EventPool {
   }
 
  private:
+  unsigned int flags_;
   std::mutex mu_;
   std::vector<cudaEvent_t> free_;
 };
@@ -315,7 +317,6 @@ class CudaStream final : public Stream {
     (void)cudaStreamSynchronize(stream_);
     host_.reset();
     for (const Span& t : pending_) (void)cudaEventDestroy(t.start), (void)cudaEventDestroy(t.end);
-    for (cudaEvent_t e : spare_) (void)cudaEventDestroy(e);
     cudaStreamDestroy(stream_);
   }
   void submit(std::function<void()> job, Fence after = {}) override {
@@ -343,18 +344,18 @@ class CudaStream final : public Stream {
       }
       // Queued: the job's device time is the span between two timing events around its work; the
       // job ends once its work is queued.
-      Span span{take_event(), nullptr};
+      Span span{timing_.take(), nullptr};
       const cudaError_t r = cudaEventRecord(span.start, stream_);
-      if (r != cudaSuccess) give_event(span.start);
+      if (r != cudaSuccess) timing_.put(span.start);
       check(r, "cudaEventRecord (job start)");
       try {
         job();
-        span.end = take_event();
+        span.end = timing_.take();
         const cudaError_t e = cudaEventRecord(span.end, stream_);
-        if (e != cudaSuccess) give_event(span.end), span.end = nullptr;
+        if (e != cudaSuccess) timing_.put(span.end), span.end = nullptr;
         check(e, "cudaEventRecord (job end)");
       } catch (...) {
-        give_event(span.start);
+        timing_.put(span.start);
         throw;
       }
       restore.synced = true;
@@ -401,7 +402,7 @@ class CudaStream final : public Stream {
       }
       device_seconds_ += static_cast<double>(ms) / 1e3;
       pending_.pop_front();
-      spare_.push_back(t.start), spare_.push_back(t.end);
+      timing_.put(t.start), timing_.put(t.end);
     }
     return device_seconds_;
   }
@@ -425,23 +426,6 @@ class CudaStream final : public Stream {
   struct Span {
     cudaEvent_t start, end;
   };
-  cudaEvent_t take_event() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!spare_.empty()) {
-        cudaEvent_t e = spare_.back();
-        spare_.pop_back();
-        return e;
-      }
-    }
-    cudaEvent_t e = nullptr;
-    check(cudaEventCreate(&e), "cudaEventCreate (job timing)");  // timing on: cudaEventElapsedTime
-    return e;
-  }
-  void give_event(cudaEvent_t e) {
-    std::lock_guard<std::mutex> lock(mu_);
-    spare_.push_back(e);
-  }
 
   int device_;
   JobEnd end_;
@@ -449,7 +433,7 @@ class CudaStream final : public Stream {
   std::unique_ptr<Stream> host_;
   mutable std::mutex mu_;  // the spans: pushed by the job's thread, read by the stream's owner
   mutable std::deque<Span> pending_;
-  mutable std::vector<cudaEvent_t> spare_;
+  mutable EventPool timing_{true};  // the spans' events (their own lock)
   mutable double device_seconds_ = 0;
   mutable std::exception_ptr device_error_;
 };
