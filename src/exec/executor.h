@@ -17,6 +17,17 @@
 namespace dmuon {
 
 struct Optimizer::Impl {
+  // The streams go first (their destructors wait for their device work, which uses the scratch,
+  // arenas and state below), after the device work this thread queued (a step given the caller's
+  // stream returns with its tail queued).
+  ~Impl() {
+    compute_stream.reset();
+    extra_streams.clear();
+    try {
+      if (backend) backend->synchronize();
+    } catch (...) {  // a device error: the last step's, reported there or at a later call
+    }
+  }
   std::shared_ptr<Communicator> user_comm;               // the world the caller gave (MeshCommunicators::world)
   std::shared_ptr<Communicator> comm;                    // the optimizer's own split of it (step traffic)
   std::shared_ptr<MeshCommunicators> mesh_comms;         // shared with other components

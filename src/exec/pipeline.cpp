@@ -142,7 +142,11 @@ class Pipeline {
   Stream& compute_stream() {
     if (!s_.compute_stream || s_.compute_threaded != s_.options.compute_thread) {
       s_.compute_stream.reset();
-      s_.compute_stream = s_.backend->make_stream(s_.options.compute_thread, JobEnd::Queued);
+      // Queued on a thread of its own. A stream that is not threaded runs its jobs on the caller's
+      // thread, whose per-thread device resources (scratch, cuBLAS handle and workspace) another
+      // optimizer's stream on that thread may use next: its jobs end complete.
+      s_.compute_stream =
+          s_.backend->make_stream(s_.options.compute_thread, s_.options.compute_thread ? JobEnd::Queued : JobEnd::Complete);
       s_.compute_threaded = s_.options.compute_thread;
       s_.compute_counted = 0;
     }

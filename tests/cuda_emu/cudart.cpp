@@ -327,13 +327,15 @@ cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigne
   return cudaSuccess;
 }
 
-// Not reached yet: cudaErrorNotReady (not an error: the last error stays), and the queue runs up to
-// the event, as a GPU gets on with its work, so a caller that polls sees it complete next time.
+// Not reached yet: cudaErrorNotReady, and the queue runs up to the event, as a GPU gets on with its
+// work, so a caller that polls sees it complete next time. NotReady is also left as the thread's
+// last error, as CUDA runtimes have done (PyTorch clears it after every query): a caller that does
+// not clear it sees its next kernel launch report "device not ready".
 cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t e) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
   if (!e->recorded || reached(e->mark)) return synced();
   (void)try_drain_to(e->mark);  // never waits (a collective's peers may not have come yet)
-  return cudaErrorNotReady;
+  return fail(cudaErrorNotReady);
 }
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t e) {
   if (e == nullptr) return fail(cudaErrorInvalidResourceHandle);
@@ -344,7 +346,7 @@ cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t e) {
 cudaError_t CUDARTAPI cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (ms == nullptr || start == nullptr || end == nullptr) return fail(cudaErrorInvalidValue);
   if (!start->recorded || !end->recorded) return fail(cudaErrorInvalidResourceHandle);
-  if (!reached(start->mark) || !reached(end->mark)) return cudaErrorNotReady;
+  if (!reached(start->mark) || !reached(end->mark)) return fail(cudaErrorNotReady);  // as cudaEventQuery
   *ms = std::chrono::duration<float, std::milli>(*end->at - *start->at).count();
   return cudaSuccess;
 }

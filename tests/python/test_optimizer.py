@@ -170,6 +170,24 @@ def test_parameters_without_grad_are_untouched():
     assert opt.state[m[2].weight]["step"].item() == 0 and opt.state[m[0].weight]["step"].item() == 1
 
 
+def test_step_counts_do_not_follow_the_default_dtype():
+    # the counters are one float32 vector on the CPU (each "step" a view): a partial step counts
+    # with that vector's dtype and device, whatever the defaults became after construction
+    m = model()
+    opt = make(m)
+    loss_of(m).backward()
+    m[2].weight.grad = None
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        opt.step()
+    finally:
+        torch.set_default_dtype(old)
+    st = opt.state[m[0].weight]["step"]
+    assert st.dtype == torch.float32 and st.ndim == 0 and st.item() == 1
+    assert opt.state[m[2].weight]["step"].item() == 0
+
+
 def test_add_param_group_rebuilds_once_and_keeps_state():
     m = model()
     extra = torch.nn.Linear(6, 9)

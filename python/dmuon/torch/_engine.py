@@ -197,7 +197,8 @@ class Engine(CoreDelegate):
 
     def step(self, params: list[torch.Tensor], grads: list[Optional[torch.Tensor]],
              qk_logits: dict[int, list[float]]) -> bool:
-        # detach(): DLPack refuses tensors that require grad; the views share storage (zero-copy).
+        # detach(): the engine writes the parameters in place, outside autograd; the views share
+        # storage (zero-copy).
         local_params, local_grads = [], []
         for i, (p, g) in enumerate(zip(params, grads)):
             if is_dtensor(p):

@@ -298,8 +298,8 @@ class Muon(torch.optim.Optimizer):
         # Each parameter's "step" (a 0-d float32 tensor, as torch's optimizers keep it) is a view of
         # one counter vector, so a step counts them all with one add (a foreach add over 48 0-d CPU
         # tensors costs ~60 us a step; the vector's add ~2 us).
-        self._step_counts = torch.zeros(len(engine.params), dtype=torch.float32)
-        self._step_tensors = []
+        counts = torch.zeros(len(engine.params), dtype=torch.float32, device="cpu")
+        step_tensors = []
         for i, p in enumerate(engine.params):
             state = engine.state(i)
             j = old_index.get(id(p))
@@ -308,12 +308,12 @@ class Muon(torch.optim.Optimizer):
                     if key in state:
                         _copy_into(state[key], value)
                 engine.set_step_count(i, old.step_count(j))
-            step = self._step_counts[i]
+            step = counts[i]
             step.fill_(float(engine.step_count(i)))
             state["step"] = step
-            self._step_tensors.append(step)
+            step_tensors.append(step)
             self.state[p] = state
-        self._engine = engine
+        self._engine, self._step_counts, self._step_tensors = engine, counts, step_tensors
         self._built = [{k: g.get(k) for k in STRUCTURAL} for g in self.param_groups]
         self._built_strategy = [g.get("strategy") for g in self.param_groups]
         self.engine_builds += 1
@@ -378,7 +378,9 @@ class Muon(torch.optim.Optimizer):
             if len(present) == len(grads):
                 self._step_counts.add_(1.0)
             elif present:
-                self._step_counts.index_add_(0, torch.tensor(present), torch.ones(len(present)))
+                counts = self._step_counts  # (not the default dtype or device: they may have changed)
+                counts.index_add_(0, torch.tensor(present, device=counts.device),
+                                  torch.ones(len(present), dtype=counts.dtype, device=counts.device))
         if self._none_grad:  # Motif's none_grad: the step has consumed the gradients
             for i in present:
                 engine.params[i].grad = None

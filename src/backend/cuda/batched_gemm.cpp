@@ -129,6 +129,7 @@ struct ThreadLt {
     cublasLtHandle_t handle = nullptr;
     void* workspace = nullptr;
     size_t workspace_bytes = 0;
+    bool legacy = false;  // the workspace was used on the legacy stream
     // At least `bytes` of workspace, on `stream` (a thread's cuBLASLt calls run on one stream: its
     // compute jobs'). A growth is stream-ordered: the old block goes once that stream's earlier
     // products have run (cudaFree would wait for the whole device).
@@ -139,6 +140,7 @@ struct ThreadLt {
         check(cudaMallocAsync(&workspace, bytes, stream), "cudaMallocAsync (cuBLASLt workspace)");
         workspace_bytes = bytes;
       }
+      legacy = legacy || stream == nullptr;
       return workspace;
     }
   };
@@ -162,7 +164,7 @@ struct ThreadLt {
       OnDevice& r = devices[d];
       if (r.handle == nullptr && r.workspace == nullptr) continue;
       if (cudaSetDevice(static_cast<int>(d)) != cudaSuccess) continue;
-      (void)cudaStreamSynchronize(nullptr);  // as ThreadResources (cuda_backend.cpp): the users are done
+      if (r.legacy) (void)cudaStreamSynchronize(nullptr);  // as ThreadResources (cuda_backend.cpp)
       if (r.handle != nullptr) (void)lt().destroy(r.handle);
       if (r.workspace != nullptr) (void)cudaFree(r.workspace);
     }

@@ -58,6 +58,20 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw_error(concat("[cuda] ", what, ": ", cudaGetErrorString(e)));
 }
 
+// cudaEventQuery, with cudaErrorNotReady (not reached yet, not an error) cleared from the thread's
+// last error, where CUDA runtimes have left it: the next launch would report it (PyTorch clears it
+// after every query too). cudaEventElapsedTime likewise.
+cudaError_t query(cudaEvent_t e) {
+  const cudaError_t r = cudaEventQuery(e);
+  if (r == cudaErrorNotReady) (void)cudaGetLastError();
+  return r;
+}
+cudaError_t elapsed_ms(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  const cudaError_t r = cudaEventElapsedTime(ms, start, end);
+  if (r == cudaErrorNotReady) (void)cudaGetLastError();
+  return r;
+}
+
 // Ends a kernel call: its launch errors; the work stays queued on the thread's stream.
 void finish(cudaError_t launch, const char* what) { check(launch, what); }
 // Ends a call that completes before returning: launch errors, then the stream's completion.
@@ -185,6 +199,7 @@ struct ThreadResources {
   struct Scratch {
     void* p = nullptr;
     size_t bytes = 0;
+    bool legacy = false;  // last used on the legacy stream (outside a CudaStream job)
   };
   struct OnDevice {
     cublasHandle_t blas = nullptr;
@@ -202,9 +217,10 @@ struct ThreadResources {
         continue;
       if (cudaSetDevice(static_cast<int>(d)) != cudaSuccess) continue;
       // What used the memory is done: a CudaStream synchronizes its stream before its worker thread
-      // ends; the thread's own calls ran on the legacy stream, waited for here. (cudaFree does not
-      // wait for memory from cudaMallocAsync.)
-      (void)cudaStreamSynchronize(nullptr);
+      // ends; a slot the thread used on the legacy stream waits for that stream here (cudaFree does
+      // not wait for memory from cudaMallocAsync). A worker thread never waits for the legacy stream
+      // (PyTorch's default stream, busy with unrelated work).
+      if (r.scratch[0].legacy || r.scratch[1].legacy) (void)cudaStreamSynchronize(nullptr);
       r.uploads = UploadRing();  // waits for its copies, frees its memory and events
       if (r.readback.p != nullptr) (void)cudaFreeHost(r.readback.p);
       if (r.blas != nullptr) (void)cublas().destroy(r.blas);
@@ -255,6 +271,7 @@ std::byte* thread_scratch(int device, size_t bytes, ScratchSlot slot) {
     check(cudaMallocAsync(&s.p, bytes, tl_stream), "cudaMallocAsync (scratch)");
     s.bytes = bytes;
   }
+  s.legacy = s.legacy || tl_stream == nullptr;
   return static_cast<std::byte*>(s.p);
 }
 
@@ -360,6 +377,7 @@ class CudaStream final : public Stream {
       }
       restore.synced = true;
       std::lock_guard<std::mutex> lock(mu_);
+      harvest();
       pending_.push_back(span);
     });
   }
@@ -369,7 +387,7 @@ class CudaStream final : public Stream {
     if (end_ == JobEnd::Complete) return false;
     std::lock_guard<std::mutex> lock(mu_);
     if (pending_.empty()) return false;
-    const cudaError_t q = cudaEventQuery(pending_.back().end);
+    const cudaError_t q = query(pending_.back().end);
     note(q);
     return q == cudaErrorNotReady;
   }
@@ -391,11 +409,19 @@ class CudaStream final : public Stream {
   double busy_seconds() const override {
     if (end_ == JobEnd::Complete) return host_->busy_seconds();
     std::lock_guard<std::mutex> lock(mu_);
-    while (!pending_.empty()) {  // the spans the device has done, in order
+    harvest();
+    return device_seconds_;
+  }
+
+ private:
+  // Counts the spans the device has done, in order, and returns their events to the pool. Under mu_
+  // (busy_seconds, and each Queued job's end: a stream nobody reads the time of keeps no backlog).
+  void harvest() const {
+    while (!pending_.empty()) {
       const Span t = pending_.front();
-      cudaError_t q = cudaEventQuery(t.end);
+      cudaError_t q = query(t.end);
       float ms = 0;
-      if (q == cudaSuccess) q = cudaEventElapsedTime(&ms, t.start, t.end);
+      if (q == cudaSuccess) q = elapsed_ms(&ms, t.start, t.end);
       if (q != cudaSuccess) {
         note(q);
         break;
@@ -404,10 +430,7 @@ class CudaStream final : public Stream {
       pending_.pop_front();
       timing_.put(t.start), timing_.put(t.end);
     }
-    return device_seconds_;
   }
-
- private:
   // A device error a query met (a Queued job's kernels faulted after the job ended): kept for
   // rethrow(), wait_queued() and synchronize(), so the stream's owner sees it as a job's error.
   // Under mu_.

@@ -114,7 +114,10 @@ __global__ void non_finite_kernel(const void* g, bool bf16, int64_t n, unsigned 
     bool bad;
     if (bf16) bad = (static_cast<const uint16_t*>(g)[i] & 0x7F80u) == 0x7F80u;
     else bad = (__float_as_uint(static_cast<const float*>(g)[i]) & 0x7F800000u) == 0x7F800000u;
-    if (bad) atomicMin(result, static_cast<unsigned long long>(i));
+    if (bad) {  // a thread's indices rise: its first hit is its least, the only one worth an atomic
+      atomicMin(result, static_cast<unsigned long long>(i));
+      break;  // (an all-NaN gradient would otherwise serialize one atomic per element)
+    }
   }
 }
 

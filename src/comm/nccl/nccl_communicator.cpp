@@ -220,7 +220,10 @@ class NcclOp final : public ExternalOp {
     if (state != ncclSuccess && state != ncclInProgress)
       throw std::runtime_error(concat("NCCL reported ", shared_->error_text(comm_, state)));
     const cudaError_t e = cudaEventQuery(event_);
-    if (e == cudaErrorNotReady) return false;
+    if (e == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not an error: cleared where the runtime left it as the last error
+      return false;
+    }
     check_cuda(e, "cudaEventQuery");
     for (const CopyOut& c : copy_out_) std::memcpy(c.host, c.pinned, c.bytes);
     copy_out_.clear();
