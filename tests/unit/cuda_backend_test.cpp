@@ -642,8 +642,12 @@ TEST(CudaTestHarness, GramShardingHarnessAgreesOnTheCpu) {
   EXPECT_EQ(cuda::lower_blocks(512), 1);
   EXPECT_EQ(cuda::lower_blocks(1100), 2);
   EXPECT_EQ(cuda::lower_blocks(1 << 20), 8);
-  // 2 blocks of 550 columns: rows 0..550 then 0..1100, i.e. 3/4 of the full product's flops
-  EXPECT_DOUBLE_EQ(cuda::lower_product_flops(1100, 7), 2.0 * (550.0 * 550 + 1100.0 * 550) * 7);
+  // side 1100 in 2 blocks: the boundary 550 rounded down to 512 (128-byte aligned bf16 blocks), so
+  // rows 0..512 of 512 columns, then rows 0..1100 of 588 columns
+  EXPECT_EQ(cuda::lower_bound(1100, 1), 512);
+  EXPECT_EQ(cuda::lower_bound(1100, 2), 1100);
+  EXPECT_EQ(cuda::lower_bound(4096, 3), 1536);
+  EXPECT_DOUBLE_EQ(cuda::lower_product_flops(1100, 7), 2.0 * (512.0 * 512 + 1100.0 * 588) * 7);
   auto cpu = make_cpu_backend();
   NsOptions o;
   for (const auto& [m, n] : std::vector<std::pair<int, int>>{{64, 256}, {256, 64}}) {

@@ -893,7 +893,8 @@ class CudaBackend final : public Backend {
   template <class Block>
   void symmetric_product(int64_t s, float* out, int64_t stride, int64_t batch, bool symmetric, Block&& block) {
     const int64_t blocks = symmetric ? cuda::lower_blocks(s) : 1;
-    for (int64_t b = 0; b < blocks; ++b) block(s * b / blocks, s * (b + 1) / blocks);
+    for (int64_t b = 0; b < blocks; ++b)
+      block(symmetric ? cuda::lower_bound(s, b) : 0, symmetric ? cuda::lower_bound(s, b + 1) : s);
     if (blocks > 1) check(cuda::mirror_lower(out, s, stride, batch, tl_stream), "ns mirror");
   }
 

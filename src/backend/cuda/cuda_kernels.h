@@ -62,15 +62,22 @@ cudaError_t scale(const float* in, float* out, int64_t n, float inv, cudaStream_
 cudaError_t ns_polynomial(const float* g, const float* g2, float* z, int64_t side, int64_t stride, int64_t batch,
                           float a, float b, float c, cudaStream_t s);
 // Column blocks of a symmetric product's block triangle (the cuda backend's method symmetric): the
-// side is cut into lower_blocks(side) near-equal blocks; block b spans [side·b/B, side·(b+1)/B).
-// One block (a full GEMM) up to 512, at most 8 (≥ 512 columns each): big GEMMs that still skip
-// (1 − 1/B)/2 of the product. The flops done for side s and inner size k: Σ_b 2·c1·(c1 − c0)·k.
+// side is cut into lower_blocks(side) near-equal blocks; block b spans [lower_bound(side, b),
+// lower_bound(side, b + 1)): side·b/B rounded down to a multiple of 64, so every block's operands
+// and output start 128-byte aligned past the matrix's own (cuBLASLt picks its aligned, TMA kernels;
+// at side·b/B a bf16 block could start 2-byte aligned). One block (a full GEMM) up to 512, at most 8
+// (≥ 512 columns each, so the rounding leaves none empty): big GEMMs that still skip (1 − 1/B)/2 of
+// the product. The flops done for side s and inner size k: Σ_b 2·c1·(c1 − c0)·k.
 inline int64_t lower_blocks(int64_t side) { return side <= 512 ? 1 : (side / 512 < 8 ? side / 512 : 8); }
+inline int64_t lower_bound(int64_t side, int64_t b) {
+  const int64_t blocks = lower_blocks(side);
+  return b >= blocks ? side : side * b / blocks / 64 * 64;
+}
 inline double lower_product_flops(int64_t side, int64_t k) {
   const int64_t blocks = lower_blocks(side);
   double f = 0;
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t c0 = side * b / blocks, c1 = side * (b + 1) / blocks;
+    const int64_t c0 = lower_bound(side, b), c1 = lower_bound(side, b + 1);
     f += 2.0 * static_cast<double>(c1) * static_cast<double>(c1 - c0) * static_cast<double>(k);
   }
   return f;
