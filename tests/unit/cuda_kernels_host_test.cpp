@@ -1,0 +1,137 @@
+// Device kernels whose correctness rests on shared memory and barriers (the NorMuon reductions of
+// src/backend/cuda/normuon_reductions.cuh), run on the host with CUDA's execution model: a launch
+// runs its blocks one after another, each block as one std::thread per CUDA thread sharing the
+// block's __shared__ arrays, __syncthreads a std::barrier of the block. No GPU, no CUDA toolkit:
+// it runs on every CI machine. The results must be bitwise those of the cpu kernel
+// (normuon_mean_square) and of the sequential sums of normuon_finish (the kernels' contract), over
+// shapes that are not multiples of the tiles, grids smaller than the work (grid-stride loops), sums
+// longer than one staging tile, and empty dimensions. A kernel that read its tile transposed or
+// summed out of order fails here (checked when it was written; the emulation of tests/cuda_emu runs
+// host twins of the launchers, not this code).
+// Run: build/bin/cuda_kernels_host_test
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "dmuon/update.h"
+
+namespace dmuon::cuda_host {
+namespace {
+
+// ---- CUDA's execution model on host threads --------------------------------------------------------
+struct Index3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+thread_local Index3 threadIdx, blockIdx;
+Index3 blockDim, gridDim;
+std::barrier<>* block_barrier = nullptr;
+void __syncthreads() { block_barrier->arrive_and_wait(); }
+// IEEE operations rounded once each (this file is built with -ffp-contract=off: no fused multiply-add).
+double __dadd_rn(double a, double b) { return a + b; }
+double __dmul_rn(double a, double b) { return a * b; }
+double __ddiv_rn(double a, double b) { return a / b; }
+double __dsqrt_rn(double a) { return std::sqrt(a); }
+float __double2float_rn(double a) { return static_cast<float>(a); }
+constexpr int kThreads = 256;  // as cuda_kernels.cu
+#define __global__
+#define __shared__ static  // one block at a time: static storage is the block's shared memory
+#define DMUON_GRID_LOOP(i, n)                                                                          \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+#include "backend/cuda/normuon_reductions.cuh"
+
+#undef __global__
+#undef __shared__
+
+template <class Kernel>
+void launch(dim3 grid, dim3 block, Kernel kernel) {
+  gridDim = {grid.x, grid.y, grid.z};
+  blockDim = {block.x, block.y, block.z};
+  const unsigned threads = block.x * block.y * block.z;
+  for (unsigned b = 0; b < grid.x; ++b) {
+    std::barrier<> barrier(threads);
+    block_barrier = &barrier;
+    std::vector<std::thread> team;
+    for (unsigned t = 0; t < threads; ++t)
+      team.emplace_back([&, t, b] {
+        blockIdx = {b, 0, 0};
+        threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+        kernel();
+      });
+    for (std::thread& t : team) t.join();
+  }
+}
+
+std::vector<float> normal(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+void expect_bitwise(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << what;
+}
+
+// The per-row (tiled through shared memory) and per-column mean squares, on grids smaller and
+// larger than the work, equal the cpu kernel's bits.
+TEST(CudaKernelsOnHost, NormuonMeanSquaresAreTheCpuKernelsBits) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{70, 33}, {64, 64}, {200, 37}, {100, 1}, {5, 1},
+                                                           {33, 70}, {1, 5},   {3, 300},  {40, 0}};
+  for (const auto& [rows, cols] : shapes) {
+    const std::vector<float> u = normal(static_cast<size_t>(rows * cols), static_cast<unsigned>(rows * 131 + cols));
+    const int64_t len = normuon_state_size(rows, cols);
+    std::vector<float> want(static_cast<size_t>(len)), got(static_cast<size_t>(len), -1.0f);
+    normuon_mean_square(u.data(), rows, cols, want.data());
+    for (unsigned grid : {1u, 2u, 7u}) {
+      std::fill(got.begin(), got.end(), -1.0f);
+      if (rows >= cols)
+        launch(dim3(grid), dim3(kRowTile, kRowWarps), [&] { normuon_row_mean_square_kernel(u.data(), rows, cols, got.data()); });
+      else
+        launch(dim3(grid), dim3(64), [&] { normuon_column_mean_square_kernel(u.data(), rows, cols, got.data()); });
+      expect_bitwise(got, want, (std::to_string(rows) + "x" + std::to_string(cols) + " grid " + std::to_string(grid)).c_str());
+    }
+  }
+}
+
+// The two ordered sums (staged kSumTile at a time by one block) equal the sequential sums of
+// normuon_finish, also over several tiles.
+TEST(CudaKernelsOnHost, NormuonOrderedSumsAreSequential) {
+  for (int64_t len : {int64_t{1}, int64_t{37}, int64_t{kSumTile}, int64_t{kSumTile / 2 + 1}, int64_t{5000}}) {
+    std::vector<float> v_mean = normal(static_cast<size_t>(len), 7), step = normal(static_cast<size_t>(len), 8);
+    for (float& x : v_mean) x = std::fabs(x);
+    for (float& x : step) x = std::fabs(x) + 0.1f;
+    const double k = 3;
+    double sum = 0, sum_new = 0;
+    for (int64_t i = 0; i < len; ++i) {
+      sum += v_mean[static_cast<size_t>(i)];
+      const double s = step[static_cast<size_t>(i)];
+      sum_new += static_cast<double>(v_mean[static_cast<size_t>(i)]) * k * (s * s);
+    }
+    const double norm_want = std::sqrt(sum * k);
+    const float ratio_want = static_cast<float>(norm_want / std::max(std::sqrt(sum_new), 1e-10));
+    double norm = -1;
+    float ratio = -1;
+    launch(dim3(1), dim3(kThreads), [&] { normuon_norm_kernel(v_mean.data(), len, k, &norm); });
+    launch(dim3(1), dim3(kThreads), [&] { normuon_ratio_kernel(v_mean.data(), step.data(), len, k, &norm, &ratio); });
+    EXPECT_EQ(std::memcmp(&norm, &norm_want, sizeof norm), 0) << "norm, length " << len;
+    EXPECT_EQ(std::memcmp(&ratio, &ratio_want, sizeof ratio), 0) << "ratio, length " << len;
+  }
+}
+
+}  // namespace
+}  // namespace dmuon::cuda_host
