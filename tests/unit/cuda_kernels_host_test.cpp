@@ -1,9 +1,10 @@
-// Device kernels whose correctness rests on shared memory and barriers (the NorMuon reductions of
-// src/backend/cuda/normuon_reductions.cuh), run on the host with CUDA's execution model: a launch
+// Device kernels whose correctness rests on shared memory and barriers (the reductions of
+// src/backend/cuda/reductions.cuh: Σ x², NorMuon's), run on the host with CUDA's execution model: a launch
 // runs its blocks one after another, each block as one std::thread per CUDA thread sharing the
 // block's __shared__ arrays, __syncthreads a std::barrier of the block. No GPU, no CUDA toolkit:
 // it runs on every CI machine. The results must be bitwise those of the cpu kernel
-// (normuon_mean_square) and of the sequential sums of normuon_finish (the kernels' contract), over
+// (normuon_mean_square), of the sequential sums of normuon_finish and of Σ x²'s fixed tree (the
+// kernels' contracts), over
 // shapes that are not multiples of the tiles, grids smaller than the work (grid-stride loops), sums
 // longer than one staging tile, and empty dimensions. A kernel that read its tile transposed or
 // summed out of order fails here (checked when it was written; the emulation of tests/cuda_emu runs
@@ -50,7 +51,7 @@ constexpr int kThreads = 256;  // as cuda_kernels.cu
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
-#include "backend/cuda/normuon_reductions.cuh"
+#include "backend/cuda/reductions.cuh"
 
 #undef __global__
 #undef __shared__
@@ -130,6 +131,44 @@ TEST(CudaKernelsOnHost, NormuonOrderedSumsAreSequential) {
     launch(dim3(1), dim3(kThreads), [&] { normuon_ratio_kernel(v_mean.data(), step.data(), len, k, &norm, &ratio); });
     EXPECT_EQ(std::memcmp(&norm, &norm_want, sizeof norm), 0) << "norm, length " << len;
     EXPECT_EQ(std::memcmp(&ratio, &ratio_want, sizeof ratio), 0) << "ratio, length " << len;
+  }
+}
+
+// Σ x² as the two kernels promise: per block, thread t's strided sum over the grid, the block's
+// 256 partials added by the fixed halving tree; then one block does the same over the partials. The
+// same bits on every run, for any n (one block, a partial last block, more blocks than elements).
+double tree(std::vector<double> p) {
+  for (size_t w = p.size() / 2; w > 0; w /= 2)
+    for (size_t t = 0; t < w; ++t) p[t] = p[t] + p[t + w];
+  return p[0];
+}
+TEST(CudaKernelsOnHost, SumOfSquaresFollowsItsFixedTree) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{255}, int64_t{4097}, int64_t{20000}}) {
+    const std::vector<float> x = normal(static_cast<size_t>(n), static_cast<unsigned>(n + 3));
+    for (unsigned blocks : {1u, 3u, 9u}) {
+      std::vector<double> partials(blocks, -1.0);
+      double got = -1;
+      launch(dim3(blocks), dim3(kThreads), [&] { sum_squares_partial_kernel(x.data(), n, partials.data()); });
+      launch(dim3(1), dim3(kThreads), [&] { sum_partials_kernel(partials.data(), static_cast<int>(blocks), &got); });
+      std::vector<double> want_partials(blocks), lane(kThreads);
+      for (unsigned b = 0; b < blocks; ++b) {
+        for (int t = 0; t < kThreads; ++t) {
+          double acc = 0;
+          for (int64_t i = b * int64_t{kThreads} + t; i < n; i += int64_t{blocks} * kThreads)
+            acc = acc + static_cast<double>(x[static_cast<size_t>(i)]) * x[static_cast<size_t>(i)];
+          lane[static_cast<size_t>(t)] = acc;
+        }
+        want_partials[b] = tree(lane);
+      }
+      for (int t = 0; t < kThreads; ++t) {
+        double acc = 0;
+        for (unsigned i = static_cast<unsigned>(t); i < blocks; i += kThreads) acc = acc + want_partials[i];
+        lane[static_cast<size_t>(t)] = acc;
+      }
+      const double want = tree(lane);
+      EXPECT_EQ(std::memcmp(partials.data(), want_partials.data(), blocks * sizeof(double)), 0) << "n " << n << " blocks " << blocks;
+      EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0) << "n " << n << " blocks " << blocks;
+    }
   }
 }
 

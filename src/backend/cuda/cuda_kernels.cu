@@ -184,37 +184,7 @@ __global__ void pack_kernel(const PackRun* runs, const int64_t* prefix, int nrun
   }
 }
 
-// Σ x² in double, deterministic: a grid fixed by n (kSumSquaresBlocks at most), one partial per block
-// from a fixed tree, then one block sums the partials in a fixed order. No atomics: the same input
-// gives the same bits on every run (the norm feeds every element of Newton–Schulz's X₀).
-__global__ void sum_squares_partial_kernel(const float* x, int64_t n, double* partials) {
-  __shared__ double partial[kThreads];
-  double acc = 0;
-  DMUON_GRID_LOOP(i, n) {
-    const double v = x[i];
-    acc = __dadd_rn(acc, __dmul_rn(v, v));
-  }
-  partial[threadIdx.x] = acc;
-  __syncthreads();
-  for (int w = kThreads / 2; w > 0; w /= 2) {
-    if (static_cast<int>(threadIdx.x) < w) partial[threadIdx.x] = __dadd_rn(partial[threadIdx.x], partial[threadIdx.x + w]);
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partials[blockIdx.x] = partial[0];
-}
-
-__global__ void sum_partials_kernel(const double* partials, int count, double* out) {
-  __shared__ double partial[kThreads];
-  double acc = 0;
-  for (int i = static_cast<int>(threadIdx.x); i < count; i += kThreads) acc = __dadd_rn(acc, partials[i]);
-  partial[threadIdx.x] = acc;
-  __syncthreads();
-  for (int w = kThreads / 2; w > 0; w /= 2) {
-    if (static_cast<int>(threadIdx.x) < w) partial[threadIdx.x] = __dadd_rn(partial[threadIdx.x], partial[threadIdx.x + w]);
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *out = partial[0];
-}
+#include "backend/cuda/reductions.cuh"  // Σ x² and NorMuon's mean squares and ordered sums
 
 // X₀ = in · fp32(1 / denom) with denom from the device's Σ x², as Orthogonalizer::run computes it;
 // an all-zero input (norm or denom 0) gives +0 everywhere, which the iteration keeps exactly.
@@ -229,8 +199,6 @@ __global__ void normalize_kernel(const float* in, float* out, int64_t n, const d
 }
 
 // ---- NorMuon (src/kernels/cpu/normuon.cpp, the same operations in the same order) ----
-
-#include "backend/cuda/normuon_reductions.cuh"  // the mean squares and the two ordered sums
 
 // pass 2a: v ← lerp(v, v_mean, 1 − β₂); step = 1 / sqrt(max(v, 1e-10)).
 __global__ void normuon_step_kernel(const float* v_mean, float* v, float* step, int64_t len, float w) {

@@ -1,10 +1,43 @@
-// Internal: NorMuon's reductions on the device (cuda_kernels.cu includes this file inside its
-// namespace), kept apart because their shared-memory staging and barriers are what an emulation of
-// the launchers cannot check: tests/unit/cuda_kernels_host_test.cpp runs these same kernels on the
-// host, one std::thread per CUDA thread and a std::barrier for __syncthreads, bitwise against the
-// cpu kernel (src/kernels/cpu/normuon.cpp). The includer provides kThreads, DMUON_GRID_LOOP and the
-// CUDA intrinsics used here (__dadd_rn, __dmul_rn, __ddiv_rn, __dsqrt_rn, __double2float_rn).
+// Internal: the device reductions (cuda_kernels.cu includes this file inside its namespace): Σ x²
+// for Newton–Schulz's norm, NorMuon's mean squares and its two ordered sums. Kept apart because
+// their shared-memory trees, staging and barriers are what an emulation of the launchers cannot
+// check: tests/unit/cuda_kernels_host_test.cpp runs these same kernels on the host, one std::thread
+// per CUDA thread and a std::barrier for __syncthreads, bitwise against the cpu kernels and the
+// sums they promise. The includer provides kThreads, DMUON_GRID_LOOP and the CUDA intrinsics used
+// here (__dadd_rn, __dmul_rn, __ddiv_rn, __dsqrt_rn, __double2float_rn).
 #pragma once
+
+// Σ x² in double, deterministic: a grid fixed by n (kSumSquaresBlocks at most), one partial per block
+// from a fixed tree, then one block sums the partials in a fixed order. No atomics: the same input
+// gives the same bits on every run (the norm feeds every element of Newton–Schulz's X₀).
+__global__ void sum_squares_partial_kernel(const float* x, int64_t n, double* partials) {
+  __shared__ double partial[kThreads];
+  double acc = 0;
+  DMUON_GRID_LOOP(i, n) {
+    const double v = x[i];
+    acc = __dadd_rn(acc, __dmul_rn(v, v));
+  }
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (static_cast<int>(threadIdx.x) < w) partial[threadIdx.x] = __dadd_rn(partial[threadIdx.x], partial[threadIdx.x + w]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[blockIdx.x] = partial[0];
+}
+
+__global__ void sum_partials_kernel(const double* partials, int count, double* out) {
+  __shared__ double partial[kThreads];
+  double acc = 0;
+  for (int i = static_cast<int>(threadIdx.x); i < count; i += kThreads) acc = __dadd_rn(acc, partials[i]);
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (static_cast<int>(threadIdx.x) < w) partial[threadIdx.x] = __dadd_rn(partial[threadIdx.x], partial[threadIdx.x + w]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = partial[0];
+}
 
 // v_mean: per row (rows ≥ cols) the mean over the columns, else per column over the rows; each a
 // sequential double sum in the cpu order, one thread per row / column.
