@@ -8,7 +8,7 @@
 // Kernels run on the calling thread (cpu) unless submitted to a Stream. Numerics are those of the
 // kernels in update.h / orthogonalize.h; for a given backend the results do not depend on the
 // stream, the thread or the thread count (the basis of bitwise layout invariance).
-// Completion: a device backend's kernels (momentum, apply_update, adamw, qk_clip_rows,
+// Completion: a device backend's kernels (momentum, apply_update, adamw(_multi), qk_clip_rows,
 // round_to_comm, pack, zero, muon_units, gram_newton_schulz) are ordered on the calling thread's
 // stream and may still run when they return: later calls on the same thread see their results,
 // anything else (a communicator, another Stream, the host, a state hook, the caller after a step)
@@ -186,6 +186,20 @@ class Backend {
   virtual void momentum(const MomentumOptions& o, float* buf, const TensorView& grad, float* update) = 0;
   virtual void apply_update(const ApplyOptions& o, float* param, const float* update, int64_t n) = 0;
   virtual void adamw(const AdamWOptions& o, float* param, const TensorView& grad, float* exp_avg, float* exp_avg_sq) = 0;
+  // One tensor of adamw_multi.
+  struct AdamWTensor {
+    AdamWOptions o;
+    float* param = nullptr;
+    TensorView grad;
+    float* exp_avg = nullptr;
+    float* exp_avg_sq = nullptr;
+  };
+  // adamw over several tensors, each getting the bits adamw gives it alone (a device backend runs
+  // them as one multi-tensor launch: one kernel, not one per tensor; the cuda backend checks every
+  // tensor's arguments before it). The default calls adamw per tensor.
+  virtual void adamw_multi(std::span<const AdamWTensor> tensors) {
+    for (const AdamWTensor& t : tensors) adamw(t.o, t.param, t.grad, t.exp_avg, t.exp_avg_sq);
+  }
   virtual void qk_clip_rows(const QkTag& tag, std::span<const float> logits, double threshold, float* w,
                             int64_t row_begin, int64_t row_end, int64_t cols) = 0;
   // Rounds n values to the communication dtype and back (bf16: as the wire format; fp32: no-op).

@@ -84,11 +84,14 @@ void run_adamw(Optimizer::Impl& s, const detail::StepInputs& in) {
   for (size_t k = 0; k < batches.size(); ++k) {
     s.state.acquire(batches[k]);
     if (k + 1 < batches.size()) s.state.prefetch(batches[k + 1]);
+    std::vector<detail::Backend::AdamWTensor> tensors;  // one multi-tensor call per batch
+    tensors.reserve(batches[k].size());
     for (size_t i : batches[k]) {
       const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[i])];
-      s.backend->adamw({o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, s.state.steps(i)}, in.params[i].f32(), in.grads[i],
-                       s.state.data(i, detail::StateKey::ExpAvg), s.state.data(i, detail::StateKey::ExpAvgSq));
+      tensors.push_back({{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, s.state.steps(i)}, in.params[i].f32(), in.grads[i],
+                         s.state.data(i, detail::StateKey::ExpAvg), s.state.data(i, detail::StateKey::ExpAvgSq)});
     }
+    s.backend->adamw_multi(tensors);
     s.state.release(batches[k]);
   }
 }

@@ -150,6 +150,39 @@ cudaError_t adamw(const AdamScalars& s, float* p, const void* grad, bool bf16, f
   return done();
 }
 
+// The multi-tensor launch: the table is read on the emulated device when the op runs (as the kernel
+// reads it), each item's buffers checked there, each tensor then as adamw's twin. The block
+// assignment is checked too: item blocks must start at 0, rise by adamw_multi_blocks(n) and end at
+// `blocks` (what the kernel's binary search assumes).
+cudaError_t adamw_multi(const AdamWItem* items, int count, int64_t blocks, cudaStream_t stream) {
+  if (count <= 0 || blocks <= 0) return done();
+  if (!ranges({{items, sizeof(AdamWItem) * static_cast<size_t>(count), 8}}, "adamw_multi")) return illegal();
+  submit(stream, [=] {
+    DeviceScope scope;
+    int64_t next = 0;
+    for (int t = 0; t < count; ++t) {
+      const AdamWItem it = items[t];
+      if (it.block0 != next || it.n <= 0) return cuda_emu::fail_access("adamw_multi: the table's blocks do not follow its sizes");
+      next += adamw_multi_blocks(it.n);
+      if (!ranges({{it.p, f32(it.n)}, {it.grad, grad_bytes(it.n, it.grad_bf16 != 0), it.grad_bf16 ? 2u : 4u},
+                       {it.m, f32(it.n)}, {it.v, f32(it.n)}}, "adamw_multi"))
+        return false;
+      const AdamScalars& s = it.s;
+      for (int64_t i = 0; i < it.n; ++i) {
+        const float g = load(it.grad, it.grad_bf16 != 0, i);
+        const float x = it.p[i] * s.keep, mi = torch_lerp(it.m[i], g, s.w1);
+        const float vi = it.v[i] * s.beta2 + (s.one_m_b2 * g) * g;
+        const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
+        it.p[i] = x + (s.neg_step * mi) / denom;
+        it.m[i] = mi;
+        it.v[i] = vi;
+      }
+    }
+    return next == blocks || cuda_emu::fail_access("adamw_multi: the grid is not the table's blocks");
+  });
+  return done();
+}
+
 cudaError_t scale_rows(float* w, const float* factors, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (rows * cols <= 0) return done();
   if (!ranges({{w, f32(rows * cols)}, {factors, f32(rows)}}, "scale_rows")) return illegal();

@@ -226,6 +226,58 @@ TEST(CudaBackend, ApplyUpdateAndAdamWAreBitwiseTheCpuKernels) {
     }
 }
 
+// Multi-tensor AdamW: tensors of other sizes (empty, one element, over the per-tensor block cap),
+// gradient dtypes and options, in one launch, each bitwise the cpu kernel on that tensor alone; a
+// bad tensor anywhere in the list fails before any tensor changes.
+TEST(CudaBackend, MultiTensorAdamWIsBitwiseTheCpuPerTensor) {
+  REQUIRE_CUDA();
+  auto cuda = make_cuda_backend(0);
+  auto cpu = make_cpu_backend();
+  const std::vector<int64_t> sizes = {1000, 0, 1, 2 * 1024 * 1024 + 3, 4097, 300};
+  struct Host {
+    std::vector<float> p, g, m, v;
+    std::vector<BFloat16> gb;
+    bool bf16;
+    AdamWOptions o;
+  };
+  std::vector<Host> host;
+  std::vector<Buffer> keep;
+  std::vector<Backend::AdamWTensor> on_device;
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    const int64_t n = sizes[t];
+    Host h{randn(static_cast<size_t>(n), 20 + t), randn(static_cast<size_t>(n), 40 + t), randn(static_cast<size_t>(n), 60 + t, 0.1f),
+           randn(static_cast<size_t>(n), 80 + t, 0.01f), {}, t % 2 == 1, {}};
+    for (float& x : h.v) x = x * x;
+    h.gb = to_bf16(h.g);
+    h.o.lr = 1e-3 * static_cast<double>(t + 1), h.o.beta1 = 0.9 - 0.01 * static_cast<double>(t);
+    h.o.weight_decay = t % 3 == 0 ? 0.0 : 0.05, h.o.step = static_cast<int64_t>(t) + 1;
+    keep.push_back(put(*cuda, h.p)), keep.push_back(put(*cuda, h.m)), keep.push_back(put(*cuda, h.v));
+    keep.push_back(h.bf16 ? put(*cuda, h.gb) : put(*cuda, h.g));
+    const size_t k = keep.size();
+    TensorView g(keep[k - 1].data(), h.bf16 ? DType::BF16 : DType::F32, Shape{n});
+    g.device = cuda->device();
+    on_device.push_back({h.o, keep[k - 4].as<float>(), g, keep[k - 3].as<float>(), keep[k - 2].as<float>()});
+    host.push_back(std::move(h));
+  }
+  // a bad tensor (exp_avg null) last: nothing launched, the first tensor unchanged
+  std::vector<Backend::AdamWTensor> bad = on_device;
+  bad.push_back(on_device[0]);
+  bad.back().exp_avg = nullptr;
+  EXPECT_THROW(cuda->adamw_multi(bad), std::invalid_argument);
+  expect_bitwise(get<float>(keep[0]), host[0].p, "a refused list changed a tensor");
+  cuda->adamw_multi(on_device);
+  for (size_t t = 0; t < host.size(); ++t) {
+    Host& h = host[t];
+    const int64_t n = sizes[t];
+    cpu->adamw(h.o, h.p.data(), TensorView(h.bf16 ? static_cast<void*>(h.gb.data()) : h.g.data(), h.bf16 ? DType::BF16 : DType::F32, Shape{n}),
+               h.m.data(), h.v.data());
+    const std::string what = "tensor " + std::to_string(t) + " (" + std::to_string(n) + ")";
+    expect_bitwise(get<float>(keep[4 * t]), h.p, what + " param");
+    expect_bitwise(get<float>(keep[4 * t + 1]), h.m, what + " exp_avg");
+    expect_bitwise(get<float>(keep[4 * t + 2]), h.v, what + " exp_avg_sq");
+  }
+}
+
 TEST(CudaBackend, QkClipRoundingAndNonFiniteScanMatchTheCpu) {
   REQUIRE_CUDA();
   auto cuda = make_cuda_backend(0);

@@ -598,6 +598,27 @@ class CudaBackend final : public Backend {
     finish(cuda::adamw(s, p, grad.data, grad.dtype == DType::BF16, m, v, n, tl_stream), "adamw");
   }
 
+  void adamw_multi(std::span<const AdamWTensor> tensors) override {
+    std::vector<cuda::AdamWItem> items;
+    items.reserve(tensors.size());
+    int64_t blocks = 0;
+    for (const AdamWTensor& t : tensors) {  // every tensor checked before the launch
+      DMUON_CHECK(t.grad.is_contiguous(), "[adamw] gradient view is not contiguous");
+      const int64_t n = t.grad.numel();
+      const cpu::AdamScalars sc = cpu::adamw_args(t.o, t.param, t.grad.data, t.exp_avg, t.exp_avg_sq, n);
+      if (n == 0) continue;
+      items.push_back({sc, t.param, t.grad.data, t.exp_avg, t.exp_avg_sq, n, blocks, t.grad.dtype == DType::BF16, 0});
+      blocks += cuda::adamw_multi_blocks(n);
+    }
+    if (items.empty()) return;
+    DMUON_CHECK(blocks <= INT_MAX, "[adamw] ", items.size(), " tensors need ", blocks, " blocks; at most ", INT_MAX);
+    const DeviceGuard guard = enter();
+    const size_t bytes = items.size() * sizeof(cuda::AdamWItem);
+    auto* d = reinterpret_cast<cuda::AdamWItem*>(thread_scratch(device_, bytes, kAuxScratch));
+    upload(device_, d, items.data(), bytes);  // the pinned ring: no host wait
+    finish(cuda::adamw_multi(d, static_cast<int>(items.size()), blocks, tl_stream), "adamw (multi-tensor)");
+  }
+
   void qk_clip_rows(const QkTag& tag, std::span<const float> logits, double tau, float* w, int64_t row_begin,
                     int64_t row_end, int64_t cols) override {
     validate_qk_tag(tag, "<unnamed>");

@@ -78,20 +78,40 @@ __global__ void cautious_kernel(float* p, const float* u, int64_t n, float lr_ad
   }
 }
 
+// AdamW on element i (the cpu kernel's operations in its order).
+__device__ __forceinline__ void adamw_at(const AdamScalars& s, float* p, const void* grad, bool bf16, float* m, float* v,
+                                         int64_t i) {
+  const float g = load_grad(grad, bf16, i);
+  const float x = __fmul_rn(p[i], s.keep);
+  const float mi = torch_lerp(m[i], g, s.w1);
+  const float vs = __fmul_rn(v[i], s.beta2);
+  const float gg = __fmul_rn(__fmul_rn(s.one_m_b2, g), g);
+  const float vi = __fadd_rn(vs, gg);
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), s.bc2_sqrt), s.eps);
+  const float num = __fmul_rn(s.neg_step, mi);
+  p[i] = __fadd_rn(x, __fdiv_rn(num, denom));
+  m[i] = mi;
+  v[i] = vi;
+}
+
 __global__ void adamw_kernel(AdamScalars s, float* p, const void* grad, bool bf16, float* m, float* v, int64_t n) {
-  DMUON_GRID_LOOP(i, n) {
-    const float g = load_grad(grad, bf16, i);
-    const float x = __fmul_rn(p[i], s.keep);
-    const float mi = torch_lerp(m[i], g, s.w1);
-    const float vs = __fmul_rn(v[i], s.beta2);
-    const float gg = __fmul_rn(__fmul_rn(s.one_m_b2, g), g);
-    const float vi = __fadd_rn(vs, gg);
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), s.bc2_sqrt), s.eps);
-    const float num = __fmul_rn(s.neg_step, mi);
-    p[i] = __fadd_rn(x, __fdiv_rn(num, denom));
-    m[i] = mi;
-    v[i] = vi;
+  DMUON_GRID_LOOP(i, n) adamw_at(s, p, grad, bf16, m, v, i);
+}
+
+// Multi-tensor AdamW: block b belongs to the last item whose block0 ≤ b (binary search over the
+// table), and loops over that item's elements with a stride of the item's blocks.
+__global__ void adamw_multi_kernel(const AdamWItem* items, int count) {
+  const int64_t b = blockIdx.x;
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (items[mid].block0 <= b) lo = mid;
+    else hi = mid - 1;
   }
+  const AdamWItem it = items[lo];
+  const int64_t blocks = (lo + 1 < count ? items[lo + 1].block0 : static_cast<int64_t>(gridDim.x)) - it.block0;
+  for (int64_t i = (b - it.block0) * blockDim.x + threadIdx.x; i < it.n; i += blocks * blockDim.x)
+    adamw_at(it.s, it.p, it.grad, it.grad_bf16 != 0, it.m, it.v, i);
 }
 
 __global__ void scale_rows_kernel(float* w, const float* factors, int64_t rows, int64_t cols) {
@@ -317,6 +337,10 @@ cudaError_t apply_cautious(float* p, const float* u, int64_t n, float lr_adj, fl
 cudaError_t adamw(const AdamScalars& k, float* p, const void* grad, bool bf16, float* m, float* v, int64_t n,
                   cudaStream_t s) {
   if (n > 0) adamw_kernel<<<blocks_for(n), kThreads, 0, s>>>(k, p, grad, bf16, m, v, n);
+  return done();
+}
+cudaError_t adamw_multi(const AdamWItem* items, int count, int64_t blocks, cudaStream_t s) {
+  if (count > 0 && blocks > 0) adamw_multi_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(items, count);
   return done();
 }
 cudaError_t scale_rows(float* w, const float* factors, int64_t rows, int64_t cols, cudaStream_t s) {

@@ -28,6 +28,28 @@ cudaError_t apply_decoupled(float* p, const float* u, int64_t n, float keep, flo
 cudaError_t apply_cautious(float* p, const float* u, int64_t n, float lr_adj, float lr_wd, cudaStream_t s);
 cudaError_t adamw(const AdamScalars& k, float* p, const void* grad, bool grad_bf16, float* m, float* v, int64_t n,
                   cudaStream_t s);
+// One tensor of a multi-tensor AdamW launch (a table in device memory): its scalars, its buffers,
+// its size and the first block of the grid that is its own (blocks [block0, next item's block0)).
+struct AdamWItem {
+  AdamScalars s;
+  float* p;
+  const void* grad;
+  float* m;
+  float* v;
+  int64_t n;
+  int64_t block0;
+  int32_t grad_bf16;
+  int32_t pad;
+};
+// The blocks a tensor of n elements gets in adamw_multi (its own grid-stride loop over them).
+inline int64_t adamw_multi_blocks(int64_t n) {
+  const int64_t b = (n + 4 * 256 - 1) / (4 * 256);
+  return b < 1 ? 1 : (b > 1024 ? 1024 : b);
+}
+// AdamW over `count` tensors of the table `items` (device memory) in one launch of `blocks` blocks
+// (Σ adamw_multi_blocks): every element gets the arithmetic of adamw, so each tensor the bits it
+// gets alone.
+cudaError_t adamw_multi(const AdamWItem* items, int count, int64_t blocks, cudaStream_t s);
 // rows × cols row-major, row r scaled by factors[r] (device) unless that factor is exactly 1.
 cudaError_t scale_rows(float* w, const float* factors, int64_t rows, int64_t cols, cudaStream_t s);
 // x ← fp32(bf16(x)) (round to nearest even, NaN → 0x7FC0, as dmuon/bf16.h).
