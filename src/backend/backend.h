@@ -8,7 +8,7 @@
 // Kernels run on the calling thread (cpu) unless submitted to a Stream. Numerics are those of the
 // kernels in update.h / orthogonalize.h; for a given backend the results do not depend on the
 // stream, the thread or the thread count (the basis of bitwise layout invariance).
-// Completion: a device backend's kernels (momentum, apply_update, adamw(_multi), qk_clip_rows,
+// Completion: a device backend's kernels (momentum, apply_update, adamw and their _multi forms, qk_clip_rows,
 // round_to_comm, pack, zero, muon_units, gram_newton_schulz) are ordered on the calling thread's
 // stream and may still run when they return: later calls on the same thread see their results,
 // anything else (a communicator, another Stream, the host, a state hook, the caller after a step)
@@ -186,6 +186,30 @@ class Backend {
   virtual void momentum(const MomentumOptions& o, float* buf, const TensorView& grad, float* update) = 0;
   virtual void apply_update(const ApplyOptions& o, float* param, const float* update, int64_t n) = 0;
   virtual void adamw(const AdamWOptions& o, float* param, const TensorView& grad, float* exp_avg, float* exp_avg_sq) = 0;
+  // Multi-tensor forms of momentum (+ round_to_comm of each update to `comm`) and apply_update: each
+  // tensor gets the bits of the single-tensor calls; a device backend runs a list as one launch
+  // (the cuda backend checks every tensor's arguments first). The defaults call the single forms.
+  struct MomentumTensor {
+    MomentumOptions o;
+    float* buf = nullptr;
+    TensorView grad;
+    float* update = nullptr;
+  };
+  virtual void momentum_multi(std::span<const MomentumTensor> tensors, DType comm) {
+    for (const MomentumTensor& t : tensors) {
+      momentum(t.o, t.buf, t.grad, t.update);
+      round_to_comm(t.update, t.grad.numel(), comm);
+    }
+  }
+  struct ApplyTensor {
+    ApplyOptions o;
+    float* param = nullptr;
+    const float* update = nullptr;
+    int64_t n = 0;
+  };
+  virtual void apply_multi(std::span<const ApplyTensor> tensors) {
+    for (const ApplyTensor& t : tensors) apply_update(t.o, t.param, t.update, t.n);
+  }
   // One tensor of adamw_multi.
   struct AdamWTensor {
     AdamWOptions o;

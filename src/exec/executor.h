@@ -5,6 +5,7 @@
 
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -96,10 +97,17 @@ void compute_units(Optimizer::Impl& s, const StepInputs& in, std::span<const Uni
 // gram_allreduce entries of one chunk: blocking, on the driving thread.
 void run_gram(Optimizer::Impl& s, const StepInputs& in, int entry, float* update);
 
-// Momentum of one parameter's local shard into `update`, rounded to the comm dtype.
-void local_momentum(Optimizer::Impl& s, const StepInputs& in, int param, float* update);
-// Weight decay + update + QK-clip on one parameter's local shard.
-void local_apply(Optimizer::Impl& s, const StepInputs& in, int param, const float* update);
+// A parameter's local update buffer (in a chunk's arena).
+struct UpdateTarget {
+  int param;
+  float* update;
+};
+// Momentum of each parameter's local shard into its `update`, rounded to the comm dtype (one
+// multi-tensor call: Backend::momentum_multi); zeros for parameters without a gradient.
+void local_momentum(Optimizer::Impl& s, const StepInputs& in, std::span<const UpdateTarget> targets);
+// Weight decay + update on each parameter's local shard (one Backend::apply_multi call), then
+// QK-clip on the tagged ones.
+void local_apply(Optimizer::Impl& s, const StepInputs& in, std::span<const UpdateTarget> targets);
 
 // Waits for `w` with the optimizer's timeout (options.timeout, else the communicator's default).
 void wait_work(const Optimizer::Impl& s, Work& w);

@@ -115,33 +115,48 @@ std::chrono::milliseconds work_timeout(const Optimizer::Impl& s, const Communica
 
 void wait_work(const Optimizer::Impl& s, Work& w) { w.wait(work_timeout(s, s.comm ? *s.comm : *s.user_comm)); }
 
-void local_momentum(Optimizer::Impl& s, const StepInputs& in, int param, float* update) {
-  const ParamLayout& L = s.routes.layouts[static_cast<size_t>(param)];
-  if (L.local_numel == 0) return;
-  if (!in.active[static_cast<size_t>(param)]) {  // no gradient: the momentum stays, zeros travel
-    s.backend->zero(update, static_cast<size_t>(L.local_numel) * sizeof(float));  // stream-ordered, no host wait
-    return;
+void local_momentum(Optimizer::Impl& s, const StepInputs& in, std::span<const UpdateTarget> targets) {
+  std::vector<Backend::MomentumTensor> tensors;
+  tensors.reserve(targets.size());
+  for (const UpdateTarget& t : targets) {
+    const ParamLayout& L = s.routes.layouts[static_cast<size_t>(t.param)];
+    if (L.local_numel == 0) continue;
+    if (!in.active[static_cast<size_t>(t.param)]) {  // no gradient: the momentum stays, zeros travel
+      s.backend->zero(t.update, static_cast<size_t>(L.local_numel) * sizeof(float));  // stream-ordered, no host wait
+      continue;
+    }
+    const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(t.param)])];
+    tensors.push_back({{o.momentum_kind, o.momentum, o.nesterov},
+                       s.state.data(static_cast<size_t>(t.param), detail::StateKey::Momentum),
+                       in.grads[static_cast<size_t>(t.param)], t.update});
   }
-  const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(param)])];
-  s.backend->momentum({o.momentum_kind, o.momentum, o.nesterov}, s.state.data(static_cast<size_t>(param), detail::StateKey::Momentum),
-                in.grads[static_cast<size_t>(param)], update);
-  s.backend->round_to_comm(update, L.local_numel, s.options.comm_dtype);
+  s.backend->momentum_multi(tensors, s.options.comm_dtype);
 }
 
-void local_apply(Optimizer::Impl& s, const StepInputs& in, int param, const float* update) {
-  const ParamLayout& L = s.routes.layouts[static_cast<size_t>(param)];
-  if (L.local_numel == 0) return;
-  const ParamSpec& p = s.plan.inventory().params[static_cast<size_t>(param)];
-  const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(param)])];
-  float* w = in.params[static_cast<size_t>(param)].f32();
-  s.backend->apply_update({o.lr, adjusted_lr(o.lr, o.lr_rule, L.rows, L.cols), o.weight_decay, o.cautious_wd}, w, update, L.local_numel);
-  if (o.qk_clip_threshold <= 0 || !p.qk) return;
-  // QK-clip scales whole rows: each contiguous range of local rows on its own (StridedShard has several)
-  const int64_t lc = L.box.dims[1].size();
-  int64_t pos = 0;
-  for (const Range& r : L.box.dims[0].ranges()) {
-    s.backend->qk_clip_rows(*p.qk, in.qk_logits->at(p.qk->layer), o.qk_clip_threshold, w + pos * lc, r.begin, r.end, lc);
-    pos += r.size();
+void local_apply(Optimizer::Impl& s, const StepInputs& in, std::span<const UpdateTarget> targets) {
+  std::vector<Backend::ApplyTensor> tensors;
+  tensors.reserve(targets.size());
+  for (const UpdateTarget& t : targets) {
+    const ParamLayout& L = s.routes.layouts[static_cast<size_t>(t.param)];
+    if (L.local_numel == 0) continue;
+    const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(t.param)])];
+    tensors.push_back({{o.lr, adjusted_lr(o.lr, o.lr_rule, L.rows, L.cols), o.weight_decay, o.cautious_wd},
+                       in.params[static_cast<size_t>(t.param)].f32(), t.update, L.local_numel});
+  }
+  s.backend->apply_multi(tensors);
+  for (const UpdateTarget& t : targets) {  // QK-clip after the update, on the tagged parameters
+    const ParamLayout& L = s.routes.layouts[static_cast<size_t>(t.param)];
+    const ParamSpec& p = s.plan.inventory().params[static_cast<size_t>(t.param)];
+    const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(t.param)])];
+    if (L.local_numel == 0 || o.qk_clip_threshold <= 0 || !p.qk) continue;
+    // QK-clip scales whole rows: each contiguous range of local rows on its own (StridedShard has several)
+    float* w = in.params[static_cast<size_t>(t.param)].f32();
+    const int64_t lc = L.box.dims[1].size();
+    int64_t pos = 0;
+    for (const Range& r : L.box.dims[0].ranges()) {
+      s.backend->qk_clip_rows(*p.qk, in.qk_logits->at(p.qk->layer), o.qk_clip_threshold, w + pos * lc, r.begin, r.end, lc);
+      pos += r.size();
+    }
   }
 }
 

@@ -246,13 +246,16 @@ class Pipeline {
     c->bases.push_back(static_cast<std::byte*>(c->arena.data()));
     for (int p : r.state_params)
       c->bases.push_back(reinterpret_cast<std::byte*>(s_.state.data(static_cast<size_t>(p), StateKey::NormuonV)));
-    for (size_t k = 0; k < r.entries.size(); ++k)
-      local_momentum(s_, in_, param_of(r.entries[k]), c->f32(r.update_offset[k]));
+    std::vector<UpdateTarget> targets;  // the chunk's momentum in one multi-tensor call
+    targets.reserve(r.entries.size());
+    for (size_t k = 0; k < r.entries.size(); ++k) targets.push_back({param_of(r.entries[k]), c->f32(r.update_offset[k])});
+    local_momentum(s_, in_, targets);
     for (int e : r.gram_entries) {  // blocking; before this chunk's collectives (fixed order)
       if (!in_.active[static_cast<size_t>(param_of(e))]) continue;  // skipped alike on every rank (agreed)
       float* u = c->f32(r.update_offset[static_cast<size_t>(e - r.entries.front())]);
       run_gram(s_, in_, e, u);
-      local_apply(s_, in_, param_of(e), u);
+      const UpdateTarget one{param_of(e), u};
+      local_apply(s_, in_, std::span<const UpdateTarget>(&one, 1));
     }
     s_.backend->pack(r.pack_gather, c->bases);
     order_posts(r.gather_send.size() + r.gather_recv.size(), r.gather_calls);  // the communicators read the arena
@@ -294,12 +297,15 @@ class Pipeline {
     const ChunkRoutes& r = *c.r;
     timed([&] { s_.backend->pack(r.unpack_scatter, c.bases); });
     const auto t1 = Clock::now();
+    std::vector<UpdateTarget> targets;  // the chunk's updates in one multi-tensor call
+    targets.reserve(r.entries.size());
     for (size_t k = 0; k < r.entries.size(); ++k) {
       const int e = r.entries[k];
       if (plan_.entries()[static_cast<size_t>(e)].strategy == Strategy::GramAllReduce) continue;
       if (!in_.active[static_cast<size_t>(param_of(e))]) continue;
-      local_apply(s_, in_, param_of(e), c.f32(r.update_offset[k]));
+      targets.push_back({param_of(e), c.f32(r.update_offset[k])});
     }
+    local_apply(s_, in_, targets);
     s_.stats.update_seconds += seconds_since(t1);
     s_.state.release(r.params);
     s_.stats.bytes_sent_state += r.state_sent;

@@ -150,20 +150,85 @@ cudaError_t adamw(const AdamScalars& s, float* p, const void* grad, bool bf16, f
   return done();
 }
 
+// A multi-tensor table's block layout, as the kernels' binary search assumes: item blocks start at
+// 0, rise by multi_tensor_blocks(n) (n > 0) and end at the grid's `blocks`.
+template <class Item>
+bool table_layout_ok(const Item* items, int count, int64_t blocks, const char* kernel) {
+  int64_t next = 0;
+  for (int t = 0; t < count; ++t) {
+    if (items[t].block0 != next || items[t].n <= 0)
+      return cuda_emu::fail_access(std::string(kernel) + ": the table's blocks do not follow its sizes");
+    next += multi_tensor_blocks(items[t].n);
+  }
+  return next == blocks || cuda_emu::fail_access(std::string(kernel) + ": the grid is not the table's blocks");
+}
+
+cudaError_t momentum_multi(const MomentumItem* items, int count, int64_t blocks, cudaStream_t stream) {
+  if (count <= 0 || blocks <= 0) return done();
+  if (!ranges({{items, sizeof(MomentumItem) * static_cast<size_t>(count), 8}}, "momentum_multi")) return illegal();
+  submit(stream, [=] {
+    DeviceScope scope;
+    if (!table_layout_ok(items, count, blocks, "momentum_multi")) return false;
+    for (int t = 0; t < count; ++t) {
+      const MomentumItem it = items[t];
+      const bool bf16 = it.grad_bf16 != 0;
+      if (!ranges({{it.buf, f32(it.n)}, {it.grad, grad_bytes(it.n, bf16), bf16 ? 2u : 4u}, {it.update, f32(it.n)}},
+                  "momentum_multi"))
+        return false;
+      for (int64_t i = 0; i < it.n; ++i) {  // as momentum_ema / momentum_heavy_ball, then round_bf16
+        const float g = load(it.grad, bf16, i);
+        float b, u;
+        if (it.heavy_ball) {
+          b = it.buf[i] * it.mu + g;
+          u = it.nesterov ? std::fma(b, it.mu, g) : b;
+        } else {
+          b = torch_lerp(it.buf[i], g, it.w_grad);
+          u = it.nesterov ? torch_lerp(g, b, it.mu) : b;
+        }
+        it.buf[i] = b;
+        it.update[i] = it.round_bf16 ? bf16_to_float(float_to_bf16(u)) : u;
+      }
+    }
+    return true;
+  });
+  return done();
+}
+
+cudaError_t apply_multi(const ApplyItem* items, int count, int64_t blocks, cudaStream_t stream) {
+  if (count <= 0 || blocks <= 0) return done();
+  if (!ranges({{items, sizeof(ApplyItem) * static_cast<size_t>(count), 8}}, "apply_multi")) return illegal();
+  submit(stream, [=] {
+    DeviceScope scope;
+    if (!table_layout_ok(items, count, blocks, "apply_multi")) return false;
+    for (int t = 0; t < count; ++t) {
+      const ApplyItem it = items[t];
+      if (!ranges({{it.p, f32(it.n)}, {it.u, f32(it.n)}}, "apply_multi")) return false;
+      for (int64_t i = 0; i < it.n; ++i) {  // as apply_cautious / apply_decoupled
+        if (it.cautious) {
+          const float x = it.p[i];
+          const float decay = it.u[i] * x >= 0.0f ? it.b * x : 0.0f;
+          it.p[i] = x - (it.a * it.u[i] + decay);
+        } else {
+          it.p[i] = std::fma(it.u[i], it.b, it.p[i] * it.a);
+        }
+      }
+    }
+    return true;
+  });
+  return done();
+}
+
 // The multi-tensor launch: the table is read on the emulated device when the op runs (as the kernel
-// reads it), each item's buffers checked there, each tensor then as adamw's twin. The block
-// assignment is checked too: item blocks must start at 0, rise by adamw_multi_blocks(n) and end at
-// `blocks` (what the kernel's binary search assumes).
+// reads it), its block layout and each item's buffers checked there, each tensor then as adamw's
+// twin.
 cudaError_t adamw_multi(const AdamWItem* items, int count, int64_t blocks, cudaStream_t stream) {
   if (count <= 0 || blocks <= 0) return done();
   if (!ranges({{items, sizeof(AdamWItem) * static_cast<size_t>(count), 8}}, "adamw_multi")) return illegal();
   submit(stream, [=] {
     DeviceScope scope;
-    int64_t next = 0;
+    if (!table_layout_ok(items, count, blocks, "adamw_multi")) return false;
     for (int t = 0; t < count; ++t) {
       const AdamWItem it = items[t];
-      if (it.block0 != next || it.n <= 0) return cuda_emu::fail_access("adamw_multi: the table's blocks do not follow its sizes");
-      next += adamw_multi_blocks(it.n);
       if (!ranges({{it.p, f32(it.n)}, {it.grad, grad_bytes(it.n, it.grad_bf16 != 0), it.grad_bf16 ? 2u : 4u},
                        {it.m, f32(it.n)}, {it.v, f32(it.n)}}, "adamw_multi"))
         return false;
@@ -178,7 +243,7 @@ cudaError_t adamw_multi(const AdamWItem* items, int count, int64_t blocks, cudaS
         it.v[i] = vi;
       }
     }
-    return next == blocks || cuda_emu::fail_access("adamw_multi: the grid is not the table's blocks");
+    return true;
   });
   return done();
 }

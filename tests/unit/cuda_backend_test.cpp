@@ -226,6 +226,55 @@ TEST(CudaBackend, ApplyUpdateAndAdamWAreBitwiseTheCpuKernels) {
     }
 }
 
+// Multi-tensor momentum (with the comm rounding) and apply: every kind, Nesterov or not, fp32 and
+// bf16 gradients, empty and multi-block tensors in one launch each, bitwise the cpu's single calls.
+TEST(CudaBackend, MultiTensorMomentumAndApplyAreBitwiseTheCpuPerTensor) {
+  REQUIRE_CUDA();
+  auto cuda = make_cuda_backend(0);
+  auto cpu = make_cpu_backend();
+  const std::vector<int64_t> sizes = {777, 0, 1, 300001, 4096, 33, 1025, 64};
+  for (DType comm : {DType::F32, DType::BF16}) {
+    std::vector<std::vector<float>> buf, upd, par;
+    std::vector<std::vector<BFloat16>> gb;
+    std::vector<std::vector<float>> gf;
+    std::vector<Buffer> keep;
+    std::vector<Backend::MomentumTensor> mt;
+    std::vector<Backend::ApplyTensor> at;
+    std::vector<size_t> at_buf;  // keep index of each apply tensor's parameter
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      const int64_t n = sizes[t];
+      const bool bf16 = t % 3 == 1;
+      buf.push_back(randn(static_cast<size_t>(n), 100 + t, 0.1f));
+      gf.push_back(randn(static_cast<size_t>(n), 200 + t));
+      gb.push_back(to_bf16(gf.back()));
+      upd.emplace_back(static_cast<size_t>(n), 0.0f);
+      par.push_back(randn(static_cast<size_t>(n), 300 + t));
+      keep.push_back(put(*cuda, buf.back())), keep.push_back(bf16 ? put(*cuda, gb.back()) : put(*cuda, gf.back()));
+      keep.push_back(put(*cuda, upd.back())), keep.push_back(put(*cuda, par.back()));
+      const size_t k = keep.size() - 4;
+      TensorView g(keep[k + 1].data(), bf16 ? DType::BF16 : DType::F32, Shape{n});
+      g.device = cuda->device();
+      const MomentumOptions mo{t % 2 == 0 ? MomentumKind::Ema : MomentumKind::HeavyBall, 0.9 + 0.01 * static_cast<double>(t % 5), t % 4 < 2};
+      mt.push_back({mo, keep[k].as<float>(), g, keep[k + 2].as<float>()});
+      const ApplyOptions ao{0.02, 0.02 * (1 + static_cast<double>(t)), t % 3 == 0 ? 0.0 : 0.1, t % 2 == 1};
+      at.push_back({ao, keep[k + 3].as<float>(), keep[k + 2].as<float>(), n});
+      // the cpu's single calls, in the same order (momentum + round, then apply on that update)
+      TensorView hg(bf16 ? static_cast<void*>(gb.back().data()) : gf.back().data(), bf16 ? DType::BF16 : DType::F32, Shape{n});
+      cpu->momentum(mo, buf.back().data(), hg, upd.back().data());
+      cpu->round_to_comm(upd.back().data(), n, comm);
+      cpu->apply_update(ao, par.back().data(), upd.back().data(), n);
+    }
+    cuda->momentum_multi(mt, comm);
+    cuda->apply_multi(at);
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      const std::string what = std::string(to_string(comm)) + " tensor " + std::to_string(t);
+      expect_bitwise(get<float>(keep[4 * t]), buf[t], what + " momentum buffer");
+      expect_bitwise(get<float>(keep[4 * t + 2]), upd[t], what + " update");
+      expect_bitwise(get<float>(keep[4 * t + 3]), par[t], what + " parameter");
+    }
+  }
+}
+
 // Multi-tensor AdamW: tensors of other sizes (empty, one element, over the per-tensor block cap),
 // gradient dtypes and options, in one launch, each bitwise the cpu kernel on that tensor alone; a
 // bad tensor anywhere in the list fails before any tensor changes.

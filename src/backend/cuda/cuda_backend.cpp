@@ -133,6 +133,12 @@ class UploadRing {
   void upload(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
     if (bytes == 0) return;
     const size_t need = round_up(bytes);
+    // Uploads the device has done give their events back (oldest first; the stream runs them in
+    // order), so a ring holds only as many events as uploads in flight.
+    while (!live_.empty() && query(live_.front().done) == cudaSuccess) {
+      events_->put(live_.front().done);
+      live_.pop_front();
+    }
     if (need > cap_) grow(need);
     if (head_ + need > cap_) head_ = 0;  // wrap
     // The uploads that used this region before: their copies must have run (normally long done, so
@@ -186,7 +192,7 @@ class UploadRing {
 
   void* base_ = nullptr;
   size_t cap_ = 0, head_ = 0;
-  std::vector<Segment> live_;  // uploads whose region was not written again yet
+  std::deque<Segment> live_;  // uploads whose region was not written again yet, oldest first
   std::unique_ptr<EventPool> events_;  // made at the first upload; destroys the events last
 };
 
@@ -598,6 +604,57 @@ class CudaBackend final : public Backend {
     finish(cuda::adamw(s, p, grad.data, grad.dtype == DType::BF16, m, v, n, tl_stream), "adamw");
   }
 
+  // A multi-tensor table to the device through the pinned ring, then its launch.
+  template <class Item, class Launch>
+  void launch_table(const std::vector<Item>& items, int64_t blocks, Launch launch, const char* what) {
+    if (items.empty()) return;
+    DMUON_CHECK(blocks <= INT_MAX && items.size() <= INT_MAX, "[cuda] ", what, ": ", items.size(), " tensors need ", blocks,
+                " blocks; at most ", INT_MAX);
+    const DeviceGuard guard = enter();
+    const size_t bytes = items.size() * sizeof(Item);
+    auto* d = reinterpret_cast<Item*>(thread_scratch(device_, bytes, kAuxScratch));
+    upload(device_, d, items.data(), bytes);  // no host wait
+    finish(launch(d, static_cast<int>(items.size()), blocks, tl_stream), what);
+  }
+
+  void momentum_multi(std::span<const MomentumTensor> tensors, DType comm) override {
+    std::vector<cuda::MomentumItem> items;
+    items.reserve(tensors.size());
+    int64_t blocks = 0;
+    for (const MomentumTensor& t : tensors) {  // every tensor checked before the launch
+      DMUON_CHECK(t.grad.is_contiguous(), "[momentum] gradient view is not contiguous");
+      const int64_t n = t.grad.numel();
+      cpu::check_momentum_args(t.o, t.buf, t.grad.data, t.update, n);
+      if (n == 0) continue;
+      cuda::MomentumItem it{};
+      it.buf = t.buf, it.grad = t.grad.data, it.update = t.update, it.n = n, it.block0 = blocks;
+      it.w_grad = cpu::to_scalar(1.0 - t.o.momentum), it.mu = cpu::to_scalar(t.o.momentum);
+      it.grad_bf16 = t.grad.dtype == DType::BF16;
+      it.heavy_ball = t.o.kind != MomentumKind::Ema, it.nesterov = t.o.nesterov, it.round_bf16 = comm != DType::F32;
+      items.push_back(it);
+      blocks += cuda::multi_tensor_blocks(n);
+    }
+    launch_table(items, blocks, cuda::momentum_multi, "momentum (multi-tensor)");
+  }
+
+  void apply_multi(std::span<const ApplyTensor> tensors) override {
+    std::vector<cuda::ApplyItem> items;
+    items.reserve(tensors.size());
+    int64_t blocks = 0;
+    for (const ApplyTensor& t : tensors) {
+      cpu::check_apply_args(t.o, t.param, t.update, t.n);
+      if (t.n == 0) continue;
+      cuda::ApplyItem it{};
+      it.p = t.param, it.u = t.update, it.n = t.n, it.block0 = blocks, it.cautious = t.o.cautious;
+      // as apply_update's scalars: cautious (adjusted lr, lr·wd), decoupled (1 − lr·wd, −adjusted lr)
+      it.a = cpu::to_scalar(t.o.cautious ? t.o.adjusted_lr : 1.0 - t.o.lr * t.o.weight_decay);
+      it.b = cpu::to_scalar(t.o.cautious ? t.o.lr * t.o.weight_decay : -t.o.adjusted_lr);
+      items.push_back(it);
+      blocks += cuda::multi_tensor_blocks(t.n);
+    }
+    launch_table(items, blocks, cuda::apply_multi, "apply_update (multi-tensor)");
+  }
+
   void adamw_multi(std::span<const AdamWTensor> tensors) override {
     std::vector<cuda::AdamWItem> items;
     items.reserve(tensors.size());
@@ -608,15 +665,9 @@ class CudaBackend final : public Backend {
       const cpu::AdamScalars sc = cpu::adamw_args(t.o, t.param, t.grad.data, t.exp_avg, t.exp_avg_sq, n);
       if (n == 0) continue;
       items.push_back({sc, t.param, t.grad.data, t.exp_avg, t.exp_avg_sq, n, blocks, t.grad.dtype == DType::BF16, 0});
-      blocks += cuda::adamw_multi_blocks(n);
+      blocks += cuda::multi_tensor_blocks(n);
     }
-    if (items.empty()) return;
-    DMUON_CHECK(blocks <= INT_MAX, "[adamw] ", items.size(), " tensors need ", blocks, " blocks; at most ", INT_MAX);
-    const DeviceGuard guard = enter();
-    const size_t bytes = items.size() * sizeof(cuda::AdamWItem);
-    auto* d = reinterpret_cast<cuda::AdamWItem*>(thread_scratch(device_, bytes, kAuxScratch));
-    upload(device_, d, items.data(), bytes);  // the pinned ring: no host wait
-    finish(cuda::adamw_multi(d, static_cast<int>(items.size()), blocks, tl_stream), "adamw (multi-tensor)");
+    launch_table(items, blocks, cuda::adamw_multi, "adamw (multi-tensor)");
   }
 
   void qk_clip_rows(const QkTag& tag, std::span<const float> logits, double tau, float* w, int64_t row_begin,

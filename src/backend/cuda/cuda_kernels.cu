@@ -40,41 +40,81 @@ __device__ __forceinline__ float torch_lerp(float a, float b, float w) {
 #define DMUON_GRID_LOOP(i, n) \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
+// Element i of the momentum and apply kernels (the cpu kernels' operations in their order); the
+// kernels below run them over one tensor, the multi-tensor kernels over a table of them.
+__device__ __forceinline__ float ema_at(float* buf, const void* grad, bool bf16, float* update, int64_t i, float w_grad,
+                                        float mu, bool nesterov) {
+  const float g = load_grad(grad, bf16, i);
+  const float b = torch_lerp(buf[i], g, w_grad);
+  buf[i] = b;
+  return update[i] = nesterov ? torch_lerp(g, b, mu) : b;
+}
+__device__ __forceinline__ float heavy_ball_at(float* buf, const void* grad, bool bf16, float* update, int64_t i, float mu,
+                                               bool nesterov) {
+  const float g = load_grad(grad, bf16, i);
+  const float scaled = __fmul_rn(buf[i], mu);
+  const float b = __fadd_rn(scaled, g);
+  buf[i] = b;
+  return update[i] = nesterov ? __fmaf_rn(b, mu, g) : b;
+}
+__device__ __forceinline__ void decoupled_at(float* p, const float* u, int64_t i, float keep, float neg_lr) {
+  const float decayed = __fmul_rn(p[i], keep);
+  p[i] = __fmaf_rn(u[i], neg_lr, decayed);
+}
+__device__ __forceinline__ void cautious_at(float* p, const float* u, int64_t i, float lr_adj, float lr_wd) {
+  const float x = p[i];
+  const bool keep_decay = __fmul_rn(u[i], x) >= 0.0f;
+  const float decay = keep_decay ? __fmul_rn(lr_wd, x) : 0.0f;
+  const float step = __fmul_rn(lr_adj, u[i]);
+  p[i] = __fsub_rn(x, __fadd_rn(step, decay));
+}
+
 __global__ void ema_kernel(float* buf, const void* grad, bool bf16, float* update, int64_t n, float w_grad, float mu,
                            bool nesterov) {
-  DMUON_GRID_LOOP(i, n) {
-    const float g = load_grad(grad, bf16, i);
-    const float b = torch_lerp(buf[i], g, w_grad);
-    buf[i] = b;
-    update[i] = nesterov ? torch_lerp(g, b, mu) : b;
-  }
+  DMUON_GRID_LOOP(i, n) (void)ema_at(buf, grad, bf16, update, i, w_grad, mu, nesterov);
 }
-
 __global__ void heavy_ball_kernel(float* buf, const void* grad, bool bf16, float* update, int64_t n, float mu,
                                   bool nesterov) {
-  DMUON_GRID_LOOP(i, n) {
-    const float g = load_grad(grad, bf16, i);
-    const float scaled = __fmul_rn(buf[i], mu);
-    const float b = __fadd_rn(scaled, g);
-    buf[i] = b;
-    update[i] = nesterov ? __fmaf_rn(b, mu, g) : b;
-  }
+  DMUON_GRID_LOOP(i, n) (void)heavy_ball_at(buf, grad, bf16, update, i, mu, nesterov);
 }
-
 __global__ void decoupled_kernel(float* p, const float* u, int64_t n, float keep, float neg_lr) {
-  DMUON_GRID_LOOP(i, n) {
-    const float decayed = __fmul_rn(p[i], keep);
-    p[i] = __fmaf_rn(u[i], neg_lr, decayed);
+  DMUON_GRID_LOOP(i, n) decoupled_at(p, u, i, keep, neg_lr);
+}
+__global__ void cautious_kernel(float* p, const float* u, int64_t n, float lr_adj, float lr_wd) {
+  DMUON_GRID_LOOP(i, n) cautious_at(p, u, i, lr_adj, lr_wd);
+}
+
+// A multi-tensor kernel's block: the last item whose block0 ≤ blockIdx.x (binary search over the
+// table), and how many blocks that item has (its grid-stride loop's stride in blocks).
+template <class Item>
+__device__ __forceinline__ int item_of(const Item* items, int count, int64_t* blocks) {
+  const int64_t b = blockIdx.x;
+  int lo = 0, hi = count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (items[mid].block0 <= b) lo = mid;
+    else hi = mid - 1;
+  }
+  *blocks = (lo + 1 < count ? items[lo + 1].block0 : static_cast<int64_t>(gridDim.x)) - items[lo].block0;
+  return lo;
+}
+
+__global__ void momentum_multi_kernel(const MomentumItem* items, int count) {
+  int64_t blocks = 0;
+  const MomentumItem it = items[item_of(items, count, &blocks)];
+  for (int64_t i = (blockIdx.x - it.block0) * blockDim.x + threadIdx.x; i < it.n; i += blocks * blockDim.x) {
+    const float u = it.heavy_ball ? heavy_ball_at(it.buf, it.grad, it.grad_bf16 != 0, it.update, i, it.mu, it.nesterov != 0)
+                                  : ema_at(it.buf, it.grad, it.grad_bf16 != 0, it.update, i, it.w_grad, it.mu, it.nesterov != 0);
+    if (it.round_bf16) it.update[i] = bf16_bits_to_float(float_to_bf16_bits(u));
   }
 }
 
-__global__ void cautious_kernel(float* p, const float* u, int64_t n, float lr_adj, float lr_wd) {
-  DMUON_GRID_LOOP(i, n) {
-    const float x = p[i];
-    const bool keep_decay = __fmul_rn(u[i], x) >= 0.0f;
-    const float decay = keep_decay ? __fmul_rn(lr_wd, x) : 0.0f;
-    const float step = __fmul_rn(lr_adj, u[i]);
-    p[i] = __fsub_rn(x, __fadd_rn(step, decay));
+__global__ void apply_multi_kernel(const ApplyItem* items, int count) {
+  int64_t blocks = 0;
+  const ApplyItem it = items[item_of(items, count, &blocks)];
+  for (int64_t i = (blockIdx.x - it.block0) * blockDim.x + threadIdx.x; i < it.n; i += blocks * blockDim.x) {
+    if (it.cautious) cautious_at(it.p, it.u, i, it.a, it.b);
+    else decoupled_at(it.p, it.u, i, it.a, it.b);
   }
 }
 
@@ -98,19 +138,11 @@ __global__ void adamw_kernel(AdamScalars s, float* p, const void* grad, bool bf1
   DMUON_GRID_LOOP(i, n) adamw_at(s, p, grad, bf16, m, v, i);
 }
 
-// Multi-tensor AdamW: block b belongs to the last item whose block0 ≤ b (binary search over the
-// table), and loops over that item's elements with a stride of the item's blocks.
+// Multi-tensor AdamW: each block on its item's elements (item_of).
 __global__ void adamw_multi_kernel(const AdamWItem* items, int count) {
-  const int64_t b = blockIdx.x;
-  int lo = 0, hi = count - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (items[mid].block0 <= b) lo = mid;
-    else hi = mid - 1;
-  }
-  const AdamWItem it = items[lo];
-  const int64_t blocks = (lo + 1 < count ? items[lo + 1].block0 : static_cast<int64_t>(gridDim.x)) - it.block0;
-  for (int64_t i = (b - it.block0) * blockDim.x + threadIdx.x; i < it.n; i += blocks * blockDim.x)
+  int64_t blocks = 0;
+  const AdamWItem it = items[item_of(items, count, &blocks)];
+  for (int64_t i = (blockIdx.x - it.block0) * blockDim.x + threadIdx.x; i < it.n; i += blocks * blockDim.x)
     adamw_at(it.s, it.p, it.grad, it.grad_bf16 != 0, it.m, it.v, i);
 }
 
@@ -337,6 +369,14 @@ cudaError_t apply_cautious(float* p, const float* u, int64_t n, float lr_adj, fl
 cudaError_t adamw(const AdamScalars& k, float* p, const void* grad, bool bf16, float* m, float* v, int64_t n,
                   cudaStream_t s) {
   if (n > 0) adamw_kernel<<<blocks_for(n), kThreads, 0, s>>>(k, p, grad, bf16, m, v, n);
+  return done();
+}
+cudaError_t momentum_multi(const MomentumItem* items, int count, int64_t blocks, cudaStream_t s) {
+  if (count > 0 && blocks > 0) momentum_multi_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(items, count);
+  return done();
+}
+cudaError_t apply_multi(const ApplyItem* items, int count, int64_t blocks, cudaStream_t s) {
+  if (count > 0 && blocks > 0) apply_multi_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(items, count);
   return done();
 }
 cudaError_t adamw_multi(const AdamWItem* items, int count, int64_t blocks, cudaStream_t s) {

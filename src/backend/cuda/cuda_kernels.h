@@ -41,13 +41,38 @@ struct AdamWItem {
   int32_t grad_bf16;
   int32_t pad;
 };
-// The blocks a tensor of n elements gets in adamw_multi (its own grid-stride loop over them).
-inline int64_t adamw_multi_blocks(int64_t n) {
+// Momentum over one tensor of a multi-tensor launch: EMA (w_grad = 1 − μ) or heavy ball, Nesterov or
+// not, then the update rounded to bf16 and back where round_bf16 (the comm dtype's rounding).
+struct MomentumItem {
+  float* buf;
+  const void* grad;
+  float* update;
+  int64_t n;
+  int64_t block0;
+  float w_grad, mu;
+  int32_t grad_bf16;
+  uint8_t heavy_ball, nesterov, round_bf16, pad;
+};
+cudaError_t momentum_multi(const MomentumItem* items, int count, int64_t blocks, cudaStream_t s);
+// The update applied to one tensor of a multi-tensor launch: decoupled (a = keep, b = −lr) or
+// cautious (a = adjusted lr, b = lr·wd), as apply_decoupled / apply_cautious.
+struct ApplyItem {
+  float* p;
+  const float* u;
+  int64_t n;
+  int64_t block0;
+  float a, b;
+  int32_t cautious, pad;
+};
+cudaError_t apply_multi(const ApplyItem* items, int count, int64_t blocks, cudaStream_t s);
+// The blocks a tensor of n elements gets in a multi-tensor launch (its own grid-stride loop over
+// them): item t owns blocks [block0_t, block0_{t+1}), block0 rising by this from 0.
+inline int64_t multi_tensor_blocks(int64_t n) {
   const int64_t b = (n + 4 * 256 - 1) / (4 * 256);
   return b < 1 ? 1 : (b > 1024 ? 1024 : b);
 }
 // AdamW over `count` tensors of the table `items` (device memory) in one launch of `blocks` blocks
-// (Σ adamw_multi_blocks): every element gets the arithmetic of adamw, so each tensor the bits it
+// (Σ multi_tensor_blocks): every element gets the arithmetic of adamw, so each tensor the bits it
 // gets alone.
 cudaError_t adamw_multi(const AdamWItem* items, int count, int64_t blocks, cudaStream_t s);
 // rows × cols row-major, row r scaled by factors[r] (device) unless that factor is exactly 1.
