@@ -163,6 +163,30 @@ bool table_layout_ok(const Item* items, int count, int64_t blocks, const char* k
   return next == blocks || cuda_emu::fail_access(std::string(kernel) + ": the grid is not the table's blocks");
 }
 
+cudaError_t first_non_finite_multi(const NonFiniteItem* items, int count, int64_t blocks, unsigned long long* flags,
+                                   cudaStream_t stream) {
+  if (count <= 0 || blocks <= 0) return done();
+  if (!ranges({{items, sizeof(NonFiniteItem) * static_cast<size_t>(count), 8}}, "first_non_finite_multi")) return illegal();
+  submit(stream, [=] {
+    DeviceScope scope;
+    if (!table_layout_ok(items, count, blocks, "first_non_finite_multi")) return false;
+    for (int t = 0; t < count; ++t) {
+      const NonFiniteItem it = items[t];
+      const bool bf16 = it.bf16 != 0;
+      unsigned long long* result = flags + it.flag;
+      if (!ranges({{it.g, grad_bytes(it.n, bf16), bf16 ? 2u : 4u}, {result, sizeof *result, 8}}, "first_non_finite_multi"))
+        return false;
+      for (int64_t i = 0; i < it.n; ++i) {  // as first_non_finite
+        const bool bad = bf16 ? (static_cast<const uint16_t*>(it.g)[i] & 0x7F80u) == 0x7F80u
+                              : (float_to_bits(static_cast<const float*>(it.g)[i]) & 0x7F800000u) == 0x7F800000u;
+        if (bad) *result = std::min(*result, static_cast<unsigned long long>(i));
+      }
+    }
+    return true;
+  });
+  return done();
+}
+
 cudaError_t momentum_multi(const MomentumItem* items, int count, int64_t blocks, cudaStream_t stream) {
   if (count <= 0 || blocks <= 0) return done();
   if (!ranges({{items, sizeof(MomentumItem) * static_cast<size_t>(count), 8}}, "momentum_multi")) return illegal();

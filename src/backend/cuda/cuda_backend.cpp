@@ -736,16 +736,28 @@ class CudaBackend final : public Backend {
   std::vector<unsigned long long> non_finite_flags(std::span<const TensorView> views) {
     std::vector<unsigned long long> idx(views.size(), ~0ull);
     if (views.empty()) return idx;
-    const DeviceGuard guard = enter();
-    const size_t bytes = views.size() * sizeof(unsigned long long);
-    auto* d = reinterpret_cast<unsigned long long*>(thread_scratch(device_, bytes, kAuxScratch));
-    check(cudaMemsetAsync(d, 0xFF, bytes, tl_stream), "cudaMemset");
+    std::vector<cuda::NonFiniteItem> items;  // one multi-tensor launch over every view
+    int64_t blocks = 0;
     for (size_t i = 0; i < views.size(); ++i) {
       const TensorView& g = views[i];
       if (g.is_none() || g.numel() == 0) continue;
-      check(cuda::first_non_finite(g.data, g.dtype == DType::BF16, g.numel(), d + i, tl_stream), "first_non_finite");
+      items.push_back({g.data, g.numel(), blocks, g.dtype == DType::BF16, static_cast<int32_t>(i)});
+      blocks += cuda::multi_tensor_blocks(g.numel());
     }
-    download(device_, idx.data(), d, bytes);  // the one synchronization
+    DMUON_CHECK(blocks <= INT_MAX && views.size() <= INT_MAX, "[cuda] non-finite scan: ", views.size(), " tensors need ",
+                blocks, " blocks; at most ", INT_MAX);
+    const DeviceGuard guard = enter();
+    // the flags, then the table (256-byte aligned), in the thread's scratch
+    const size_t flag_bytes = views.size() * sizeof(unsigned long long), table_at = (flag_bytes + 255) / 256 * 256;
+    std::byte* scratch = thread_scratch(device_, table_at + items.size() * sizeof(cuda::NonFiniteItem), kAuxScratch);
+    auto* flags = reinterpret_cast<unsigned long long*>(scratch);
+    auto* table = reinterpret_cast<cuda::NonFiniteItem*>(scratch + table_at);
+    check(cudaMemsetAsync(flags, 0xFF, flag_bytes, tl_stream), "cudaMemset");
+    if (!items.empty()) {
+      upload(device_, table, items.data(), items.size() * sizeof(cuda::NonFiniteItem));
+      check(cuda::first_non_finite_multi(table, static_cast<int>(items.size()), blocks, flags, tl_stream), "first_non_finite");
+    }
+    download(device_, idx.data(), flags, flag_bytes);  // the one synchronization
     return idx;
   }
   int64_t first_non_finite_of(std::span<const TensorView> views) override {

@@ -161,16 +161,28 @@ __global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t n) {
   DMUON_GRID_LOOP(i, n) y[i] = float_to_bf16_bits(x[i]);
 }
 
+__device__ __forceinline__ bool non_finite_at(const void* g, bool bf16, int64_t i) {
+  if (bf16) return (static_cast<const uint16_t*>(g)[i] & 0x7F80u) == 0x7F80u;
+  return (__float_as_uint(static_cast<const float*>(g)[i]) & 0x7F800000u) == 0x7F800000u;
+}
+
 __global__ void non_finite_kernel(const void* g, bool bf16, int64_t n, unsigned long long* result) {
   DMUON_GRID_LOOP(i, n) {
-    bool bad;
-    if (bf16) bad = (static_cast<const uint16_t*>(g)[i] & 0x7F80u) == 0x7F80u;
-    else bad = (__float_as_uint(static_cast<const float*>(g)[i]) & 0x7F800000u) == 0x7F800000u;
-    if (bad) {  // a thread's indices rise: its first hit is its least, the only one worth an atomic
+    if (non_finite_at(g, bf16, i)) {  // a thread's indices rise: its first hit is its least, the only one worth an atomic
       atomicMin(result, static_cast<unsigned long long>(i));
       break;  // (an all-NaN gradient would otherwise serialize one atomic per element)
     }
   }
+}
+
+__global__ void non_finite_multi_kernel(const NonFiniteItem* items, int count, unsigned long long* flags) {
+  int64_t blocks = 0;
+  const NonFiniteItem it = items[item_of(items, count, &blocks)];
+  for (int64_t i = (blockIdx.x - it.block0) * blockDim.x + threadIdx.x; i < it.n; i += blocks * blockDim.x)
+    if (non_finite_at(it.g, it.bf16 != 0, i)) {  // a thread's first hit is its least (its indices rise)
+      atomicMin(flags + it.flag, static_cast<unsigned long long>(i));
+      break;
+    }
 }
 
 // A pack run's items sit back to back in a message (routes.cpp): an fp32 item after a bf16 item of
@@ -369,6 +381,12 @@ cudaError_t apply_cautious(float* p, const float* u, int64_t n, float lr_adj, fl
 cudaError_t adamw(const AdamScalars& k, float* p, const void* grad, bool bf16, float* m, float* v, int64_t n,
                   cudaStream_t s) {
   if (n > 0) adamw_kernel<<<blocks_for(n), kThreads, 0, s>>>(k, p, grad, bf16, m, v, n);
+  return done();
+}
+cudaError_t first_non_finite_multi(const NonFiniteItem* items, int count, int64_t blocks, unsigned long long* flags,
+                                   cudaStream_t s) {
+  if (count > 0 && blocks > 0)
+    non_finite_multi_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(items, count, flags);
   return done();
 }
 cudaError_t momentum_multi(const MomentumItem* items, int count, int64_t blocks, cudaStream_t s) {

@@ -81,6 +81,17 @@ cudaError_t scale_rows(float* w, const float* factors, int64_t rows, int64_t col
 cudaError_t round_bf16(float* x, int64_t n, cudaStream_t s);
 // *result = min index of a non-finite element (must be preset to UINT64_MAX).
 cudaError_t first_non_finite(const void* g, bool bf16, int64_t n, unsigned long long* result, cudaStream_t s);
+// The scan over a table of tensors in one launch: flags[t] = min(flags[t], the first non-finite
+// index of item t) (flags preset to UINT64_MAX), items' blocks as multi_tensor_blocks.
+struct NonFiniteItem {
+  const void* g;
+  int64_t n;
+  int64_t block0;
+  int32_t bf16;
+  int32_t flag;  // the index into flags
+};
+cudaError_t first_non_finite_multi(const NonFiniteItem* items, int count, int64_t blocks, unsigned long long* flags,
+                                   cudaStream_t s);
 // A pack table (device copies of the runs, their element prefix sums (nruns + 1), the bases).
 cudaError_t pack(const PackRun* runs, const int64_t* prefix, int nruns, std::byte* const* bases, int64_t total,
                  cudaStream_t s);
