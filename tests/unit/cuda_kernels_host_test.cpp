@@ -14,14 +14,22 @@
 
 #include <algorithm>
 #include <barrier>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <string>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "backend/backend.h"
+#include "backend/cuda/multi_tensor.h"
+#include "dmuon/bf16.h"
 #include "dmuon/update.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/update_args.h"
 
 namespace dmuon::cuda_host {
 namespace {
@@ -39,6 +47,20 @@ Index3 blockDim, gridDim;
 std::barrier<>* block_barrier = nullptr;
 void __syncthreads() { block_barrier->arrive_and_wait(); }
 // IEEE operations rounded once each (this file is built with -ffp-contract=off: no fused multiply-add).
+float __fadd_rn(float a, float b) { return a + b; }
+float __fsub_rn(float a, float b) { return a - b; }
+float __fmul_rn(float a, float b) { return a * b; }
+float __fdiv_rn(float a, float b) { return a / b; }
+float __fsqrt_rn(float a) { return std::sqrt(a); }
+float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+float __uint_as_float(uint32_t u) { return std::bit_cast<float>(u); }
+uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
+// The element-wise kernels run their threads one after another (no barriers in them): a plain min.
+unsigned long long atomicMin(unsigned long long* a, unsigned long long v) {
+  const unsigned long long old = *a;
+  if (v < old) *a = v;
+  return old;
+}
 double __dadd_rn(double a, double b) { return a + b; }
 double __dmul_rn(double a, double b) { return a * b; }
 double __ddiv_rn(double a, double b) { return a / b; }
@@ -53,6 +75,13 @@ constexpr int kThreads = 256;  // as cuda_kernels.cu
 
 #include "backend/cuda/reductions.cuh"
 
+#define __device__
+#define __forceinline__ inline
+using namespace ::dmuon::cuda;  // the multi-tensor tables (multi_tensor.h)
+#include "backend/cuda/elementwise.cuh"
+
+#undef __device__
+#undef __forceinline__
 #undef __global__
 #undef __shared__
 
@@ -73,6 +102,19 @@ void launch(dim3 grid, dim3 block, Kernel kernel) {
       });
     for (std::thread& t : team) t.join();
   }
+}
+
+// A kernel without barriers: its threads run one after another, block by block.
+template <class Kernel>
+void launch_serial(int64_t grid, unsigned block, Kernel kernel) {
+  gridDim = {static_cast<unsigned>(grid), 1, 1};
+  blockDim = {block, 1, 1};
+  for (int64_t b = 0; b < grid; ++b)
+    for (unsigned t = 0; t < block; ++t) {
+      blockIdx = {static_cast<unsigned>(b), 0, 0};
+      threadIdx = {t, 0, 0};
+      kernel();
+    }
 }
 
 std::vector<float> normal(size_t n, unsigned seed) {
@@ -170,6 +212,84 @@ TEST(CudaKernelsOnHost, SumOfSquaresFollowsItsFixedTree) {
       EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0) << "n " << n << " blocks " << blocks;
     }
   }
+}
+
+// The multi-tensor kernels (momentum with the comm rounding, apply, AdamW, the non-finite scan) on
+// one table of tensors of odd sizes, both gradient dtypes and per-tensor options, their blocks laid
+// out as the cuda backend lays them (multi_tensor_blocks): every tensor bitwise what the cpu backend
+// gives it alone. A block that found the wrong tensor, or a stride that skipped or repeated
+// elements, changes bits here.
+TEST(CudaKernelsOnHost, MultiTensorKernelsAreTheCpuKernelsPerTensor) {
+  auto cpu = detail::make_cpu_backend();
+  const std::vector<int64_t> sizes = {777, 1, 300001, 4096, 33, 1025};
+  struct T {
+    std::vector<float> buf, g, upd, p, m, v;
+    std::vector<BFloat16> gb;
+    bool bf16;
+  };
+  std::vector<T> dev(sizes.size()), ref(sizes.size());
+  std::vector<MomentumItem> mom;
+  std::vector<ApplyItem> app;
+  std::vector<AdamWItem> adw;
+  std::vector<NonFiniteItem> nfi;
+  int64_t blocks = 0;
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    const int64_t n = sizes[t];
+    const auto un = static_cast<unsigned>(t);
+    T x{normal(n, 10 + un), normal(n, 20 + un), std::vector<float>(n), normal(n, 30 + un), normal(n, 40 + un),
+        normal(n, 50 + un), {}, t % 2 == 1};
+    for (float& e : x.v) e = e * e;
+    if (t == 3) x.g[static_cast<size_t>(n / 2)] = std::numeric_limits<float>::infinity(), x.g[static_cast<size_t>(n - 1)] = NAN;
+    x.gb.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) x.gb[static_cast<size_t>(i)] = float_to_bf16(x.g[static_cast<size_t>(i)]);
+    dev[t] = x, ref[t] = x;
+    T& d = dev[t];
+    const void* g = d.bf16 ? static_cast<const void*>(d.gb.data()) : d.g.data();
+    const MomentumOptions mo{t % 2 == 0 ? MomentumKind::Ema : MomentumKind::HeavyBall, 0.9 + 0.01 * static_cast<double>(t), t % 3 != 0};
+    MomentumItem mi{};
+    mi.buf = d.buf.data(), mi.grad = g, mi.update = d.upd.data(), mi.n = n, mi.block0 = blocks;
+    mi.w_grad = cpu::to_scalar(1.0 - mo.momentum), mi.mu = cpu::to_scalar(mo.momentum), mi.grad_bf16 = d.bf16;
+    mi.heavy_ball = mo.kind == MomentumKind::HeavyBall, mi.nesterov = mo.nesterov, mi.round_bf16 = t % 2 == 0;
+    mom.push_back(mi);
+    const ApplyOptions ao{0.02, 0.03 + 0.01 * static_cast<double>(t), 0.1, t % 2 == 1};
+    ApplyItem ai{};
+    ai.p = d.p.data(), ai.u = d.upd.data(), ai.n = n, ai.block0 = blocks, ai.cautious = ao.cautious;
+    ai.a = cpu::to_scalar(ao.cautious ? ao.adjusted_lr : 1.0 - ao.lr * ao.weight_decay);
+    ai.b = cpu::to_scalar(ao.cautious ? ao.lr * ao.weight_decay : -ao.adjusted_lr);
+    app.push_back(ai);
+    AdamWOptions wo;
+    wo.lr = 1e-3 * static_cast<double>(t + 1), wo.weight_decay = 0.01, wo.step = static_cast<int64_t>(t) + 1;
+    adw.push_back({cpu::adamw_args(wo, d.p.data(), g, d.m.data(), d.v.data(), n), d.p.data(), g, d.m.data(), d.v.data(), n,
+                   blocks, d.bf16, 0});
+    nfi.push_back({g, n, blocks, d.bf16, static_cast<int32_t>(t)});
+    blocks += multi_tensor_blocks(n);
+    // the cpu, tensor by tensor: momentum (+ rounding), apply with that update, then AdamW
+    T& r = ref[t];
+    const TensorView rg(r.bf16 ? static_cast<void*>(r.gb.data()) : r.g.data(), r.bf16 ? DType::BF16 : DType::F32, Shape{n});
+    cpu->momentum(mo, r.buf.data(), rg, r.upd.data());
+    cpu->round_to_comm(r.upd.data(), n, t % 2 == 0 ? DType::BF16 : DType::F32);
+    cpu->apply_update(ao, r.p.data(), r.upd.data(), n);
+    cpu->adamw(wo, r.p.data(), rg, r.m.data(), r.v.data());
+  }
+  const int count = static_cast<int>(sizes.size());
+  std::vector<unsigned long long> flags(sizes.size(), ~0ull);
+  launch_serial(blocks, kThreads, [&] { non_finite_multi_kernel(nfi.data(), count, flags.data()); });
+  launch_serial(blocks, kThreads, [&] { momentum_multi_kernel(mom.data(), count); });
+  launch_serial(blocks, kThreads, [&] { apply_multi_kernel(app.data(), count); });
+  launch_serial(blocks, kThreads, [&] { adamw_multi_kernel(adw.data(), count); });
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    const std::string what = "tensor " + std::to_string(t);
+    expect_bitwise(dev[t].buf, ref[t].buf, (what + " momentum buffer").c_str());
+    expect_bitwise(dev[t].upd, ref[t].upd, (what + " update").c_str());
+    expect_bitwise(dev[t].p, ref[t].p, (what + " parameter").c_str());
+    expect_bitwise(dev[t].m, ref[t].m, (what + " exp_avg").c_str());
+    expect_bitwise(dev[t].v, ref[t].v, (what + " exp_avg_sq").c_str());
+    const TensorView rg(ref[t].bf16 ? static_cast<void*>(ref[t].gb.data()) : ref[t].g.data(),
+                        ref[t].bf16 ? DType::BF16 : DType::F32, Shape{sizes[t]});
+    const int64_t first = cpu->first_non_finite(rg);
+    EXPECT_EQ(flags[t], first < 0 ? ~0ull : static_cast<unsigned long long>(first)) << what << " non-finite scan";
+  }
+  EXPECT_EQ(flags[3], static_cast<unsigned long long>(4096 / 2)) << "the control: the scan found the planted inf";
 }
 
 }  // namespace

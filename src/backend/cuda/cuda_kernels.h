@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cuda/multi_tensor.h"
 #include "backend/pack.h"
 #include "kernels/cpu/adam_scalars.h"
 
@@ -28,49 +29,8 @@ cudaError_t apply_decoupled(float* p, const float* u, int64_t n, float keep, flo
 cudaError_t apply_cautious(float* p, const float* u, int64_t n, float lr_adj, float lr_wd, cudaStream_t s);
 cudaError_t adamw(const AdamScalars& k, float* p, const void* grad, bool grad_bf16, float* m, float* v, int64_t n,
                   cudaStream_t s);
-// One tensor of a multi-tensor AdamW launch (a table in device memory): its scalars, its buffers,
-// its size and the first block of the grid that is its own (blocks [block0, next item's block0)).
-struct AdamWItem {
-  AdamScalars s;
-  float* p;
-  const void* grad;
-  float* m;
-  float* v;
-  int64_t n;
-  int64_t block0;
-  int32_t grad_bf16;
-  int32_t pad;
-};
-// Momentum over one tensor of a multi-tensor launch: EMA (w_grad = 1 − μ) or heavy ball, Nesterov or
-// not, then the update rounded to bf16 and back where round_bf16 (the comm dtype's rounding).
-struct MomentumItem {
-  float* buf;
-  const void* grad;
-  float* update;
-  int64_t n;
-  int64_t block0;
-  float w_grad, mu;
-  int32_t grad_bf16;
-  uint8_t heavy_ball, nesterov, round_bf16, pad;
-};
 cudaError_t momentum_multi(const MomentumItem* items, int count, int64_t blocks, cudaStream_t s);
-// The update applied to one tensor of a multi-tensor launch: decoupled (a = keep, b = −lr) or
-// cautious (a = adjusted lr, b = lr·wd), as apply_decoupled / apply_cautious.
-struct ApplyItem {
-  float* p;
-  const float* u;
-  int64_t n;
-  int64_t block0;
-  float a, b;
-  int32_t cautious, pad;
-};
 cudaError_t apply_multi(const ApplyItem* items, int count, int64_t blocks, cudaStream_t s);
-// The blocks a tensor of n elements gets in a multi-tensor launch (its own grid-stride loop over
-// them): item t owns blocks [block0_t, block0_{t+1}), block0 rising by this from 0.
-inline int64_t multi_tensor_blocks(int64_t n) {
-  const int64_t b = (n + 4 * 256 - 1) / (4 * 256);
-  return b < 1 ? 1 : (b > 1024 ? 1024 : b);
-}
 // AdamW over `count` tensors of the table `items` (device memory) in one launch of `blocks` blocks
 // (Σ multi_tensor_blocks): every element gets the arithmetic of adamw, so each tensor the bits it
 // gets alone.
@@ -81,15 +41,6 @@ cudaError_t scale_rows(float* w, const float* factors, int64_t rows, int64_t col
 cudaError_t round_bf16(float* x, int64_t n, cudaStream_t s);
 // *result = min index of a non-finite element (must be preset to UINT64_MAX).
 cudaError_t first_non_finite(const void* g, bool bf16, int64_t n, unsigned long long* result, cudaStream_t s);
-// The scan over a table of tensors in one launch: flags[t] = min(flags[t], the first non-finite
-// index of item t) (flags preset to UINT64_MAX), items' blocks as multi_tensor_blocks.
-struct NonFiniteItem {
-  const void* g;
-  int64_t n;
-  int64_t block0;
-  int32_t bf16;
-  int32_t flag;  // the index into flags
-};
 cudaError_t first_non_finite_multi(const NonFiniteItem* items, int count, int64_t blocks, unsigned long long* flags,
                                    cudaStream_t s);
 // A pack table (device copies of the runs, their element prefix sums (nruns + 1), the bases).
