@@ -26,6 +26,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/multi_tensor.h"
+#include "backend/pack.h"
 #include "dmuon/bf16.h"
 #include "dmuon/update.h"
 #include "kernels/cpu/elementwise.h"
@@ -79,6 +80,9 @@ constexpr int kThreads = 256;  // as cuda_kernels.cu
 #define __forceinline__ inline
 using namespace ::dmuon::cuda;  // the multi-tensor tables (multi_tensor.h)
 #include "backend/cuda/elementwise.cuh"
+using detail::PackConv;
+using detail::PackRun;
+#include "backend/cuda/pack.cuh"
 
 #undef __device__
 #undef __forceinline__
@@ -290,6 +294,53 @@ TEST(CudaKernelsOnHost, MultiTensorKernelsAreTheCpuKernelsPerTensor) {
     EXPECT_EQ(flags[t], first < 0 ? ~0ull : static_cast<unsigned long long>(first)) << what << " non-finite scan";
   }
   EXPECT_EQ(flags[3], static_cast<unsigned long long>(4096 / 2)) << "the control: the scan found the planted inf";
+}
+
+// The pack kernel over random tables, against pack_reference: every conversion, runs of many rows
+// and of none, strides wider than a row, and items at every byte offset (a bf16 item of odd length
+// puts the next fp32 item 2 bytes off; a message may start anywhere), so each of the kernel's
+// aligned, 16-bit and byte paths runs.
+TEST(CudaKernelsOnHost, PackKernelMatchesTheReference) {
+  std::mt19937 rng(11);
+  const PackConv convs[] = {PackConv::Copy32, PackConv::F32ToBF16, PackConv::BF16ToF32, PackConv::FillNegZero32,
+                            PackConv::FillNegZeroBF16};
+  for (int trial = 0; trial < 40; ++trial) {
+    constexpr size_t kBytes = 1 << 15;
+    std::vector<std::byte> src(kBytes), want(kBytes), got(kBytes);
+    for (size_t i = 0; i + 4 <= kBytes; i += 4) {
+      const float f = std::uniform_real_distribution<float>(-8, 8)(rng);
+      std::memcpy(&src[i], &f, 4);
+    }
+    std::vector<PackRun> runs;
+    std::vector<int64_t> prefix{0};
+    int64_t dst_at = static_cast<int64_t>(rng() % 7);
+    for (int r = 0; r < 1 + static_cast<int>(rng() % 10); ++r) {
+      PackRun run;
+      run.src = 0, run.dst = 1, run.conv = convs[rng() % 5];
+      run.len = static_cast<int64_t>(rng() % 30), run.rows = 1 + static_cast<int64_t>(rng() % 5);
+      run.src_stride = run.len * 4 + static_cast<int64_t>(rng() % 9);
+      run.dst_stride = run.len * 4 + static_cast<int64_t>(rng() % 9);
+      run.src_off = static_cast<int64_t>(rng() % 4000);
+      run.dst_off = dst_at;
+      dst_at += run.rows * run.dst_stride + static_cast<int64_t>(rng() % 5);
+      if (dst_at + 256 > static_cast<int64_t>(kBytes)) break;
+      runs.push_back(run);
+      if (run.len > 0) prefix.push_back(prefix.back() + run.len * run.rows);
+    }
+    std::byte* ref_bases[] = {src.data(), want.data()};
+    pack_reference(runs, ref_bases);
+    // the kernel's table, as the cuda backend builds it: the runs with elements and their prefix sums
+    std::vector<PackRun> live;
+    for (const PackRun& r : runs)
+      if (r.len > 0 && r.rows > 0) live.push_back(r);
+    std::byte* bases[] = {src.data(), got.data()};
+    const int64_t total = prefix.back();
+    if (total > 0) {
+      const int64_t grid = std::min<int64_t>((total + kThreads - 1) / kThreads, 3);  // a grid-stride loop
+      launch_serial(grid, kThreads, [&] { pack_kernel(live.data(), prefix.data(), static_cast<int>(live.size()), bases, total); });
+    }
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), kBytes), 0) << "trial " << trial;
+  }
 }
 
 }  // namespace
