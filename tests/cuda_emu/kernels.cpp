@@ -72,84 +72,6 @@ cudaError_t done() { return cudaGetLastError(); }
 
 }  // namespace
 
-cudaError_t momentum_ema(float* buf, const void* grad, bool bf16, float* update, int64_t n, float w_grad, float mu,
-                         bool nesterov, cudaStream_t stream) {
-  if (n <= 0) return done();
-  if (!ranges({{buf, f32(n)}, {grad, grad_bytes(n, bf16), bf16 ? 2u : 4u}, {update, f32(n)}}, "momentum_ema")) return illegal();
-  submit(stream, [=] {
-    DeviceScope scope;
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = load(grad, bf16, i), b = torch_lerp(buf[i], g, w_grad);
-      buf[i] = b;
-      update[i] = nesterov ? torch_lerp(g, b, mu) : b;
-    }
-    return true;
-  });
-  return done();
-}
-
-cudaError_t momentum_heavy_ball(float* buf, const void* grad, bool bf16, float* update, int64_t n, float mu,
-                                bool nesterov, cudaStream_t stream) {
-  if (n <= 0) return done();
-  if (!ranges({{buf, f32(n)}, {grad, grad_bytes(n, bf16), bf16 ? 2u : 4u}, {update, f32(n)}}, "momentum_heavy_ball")) return illegal();
-  submit(stream, [=] {
-    DeviceScope scope;
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = load(grad, bf16, i), scaled = buf[i] * mu, b = scaled + g;
-      buf[i] = b;
-      update[i] = nesterov ? std::fma(b, mu, g) : b;
-    }
-    return true;
-  });
-  return done();
-}
-
-cudaError_t apply_decoupled(float* p, const float* u, int64_t n, float keep, float neg_lr, cudaStream_t stream) {
-  if (n <= 0) return done();
-  if (!ranges({{p, f32(n)}, {u, f32(n)}}, "apply_decoupled")) return illegal();
-  submit(stream, [=] {
-    DeviceScope scope;
-    for (int64_t i = 0; i < n; ++i) p[i] = std::fma(u[i], neg_lr, p[i] * keep);
-    return true;
-  });
-  return done();
-}
-
-cudaError_t apply_cautious(float* p, const float* u, int64_t n, float lr_adj, float lr_wd, cudaStream_t stream) {
-  if (n <= 0) return done();
-  if (!ranges({{p, f32(n)}, {u, f32(n)}}, "apply_cautious")) return illegal();
-  submit(stream, [=] {
-    DeviceScope scope;
-    for (int64_t i = 0; i < n; ++i) {
-      const float x = p[i];
-      const float decay = u[i] * x >= 0.0f ? lr_wd * x : 0.0f;
-      p[i] = x - (lr_adj * u[i] + decay);
-    }
-    return true;
-  });
-  return done();
-}
-
-cudaError_t adamw(const AdamScalars& s, float* p, const void* grad, bool bf16, float* m, float* v, int64_t n,
-                  cudaStream_t stream) {
-  if (n <= 0) return done();
-  if (!ranges({{p, f32(n)}, {grad, grad_bytes(n, bf16), bf16 ? 2u : 4u}, {m, f32(n)}, {v, f32(n)}}, "adamw")) return illegal();
-  submit(stream, [=] {
-    DeviceScope scope;
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = load(grad, bf16, i);
-      const float x = p[i] * s.keep, mi = torch_lerp(m[i], g, s.w1);
-      const float vi = v[i] * s.beta2 + (s.one_m_b2 * g) * g;
-      const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
-      p[i] = x + (s.neg_step * mi) / denom;
-      m[i] = mi;
-      v[i] = vi;
-    }
-    return true;
-  });
-  return done();
-}
-
 // A multi-tensor table's block layout, as the kernels' binary search assumes: item blocks start at
 // 0, rise by multi_tensor_blocks(n) (n > 0) and end at the grid's `blocks`.
 template <class Item>
@@ -199,7 +121,7 @@ cudaError_t momentum_multi(const MomentumItem* items, int count, int64_t blocks,
       if (!ranges({{it.buf, f32(it.n)}, {it.grad, grad_bytes(it.n, bf16), bf16 ? 2u : 4u}, {it.update, f32(it.n)}},
                   "momentum_multi"))
         return false;
-      for (int64_t i = 0; i < it.n; ++i) {  // as momentum_ema / momentum_heavy_ball, then round_bf16
+      for (int64_t i = 0; i < it.n; ++i) {  // the cpu momentum kernels (EMA / heavy ball), then the bf16 rounding
         const float g = load(it.grad, bf16, i);
         float b, u;
         if (it.heavy_ball) {
@@ -227,7 +149,7 @@ cudaError_t apply_multi(const ApplyItem* items, int count, int64_t blocks, cudaS
     for (int t = 0; t < count; ++t) {
       const ApplyItem it = items[t];
       if (!ranges({{it.p, f32(it.n)}, {it.u, f32(it.n)}}, "apply_multi")) return false;
-      for (int64_t i = 0; i < it.n; ++i) {  // as apply_cautious / apply_decoupled
+      for (int64_t i = 0; i < it.n; ++i) {  // the cpu apply_update (cautious / decoupled)
         if (it.cautious) {
           const float x = it.p[i];
           const float decay = it.u[i] * x >= 0.0f ? it.b * x : 0.0f;
@@ -243,7 +165,7 @@ cudaError_t apply_multi(const ApplyItem* items, int count, int64_t blocks, cudaS
 }
 
 // The multi-tensor launch: the table is read on the emulated device when the op runs (as the kernel
-// reads it), its block layout and each item's buffers checked there, each tensor then as adamw's
+// reads it), its block layout and each item's buffers checked there, each tensor then as the cpu AdamW kernel
 // twin.
 cudaError_t adamw_multi(const AdamWItem* items, int count, int64_t blocks, cudaStream_t stream) {
   if (count <= 0 || blocks <= 0) return done();
@@ -290,21 +212,6 @@ cudaError_t round_bf16(float* x, int64_t n, cudaStream_t stream) {
   submit(stream, [=] {
     DeviceScope scope;
     for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_float(float_to_bf16(x[i]));
-    return true;
-  });
-  return done();
-}
-
-cudaError_t first_non_finite(const void* g, bool bf16, int64_t n, unsigned long long* result, cudaStream_t stream) {
-  if (n <= 0) return done();
-  if (!ranges({{g, grad_bytes(n, bf16), bf16 ? 2u : 4u}, {result, sizeof *result, 8}}, "first_non_finite")) return illegal();
-  submit(stream, [=] {
-    DeviceScope scope;
-    for (int64_t i = 0; i < n; ++i) {
-      const bool bad = bf16 ? (static_cast<const uint16_t*>(g)[i] & 0x7F80u) == 0x7F80u
-                            : (float_to_bits(static_cast<const float*>(g)[i]) & 0x7F800000u) == 0x7F800000u;
-      if (bad) *result = std::min(*result, static_cast<unsigned long long>(i));
-    }
     return true;
   });
   return done();

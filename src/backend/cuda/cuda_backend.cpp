@@ -565,43 +565,19 @@ class CudaBackend final : public Backend {
 
   // ---- element-wise kernels: the cpu kernels' argument checks, then the same arithmetic ----
 
+  // The single-tensor forms are the multi-tensor kernels on a table of one (one device code path,
+  // the one tests/unit/cuda_kernels_host_test.cpp runs on the host).
   void momentum(const MomentumOptions& o, float* buf, const TensorView& grad, float* update) override {
-    DMUON_CHECK(grad.is_contiguous(), "[momentum] gradient view is not contiguous");
-    const int64_t n = grad.numel();
-    cpu::check_momentum_args(o, buf, grad.data, update, n);
-    if (n == 0) return;
-    const DeviceGuard guard = enter();
-    const bool bf16 = grad.dtype == DType::BF16;
-    const float mu = cpu::to_scalar(o.momentum);
-    if (o.kind == MomentumKind::Ema)
-      finish(cuda::momentum_ema(buf, grad.data, bf16, update, n, cpu::to_scalar(1.0 - o.momentum), mu, o.nesterov,
-                                tl_stream),
-             "momentum");
-    else
-      finish(cuda::momentum_heavy_ball(buf, grad.data, bf16, update, n, mu, o.nesterov, tl_stream), "momentum");
+    const MomentumTensor one{o, buf, grad, update};
+    momentum_multi(std::span<const MomentumTensor>(&one, 1), DType::F32);
   }
-
   void apply_update(const ApplyOptions& o, float* param, const float* update, int64_t n) override {
-    cpu::check_apply_args(o, param, update, n);
-    if (n == 0) return;
-    const DeviceGuard guard = enter();
-    if (o.cautious)
-      finish(cuda::apply_cautious(param, update, n, cpu::to_scalar(o.adjusted_lr), cpu::to_scalar(o.lr * o.weight_decay),
-                                  tl_stream),
-             "apply_update");
-    else
-      finish(cuda::apply_decoupled(param, update, n, cpu::to_scalar(1.0 - o.lr * o.weight_decay),
-                                   cpu::to_scalar(-o.adjusted_lr), tl_stream),
-             "apply_update");
+    const ApplyTensor one{o, param, update, n};
+    apply_multi(std::span<const ApplyTensor>(&one, 1));
   }
-
   void adamw(const AdamWOptions& o, float* p, const TensorView& grad, float* m, float* v) override {
-    DMUON_CHECK(grad.is_contiguous(), "[adamw] gradient view is not contiguous");
-    const int64_t n = grad.numel();
-    const cpu::AdamScalars s = cpu::adamw_args(o, p, grad.data, m, v, n);
-    if (n == 0) return;
-    const DeviceGuard guard = enter();
-    finish(cuda::adamw(s, p, grad.data, grad.dtype == DType::BF16, m, v, n, tl_stream), "adamw");
+    const AdamWTensor one{o, p, grad, m, v};
+    adamw_multi(std::span<const AdamWTensor>(&one, 1));
   }
 
   // A multi-tensor table to the device through the pinned ring, then its launch.

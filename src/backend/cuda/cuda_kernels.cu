@@ -23,25 +23,6 @@ unsigned blocks_for(int64_t n) {
 
 #include "backend/cuda/elementwise.cuh"  // element-wise device code and the multi-tensor kernels
 
-__global__ void ema_kernel(float* buf, const void* grad, bool bf16, float* update, int64_t n, float w_grad, float mu,
-                           bool nesterov) {
-  DMUON_GRID_LOOP(i, n) (void)ema_at(buf, grad, bf16, update, i, w_grad, mu, nesterov);
-}
-__global__ void heavy_ball_kernel(float* buf, const void* grad, bool bf16, float* update, int64_t n, float mu,
-                                  bool nesterov) {
-  DMUON_GRID_LOOP(i, n) (void)heavy_ball_at(buf, grad, bf16, update, i, mu, nesterov);
-}
-__global__ void decoupled_kernel(float* p, const float* u, int64_t n, float keep, float neg_lr) {
-  DMUON_GRID_LOOP(i, n) decoupled_at(p, u, i, keep, neg_lr);
-}
-__global__ void cautious_kernel(float* p, const float* u, int64_t n, float lr_adj, float lr_wd) {
-  DMUON_GRID_LOOP(i, n) cautious_at(p, u, i, lr_adj, lr_wd);
-}
-
-__global__ void adamw_kernel(AdamScalars s, float* p, const void* grad, bool bf16, float* m, float* v, int64_t n) {
-  DMUON_GRID_LOOP(i, n) adamw_at(s, p, grad, bf16, m, v, i);
-}
-
 __global__ void scale_rows_kernel(float* w, const float* factors, int64_t rows, int64_t cols) {
   DMUON_GRID_LOOP(i, rows * cols) {
     const float f = factors[i / cols];
@@ -55,15 +36,6 @@ __global__ void round_bf16_kernel(float* x, int64_t n) {
 
 __global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t n) {
   DMUON_GRID_LOOP(i, n) y[i] = float_to_bf16_bits(x[i]);
-}
-
-__global__ void non_finite_kernel(const void* g, bool bf16, int64_t n, unsigned long long* result) {
-  DMUON_GRID_LOOP(i, n) {
-    if (non_finite_at(g, bf16, i)) {  // a thread's indices rise: its first hit is its least, the only one worth an atomic
-      atomicMin(result, static_cast<unsigned long long>(i));
-      break;  // (an all-NaN gradient would otherwise serialize one atomic per element)
-    }
-  }
 }
 
 #include "backend/cuda/pack.cuh"  // the pack kernel
@@ -181,29 +153,6 @@ __global__ void divide_kernel(float* x, int64_t n, float d) {
 
 }  // namespace
 
-cudaError_t momentum_ema(float* buf, const void* grad, bool bf16, float* update, int64_t n, float w_grad, float mu,
-                         bool nesterov, cudaStream_t s) {
-  if (n > 0) ema_kernel<<<blocks_for(n), kThreads, 0, s>>>(buf, grad, bf16, update, n, w_grad, mu, nesterov);
-  return done();
-}
-cudaError_t momentum_heavy_ball(float* buf, const void* grad, bool bf16, float* update, int64_t n, float mu,
-                                bool nesterov, cudaStream_t s) {
-  if (n > 0) heavy_ball_kernel<<<blocks_for(n), kThreads, 0, s>>>(buf, grad, bf16, update, n, mu, nesterov);
-  return done();
-}
-cudaError_t apply_decoupled(float* p, const float* u, int64_t n, float keep, float neg_lr, cudaStream_t s) {
-  if (n > 0) decoupled_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, u, n, keep, neg_lr);
-  return done();
-}
-cudaError_t apply_cautious(float* p, const float* u, int64_t n, float lr_adj, float lr_wd, cudaStream_t s) {
-  if (n > 0) cautious_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, u, n, lr_adj, lr_wd);
-  return done();
-}
-cudaError_t adamw(const AdamScalars& k, float* p, const void* grad, bool bf16, float* m, float* v, int64_t n,
-                  cudaStream_t s) {
-  if (n > 0) adamw_kernel<<<blocks_for(n), kThreads, 0, s>>>(k, p, grad, bf16, m, v, n);
-  return done();
-}
 cudaError_t first_non_finite_multi(const NonFiniteItem* items, int count, int64_t blocks, unsigned long long* flags,
                                    cudaStream_t s) {
   if (count > 0 && blocks > 0)
@@ -240,10 +189,6 @@ cudaError_t divide(float* x, int64_t n, float d, cudaStream_t s) {
 }
 cudaError_t round_bf16(float* x, int64_t n, cudaStream_t s) {
   if (n > 0) round_bf16_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n);
-  return done();
-}
-cudaError_t first_non_finite(const void* g, bool bf16, int64_t n, unsigned long long* result, cudaStream_t s) {
-  if (n > 0) non_finite_kernel<<<blocks_for(n), kThreads, 0, s>>>(g, bf16, n, result);
   return done();
 }
 cudaError_t pack(const PackRun* runs, const int64_t* prefix, int nruns, std::byte* const* bases, int64_t total,

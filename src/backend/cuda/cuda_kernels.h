@@ -21,14 +21,6 @@ using detail::PackRun;
 
 using cpu::AdamScalars;  // kernels/cpu/adam_scalars.h: the cpu kernel's scalars, derived once (update_args.h)
 
-cudaError_t momentum_ema(float* buf, const void* grad, bool grad_bf16, float* update, int64_t n, float w_grad,
-                         float mu, bool nesterov, cudaStream_t s);
-cudaError_t momentum_heavy_ball(float* buf, const void* grad, bool grad_bf16, float* update, int64_t n, float mu,
-                                bool nesterov, cudaStream_t s);
-cudaError_t apply_decoupled(float* p, const float* u, int64_t n, float keep, float neg_lr, cudaStream_t s);
-cudaError_t apply_cautious(float* p, const float* u, int64_t n, float lr_adj, float lr_wd, cudaStream_t s);
-cudaError_t adamw(const AdamScalars& k, float* p, const void* grad, bool grad_bf16, float* m, float* v, int64_t n,
-                  cudaStream_t s);
 cudaError_t momentum_multi(const MomentumItem* items, int count, int64_t blocks, cudaStream_t s);
 cudaError_t apply_multi(const ApplyItem* items, int count, int64_t blocks, cudaStream_t s);
 // AdamW over `count` tensors of the table `items` (device memory) in one launch of `blocks` blocks
@@ -39,8 +31,6 @@ cudaError_t adamw_multi(const AdamWItem* items, int count, int64_t blocks, cudaS
 cudaError_t scale_rows(float* w, const float* factors, int64_t rows, int64_t cols, cudaStream_t s);
 // x ← fp32(bf16(x)) (round to nearest even, NaN → 0x7FC0, as dmuon/bf16.h).
 cudaError_t round_bf16(float* x, int64_t n, cudaStream_t s);
-// *result = min index of a non-finite element (must be preset to UINT64_MAX).
-cudaError_t first_non_finite(const void* g, bool bf16, int64_t n, unsigned long long* result, cudaStream_t s);
 cudaError_t first_non_finite_multi(const NonFiniteItem* items, int count, int64_t blocks, unsigned long long* flags,
                                    cudaStream_t s);
 // A pack table (device copies of the runs, their element prefix sums (nruns + 1), the bases).

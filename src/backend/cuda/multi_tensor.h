@@ -36,7 +36,7 @@ struct MomentumItem {
 };
 
 // The update applied to one tensor of a multi-tensor launch: decoupled (a = keep, b = −lr) or
-// cautious (a = adjusted lr, b = lr·wd), as apply_decoupled / apply_cautious.
+// cautious (a = adjusted lr, b = lr·wd), as the cpu apply_update computes them.
 struct ApplyItem {
   float* p;
   const float* u;
