@@ -165,8 +165,8 @@ cudaError_t apply_multi(const ApplyItem* items, int count, int64_t blocks, cudaS
 }
 
 // The multi-tensor launch: the table is read on the emulated device when the op runs (as the kernel
-// reads it), its block layout and each item's buffers checked there, each tensor then as the cpu AdamW kernel
-// twin.
+// reads it), its block layout and each item's buffers checked there, each tensor then as the cpu
+// AdamW kernel.
 cudaError_t adamw_multi(const AdamWItem* items, int count, int64_t blocks, cudaStream_t stream) {
   if (count <= 0 || blocks <= 0) return done();
   if (!ranges({{items, sizeof(AdamWItem) * static_cast<size_t>(count), 8}}, "adamw_multi")) return illegal();
