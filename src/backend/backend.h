@@ -188,7 +188,8 @@ class Backend {
   virtual void adamw(const AdamWOptions& o, float* param, const TensorView& grad, float* exp_avg, float* exp_avg_sq) = 0;
   // Multi-tensor forms of momentum (+ round_to_comm of each update to `comm`) and apply_update: each
   // tensor gets the bits of the single-tensor calls; a device backend runs a list as one launch
-  // (the cuda backend checks every tensor's arguments first). The defaults call the single forms.
+  // (the cuda backend checks every tensor's arguments first). The tensors of one call must not
+  // overlap each other (a device runs them concurrently). The defaults call the single forms.
   struct MomentumTensor {
     MomentumOptions o;
     float* buf = nullptr;

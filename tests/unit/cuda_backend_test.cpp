@@ -435,6 +435,13 @@ TEST(CudaBackend, PackMatchesTheReferenceOnRandomTables) {
 TEST(CudaBackend, PackTablesQueueThroughThePinnedUploadRing) {
   REQUIRE_CUDA();
   auto cuda = make_cuda_backend(0);
+  // regions come back only through the wait before reuse (the early give-back's queries would run
+  // the queued copies on the emulation, and the wait could go unnoticed)
+  const bool eager = set_upload_ring_eager_release(false);
+  struct Restore {
+    bool on;
+    ~Restore() { set_upload_ring_eager_release(on); }
+  } restore{eager};
   constexpr int64_t kN = 5000;
   constexpr int kTables = 12;
   std::vector<float> src(kN);

@@ -1,14 +1,16 @@
-// Device kernels whose correctness rests on shared memory and barriers (the reductions of
-// src/backend/cuda/reductions.cuh: Σ x², NorMuon's), run on the host with CUDA's execution model: a launch
-// runs its blocks one after another, each block as one std::thread per CUDA thread sharing the
-// block's __shared__ arrays, __syncthreads a std::barrier of the block. No GPU, no CUDA toolkit:
-// it runs on every CI machine. The results must be bitwise those of the cpu kernel
-// (normuon_mean_square), of the sequential sums of normuon_finish and of Σ x²'s fixed tree (the
-// kernels' contracts), over
-// shapes that are not multiples of the tiles, grids smaller than the work (grid-stride loops), sums
-// longer than one staging tile, and empty dimensions. A kernel that read its tile transposed or
-// summed out of order fails here (checked when it was written; the emulation of tests/cuda_emu runs
-// host twins of the launchers, not this code).
+// The cuda backend's device code run on the host with CUDA's execution model, on every CI machine
+// (no GPU, no CUDA toolkit): the reductions of src/backend/cuda/reductions.cuh (Σ x², NorMuon's; a
+// launch runs its blocks one after another, each block as one std::thread per CUDA thread sharing
+// the block's __shared__ arrays, __syncthreads a std::barrier of the block), and the element-wise
+// and multi-tensor kernels of elementwise.cuh and the pack kernel of pack.cuh (no barriers: threads
+// one after another). Results must be bitwise those of the cpu kernels and of the sums the kernels
+// promise, over shapes that are not multiples of the tiles, grids smaller than the work, sums longer
+// than one staging tile, empty dimensions, and pack items at every byte offset. Built with
+// -fsanitize=alignment: an access a GPU would fault on as misaligned stops the test (x86 forgives
+// it). Limits: __shared__ arrays are static here, so a kernel reading one before writing it could
+// see an earlier block's values; NaN results carry x86's payloads, not the GPU's canonical NaN (no
+// update kernel's output is compared on non-finite input). Negative controls run when the kernels
+// were written: a transposed tile read, a wrong binary search and a swapped half-word each fail.
 // Run: build/bin/cuda_kernels_host_test
 #include <gtest/gtest.h>
 
@@ -230,6 +232,8 @@ TEST(CudaKernelsOnHost, MultiTensorKernelsAreTheCpuKernelsPerTensor) {
     std::vector<float> buf, g, upd, p, m, v;
     std::vector<BFloat16> gb;
     bool bf16;
+    std::vector<float> scan = {};  // the non-finite scan's input where it differs from g
+    std::vector<BFloat16> scan_bf16 = {};
   };
   std::vector<T> dev(sizes.size()), ref(sizes.size());
   std::vector<MomentumItem> mom;
@@ -243,7 +247,6 @@ TEST(CudaKernelsOnHost, MultiTensorKernelsAreTheCpuKernelsPerTensor) {
     T x{normal(n, 10 + un), normal(n, 20 + un), std::vector<float>(n), normal(n, 30 + un), normal(n, 40 + un),
         normal(n, 50 + un), {}, t % 2 == 1};
     for (float& e : x.v) e = e * e;
-    if (t == 3) x.g[static_cast<size_t>(n / 2)] = std::numeric_limits<float>::infinity(), x.g[static_cast<size_t>(n - 1)] = NAN;
     x.gb.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) x.gb[static_cast<size_t>(i)] = float_to_bf16(x.g[static_cast<size_t>(i)]);
     dev[t] = x, ref[t] = x;
@@ -265,7 +268,17 @@ TEST(CudaKernelsOnHost, MultiTensorKernelsAreTheCpuKernelsPerTensor) {
     wo.lr = 1e-3 * static_cast<double>(t + 1), wo.weight_decay = 0.01, wo.step = static_cast<int64_t>(t) + 1;
     adw.push_back({cpu::adamw_args(wo, d.p.data(), g, d.m.data(), d.v.data(), n), d.p.data(), g, d.m.data(), d.v.data(), n,
                    blocks, d.bf16, 0});
-    nfi.push_back({g, n, blocks, d.bf16, static_cast<int32_t>(t)});
+    // the scan reads its own copy of the gradient, with an inf and a NaN planted in tensor 3 (the
+    // update kernels' NaN bits are the hardware's, not compared here)
+    if (t == 3) {
+      d.scan = d.g, d.scan[static_cast<size_t>(n / 2)] = std::numeric_limits<float>::infinity();
+      d.scan[static_cast<size_t>(n - 1)] = NAN;
+      d.scan_bf16.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) d.scan_bf16[static_cast<size_t>(i)] = float_to_bf16(d.scan[static_cast<size_t>(i)]);
+      ref[t].scan = d.scan, ref[t].scan_bf16 = d.scan_bf16;
+    }
+    const void* scanned = t != 3 ? g : d.bf16 ? static_cast<const void*>(d.scan_bf16.data()) : d.scan.data();
+    nfi.push_back({scanned, n, blocks, d.bf16, static_cast<int32_t>(t)});
     blocks += multi_tensor_blocks(n);
     // the cpu, tensor by tensor: momentum (+ rounding), apply with that update, then AdamW
     T& r = ref[t];
@@ -288,9 +301,10 @@ TEST(CudaKernelsOnHost, MultiTensorKernelsAreTheCpuKernelsPerTensor) {
     expect_bitwise(dev[t].p, ref[t].p, (what + " parameter").c_str());
     expect_bitwise(dev[t].m, ref[t].m, (what + " exp_avg").c_str());
     expect_bitwise(dev[t].v, ref[t].v, (what + " exp_avg_sq").c_str());
-    const TensorView rg(ref[t].bf16 ? static_cast<void*>(ref[t].gb.data()) : ref[t].g.data(),
-                        ref[t].bf16 ? DType::BF16 : DType::F32, Shape{sizes[t]});
-    const int64_t first = cpu->first_non_finite(rg);
+    T& r = ref[t];
+    void* scanned = t != 3 ? (r.bf16 ? static_cast<void*>(r.gb.data()) : r.g.data())
+                           : (r.bf16 ? static_cast<void*>(r.scan_bf16.data()) : r.scan.data());
+    const int64_t first = cpu->first_non_finite(TensorView(scanned, r.bf16 ? DType::BF16 : DType::F32, Shape{sizes[t]}));
     EXPECT_EQ(flags[t], first < 0 ? ~0ull : static_cast<unsigned long long>(first)) << what << " non-finite scan";
   }
   EXPECT_EQ(flags[3], static_cast<unsigned long long>(4096 / 2)) << "the control: the scan found the planted inf";

@@ -114,7 +114,9 @@ class EventPool {
   std::vector<cudaEvent_t> free_;
 };
 
-// Uploads of host tables (pack tables, QK-clip factors) through a ring of pinned memory, so that
+std::atomic<bool> eager_release{true};  // set_upload_ring_eager_release
+
+// Uploads of host tables (pack tables, QK-clip factors, multi-tensor tables) through a ring of pinned memory, so that
 // cudaMemcpyAsync stays asynchronous: a copy from pageable memory may synchronize the stream first
 // (CUDA stages it), a host wait per pack call. A region is written again only once the copy out of
 // it has run (an event per upload); the host waits only when the whole ring is still in flight.
@@ -135,7 +137,7 @@ class UploadRing {
     const size_t need = round_up(bytes);
     // Uploads the device has done give their events back (oldest first; the stream runs them in
     // order), so a ring holds only as many events as uploads in flight.
-    while (!live_.empty() && query(live_.front().done) == cudaSuccess) {
+    while (eager_release.load(std::memory_order_relaxed) && !live_.empty() && query(live_.front().done) == cudaSuccess) {
       events_->put(live_.front().done);
       live_.pop_front();
     }
@@ -707,8 +709,8 @@ class CudaBackend final : public Backend {
     finish(cudaMemsetAsync(p, 0, bytes, tl_stream), "zero");
   }
 
-  // One flag per view (the index of its first non-finite element, ~0 for none), each scanned by its
-  // own launch, all read back by one copy: one host synchronization for the step's gradients.
+  // One flag per view (the index of its first non-finite element, ~0 for none), all views scanned by
+  // one multi-tensor launch, read back by one copy: one host synchronization for the step's gradients.
   std::vector<unsigned long long> non_finite_flags(std::span<const TensorView> views) {
     std::vector<unsigned long long> idx(views.size(), ~0ull);
     if (views.empty()) return idx;
@@ -1051,6 +1053,8 @@ bool cuda_device_available(std::string* why) {
   }
   return true;
 }
+
+bool set_upload_ring_eager_release(bool on) { return eager_release.exchange(on); }
 
 std::shared_ptr<Backend> make_cuda_backend(int device) {
   std::string why;

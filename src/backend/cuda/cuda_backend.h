@@ -17,4 +17,11 @@ bool cuda_device_available(std::string* why = nullptr);
 // the previous value. For tests (parts of one matrix) and for memory-tight runs.
 size_t set_cuda_ns_batch_bytes(size_t bytes);
 
+// Tests only: whether an upload through a thread's pinned ring first gives back the events of the
+// uploads the device has done (on by default: a ring then holds only as many events as uploads in
+// flight). Off, regions are reclaimed only when the ring wraps onto them, through the wait before
+// reuse, which the emulation's test of that wait needs (its queries run queued work). Returns the
+// previous value.
+bool set_upload_ring_eager_release(bool on);
+
 }  // namespace dmuon::detail
