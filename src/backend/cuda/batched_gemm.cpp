@@ -13,6 +13,7 @@
 
 #include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "core/dl_symbol.h"
 #include "dmuon/error.h"
 
 namespace dmuon::detail {
@@ -37,12 +38,6 @@ struct CublasLt {
   decltype(&cublasLtMatmul) matmul = nullptr;
 };
 
-template <class F>
-bool take(void* h, const char* name, F& f) {
-  f = reinterpret_cast<F>(dlsym(h, name));
-  return f != nullptr;
-}
-
 // Required, like cuBLAS (the same nvidia-cublas package): a rank that ran its bf16 products another
 // way would compute other bits than its peers, so a missing cuBLASLt is an error, not a fallback.
 // Only the soname of cuBLAS 13 (another version could choose other algorithms).
@@ -50,19 +45,19 @@ CublasLt load_lt() {
   CublasLt api;
   open_cublas_family("DMUON_CUBLASLT_LIBRARY", "libcublasLt.so.13", "cuBLASLt (bf16 Newton–Schulz products)",
                      "missing cublasLt entry points", [&api](void* h, const char*) {
-                       return take(h, "cublasLtCreate", api.create) && take(h, "cublasLtDestroy", api.destroy) &&
-                              take(h, "cublasLtMatmulDescCreate", api.desc_create) &&
-                              take(h, "cublasLtMatmulDescDestroy", api.desc_destroy) &&
-                              take(h, "cublasLtMatmulDescSetAttribute", api.desc_set) &&
-                              take(h, "cublasLtMatrixLayoutCreate", api.layout_create) &&
-                              take(h, "cublasLtMatrixLayoutDestroy", api.layout_destroy) &&
-                              take(h, "cublasLtMatrixLayoutSetAttribute", api.layout_set) &&
-                              take(h, "cublasLtMatmulPreferenceCreate", api.pref_create) &&
-                              take(h, "cublasLtMatmulPreferenceDestroy", api.pref_destroy) &&
-                              take(h, "cublasLtMatmulPreferenceSetAttribute", api.pref_set) &&
-                              take(h, "cublasLtMatmulAlgoGetHeuristic", api.heuristic) &&
-                              take(h, "cublasLtMatmulAlgoCheck", api.algo_check) &&
-                              take(h, "cublasLtMatmul", api.matmul);
+                       return bind_symbol(h, "cublasLtCreate", api.create) && bind_symbol(h, "cublasLtDestroy", api.destroy) &&
+                              bind_symbol(h, "cublasLtMatmulDescCreate", api.desc_create) &&
+                              bind_symbol(h, "cublasLtMatmulDescDestroy", api.desc_destroy) &&
+                              bind_symbol(h, "cublasLtMatmulDescSetAttribute", api.desc_set) &&
+                              bind_symbol(h, "cublasLtMatrixLayoutCreate", api.layout_create) &&
+                              bind_symbol(h, "cublasLtMatrixLayoutDestroy", api.layout_destroy) &&
+                              bind_symbol(h, "cublasLtMatrixLayoutSetAttribute", api.layout_set) &&
+                              bind_symbol(h, "cublasLtMatmulPreferenceCreate", api.pref_create) &&
+                              bind_symbol(h, "cublasLtMatmulPreferenceDestroy", api.pref_destroy) &&
+                              bind_symbol(h, "cublasLtMatmulPreferenceSetAttribute", api.pref_set) &&
+                              bind_symbol(h, "cublasLtMatmulAlgoGetHeuristic", api.heuristic) &&
+                              bind_symbol(h, "cublasLtMatmulAlgoCheck", api.algo_check) &&
+                              bind_symbol(h, "cublasLtMatmul", api.matmul);
                      });
   return api;
 }

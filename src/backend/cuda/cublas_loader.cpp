@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include "core/dl_symbol.h"
 #include "dmuon/error.h"
 
 namespace dmuon::detail {
@@ -15,15 +16,12 @@ Cublas load_cublas() {
   open_cublas_family("DMUON_CUBLAS_LIBRARY", "libcublas.so.13", "cuBLAS",
                      "missing cublasCreate_v2/Destroy_v2/SetStream_v2/SetMathMode/Sgemm_v2/GemmEx",
                      [&api](void* h, const char* name) {
-                       api.create = reinterpret_cast<decltype(api.create)>(dlsym(h, "cublasCreate_v2"));
-                       api.destroy = reinterpret_cast<decltype(api.destroy)>(dlsym(h, "cublasDestroy_v2"));
-                       api.set_stream = reinterpret_cast<decltype(api.set_stream)>(dlsym(h, "cublasSetStream_v2"));
-                       api.set_math_mode = reinterpret_cast<decltype(api.set_math_mode)>(dlsym(h, "cublasSetMathMode"));
-                       api.sgemm = reinterpret_cast<decltype(api.sgemm)>(dlsym(h, "cublasSgemm_v2"));
-                       api.gemm_ex = reinterpret_cast<decltype(api.gemm_ex)>(dlsym(h, "cublasGemmEx"));
                        api.library = name;
-                       return api.create && api.destroy && api.set_stream && api.set_math_mode && api.sgemm &&
-                              api.gemm_ex;
+                       return bind_symbol(h, "cublasCreate_v2", api.create) &&
+                              bind_symbol(h, "cublasDestroy_v2", api.destroy) &&
+                              bind_symbol(h, "cublasSetStream_v2", api.set_stream) &&
+                              bind_symbol(h, "cublasSetMathMode", api.set_math_mode) &&
+                              bind_symbol(h, "cublasSgemm_v2", api.sgemm) && bind_symbol(h, "cublasGemmEx", api.gemm_ex);
                      });
   return api;
 }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "comm/nccl/nccl_args.h"
+#include "core/dl_symbol.h"
 #include "comm/nccl/nccl_loader.h"
 #include "comm/nccl/nccl_probe.h"
 #include "comm/work_impl.h"
@@ -57,8 +58,7 @@ NcclApi load_nccl(const char* only) {
     NcclApi api;
     std::string missing;
     auto sym = [&](auto& fn, const char* symbol) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, symbol));
-      if (fn == nullptr) missing += concat(missing.empty() ? "" : " ", symbol);
+      if (!bind_symbol(h, symbol, fn)) missing += concat(missing.empty() ? "" : " ", symbol);
     };
     sym(api.get_version, "ncclGetVersion");
     sym(api.get_unique_id, "ncclGetUniqueId");

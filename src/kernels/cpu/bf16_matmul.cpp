@@ -9,6 +9,7 @@
 #include <map>
 #include <tuple>
 
+#include "core/dl_symbol.h"
 #include "dmuon/error.h"
 
 #if DMUON_HAVE_DNNL_HEADERS
@@ -51,12 +52,6 @@ struct DnnlApi {
   Bf16MatmulInfo info;
 };
 
-template <class F>
-bool bind(void* handle, const char* name, F& fn) {
-  fn = reinterpret_cast<F>(dlsym(handle, name));
-  return fn != nullptr;
-}
-
 void check(dnnl_status_t status, const char* what) {
   DMUON_CHECK_RUNTIME(status == dnnl_success, "[orth] oneDNN ", what, " failed with status ",
                       static_cast<int>(status));
@@ -73,21 +68,21 @@ DnnlApi load() {
                                     "DMUON_DNNL_LIBRARY");
     return api;
   }
-  bool ok = bind(h, "dnnl_engine_create", api.engine_create) &&
-            bind(h, "dnnl_stream_create", api.stream_create) &&
-            bind(h, "dnnl_stream_destroy", api.stream_destroy) &&
-            bind(h, "dnnl_stream_wait", api.stream_wait) &&
-            bind(h, "dnnl_memory_desc_init_by_strides", api.memory_desc_init_by_strides) &&
-            bind(h, "dnnl_matmul_desc_init", api.matmul_desc_init) &&
-            bind(h, "dnnl_primitive_desc_create", api.primitive_desc_create) &&
-            bind(h, "dnnl_primitive_desc_query", api.primitive_desc_query) &&
-            bind(h, "dnnl_primitive_desc_destroy", api.primitive_desc_destroy) &&
-            bind(h, "dnnl_primitive_create", api.primitive_create) &&
-            bind(h, "dnnl_primitive_destroy", api.primitive_destroy) &&
-            bind(h, "dnnl_primitive_execute", api.primitive_execute) &&
-            bind(h, "dnnl_memory_create", api.memory_create) &&
-            bind(h, "dnnl_memory_set_data_handle", api.memory_set_data_handle) &&
-            bind(h, "dnnl_memory_destroy", api.memory_destroy) && bind(h, "dnnl_version", api.version);
+  bool ok = detail::bind_symbol(h, "dnnl_engine_create", api.engine_create) &&
+            detail::bind_symbol(h, "dnnl_stream_create", api.stream_create) &&
+            detail::bind_symbol(h, "dnnl_stream_destroy", api.stream_destroy) &&
+            detail::bind_symbol(h, "dnnl_stream_wait", api.stream_wait) &&
+            detail::bind_symbol(h, "dnnl_memory_desc_init_by_strides", api.memory_desc_init_by_strides) &&
+            detail::bind_symbol(h, "dnnl_matmul_desc_init", api.matmul_desc_init) &&
+            detail::bind_symbol(h, "dnnl_primitive_desc_create", api.primitive_desc_create) &&
+            detail::bind_symbol(h, "dnnl_primitive_desc_query", api.primitive_desc_query) &&
+            detail::bind_symbol(h, "dnnl_primitive_desc_destroy", api.primitive_desc_destroy) &&
+            detail::bind_symbol(h, "dnnl_primitive_create", api.primitive_create) &&
+            detail::bind_symbol(h, "dnnl_primitive_destroy", api.primitive_destroy) &&
+            detail::bind_symbol(h, "dnnl_primitive_execute", api.primitive_execute) &&
+            detail::bind_symbol(h, "dnnl_memory_create", api.memory_create) &&
+            detail::bind_symbol(h, "dnnl_memory_set_data_handle", api.memory_set_data_handle) &&
+            detail::bind_symbol(h, "dnnl_memory_destroy", api.memory_destroy) && detail::bind_symbol(h, "dnnl_version", api.version);
   if (!ok) {
     api.info.error = detail::concat(name, " lacks the oneDNN 2.x C API (dnnl_matmul_desc_init); "
                                           "install Debian's libdnnl2 (oneDNN 2.x)");
@@ -95,8 +90,8 @@ DnnlApi load() {
     return api;
   }
   // dlsym on a handle searches its dependencies: the OpenMP runtime oneDNN was built with.
-  if (!bind(h, "omp_set_num_threads", api.omp_set_num_threads) ||
-      !bind(h, "omp_get_max_threads", api.omp_get_max_threads))
+  if (!detail::bind_symbol(h, "omp_set_num_threads", api.omp_set_num_threads) ||
+      !detail::bind_symbol(h, "omp_get_max_threads", api.omp_get_max_threads))
     api.omp_set_num_threads = nullptr, api.omp_get_max_threads = nullptr;
   if (api.engine_create(&api.engine, dnnl_cpu, 0) != dnnl_success) {
     api.info.error = detail::concat(name, ": could not create a CPU engine");

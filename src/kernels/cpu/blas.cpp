@@ -9,16 +9,12 @@
 #include <string>
 
 #include "core/cpu_features.h"
+#include "core/dl_symbol.h"
 #include "dmuon/blas.h"
 #include "dmuon/error.h"
 
 namespace dmuon::cpu {
 namespace {
-
-template <class F>
-void bind(void* handle, const char* name, F& fn) {
-  fn = reinterpret_cast<F>(dlsym(handle, name));
-}
 
 BlasApi load() {
   detail::prepare_blas_environment();  // in case the load-time constructor did not run (static link)
@@ -33,18 +29,18 @@ BlasApi load() {
       continue;
     }
     BlasApi api;
-    bind(handle, "cblas_sgemm", api.sgemm);
-    bind(handle, "cblas_ssyrk", api.ssyrk);
+    (void)detail::bind_symbol(handle, "cblas_sgemm", api.sgemm);
+    (void)detail::bind_symbol(handle, "cblas_ssyrk", api.ssyrk);
     if (api.sgemm == nullptr || api.ssyrk == nullptr) {
       tried += detail::concat(tried.empty() ? "" : ", ", name, " (no cblas_sgemm/cblas_ssyrk)");
       dlclose(handle);
       continue;
     }
-    bind(handle, "cblas_ssymm", api.ssymm);
-    bind(handle, "openblas_set_num_threads", api.set_num_threads);
-    bind(handle, "openblas_get_num_threads", api.get_num_threads);
-    bind(handle, "openblas_get_corename", api.get_corename);
-    bind(handle, "openblas_get_config", api.get_config);
+    (void)detail::bind_symbol(handle, "cblas_ssymm", api.ssymm);
+    (void)detail::bind_symbol(handle, "openblas_set_num_threads", api.set_num_threads);
+    (void)detail::bind_symbol(handle, "openblas_get_num_threads", api.get_num_threads);
+    (void)detail::bind_symbol(handle, "openblas_get_corename", api.get_corename);
+    (void)detail::bind_symbol(handle, "openblas_get_config", api.get_config);
     api.library = name;
     return api;
   }
