@@ -1,127 +1,41 @@
-// The cuda backend's device code run on the host with CUDA's execution model, on every CI machine
-// (no GPU, no CUDA toolkit): the reductions of src/backend/cuda/reductions.cuh (Σ x², NorMuon's; a
-// launch runs its blocks one after another, each block as one std::thread per CUDA thread sharing
-// the block's __shared__ arrays, __syncthreads a std::barrier of the block), and the element-wise
-// and multi-tensor kernels of elementwise.cuh and the pack kernel of pack.cuh (no barriers: threads
-// one after another). Results must be bitwise those of the cpu kernels and of the sums the kernels
-// promise, over shapes that are not multiples of the tiles, grids smaller than the work, sums longer
-// than one staging tile, empty dimensions, and pack items at every byte offset. Built with
+// The cuda backend's device code run on the host with CUDA's execution model
+// (tests/support/cuda_on_host.h: the kernels and launchers of src/backend/cuda/device_code.cuh,
+// compiled here; barrier-free kernels thread by thread, kernels with __syncthreads as one fiber per
+// CUDA thread), on every CI machine (no GPU, no CUDA toolkit). Every launcher of cuda_kernels.h is
+// checked: results bitwise those of the cpu kernels, or of the formula cuda_kernels.h promises where
+// no cpu kernel has that form, over shapes that are not multiples of the tiles, grids smaller than
+// the work, sums longer than one staging tile, empty dimensions, batches with gaps between matrices
+// (which must stay untouched), and pack items at every byte offset. Built with
 // -fsanitize=alignment: an access a GPU would fault on as misaligned stops the test (x86 forgives
-// it). Limits: __shared__ arrays are static here, so a kernel reading one before writing it could
-// see an earlier block's values; NaN results carry x86's payloads, not the GPU's canonical NaN (no
-// update kernel's output is compared on non-finite input). Negative controls run when the kernels
-// were written: a transposed tile read, a wrong binary search and a swapped half-word each fail.
+// it). Limits (cuda_on_host.h): no races or warp behavior; NaN results carry x86's payloads (no
+// update kernel's output is compared on non-finite input). Negative controls: a transposed tile read,
+// a wrong binary search and a swapped half-word each failed when the kernels were written; the
+// barrier runtime's own control (BarriersOrderTheThreadsOfABlock) fails without the barrier.
 // Run: build/bin/cuda_kernels_host_test
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <barrier>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <string>
 #include <random>
-#include <thread>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
-#include "backend/cuda/multi_tensor.h"
-#include "backend/pack.h"
 #include "dmuon/bf16.h"
 #include "dmuon/update.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/update_args.h"
+#include "../support/cuda_on_host.h"
 
 namespace dmuon::cuda_host {
 namespace {
 
-// ---- CUDA's execution model on host threads --------------------------------------------------------
-struct Index3 {
-  unsigned x = 0, y = 0, z = 0;
-};
-struct dim3 {
-  unsigned x, y, z;
-  dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
-};
-thread_local Index3 threadIdx, blockIdx;
-Index3 blockDim, gridDim;
-std::barrier<>* block_barrier = nullptr;
-void __syncthreads() { block_barrier->arrive_and_wait(); }
-// IEEE operations rounded once each (this file is built with -ffp-contract=off: no fused multiply-add).
-float __fadd_rn(float a, float b) { return a + b; }
-float __fsub_rn(float a, float b) { return a - b; }
-float __fmul_rn(float a, float b) { return a * b; }
-float __fdiv_rn(float a, float b) { return a / b; }
-float __fsqrt_rn(float a) { return std::sqrt(a); }
-float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
-float __uint_as_float(uint32_t u) { return std::bit_cast<float>(u); }
-uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
-// The element-wise kernels run their threads one after another (no barriers in them): a plain min.
-unsigned long long atomicMin(unsigned long long* a, unsigned long long v) {
-  const unsigned long long old = *a;
-  if (v < old) *a = v;
-  return old;
-}
-double __dadd_rn(double a, double b) { return a + b; }
-double __dmul_rn(double a, double b) { return a * b; }
-double __ddiv_rn(double a, double b) { return a / b; }
-double __dsqrt_rn(double a) { return std::sqrt(a); }
-float __double2float_rn(double a) { return static_cast<float>(a); }
-constexpr int kThreads = 256;  // as cuda_kernels.cu
-#define __global__
-#define __shared__ static  // one block at a time: static storage is the block's shared memory
-#define DMUON_GRID_LOOP(i, n)                                                                          \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
-#include "backend/cuda/reductions.cuh"
-
-#define __device__
-#define __forceinline__ inline
-using namespace ::dmuon::cuda;  // the multi-tensor tables (multi_tensor.h)
-#include "backend/cuda/elementwise.cuh"
-using detail::PackConv;
-using detail::PackRun;
-#include "backend/cuda/pack.cuh"
-
-#undef __device__
-#undef __forceinline__
-#undef __global__
-#undef __shared__
-
-template <class Kernel>
-void launch(dim3 grid, dim3 block, Kernel kernel) {
-  gridDim = {grid.x, grid.y, grid.z};
-  blockDim = {block.x, block.y, block.z};
-  const unsigned threads = block.x * block.y * block.z;
-  for (unsigned b = 0; b < grid.x; ++b) {
-    std::barrier<> barrier(threads);
-    block_barrier = &barrier;
-    std::vector<std::thread> team;
-    for (unsigned t = 0; t < threads; ++t)
-      team.emplace_back([&, t, b] {
-        blockIdx = {b, 0, 0};
-        threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-        kernel();
-      });
-    for (std::thread& t : team) t.join();
-  }
-}
-
-// A kernel without barriers: its threads run one after another, block by block.
-template <class Kernel>
-void launch_serial(int64_t grid, unsigned block, Kernel kernel) {
-  gridDim = {static_cast<unsigned>(grid), 1, 1};
-  blockDim = {block, 1, 1};
-  for (int64_t b = 0; b < grid; ++b)
-    for (unsigned t = 0; t < block; ++t) {
-      blockIdx = {static_cast<unsigned>(b), 0, 0};
-      threadIdx = {t, 0, 0};
-      kernel();
-    }
-}
+// A kernel launched with a grid of the test's choosing (the launchers pick their own).
+#define LAUNCH(kernel, grid, block) detail::make_launch(&kernel, #kernel, dim3(grid), dim3(block))
 
 std::vector<float> normal(size_t n, unsigned seed) {
   std::mt19937 rng(seed);
@@ -149,9 +63,9 @@ TEST(CudaKernelsOnHost, NormuonMeanSquaresAreTheCpuKernelsBits) {
     for (unsigned grid : {1u, 2u, 7u}) {
       std::fill(got.begin(), got.end(), -1.0f);
       if (rows >= cols)
-        launch(dim3(grid), dim3(kRowTile, kRowWarps), [&] { normuon_row_mean_square_kernel(u.data(), rows, cols, got.data()); });
+        LAUNCH(normuon_row_mean_square_kernel, grid, dim3(kRowTile, kRowWarps))(u.data(), rows, cols, got.data());
       else
-        launch(dim3(grid), dim3(64), [&] { normuon_column_mean_square_kernel(u.data(), rows, cols, got.data()); });
+        LAUNCH(normuon_column_mean_square_kernel, grid, 64)(u.data(), rows, cols, got.data());
       expect_bitwise(got, want, (std::to_string(rows) + "x" + std::to_string(cols) + " grid " + std::to_string(grid)).c_str());
     }
   }
@@ -175,8 +89,8 @@ TEST(CudaKernelsOnHost, NormuonOrderedSumsAreSequential) {
     const float ratio_want = static_cast<float>(norm_want / std::max(std::sqrt(sum_new), 1e-10));
     double norm = -1;
     float ratio = -1;
-    launch(dim3(1), dim3(kThreads), [&] { normuon_norm_kernel(v_mean.data(), len, k, &norm); });
-    launch(dim3(1), dim3(kThreads), [&] { normuon_ratio_kernel(v_mean.data(), step.data(), len, k, &norm, &ratio); });
+    LAUNCH(normuon_norm_kernel, 1, kThreads)(v_mean.data(), len, k, &norm);
+    LAUNCH(normuon_ratio_kernel, 1, kThreads)(v_mean.data(), step.data(), len, k, &norm, &ratio);
     EXPECT_EQ(std::memcmp(&norm, &norm_want, sizeof norm), 0) << "norm, length " << len;
     EXPECT_EQ(std::memcmp(&ratio, &ratio_want, sizeof ratio), 0) << "ratio, length " << len;
   }
@@ -190,33 +104,51 @@ double tree(std::vector<double> p) {
     for (size_t t = 0; t < w; ++t) p[t] = p[t] + p[t + w];
   return p[0];
 }
+// The promised Σ x² of a grid of `blocks`: the block partials and the total.
+double fixed_tree_sum_squares(const std::vector<float>& x, int64_t n, unsigned blocks, std::vector<double>& partials) {
+  std::vector<double> lane(kThreads);
+  partials.assign(blocks, 0.0);
+  for (unsigned b = 0; b < blocks; ++b) {
+    for (int t = 0; t < kThreads; ++t) {
+      double acc = 0;
+      for (int64_t i = b * int64_t{kThreads} + t; i < n; i += int64_t{blocks} * kThreads)
+        acc = acc + static_cast<double>(x[static_cast<size_t>(i)]) * x[static_cast<size_t>(i)];
+      lane[static_cast<size_t>(t)] = acc;
+    }
+    partials[b] = tree(lane);
+  }
+  for (int t = 0; t < kThreads; ++t) {
+    double acc = 0;
+    for (unsigned i = static_cast<unsigned>(t); i < blocks; i += kThreads) acc = acc + partials[i];
+    lane[static_cast<size_t>(t)] = acc;
+  }
+  return tree(lane);
+}
 TEST(CudaKernelsOnHost, SumOfSquaresFollowsItsFixedTree) {
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{255}, int64_t{4097}, int64_t{20000}}) {
     const std::vector<float> x = normal(static_cast<size_t>(n), static_cast<unsigned>(n + 3));
     for (unsigned blocks : {1u, 3u, 9u}) {
-      std::vector<double> partials(blocks, -1.0);
+      std::vector<double> partials(blocks, -1.0), want_partials;
       double got = -1;
-      launch(dim3(blocks), dim3(kThreads), [&] { sum_squares_partial_kernel(x.data(), n, partials.data()); });
-      launch(dim3(1), dim3(kThreads), [&] { sum_partials_kernel(partials.data(), static_cast<int>(blocks), &got); });
-      std::vector<double> want_partials(blocks), lane(kThreads);
-      for (unsigned b = 0; b < blocks; ++b) {
-        for (int t = 0; t < kThreads; ++t) {
-          double acc = 0;
-          for (int64_t i = b * int64_t{kThreads} + t; i < n; i += int64_t{blocks} * kThreads)
-            acc = acc + static_cast<double>(x[static_cast<size_t>(i)]) * x[static_cast<size_t>(i)];
-          lane[static_cast<size_t>(t)] = acc;
-        }
-        want_partials[b] = tree(lane);
-      }
-      for (int t = 0; t < kThreads; ++t) {
-        double acc = 0;
-        for (unsigned i = static_cast<unsigned>(t); i < blocks; i += kThreads) acc = acc + want_partials[i];
-        lane[static_cast<size_t>(t)] = acc;
-      }
-      const double want = tree(lane);
+      LAUNCH(sum_squares_partial_kernel, blocks, kThreads)(x.data(), n, partials.data());
+      LAUNCH(sum_partials_kernel, 1, kThreads)(partials.data(), static_cast<int>(blocks), &got);
+      const double want = fixed_tree_sum_squares(x, n, blocks, want_partials);
       EXPECT_EQ(std::memcmp(partials.data(), want_partials.data(), blocks * sizeof(double)), 0) << "n " << n << " blocks " << blocks;
       EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0) << "n " << n << " blocks " << blocks;
     }
+  }
+  // The launcher's grid: one block per 256 elements, capped at kSumSquaresBlocks (300000 elements
+  // would want 1172 blocks).
+  for (int64_t n : {int64_t{0}, int64_t{700}, int64_t{300000}}) {
+    const std::vector<float> x = normal(static_cast<size_t>(n), static_cast<unsigned>(n + 5));
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>((n + 255) / 256, 1), kSumSquaresBlocks));
+    std::vector<double> partials(kSumSquaresBlocks, -1.0), want_partials;
+    double got = -1;
+    ASSERT_EQ(sum_squares(x.data(), n, partials.data(), &got, nullptr), cudaSuccess);
+    const double want = fixed_tree_sum_squares(x, n, blocks, want_partials);
+    EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0) << "launcher, n " << n;
+    EXPECT_EQ(partials[blocks - 1], want_partials[blocks - 1]) << "launcher, n " << n;
+    if (blocks < kSumSquaresBlocks) EXPECT_EQ(partials[blocks], -1.0) << "launcher, n " << n << ": a partial past its grid";
   }
 }
 
@@ -226,7 +158,7 @@ TEST(CudaKernelsOnHost, SumOfSquaresFollowsItsFixedTree) {
 // gives it alone. A block that found the wrong tensor, or a stride that skipped or repeated
 // elements, changes bits here.
 TEST(CudaKernelsOnHost, MultiTensorKernelsAreTheCpuKernelsPerTensor) {
-  auto cpu = detail::make_cpu_backend();
+  auto cpu = ::dmuon::detail::make_cpu_backend();
   const std::vector<int64_t> sizes = {777, 1, 300001, 4096, 33, 1025};
   struct T {
     std::vector<float> buf, g, upd, p, m, v;
@@ -290,10 +222,10 @@ TEST(CudaKernelsOnHost, MultiTensorKernelsAreTheCpuKernelsPerTensor) {
   }
   const int count = static_cast<int>(sizes.size());
   std::vector<unsigned long long> flags(sizes.size(), ~0ull);
-  launch_serial(blocks, kThreads, [&] { non_finite_multi_kernel(nfi.data(), count, flags.data()); });
-  launch_serial(blocks, kThreads, [&] { momentum_multi_kernel(mom.data(), count); });
-  launch_serial(blocks, kThreads, [&] { apply_multi_kernel(app.data(), count); });
-  launch_serial(blocks, kThreads, [&] { adamw_multi_kernel(adw.data(), count); });
+  first_non_finite_multi(nfi.data(), count, blocks, flags.data(), nullptr);
+  momentum_multi(mom.data(), count, blocks, nullptr);
+  apply_multi(app.data(), count, blocks, nullptr);
+  adamw_multi(adw.data(), count, blocks, nullptr);
   for (size_t t = 0; t < sizes.size(); ++t) {
     const std::string what = "tensor " + std::to_string(t);
     expect_bitwise(dev[t].buf, ref[t].buf, (what + " momentum buffer").c_str());
@@ -350,11 +282,240 @@ TEST(CudaKernelsOnHost, PackKernelMatchesTheReference) {
     std::byte* bases[] = {src.data(), got.data()};
     const int64_t total = prefix.back();
     if (total > 0) {
-      const int64_t grid = std::min<int64_t>((total + kThreads - 1) / kThreads, 3);  // a grid-stride loop
-      launch_serial(grid, kThreads, [&] { pack_kernel(live.data(), prefix.data(), static_cast<int>(live.size()), bases, total); });
+      const unsigned grid = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 3));  // a grid-stride loop
+      LAUNCH(pack_kernel, grid, kThreads)(live.data(), prefix.data(), static_cast<int>(live.size()), bases, total);
+      std::vector<std::byte> by_launcher(kBytes);
+      std::byte* launcher_bases[] = {src.data(), by_launcher.data()};
+      pack(live.data(), prefix.data(), static_cast<int>(live.size()), launcher_bases, total, nullptr);
+      ASSERT_EQ(std::memcmp(by_launcher.data(), want.data(), kBytes), 0) << "trial " << trial << " (launcher)";
     }
     ASSERT_EQ(std::memcmp(got.data(), want.data(), kBytes), 0) << "trial " << trial;
   }
+}
+
+
+uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
+constexpr float kGap = -12345.0f;  // what lies between the matrices of a batch: must stay
+
+// NorMuon through its launcher (mean squares per row, tiled through shared memory, or per column;
+// the two ordered sums; the EMA; the scaling): the update and the state bitwise those of
+// normuon_mean_square + normuon_finish, also for a tall matrix of several row tiles and column
+// tiles, a single row or column, and an empty reduced dimension (the state untouched, as the cpu).
+TEST(CudaKernelsOnHost, NormuonLauncherIsTheCpuKernelsBits) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{70, 33}, {33, 70}, {64, 64}, {1, 5}, {5, 1},
+                                                           {1030, 40}, {45, 2000}, {40, 0}, {0, 7}};
+  for (const auto& [rows, cols] : shapes) {
+    const std::string what = std::to_string(rows) + "x" + std::to_string(cols);
+    const int64_t len = normuon_state_size(rows, cols);
+    std::vector<float> u = normal(static_cast<size_t>(rows * cols), static_cast<unsigned>(rows * 7 + cols));
+    std::vector<float> v = normal(static_cast<size_t>(len), static_cast<unsigned>(rows + 3 * cols));
+    for (float& x : v) x = x * x;
+    std::vector<float> u_want = u, v_want = v, mean_want(static_cast<size_t>(len));
+    const double beta2 = 0.95;
+    if (len > 0) {
+      normuon_mean_square(u_want.data(), rows, cols, mean_want.data());
+      normuon_finish(u_want.data(), rows, cols, mean_want.data(), v_want.data(), beta2);
+    }
+    std::vector<float> mean(static_cast<size_t>(len), -1.0f), step(static_cast<size_t>(len), -1.0f);
+    double norm = -1;
+    float ratio = -1;
+    ASSERT_EQ(normuon(u.data(), rows, cols, mean.data(), v.data(), cpu::to_scalar(1.0 - beta2), {step.data(), &norm, &ratio},
+                      nullptr),
+              cudaSuccess);
+    expect_bitwise(u, u_want, (what + " update").c_str());
+    expect_bitwise(v, v_want, (what + " state").c_str());
+    if (len > 0) expect_bitwise(mean, mean_want, (what + " mean squares").c_str());
+  }
+}
+
+// X₀'s normalization from the device's Σ x²: in · fp32(1 / denom), denom = sqrt(Σ)·scale + eps or
+// max(sqrt(Σ)·scale, eps); +0 everywhere for a zero norm or denominator.
+TEST(CudaKernelsOnHost, NormalizeIsTheOrthogonalizersFormula) {
+  const std::vector<float> x = normal(1500, 3);
+  for (const bool add : {true, false})
+    for (const double norm2 : {0.0, 1e-30, 2.5, 1234.5}) {
+      const double scale = 1.01, eps = 1e-7;
+      std::vector<float> got(x.size(), -1.0f), want(x.size());
+      const double norm = std::sqrt(norm2), scaled = norm * scale;
+      const double denom = add ? scaled + eps : std::max(scaled, eps);
+      const float inv = norm == 0 || denom == 0 ? 0.0f : static_cast<float>(1.0 / denom);
+      for (size_t i = 0; i < x.size(); ++i) want[i] = inv == 0.0f ? 0.0f : x[i] * inv;
+      ASSERT_EQ(normalize(x.data(), got.data(), static_cast<int64_t>(x.size()), &norm2, scale, eps, add, nullptr), cudaSuccess);
+      expect_bitwise(got, want, ("norm² " + std::to_string(norm2) + (add ? " add" : " max")).c_str());
+    }
+  std::vector<float> scaled(x.size(), -1.0f), want(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want[i] = x[i] * 0.375f;
+  ASSERT_EQ(scale(x.data(), scaled.data(), static_cast<int64_t>(x.size()), 0.375f, nullptr), cudaSuccess);
+  expect_bitwise(scaled, want, "scale");
+}
+
+// The Gram polynomial and the mirror over batches whose matrices lie `stride` apart with gaps
+// between them: z = b·g + c·g2 (+ a on the diagonal), the upper triangle copied from the lower one,
+// and the gaps untouched.
+TEST(CudaKernelsOnHost, PolynomialAndMirrorKeepEachMatrixOfABatch) {
+  for (const int64_t side : {int64_t{1}, int64_t{5}, int64_t{70}}) {
+    const int64_t ss = side * side, stride = ss + 13, batch = 3, total = (batch - 1) * stride + ss + 13;
+    std::vector<float> g = normal(static_cast<size_t>(total), 1), g2 = normal(static_cast<size_t>(total), 2);
+    std::vector<float> z(static_cast<size_t>(total), kGap), want = z;
+    const float a = 3.4445f, b = -4.775f, c = 2.0315f;
+    for (int64_t e = 0; e < batch; ++e)
+      for (int64_t r = 0; r < ss; ++r) {
+        const size_t i = static_cast<size_t>(e * stride + r);
+        const float bg = b * g[i], cg = c * g2[i];
+        float v = bg + cg;
+        if (r / side == r % side) v = v + a;
+        want[i] = v;
+      }
+    ASSERT_EQ(ns_polynomial(g.data(), g2.data(), z.data(), side, stride, batch, a, b, c, nullptr), cudaSuccess);
+    expect_bitwise(z, want, ("polynomial, side " + std::to_string(side)).c_str());
+
+    std::vector<float> m = normal(static_cast<size_t>(total), 4);
+    for (int64_t e = 0; e < batch; ++e)
+      for (int64_t k = 0; k < 13; ++k) m[static_cast<size_t>(e * stride + ss + k)] = kGap;
+    std::vector<float> mirrored = m;
+    for (int64_t e = 0; e < batch; ++e)
+      for (int64_t i = 0; i < side; ++i)
+        for (int64_t j = i + 1; j < side; ++j)
+          mirrored[static_cast<size_t>(e * stride + i * side + j)] = mirrored[static_cast<size_t>(e * stride + j * side + i)];
+    ASSERT_EQ(mirror_lower(m.data(), side, stride, batch, nullptr), cudaSuccess);
+    expect_bitwise(m, mirrored, ("mirror, side " + std::to_string(side)).c_str());
+  }
+}
+
+// The bf16 conversions are dmuon/bf16.h's: ties to even, NaN to 0x7FC0, infinities and signed zeros
+// kept, overflow to infinity, subnormals.
+TEST(CudaKernelsOnHost, Bf16ConversionsAreDmuonsBf16) {
+  std::vector<float> x = normal(3000, 9);
+  const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFFC00001u, 0x7F800001u,
+                              0x3F808000u, 0x3F818000u, 0x3F80FFFFu, 0x7F7FFFFFu, 0x00000001u, 0x807FFFFFu, 0x00408000u};
+  for (const uint32_t u : special) x.push_back(std::bit_cast<float>(u));
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<uint16_t> got(x.size(), 0xDEAD);
+  ASSERT_EQ(to_bf16(x.data(), got.data(), n, nullptr), cudaSuccess);
+  std::vector<float> back(x.size(), -1.0f), rounded = x;
+  ASSERT_EQ(from_bf16(got.data(), back.data(), n, nullptr), cudaSuccess);
+  ASSERT_EQ(round_bf16(rounded.data(), n, nullptr), cudaSuccess);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const BFloat16 want = float_to_bf16(x[i]);
+    ASSERT_EQ(got[i], want.bits) << "element " << i << " bits " << std::hex << bits(x[i]);
+    ASSERT_EQ(bits(back[i]), bits(bf16_to_float(want))) << "element " << i;
+    ASSERT_EQ(bits(rounded[i]), bits(bf16_to_float(want))) << "element " << i;
+  }
+}
+
+// QK-clip's row scaling: rows whose factor is exactly 1 keep their bits, the others are scaled.
+TEST(CudaKernelsOnHost, ScaleRowsTouchesOnlyClippedRows) {
+  const int64_t rows = 7, cols = 301;
+  std::vector<float> w = normal(static_cast<size_t>(rows * cols), 5), want = w;
+  const std::vector<float> factors = {1.0f, 0.5f, 1.0f, 0.123f, 1.0f, 0.999f, 1.0f};
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const float f = factors[static_cast<size_t>(i / cols)];
+    if (f != 1.0f) want[static_cast<size_t>(i)] = want[static_cast<size_t>(i)] * f;
+  }
+  w[5] = std::numeric_limits<float>::quiet_NaN();  // row 0: factor 1, must stay this NaN's bits
+  want[5] = w[5];
+  ASSERT_EQ(scale_rows(w.data(), factors.data(), rows, cols, nullptr), cudaSuccess);
+  expect_bitwise(w, want, "scale_rows");
+}
+
+// FSDP's ordered sum and the mean's division: the cpu backend's bits, fp32 and bf16 blocks.
+TEST(CudaKernelsOnHost, OrderedSumAndDivideAreTheCpuBackends) {
+  auto cpu = ::dmuon::detail::make_cpu_backend();
+  const int64_t n = 2049;
+  for (const bool bf16 : {false, true})
+    for (const int blocks_n : {1, 2, 5}) {
+      const std::vector<float> f = normal(static_cast<size_t>(n * blocks_n), static_cast<unsigned>(blocks_n));
+      std::vector<BFloat16> b(f.size());
+      for (size_t i = 0; i < f.size(); ++i) b[i] = float_to_bf16(f[i]);
+      const void* blocks = bf16 ? static_cast<const void*>(b.data()) : f.data();
+      std::vector<float> got(static_cast<size_t>(n), -1.0f), want(static_cast<size_t>(n));
+      ASSERT_EQ(ordered_sum(blocks, bf16, n, blocks_n, got.data(), nullptr), cudaSuccess);
+      cpu->ordered_sum(blocks, bf16 ? DType::BF16 : DType::F32, n, blocks_n, want.data());
+      const std::string what = std::string(bf16 ? "bf16" : "fp32") + " blocks " + std::to_string(blocks_n);
+      expect_bitwise(got, want, (what + " sum").c_str());
+      ASSERT_EQ(divide(got.data(), n, 3.0f, nullptr), cudaSuccess);
+      cpu->divide(want.data(), n, 3.0f);
+      expect_bitwise(got, want, (what + " divided").c_str());
+    }
+}
+
+// The batched GEMM probe's operands: a function of i mod period, both signs, exponents 2⁻¹²..2¹²
+// (all 25 of them used), 7-bit mantissas; its comparison finds one flipped bit in any matrix of a
+// batch and ignores the gaps between them.
+TEST(CudaKernelsOnHost, ProbeOperandsAndComparison) {
+  const int64_t n = 6000, period = 1000;
+  std::vector<uint16_t> x(static_cast<size_t>(n), 0);
+  ASSERT_EQ(probe_fill(x.data(), n, period, nullptr), cudaSuccess);
+  std::vector<int> exponents(256, 0);
+  int negative = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t v = x[static_cast<size_t>(i)];
+    ASSERT_EQ(v, x[static_cast<size_t>(i % period)]) << "element " << i;
+    const int e = (v >> 7) & 0xFF;
+    ASSERT_GE(e, 115) << "element " << i;
+    ASSERT_LE(e, 139) << "element " << i;
+    ++exponents[static_cast<size_t>(e)];
+    negative += v >> 15;
+  }
+  for (int e = 115; e <= 139; ++e) EXPECT_GT(exponents[static_cast<size_t>(e)], 0) << "exponent " << e;
+  EXPECT_GT(negative, n / 4);
+  EXPECT_LT(negative, 3 * n / 4);
+
+  const int64_t len = 777, stride = len + 9, batch = 3;
+  const std::vector<float> ref = normal(static_cast<size_t>(len), 8);
+  std::vector<float> d(static_cast<size_t>(batch * stride), kGap);
+  for (int64_t e = 0; e < batch; ++e) std::copy(ref.begin(), ref.end(), d.begin() + e * stride);
+  unsigned flag = 0;
+  ASSERT_EQ(any_mismatch(d.data(), stride, batch, ref.data(), len, &flag, nullptr), cudaSuccess);
+  EXPECT_EQ(flag, 0u) << "equal copies, gaps ignored";
+  d[static_cast<size_t>(2 * stride + len - 1)] = std::bit_cast<float>(bits(ref[len - 1]) ^ 1u);
+  ASSERT_EQ(any_mismatch(d.data(), stride, batch, ref.data(), len, &flag, nullptr), cudaSuccess);
+  EXPECT_EQ(flag, 1u) << "one bit of the last matrix's last element";
+}
+
+// The Gram path's trace (in index order, double) and scaled add (y + fp32(b·x)).
+TEST(CudaKernelsOnHost, TraceAndScaledAdd) {
+  const int64_t side = 37;
+  const std::vector<float> a = normal(static_cast<size_t>(side * side), 6);
+  double want = 0, got = -1;
+  for (int64_t i = 0; i < side; ++i) want = want + static_cast<double>(a[static_cast<size_t>(i * side + i)]);
+  ASSERT_EQ(trace(a.data(), side, &got, nullptr), cudaSuccess);
+  EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0);
+  std::vector<float> y = normal(5000, 7), y_want = y;
+  const std::vector<float> x = normal(5000, 8);
+  for (size_t i = 0; i < y.size(); ++i) {
+    const float bx = -0.7f * x[i];
+    y_want[i] = y_want[i] + bx;
+  }
+  ASSERT_EQ(add_scaled(y.data(), x.data(), static_cast<int64_t>(y.size()), -0.7f, nullptr), cudaSuccess);
+  expect_bitwise(y, y_want, "add_scaled");
+}
+
+// The host runtime itself: a block's threads exchange values through shared memory across a
+// barrier, so thread t reads what thread t + 1 wrote. Its negative control: the same kernel without
+// the barrier reads the value from before (this block's threads run one after another).
+void neighbours_kernel(int* out, bool barrier) {
+  static thread_local int shared[64];
+  const unsigned t = threadIdx.x;
+  shared[t] = static_cast<int>(blockIdx.x * 1000 + t);
+  if (barrier) __syncthreads();
+  out[blockIdx.x * 64 + t] = shared[(t + 1) % 64];
+}
+TEST(CudaKernelsOnHost, BarriersOrderTheThreadsOfABlock) {
+  for (const bool barrier : {true, false}) {
+    std::vector<int> out(3 * 64, -1);
+    detail::run_blocks(dim3(3), dim3(64), "neighbours_kernel", [&] { neighbours_kernel(out.data(), barrier); }, true);
+    int wrong = 0;
+    for (unsigned b = 0; b < 3; ++b)
+      for (unsigned t = 0; t < 64; ++t) wrong += out[b * 64 + t] != static_cast<int>(b * 1000 + (t + 1) % 64);
+    if (barrier) EXPECT_EQ(wrong, 0);
+    else EXPECT_GT(wrong, 0) << "the negative control: without the barrier a thread reads before its neighbour wrote";
+  }
+}
+TEST(CudaKernelsOnHostDeathTest, AnUnlistedKernelThatWaitsAtABarrierStops) {
+  std::vector<int> out(64);
+  EXPECT_DEATH(detail::run_blocks(dim3(1), dim3(64), "neighbours_kernel", [&] { neighbours_kernel(out.data(), true); }, false),
+               "__syncthreads in a kernel not listed");
 }
 
 }  // namespace

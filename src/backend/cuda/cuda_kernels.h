@@ -1,5 +1,6 @@
 // Internal: the cuda backend's kernels (cuda_kernels.cu, compiled by nvcc with -fmad=false), behind
-// a plain launcher interface so that the host side (cuda_backend.cpp) is ordinary C++. Each launcher
+// a plain launcher interface so that the host side (cuda_backend.cpp) is ordinary C++. The launchers
+// are defined in launchers.cuh, the kernels in the .cuh files device_code.cuh lists. Each launcher
 // enqueues on `stream` and returns the launch's error; none synchronizes. Numerics are exactly those
 // of the cpu kernels (src/kernels/cpu, update.h): scalars arrive already rounded to fp32 as the cpu
 // code rounds them, fma only where the cpu code calls std::fma.
@@ -10,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/cuda/device_scratch.h"
 #include "backend/cuda/multi_tensor.h"
 #include "backend/pack.h"
 #include "kernels/cpu/adam_scalars.h"
@@ -37,8 +39,7 @@ cudaError_t first_non_finite_multi(const NonFiniteItem* items, int count, int64_
 cudaError_t pack(const PackRun* runs, const int64_t* prefix, int nruns, std::byte* const* bases, int64_t total,
                  cudaStream_t s);
 // *out = Σ x² in double, deterministically (fixed grid and order; no atomics); `partials` is device
-// scratch of kSumSquaresBlocks doubles.
-inline constexpr int kSumSquaresBlocks = 1024;
+// scratch of kSumSquaresBlocks doubles (device_scratch.h).
 cudaError_t sum_squares(const float* x, int64_t n, double* partials, double* out, cudaStream_t s);
 // out = in · fp32(1 / denom), denom = sqrt(*norm2)·scale + eps (add) or max(sqrt(*norm2)·scale, eps),
 // as Orthogonalizer::run; +0 everywhere when the norm or denom is 0. No host synchronization.
@@ -46,12 +47,7 @@ cudaError_t normalize(const float* in, float* out, int64_t n, const double* norm
                       cudaStream_t s);
 // NorMuon on the orthogonalized rows × cols update u (normuon_mean_square then normuon_finish of
 // update.h, bitwise): v_mean (normuon_state_size floats) receives the mean squares, v the EMA state,
-// w = fp32(1 − β₂). Device scratch: step (normuon_state_size floats), one double, one float.
-struct NormuonScratch {
-  float* step;
-  double* norm;
-  float* ratio;
-};
+// w = fp32(1 − β₂). Device scratch: NormuonScratch (device_scratch.h).
 cudaError_t normuon(float* u, int64_t rows, int64_t cols, float* v_mean, float* v, float w, NormuonScratch sc,
                     cudaStream_t s);
 // out = in · inv (each product rounded once).

@@ -1,10 +1,9 @@
-// Internal: the element-wise device code of the cuda backend (cuda_kernels.cu includes this file
-// inside its namespace): bf16 conversion, each update kernel's arithmetic on one element (the cpu
-// kernels' operations in their order), and the multi-tensor kernels, whose blocks find their
-// tensor in a table (multi_tensor.h). Kept apart so that tests/unit/cuda_kernels_host_test.cpp runs
-// this same code on the host, bitwise against the cpu kernels, grid and block indices included. The
-// includer provides DMUON_GRID_LOOP and the CUDA intrinsics used here (__fmul_rn, __fadd_rn,
-// __fsub_rn, __fdiv_rn, __fsqrt_rn, __fmaf_rn, __uint_as_float, __float_as_uint, fabsf, atomicMin).
+// Internal: the element-wise device code of the cuda backend (device_code.cuh): bf16 conversion,
+// each update kernel's arithmetic on one element (the cpu kernels' operations in their order), the
+// multi-tensor kernels, whose blocks find their tensor in a table (multi_tensor.h), and the
+// element-wise kernels of one tensor (conversions, QK-clip's row scaling). The includer provides
+// DMUON_GRID_LOOP and the CUDA intrinsics used here (__fmul_rn, __fadd_rn, __fsub_rn, __fdiv_rn,
+// __fsqrt_rn, __fmaf_rn, __uint_as_float, __float_as_uint, fabsf, atomicMin).
 #pragma once
 
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
@@ -126,4 +125,26 @@ __global__ void adamw_multi_kernel(const AdamWItem* items, int count) {
   const AdamWItem it = items[item_of(items, count, &blocks)];
   for (int64_t i = (blockIdx.x - it.block0) * blockDim.x + threadIdx.x; i < it.n; i += blocks * blockDim.x)
     adamw_at(it.s, it.p, it.grad, it.grad_bf16 != 0, it.m, it.v, i);
+}
+
+// x ← fp32(bf16(x)) (the comm dtype's rounding of a whole buffer).
+__global__ void round_bf16_kernel(float* x, int64_t n) {
+  DMUON_GRID_LOOP(i, n) x[i] = bf16_bits_to_float(float_to_bf16_bits(x[i]));
+}
+
+__global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t n) {
+  DMUON_GRID_LOOP(i, n) y[i] = float_to_bf16_bits(x[i]);
+}
+
+__global__ void from_bf16_kernel(const uint16_t* x, float* y, int64_t n) {
+  DMUON_GRID_LOOP(i, n) y[i] = bf16_bits_to_float(x[i]);
+}
+
+// QK-clip: row r of a rows × cols matrix scaled by factors[r], rows whose factor is exactly 1 left
+// untouched (as the cpu scale_rows).
+__global__ void scale_rows_kernel(float* w, const float* factors, int64_t rows, int64_t cols) {
+  DMUON_GRID_LOOP(i, rows * cols) {
+    const float f = factors[i / cols];
+    if (f != 1.0f) w[i] = __fmul_rn(w[i], f);
+  }
 }

@@ -1,9 +1,8 @@
-// Internal: the pack kernel of the cuda backend (cuda_kernels.cu includes this file inside its
-// namespace, after elementwise.cuh for the bf16 conversion): each element of a pack table (pack.h)
-// finds its run by binary search over the runs' element prefix sums and moves 32 or 16 bits at the
-// alignment its addresses have. tests/unit/cuda_kernels_host_test.cpp runs this same code on the
-// host against pack_reference, misaligned items included. The includer provides DMUON_GRID_LOOP,
-// PackRun / PackConv and __uint_as_float.
+// Internal: the pack kernel of the cuda backend (device_code.cuh, after elementwise.cuh for the bf16
+// conversion): each element of a pack table (pack.h) finds its run by binary search over the runs'
+// element prefix sums and moves 32 or 16 bits at the alignment its addresses have.
+// tests/unit/cuda_kernels_host_test.cpp runs it on the host against pack_reference, misaligned
+// items included. The includer provides DMUON_GRID_LOOP, PackRun / PackConv and __uint_as_float.
 #pragma once
 
 // A pack run's items sit back to back in a message (routes.cpp): an fp32 item after a bf16 item of
