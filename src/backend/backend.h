@@ -155,6 +155,11 @@ class Backend {
   // a stream: it overlaps the work of the other streams and completes with the stream's Events
   // (state offload streams state this way, state/state_offload.h).
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // copy, but only queued on a device backend: on the calling thread's stream (a Stream job's own),
+  // ordered before the thread's later work, in memory after its synchronize() or, for another
+  // stream, after a wait for a fence() recorded after it. Host memory in it must be pinned (pageable
+  // memory would make the copy synchronous, or be read after the call returns). cpu: copy.
+  virtual void copy_queued(void* dst, const void* src, size_t bytes) { copy(dst, src, bytes); }
   // threaded = false: a stream that runs each job on the caller's thread at submit. `end`: what a
   // job leaves behind (JobEnd; ignored where every job's work completes on the host, the cpu).
   virtual std::unique_ptr<Stream> make_stream(bool threaded, JobEnd end = JobEnd::Complete) = 0;

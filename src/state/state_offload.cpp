@@ -19,10 +19,16 @@ struct Copy {
   size_t bytes;
 };
 
+// The copy stream's jobs end with their copies queued (JobEnd::Queued): whoever uses a group's slot
+// waits on the device for the fence its copy-in job records; the write-backs are ordered after
+// the slot's kernels by a fence and before the slot's next copy-in by the stream's order; flush()
+// and the destructor wait for the device work too.
+std::unique_ptr<Stream> make_copy_stream(Backend& backend) { return backend.make_stream(true, JobEnd::Queued); }
+
 }  // namespace
 
 StateOffload::StateOffload(Backend& backend, std::vector<std::vector<Region>> params, std::vector<std::string> names)
-    : backend_(backend), params_(std::move(params)), names_(std::move(names)), copies_(backend.make_stream(true)),
+    : backend_(backend), params_(std::move(params)), names_(std::move(names)), copies_(make_copy_stream(backend)),
       group_of_(params_.size(), nullptr) {}
 
 StateOffload::~StateOffload() {
@@ -115,9 +121,12 @@ StateOffload::Group* StateOffload::create(std::span<const size_t> params) {
   }
   if (!in.empty()) {
     Backend* be = &backend_;
-    copies_->submit([be, in = std::move(in)] {
-      for (const Copy& c : in) be->copy(c.dst, c.src, c.bytes);
+    auto fence = std::make_shared<Fence>();  // recorded by the job after its copies
+    copies_->submit([be, in = std::move(in), fence] {
+      for (const Copy& c : in) be->copy_queued(c.dst, c.src, c.bytes);
+      *fence = be->fence();
     });
+    g->copied = std::move(fence);
   }
   g->ready = copies_->record();
   counters_.bytes_in += moved;
@@ -150,7 +159,8 @@ void StateOffload::acquire(std::span<const size_t> params) {
   Group* g = find(params, "acquire");
   DMUON_CHECK(!g || !g->acquired, "[optim] internal: the state of '", names_[params.front()], "' is acquired twice");
   if (!g) g = create(params);
-  wait(g->ready);
+  wait(g->ready);  // the copy-in job has run: its copies are queued and its fence recorded
+  if (g->copied) backend_.wait(g->copied->event());  // this thread's later kernels run after them
   g->acquired = true;
 }
 
@@ -171,7 +181,7 @@ void StateOffload::release(std::span<const size_t> params) {
     Backend* be = &backend_;
     copies_->submit(
         [be, out = std::move(out)] {
-          for (const Copy& c : out) be->copy(c.dst, c.src, c.bytes);
+          for (const Copy& c : out) be->copy_queued(c.dst, c.src, c.bytes);
         },
         backend_.fence());
   }

@@ -2,21 +2,24 @@
 // its home copy in pinned host memory (the StateStore's tensors); a step makes a group of parameters'
 // state resident in one device slot before it uses it and writes it back after:
 //   prefetch(g)  copy-in of g issued on the copy stream (overlaps the current chunk's compute);
-//   acquire(g)   g resident: waits for its prefetch, or copies it in now; resident() then gives the
-//                slot's pointers;
+//   acquire(g)   g resident: the calling thread's stream waits on the device for its copy-in (the
+//                host waits only until the copy-in job has queued its copies); resident() then
+//                gives the slot's pointers;
 //   release(g)   write-back of g issued on the copy stream, which waits on the device for the
 //                calling thread's kernels (a Backend::fence, no host wait); the slot returns to the
-//                pool once the write-back has completed;
+//                pool once the write-back is queued: the next copy-in into it follows it on the copy
+//                stream;
 //   flush()      end of step: waits for every copy, so the home copies (what the state views, state
 //                dicts and checkpoints read) hold the step's result.
 // A group is the exact list of one acquire/prefetch call (a pipeline chunk's parameters, an AdamW
-// batch); release names the same list. Copies are Backend::copy (memcpy on the cpu backend,
-// cudaMemcpyAsync on a cuda stream), so the values are moved, never computed: results are bitwise
-// those without offload.
+// batch); release names the same list. Copies are Backend::copy_queued (memcpy on the cpu backend,
+// cudaMemcpyAsync on the copy stream on cuda, ordered by fences, never waited for on the host
+// before flush), so the values are moved, never computed: results are bitwise those without
+// offload.
 //
 // Slots come from a pool in the backend's device memory (host memory on the cpu backend, which has
-// no other): a group takes the smallest free slot that fits; when none does, write-backs still in
-// flight are awaited first, and only then is a slot allocated (after freeing the free slots, all too
+// no other): a group takes the smallest free slot that fits; when none does, write-backs not yet
+// queued are awaited first, and only then is a slot allocated (after freeing the free slots, all too
 // small). So a new slot is only ever made while every other slot holds a group, and the pool never
 // exceeds (groups resident at once) × (largest group's state bytes): the bound the pipeline keeps
 // by holding at most window + 1 groups (pipeline.cpp). The pool is kept between steps.
@@ -70,13 +73,14 @@ class StateOffload {
   struct Slot {
     Buffer mem;
     enum State : unsigned char { Free, Used, Draining } state = Free;
-    Event drained;  // Draining: the write-back completed
+    Event drained;  // Draining: the write-back is queued (a copy-in into the slot follows it)
   };
   struct Group {
     std::vector<size_t> params;
     Slot* slot = nullptr;  // null when the group holds no bytes
     std::vector<std::vector<void*>> resident;  // per params[k], per region
-    Event ready;
+    Event ready;                     // the copy-in job has run (its copies queued)
+    std::shared_ptr<Fence> copied;   // after the copy-in's device work (null when nothing to copy)
     bool acquired = false;
   };
   size_t group_bytes(std::span<const size_t> params, std::vector<std::vector<size_t>>* offsets) const;

@@ -917,13 +917,14 @@ struct DeviceSteps {
   std::vector<TensorView> wv, gv;
   // compute_thread = false: the compute stream's jobs run on the caller's thread (no thread of the
   // emulation runs other streams' queues while it waits, so what runs when is deterministic there).
-  explicit DeviceSteps(bool compute_thread = true, DType matmul = DType::F32) {
+  explicit DeviceSteps(bool compute_thread = true, DType matmul = DType::F32, bool offload = false) {
     const Inventory inv = apply_parallel(test::matrix_model("flat", {{"w0", 96, 64}, {"w1", 64, 160}, {"w2", 128, 128}}),
                                          parse_parallel("dp_shard=1"));
     OptimizerOptions o;
     o.device = "cuda";
     o.env_override = false;
     o.compute_thread = compute_thread;
+    o.offload_state = offload;
     GroupOptions group;
     group.ns.matmul_dtype = matmul;
     opt = std::make_unique<Optimizer>(make_single_communicator("cuda"), inv,
@@ -998,6 +999,32 @@ std::vector<std::vector<float>> params_on(DeviceSteps& run, cudaStream_t stream)
   }
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   return out;
+}
+
+// State offload on the cuda backend through whole steps: the state's copy-in waits for nothing on
+// the host (the compute stream waits for it on the device), its write-back is queued after the
+// slot's kernels, and the next copy-in into a reused slot follows it on the copy stream. Parameters
+// bitwise those of the run that keeps its state on the device, over steps whose gradients change,
+// fp32 and bf16 products (on the emulation's deferred streams a missing wait reads a slot before its
+// copy-in or a home copy before its write-back).
+TEST(CudaBackend, OffloadedStateStepsAreBitwiseTheResidentOnes) {
+  REQUIRE_CUDA();
+  for (const DType matmul : {DType::F32, DType::BF16}) {
+    DeviceSteps resident(true, matmul), offloaded(true, matmul, true);
+    for (int t = 1; t <= 4; ++t) {
+      for (size_t i = 0; i < resident.wv.size(); ++i) {
+        const std::vector<float> h = step_grad(resident.wv[i], t, i);
+        resident.cuda->copy(resident.gv[i].data, h.data(), h.size() * 4);
+        offloaded.cuda->copy(offloaded.gv[i].data, h.data(), h.size() * 4);
+      }
+      ASSERT_TRUE(resident.step());
+      ASSERT_TRUE(offloaded.step());
+      EXPECT_GT(offloaded.opt->last_stats().offload_bytes_in, 0u) << "the control: the state was offloaded";
+      const std::vector<std::vector<float>> want = params_on(resident, nullptr), got = params_on(offloaded, nullptr);
+      for (size_t i = 0; i < want.size(); ++i)
+        expect_bitwise(got[i], want[i], std::string(to_string(matmul)) + " step " + std::to_string(t) + " parameter " + std::to_string(i));
+    }
+  }
 }
 
 // Optimizer::set_stream: with the caller's stream set, the step orders itself with it on the
@@ -1221,6 +1248,27 @@ TEST(CudaBackend, AStepWaitsOnTheHostOnlyForItsAgreement) {
     EXPECT_EQ(waits[1], 3u) << streams << " compute stream(s): host waits in three steps given the caller's stream";
     EXPECT_EQ(waits[0], 6u) << streams << " compute stream(s): host waits in three steps without it";
   }
+  EXPECT_EQ(cudaStreamDestroy(caller), cudaSuccess);
+}
+
+// Emulation only: with the state offloaded, a steady step given the caller's stream waits on the host
+// for its agreement and once more at its end, for the write-backs (the home copies are host memory
+// the caller may read after the step: state_offload.h). The copy-ins and write-backs of its chunks
+// are ordered on the device. Before, every copy was waited for on the copy stream's thread, and
+// each acquire waited on the host for its copy-in: 27 waits in these three steps.
+TEST(CudaBackend, AnOffloadedStepWaitsOnTheHostForItsAgreementAndItsWriteBacks) {
+  REQUIRE_CUDA();
+  cudaStream_t caller = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking), cudaSuccess);
+  DeviceSteps run(true, DType::F32, true);
+  run.opt->set_stream(caller);
+  for (int t = 1; t <= 2; ++t) ASSERT_TRUE(run.step());
+  ASSERT_EQ(cudaStreamSynchronize(caller), cudaSuccess);
+  const unsigned long long before = cuda_emu::made(cuda_emu::Made::HostWait);
+  for (int t = 3; t <= 5; ++t) ASSERT_TRUE(run.step());
+  EXPECT_EQ(cuda_emu::made(cuda_emu::Made::HostWait) - before, 6u) << "host waits in three offloaded steps";
+  EXPECT_GT(run.opt->last_stats().offload_bytes_in, 0u) << "the control: the state was offloaded";
+  ASSERT_EQ(cudaStreamSynchronize(caller), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(caller), cudaSuccess);
 }
 #endif

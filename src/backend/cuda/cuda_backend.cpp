@@ -517,6 +517,11 @@ class CudaBackend final : public Backend {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, tl_stream), "cudaMemcpy (copy)");
     check(cudaStreamSynchronize(tl_stream), "cudaMemcpy (copy)");
   }
+  void copy_queued(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    const DeviceGuard guard = enter();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, tl_stream), "cudaMemcpyAsync (queued copy)");
+  }
   std::unique_ptr<Stream> make_stream(bool threaded, JobEnd end) override {
     return std::make_unique<CudaStream>(device_, threaded, end);
   }
