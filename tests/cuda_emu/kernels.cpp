@@ -58,6 +58,29 @@ cudaError_t done() { return cudaGetLastError(); }
 
 }  // namespace
 
+// The tensors of one multi-tensor launch must not overlap (backend.h: a GPU runs them at once, and
+// one item's writes would race another's reads or writes; the emulation's items run one after
+// another and would hide it). `spans` per item: the byte ranges it reads or writes; `writes` says
+// which of them it writes. Two ranges of different items may overlap only if neither is written.
+struct Span {
+  const void* p;
+  size_t bytes;
+  bool written;
+  int item;
+};
+bool items_disjoint(std::vector<Span> spans, const char* kernel) {
+  std::erase_if(spans, [](const Span& s) { return s.bytes == 0; });
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.p < b.p; });
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const auto* end = static_cast<const std::byte*>(spans[i].p) + spans[i].bytes;
+    for (size_t j = i + 1; j < spans.size() && static_cast<const std::byte*>(spans[j].p) < end; ++j)
+      if (spans[i].item != spans[j].item && (spans[i].written || spans[j].written))
+        return cuda_emu::fail_access(std::string(kernel) + ": tensors " + std::to_string(spans[i].item) + " and " +
+                                     std::to_string(spans[j].item) + " of one launch overlap");
+  }
+  return true;
+}
+
 // A multi-tensor table's block layout, as the kernels' binary search assumes: item blocks start at
 // 0, rise by multi_tensor_blocks(n) (n > 0) and end at the grid's `blocks`.
 template <class Item>
@@ -114,14 +137,17 @@ cudaError_t momentum_multi(const MomentumItem* items, int count, int64_t blocks,
       stream,
       [=] {
         if (!table_layout_ok(items, count, blocks, "momentum_multi")) return false;
+        std::vector<Span> spans;
         for (int t = 0; t < count; ++t) {
           const MomentumItem& it = items[t];
           const bool bf16 = it.grad_bf16 != 0;
           if (!ranges({{it.buf, f32(it.n)}, {it.grad, grad_bytes(it.n, bf16), bf16 ? 2u : 4u}, {it.update, f32(it.n)}},
                       "momentum_multi"))
             return false;
+          spans.push_back({it.buf, f32(it.n), true, t}), spans.push_back({it.update, f32(it.n), true, t});
+          spans.push_back({it.grad, grad_bytes(it.n, bf16), false, t});
         }
-        return true;
+        return items_disjoint(std::move(spans), "momentum_multi");
       },
       [=] { return cuda_host::momentum_multi(items, count, blocks, stream); });
   return done();
@@ -134,9 +160,12 @@ cudaError_t apply_multi(const ApplyItem* items, int count, int64_t blocks, cudaS
       stream,
       [=] {
         if (!table_layout_ok(items, count, blocks, "apply_multi")) return false;
-        for (int t = 0; t < count; ++t)
+        std::vector<Span> spans;
+        for (int t = 0; t < count; ++t) {
           if (!ranges({{items[t].p, f32(items[t].n)}, {items[t].u, f32(items[t].n)}}, "apply_multi")) return false;
-        return true;
+          spans.push_back({items[t].p, f32(items[t].n), true, t}), spans.push_back({items[t].u, f32(items[t].n), false, t});
+        }
+        return items_disjoint(std::move(spans), "apply_multi");
       },
       [=] { return cuda_host::apply_multi(items, count, blocks, stream); });
   return done();
@@ -149,14 +178,18 @@ cudaError_t adamw_multi(const AdamWItem* items, int count, int64_t blocks, cudaS
       stream,
       [=] {
         if (!table_layout_ok(items, count, blocks, "adamw_multi")) return false;
+        std::vector<Span> spans;
         for (int t = 0; t < count; ++t) {
           const AdamWItem& it = items[t];
           if (!ranges({{it.p, f32(it.n)}, {it.grad, grad_bytes(it.n, it.grad_bf16 != 0), it.grad_bf16 ? 2u : 4u},
                        {it.m, f32(it.n)}, {it.v, f32(it.n)}},
                       "adamw_multi"))
             return false;
+          for (const void* w : {static_cast<const void*>(it.p), static_cast<const void*>(it.m), static_cast<const void*>(it.v)})
+            spans.push_back({w, f32(it.n), true, t});
+          spans.push_back({it.grad, grad_bytes(it.n, it.grad_bf16 != 0), false, t});
         }
-        return true;
+        return items_disjoint(std::move(spans), "adamw_multi");
       },
       [=] { return cuda_host::adamw_multi(items, count, blocks, stream); });
   return done();
@@ -201,9 +234,10 @@ cudaError_t pack(const PackRun* runs, const int64_t* prefix, int nruns, std::byt
           const size_t dst_span =
               static_cast<size_t>((run.rows - 1) * run.dst_stride) + static_cast<size_t>(run.len) * dst_elem;
           if (!expect_device(d, dst_span, "pack (destination run)")) return false;
-          // (any alignment: the kernel moves misaligned items in 16- or 8-bit pieces)
+          // (any alignment: the kernel moves misaligned items in 16- or 8-bit pieces; it reads the
+          // source's base for every run, fills included)
+          if (!expect_device(bases + run.src, sizeof(std::byte*), "pack (bases)")) return false;
           if (reads) {
-            if (!expect_device(bases + run.src, sizeof(std::byte*), "pack (bases)")) return false;
             const std::byte* src = bases[run.src] + run.src_off;
             const size_t src_span =
                 static_cast<size_t>((run.rows - 1) * run.src_stride) + static_cast<size_t>(run.len) * src_elem;
@@ -313,6 +347,10 @@ cudaError_t from_bf16(const uint16_t* x, float* y, int64_t n, cudaStream_t strea
 
 cudaError_t ordered_sum(const void* blocks, bool bf16, int64_t n, int blocks_n, float* out, cudaStream_t stream) {
   if (n <= 0) return done();
+  if (blocks_n < 1) {
+    cuda_emu::fail_access("ordered_sum: no block to sum (the kernel reads the first)");
+    return illegal();
+  }
   if (!ranges({{blocks, grad_bytes(n * blocks_n, bf16), bf16 ? 2u : 4u}, {out, f32(n)}}, "ordered_sum")) return illegal();
   queue(stream, [=] { return cuda_host::ordered_sum(blocks, bf16, n, blocks_n, out, stream); });
   return done();

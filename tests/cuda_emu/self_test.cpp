@@ -207,6 +207,41 @@ TEST(CudaEmu, KernelsRefuseHostPointersAndOverruns) {
   EXPECT_EQ(d.get(), std::vector<float>(8, 1.0f));
 }
 
+// The tensors of one multi-tensor launch must not overlap (a GPU runs them at once; the emulation
+// runs them one after another and would hide the race): two momentum items whose buffers share
+// elements fault when the launch runs. The control: the same items side by side run.
+void momentum_pair(float* base, int64_t second_buf) {
+  dmuon::cuda::MomentumItem items[2] = {};
+  for (int t = 0; t < 2; ++t) {
+    items[t].buf = base + (t == 0 ? 0 : second_buf);
+    items[t].grad = base + 32 + 4 * t;
+    items[t].update = base + 48 + 4 * t;
+    items[t].n = 4, items[t].block0 = t, items[t].w_grad = 0.1f, items[t].mu = 0.9f;
+  }
+  void* table = nullptr;
+  ASSERT_EQ(cudaMalloc(&table, sizeof items), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(table, items, sizeof items, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(dmuon::cuda::momentum_multi(static_cast<const dmuon::cuda::MomentumItem*>(table), 2, 2, nullptr), cudaSuccess);
+  const cudaError_t e = cudaDeviceSynchronize();
+  cudaFree(table);
+  ASSERT_EQ(e, cudaSuccess);
+}
+TEST(CudaEmuDeathTest, MultiTensorItemsThatOverlapFault) {
+  {
+    DeviceFloats d(64);
+    d.put(std::vector<float>(64, 1.0f));
+    momentum_pair(d.p, 4);  // disjoint: runs
+  }
+  EXPECT_EXIT(
+      {
+        DeviceFloats d(64);
+        d.put(std::vector<float>(64, 1.0f));
+        momentum_pair(d.p, 2);  // the second buffer starts inside the first
+        std::exit(::testing::Test::HasFailure() ? 3 : 0);
+      },
+      ::testing::ExitedWithCode(3), "tensors 0 and 1 of one launch overlap");
+}
+
 // Column-major 3×2 = (3×4)·(4×2) through the loaded cuBLAS (DMUON_CUBLAS_LIBRARY), against a loop.
 TEST(CudaEmu, CublasComputesAndChecksItsArguments) {
   const auto& blas = cublas();

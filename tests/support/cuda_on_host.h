@@ -4,13 +4,15 @@
 //   - dmuon::cuda_host::<launcher>(...) is the launcher of cuda_kernels.h, its grid and guards
 //     included; it runs its kernels at once, on the calling thread (the stream is ignored).
 //   - A kernel without barriers runs its blocks one after another and each block's threads one
-//     after another (threadIdx, blockIdx, blockDim, gridDim set as CUDA sets them).
+//     after another (threadIdx, blockIdx, blockDim, gridDim set as CUDA sets them), in the order
+//     DMUON_CUDA_HOST_ORDER names (ascending, descending, alternating: the default).
 //   - A kernel with barriers (kBarrierKernels) runs each block's threads as fibers on the calling
 //     thread (ucontext stacks, _setjmp/_longjmp switches): __syncthreads switches to the next thread, and a block's round ends when
-//     every thread has reached the barrier; __shared__ arrays are static thread_local, so the fibers
-//     of a block share them and two OS threads running kernels do not.
+//     every thread has reached the barrier (each round in the order above, so a missing barrier
+//     shows in one order or another); __shared__ arrays are static thread_local, so the fibers of
+//     a block share them and two OS threads running kernels do not.
 //   - The CUDA intrinsics are their IEEE operations, each rounded once: the includer compiles with
-//     -ffp-contract=off (no fused multiply-add but __fmaf_rn's std::fma).
+//     -ffp-contract=off (no fused multiply-add but __fmaf_rn's std::fma; clang is told so below too).
 // What this cannot show: races inside a kernel (threads never overlap), warp-level behavior, the
 // GPU's NaN payloads (x86's here), shared memory read before it is written in a block (it holds the
 // previous block's values here, garbage on a GPU). A kernel that reaches __syncthreads without being
@@ -20,8 +22,11 @@
 #pragma once
 
 #include <setjmp.h>
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -38,6 +43,11 @@
 // with -U_FORTIFY_SOURCE.
 #if defined(_FORTIFY_SOURCE) && _FORTIFY_SOURCE > 0 && defined(__OPTIMIZE__)
 #error "tests/support/cuda_on_host.h switches stacks with _longjmp: compile it with -U_FORTIFY_SOURCE"
+#endif
+// AddressSanitizer would need each switch announced (__sanitizer_start_switch_fiber) and reports
+// false positives without: the targets that include this are not built under DMUON_SANITIZE=address.
+#if defined(__SANITIZE_ADDRESS__)
+#error "tests/support/cuda_on_host.h switches fiber stacks: not built under AddressSanitizer"
 #endif
 
 #include "backend/cuda/device_scratch.h"
@@ -119,18 +129,58 @@ inline uint3 thread_index(unsigned t, const dim3& block) {
   return {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
 }
 
+// The order in which a block's threads run (in each round between barriers, for a barrier kernel):
+// threads that wrongly rely on an order (a missing barrier) give other results in another one, so
+// the host test runs under each (DMUON_CUDA_HOST_ORDER=ascending|descending|alternating; default
+// alternating: rounds, and the blocks of a barrier-free kernel, alternate the direction).
+enum class Order : int { Ascending, Descending, Alternating };
+inline std::atomic<int>& order_setting() {
+  static std::atomic<int> order([] {
+    const char* e = std::getenv("DMUON_CUDA_HOST_ORDER");
+    if (e == nullptr || *e == 0 || std::strcmp(e, "alternating") == 0) return static_cast<int>(Order::Alternating);
+    if (std::strcmp(e, "ascending") == 0) return static_cast<int>(Order::Ascending);
+    if (std::strcmp(e, "descending") == 0) return static_cast<int>(Order::Descending);
+    die("DMUON_CUDA_HOST_ORDER must be ascending, descending or alternating", e);
+  }());
+  return order;
+}
+inline Order order() { return static_cast<Order>(order_setting().load(std::memory_order_relaxed)); }
+inline void set_order(Order o) { order_setting().store(static_cast<int>(o), std::memory_order_relaxed); }
+// The k-th thread to run of n, in round (or block) r.
+inline unsigned in_order(unsigned k, unsigned n, unsigned r, Order o) {
+  const bool down = o == Order::Descending || (o == Order::Alternating && r % 2 == 1);
+  return down ? n - 1 - k : k;
+}
+
 // One block's threads as fibers on the calling OS thread, kept per thread and reused by every block
 // and launch. A fiber is made once (makecontext, entered once with setcontext) and then loops: run
 // the launch's body, mark itself Done, yield. Switches are _setjmp/_longjmp between the fiber stacks
 // and the scheduler: no system call (swapcontext saves the signal mask with one, each switch, which
-// made a 1M-element Σ x² take 0.9 s).
+// made a 1M-element Σ x² take 0.9 s). Stacks are mapped with a guard page below them (an overflow
+// faults instead of writing over the heap) and take memory only as they are used (kernels use
+// ~4 KB).
 struct Fibers {
   static constexpr size_t kStack = 64 << 10;
   enum State : uint8_t { Runnable, AtBarrier, Done };
+  struct Stack {
+    std::byte* base = nullptr;  // the guard page, then kStack bytes
+    size_t guard = 0;
+    Stack() {
+      guard = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+      void* p = mmap(nullptr, guard + kStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) die("mmap of a fiber stack failed", nullptr);
+      base = static_cast<std::byte*>(p);
+      if (mprotect(base, guard, PROT_NONE) != 0) die("mprotect of a fiber stack's guard page failed", nullptr);
+    }
+    ~Stack() { munmap(base, guard + kStack); }
+    Stack(const Stack&) = delete;
+    Stack& operator=(const Stack&) = delete;
+    std::byte* bottom() const { return base + guard; }
+  };
   struct Fiber {  // never moved: a made ucontext_t points into itself
     ucontext_t first;  // its first entry
     jmp_buf at;        // where it yielded
-    std::unique_ptr<std::byte[]> stack = std::make_unique<std::byte[]>(kStack);
+    Stack stack;
     bool started = false;
   };
   std::vector<std::unique_ptr<Fiber>> fibers;
@@ -176,7 +226,7 @@ inline void fiber_main() {
 [[gnu::noinline]] inline void add_fiber(Fibers& f) {
   auto& fiber = *f.fibers.emplace_back(std::make_unique<Fibers::Fiber>());
   if (getcontext(&fiber.first) != 0) die("getcontext failed", nullptr);
-  fiber.first.uc_stack.ss_sp = fiber.stack.get();
+  fiber.first.uc_stack.ss_sp = fiber.stack.bottom();
   fiber.first.uc_stack.ss_size = Fibers::kStack;
   fiber.first.uc_link = nullptr;  // fiber_main never returns
   makecontext(&fiber.first, fiber_main, 0);
@@ -191,9 +241,11 @@ inline void run_block_as_fibers(unsigned threads, const dim3& block, const std::
   f.body = &body;
   f.kernel = kernel;
   running = &f;
-  for (;;) {  // a round: every live thread runs to its next barrier or its end
+  const Order o = order();
+  for (unsigned round = 0;; ++round) {  // a round: every live thread runs to its next barrier or its end
     unsigned at_barrier = 0, done = 0;
-    for (unsigned t = 0; t < threads; ++t) {
+    for (unsigned k = 0; k < threads; ++k) {
+      const unsigned t = in_order(k, threads, round, o);
       if (f.state[t] == Fibers::Done) {
         ++done;
         continue;
@@ -220,13 +272,15 @@ void run_blocks(const dim3& grid, const dim3& block, const char* kernel, const B
   gridDim = grid;
   blockDim = block;
   const std::function<void()> as_function = barriers ? std::function<void()>(std::cref(body)) : nullptr;
-  for (unsigned b = 0; b < grid.x; ++b) {
+  const Order o = order();
+  for (unsigned j = 0; j < grid.x; ++j) {
+    const unsigned b = o == Order::Descending ? grid.x - 1 - j : j;
     blockIdx = {b, 0, 0};
     if (barriers) {
       run_block_as_fibers(threads, block, as_function, kernel);
     } else {
-      for (unsigned t = 0; t < threads; ++t) {
-        threadIdx = thread_index(t, block);
+      for (unsigned k = 0; k < threads; ++k) {
+        threadIdx = thread_index(in_order(k, threads, b, o), block);
         body();
       }
     }
@@ -263,6 +317,9 @@ inline cudaError_t done() { return cudaSuccess; }
 
 // The device code, with CUDA's qualifiers spelled for the host (the CUDA headers, where a file
 // includes them, define these macros their own way: kept aside and restored).
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
 #pragma push_macro("__global__")
 #pragma push_macro("__device__")
 #pragma push_macro("__forceinline__")
@@ -274,7 +331,7 @@ inline cudaError_t done() { return cudaSuccess; }
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __shared__ static DMUON_HOST_TLS
+#define __shared__ static thread_local  // (default TLS model: ~17 KB, too much for initial-exec)
 #define DMUON_GRID_LOOP(i, n)                                                                    \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)

@@ -7,7 +7,9 @@
 // the work, sums longer than one staging tile, empty dimensions, batches with gaps between matrices
 // (which must stay untouched), and pack items at every byte offset. Built with
 // -fsanitize=alignment: an access a GPU would fault on as misaligned stops the test (x86 forgives
-// it). Limits (cuda_on_host.h): no races or warp behavior; NaN results carry x86's payloads (no
+// it). ctest runs it three times, each block's threads in ascending, descending and alternating
+// order (DMUON_CUDA_HOST_ORDER): a missing barrier shows in one of them. Limits (cuda_on_host.h):
+// threads never overlap, so no data race or warp behavior shows; NaN results carry x86's payloads (no
 // update kernel's output is compared on non-finite input). Negative controls: a transposed tile read,
 // a wrong binary search and a swapped half-word each failed when the kernels were written; the
 // barrier runtime's own control (BarriersOrderTheThreadsOfABlock) fails without the barrier.
@@ -512,6 +514,69 @@ TEST(CudaKernelsOnHost, BarriersOrderTheThreadsOfABlock) {
     else EXPECT_GT(wrong, 0) << "the negative control: without the barrier a thread reads before its neighbour wrote";
   }
 }
+// A block that restages a shared tile each iteration while thread 0 sums the last one (the shape of
+// NorMuon's ordered sums): correct in every order with the barrier that ends each iteration; without
+// it a GPU races, and here the threads that restage before thread 0 sums (descending, alternating)
+// give another sum, so the host test's three orders find a missing barrier that ascending order
+// alone would hide (a review's finding: NorMuon's two sums lost their last barrier unnoticed).
+void staged_sum_kernel(const int* x, int n, long long* out, bool end_barrier) {
+  static thread_local int tile[64];
+  long long sum = 0;
+  for (int base = 0; base < n; base += 64) {
+    tile[threadIdx.x] = base + static_cast<int>(threadIdx.x) < n ? x[base + threadIdx.x] : 0;
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int t = 0; t < 64; ++t) sum += tile[t];
+    if (end_barrier) __syncthreads();
+  }
+  if (end_barrier) __syncthreads();  // (the same barrier count in both forms: one per iteration + 1)
+  else {
+    __syncthreads();
+    for (int base = 0; base < n; base += 64) __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = sum;
+}
+TEST(CudaKernelsOnHost, EveryThreadOrderFindsAMissingBarrier) {
+  std::vector<int> x(300);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<int>(i * i % 97);
+  long long want = 0;
+  for (int v : x) want += v;
+  const detail::Order saved = detail::order();
+  for (const bool end_barrier : {true, false}) {
+    int wrong_orders = 0;
+    for (const detail::Order o : {detail::Order::Ascending, detail::Order::Descending, detail::Order::Alternating}) {
+      detail::set_order(o);
+      long long got = -1;
+      detail::run_blocks(dim3(1), dim3(64), "staged_sum_kernel",
+                         [&] { staged_sum_kernel(x.data(), static_cast<int>(x.size()), &got, end_barrier); }, true);
+      wrong_orders += got != want;
+      if (end_barrier) EXPECT_EQ(got, want) << "order " << static_cast<int>(o);
+    }
+    if (!end_barrier) EXPECT_EQ(wrong_orders, 2) << "the control: descending and alternating see the race";
+  }
+  detail::set_order(saved);
+}
+
+// A grid-stride loop covers work beyond its grid (8192 blocks of 256 threads: 2,097,152 elements).
+TEST(CudaKernelsOnHost, GridStrideLoopsCoverWorkBeyondTheGrid) {
+  const int64_t n = int64_t{8192} * 256 + 1001;
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = static_cast<float>(3 * (i % 1000));
+  ASSERT_EQ(divide(x.data(), n, 3.0f, nullptr), cudaSuccess);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) wrong += x[static_cast<size_t>(i)] != static_cast<float>(i % 1000);
+  EXPECT_EQ(wrong, 0);
+}
+
+TEST(CudaKernelsOnHostDeathTest, ThreadsThatReachDifferentBarrierCountsStop) {
+  EXPECT_DEATH(detail::run_blocks(dim3(1), dim3(64), "uneven",
+                                  [] {
+                                    if (threadIdx.x == 5) __syncthreads();
+                                  },
+                                  true),
+               "different numbers of __syncthreads");
+}
+
 TEST(CudaKernelsOnHostDeathTest, AnUnlistedKernelThatWaitsAtABarrierStops) {
   std::vector<int> out(64);
   EXPECT_DEATH(detail::run_blocks(dim3(1), dim3(64), "neighbours_kernel", [&] { neighbours_kernel(out.data(), true); }, false),
