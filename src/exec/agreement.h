@@ -34,7 +34,8 @@ void agree_on_plan(Communicator& comm, std::chrono::milliseconds timeout, const 
 
 // What a rank brings to a step's agreement (one all-reduce of a few integers when all agree).
 struct StepClaim {
-  std::string error;                       // this rank's input error ("" when fine)
+  std::string error;                       // this rank's error before the step ("" when fine)
+  bool error_is_runtime = false;           // not its inputs: a device or communication failure
   int64_t bad_param = -1;                  // first parameter with a non-finite gradient, or -1
   std::vector<uint8_t> has_grad;           // per parameter: 1 when this rank has its gradient
   std::vector<int64_t> step_counts;        // per parameter, before the step
@@ -49,7 +50,8 @@ std::vector<std::pair<std::string, std::string>> step_fields(const std::vector<G
 
 // Returns true when the step is applied, false when it is skipped (a non-finite gradient somewhere
 // under NonFinitePolicy::Skip). Throws on every rank: std::invalid_argument when a rank rejected its
-// inputs; dmuon::Error when the ranks disagree (which parameters have gradients, step counts, a
+// inputs; dmuon::Error when the first rank with an error failed at run time (error_is_runtime: a
+// device fault, which may come from work queued before the step), when the ranks disagree (which parameters have gradients, step counts, a
 // hyperparameter or policy: the first difference, with the ranks on each side) or, under
 // NonFinitePolicy::Raise, when a gradient is not finite. `names` are the parameter names.
 bool agree_on_step(Communicator& comm, std::chrono::milliseconds timeout, const StepClaim& claim,

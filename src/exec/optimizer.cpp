@@ -384,8 +384,11 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
     for (size_t i = 0; i < n; ++i)
       if (claim.has_grad[i]) scanned[i] = grads[i];
     claim.bad_param = s.backend->first_non_finite_of(scanned);
-  } catch (const std::exception& e) {
+  } catch (const std::invalid_argument& e) {  // its inputs
     claim.error = e.what();
+  } catch (const std::exception& e) {  // a device or runtime failure (dmuon::Error, bad_alloc, ...)
+    claim.error = e.what();
+    claim.error_is_runtime = true;
   }
   // pass 2: one all-reduce decides for every rank: inputs rejected somewhere, ranks that disagree
   // (gradients present, step counts, hyperparameters, policies), non-finite gradients

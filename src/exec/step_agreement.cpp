@@ -145,12 +145,18 @@ bool agree_on_step(Communicator& comm, std::chrono::milliseconds timeout, const 
   steps.pod(claim.step_counts.size()), steps.bytes(claim.step_counts.data(), claim.step_counts.size() * sizeof(int64_t));
   for (const auto& [k, v] : claim.fields) fields.str(k), fields.str(v);
   const int64_t d[3] = {digest(grads), digest(steps), digest(fields)};
-  int64_t flags[8] = {claim.error.empty() ? kNone : r, claim.bad_param < 0 ? kNone : claim.bad_param * w + r,
-                      d[0], -d[0], d[1], -d[1], d[2], -d[2]};
-  Work a = comm.all_reduce(OutBuffer(flags, CommType::I64, 8), ReduceOp::Min, "optimizer step agreement");
+  int64_t flags[9] = {claim.error.empty() ? kNone : r, claim.bad_param < 0 ? kNone : claim.bad_param * w + r,
+                      d[0], -d[0], d[1], -d[1], d[2], -d[2], claim.error.empty() || !claim.error_is_runtime ? kNone : r};
+  Work a = comm.all_reduce(OutBuffer(flags, CommType::I64, 9), ReduceOp::Min, "optimizer step agreement");
   a.wait(timeout);
   if (flags[0] != kNone) {
+    if (!claim.error.empty() && claim.error_is_runtime)
+      throw_error(concat(claim.error, " (raised before this step changed anything; a device error may come from work "
+                                      "queued earlier, such as the previous step's tail)"));
     if (!claim.error.empty()) throw std::invalid_argument(claim.error);
+    if (flags[8] == flags[0])
+      throw_error(concat("[optim] rank ", flags[0], " failed before the step (a runtime error, not its inputs: see its "
+                         "error); this step changed nothing here"));
     throw_invalid_argument(concat("[optim] rank ", flags[0], " rejected its step inputs (see its error); nothing was modified on any rank"));
   }
   for (int k = 0; k < 3; ++k)

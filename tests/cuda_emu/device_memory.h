@@ -45,6 +45,10 @@ bool expect_device(const void* p, size_t bytes, const char* what);
 // cudaEventQuery never waits and is not counted); LtDescriptor: cublasLtMatmulDescCreate calls.
 enum class Made { DeviceAlloc, PinnedAlloc, Stream, Event, BlasHandle, PageableUpload, HostWait, LtDescriptor, kCount };
 unsigned long long made(Made what);
+// Fault injection (kernels.cpp): the next launch of the launcher named `kernel` (cuda_kernels.h, e.g.
+// "ns_polynomial") faults when it runs on its stream, as a kernel that hits a bad address does on a
+// GPU: the context's error becomes sticky (every later synchronization returns it).
+void fault_next_launch_of(const char* kernel);
 void count_made(Made what);
 
 // Device scope: while one exists on any thread, device memory is readable and writable.

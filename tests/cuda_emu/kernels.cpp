@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "device_memory.h"
@@ -95,18 +97,30 @@ bool table_layout_ok(const Item* items, int count, int64_t blocks, const char* k
 }
 
 namespace {
+std::mutex fault_mu;
+std::string fault_next;  // the launcher whose next launch faults (fault_next_launch_of)
+
+bool injected_fault(const char* kernel) {
+  std::lock_guard<std::mutex> lock(fault_mu);
+  if (fault_next.empty() || fault_next != kernel) return false;
+  fault_next.clear();
+  return true;
+}
+
 // Queues the real launcher `run` (a call of cuda_host's launcher) on the stream: it runs inside a
 // device scope; `check` (run first, there) checks what the kernels will read from device memory.
 template <class Check, class Run>
-void queue(cudaStream_t stream, Check check, Run run) {
+void queue(cudaStream_t stream, const char* kernel, Check check, Run run) {
+  const bool fault = injected_fault(kernel);
   submit(stream, [=] {
+    if (fault) return cuda_emu::fail_access(std::string(kernel) + ": an injected fault (fault_next_launch_of)");
     DeviceScope scope;
     return check() && run() == cuda_host::cudaSuccess;
   });
 }
 template <class Run>
-void queue(cudaStream_t stream, Run run) {
-  queue(stream, [] { return true; }, run);
+void queue(cudaStream_t stream, const char* kernel, Run run) {
+  queue(stream, kernel, [] { return true; }, run);
 }
 }  // namespace
 
@@ -115,7 +129,7 @@ cudaError_t first_non_finite_multi(const NonFiniteItem* items, int count, int64_
   if (count <= 0 || blocks <= 0) return done();
   if (!ranges({{items, sizeof(NonFiniteItem) * static_cast<size_t>(count), 8}}, "first_non_finite_multi")) return illegal();
   queue(
-      stream,
+      stream, "first_non_finite_multi",
       [=] {
         if (!table_layout_ok(items, count, blocks, "first_non_finite_multi")) return false;
         for (int t = 0; t < count; ++t) {
@@ -134,7 +148,7 @@ cudaError_t momentum_multi(const MomentumItem* items, int count, int64_t blocks,
   if (count <= 0 || blocks <= 0) return done();
   if (!ranges({{items, sizeof(MomentumItem) * static_cast<size_t>(count), 8}}, "momentum_multi")) return illegal();
   queue(
-      stream,
+      stream, "momentum_multi",
       [=] {
         if (!table_layout_ok(items, count, blocks, "momentum_multi")) return false;
         std::vector<Span> spans;
@@ -157,7 +171,7 @@ cudaError_t apply_multi(const ApplyItem* items, int count, int64_t blocks, cudaS
   if (count <= 0 || blocks <= 0) return done();
   if (!ranges({{items, sizeof(ApplyItem) * static_cast<size_t>(count), 8}}, "apply_multi")) return illegal();
   queue(
-      stream,
+      stream, "apply_multi",
       [=] {
         if (!table_layout_ok(items, count, blocks, "apply_multi")) return false;
         std::vector<Span> spans;
@@ -175,7 +189,7 @@ cudaError_t adamw_multi(const AdamWItem* items, int count, int64_t blocks, cudaS
   if (count <= 0 || blocks <= 0) return done();
   if (!ranges({{items, sizeof(AdamWItem) * static_cast<size_t>(count), 8}}, "adamw_multi")) return illegal();
   queue(
-      stream,
+      stream, "adamw_multi",
       [=] {
         if (!table_layout_ok(items, count, blocks, "adamw_multi")) return false;
         std::vector<Span> spans;
@@ -198,14 +212,14 @@ cudaError_t adamw_multi(const AdamWItem* items, int count, int64_t blocks, cudaS
 cudaError_t scale_rows(float* w, const float* factors, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (rows * cols <= 0) return done();
   if (!ranges({{w, f32(rows * cols)}, {factors, f32(rows)}}, "scale_rows")) return illegal();
-  queue(stream, [=] { return cuda_host::scale_rows(w, factors, rows, cols, stream); });
+  queue(stream, "scale_rows", [=] { return cuda_host::scale_rows(w, factors, rows, cols, stream); });
   return done();
 }
 
 cudaError_t round_bf16(float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{x, f32(n)}}, "round_bf16")) return illegal();
-  queue(stream, [=] { return cuda_host::round_bf16(x, n, stream); });
+  queue(stream, "round_bf16", [=] { return cuda_host::round_bf16(x, n, stream); });
   return done();
 }
 
@@ -217,7 +231,7 @@ cudaError_t pack(const PackRun* runs, const int64_t* prefix, int nruns, std::byt
               "pack (table)"))
     return illegal();
   queue(
-      stream,
+      stream, "pack",
       [=] {
         // The table is device memory: read inside the scope, each run's ranges checked.
         if (prefix[0] != 0 || prefix[nruns] != total) return cuda_emu::fail_access("pack: the prefix sums miss the total");
@@ -255,7 +269,7 @@ cudaError_t sum_squares(const float* x, int64_t n, double* partials, double* out
   if (!ranges({{x, f32(n)}, {partials, sizeof(double) * static_cast<size_t>(blocks), 8}, {out, sizeof(double), 8}},
               "sum_squares"))
     return illegal();
-  queue(stream, [=] { return cuda_host::sum_squares(x, n, partials, out, stream); });
+  queue(stream, "sum_squares", [=] { return cuda_host::sum_squares(x, n, partials, out, stream); });
   return done();
 }
 
@@ -263,7 +277,7 @@ cudaError_t normalize(const float* in, float* out, int64_t n, const double* norm
                       cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{in, f32(n)}, {out, f32(n)}, {norm2, sizeof(double), 8}}, "normalize")) return illegal();
-  queue(stream, [=] { return cuda_host::normalize(in, out, n, norm2, scale, eps, add, stream); });
+  queue(stream, "normalize", [=] { return cuda_host::normalize(in, out, n, norm2, scale, eps, add, stream); });
   return done();
 }
 
@@ -275,14 +289,14 @@ cudaError_t normuon(float* u, int64_t rows, int64_t cols, float* v_mean, float* 
                {sc.norm, sizeof(double), 8}, {sc.ratio, sizeof(float)}},
               "normuon"))
     return illegal();
-  queue(stream, [=] { return cuda_host::normuon(u, rows, cols, v_mean, v, w, sc, stream); });
+  queue(stream, "normuon", [=] { return cuda_host::normuon(u, rows, cols, v_mean, v, w, sc, stream); });
   return done();
 }
 
 cudaError_t scale(const float* in, float* out, int64_t n, float inv, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{in, f32(n)}, {out, f32(n)}}, "scale")) return illegal();
-  queue(stream, [=] { return cuda_host::scale(in, out, n, inv, stream); });
+  queue(stream, "scale", [=] { return cuda_host::scale(in, out, n, inv, stream); });
   return done();
 }
 
@@ -291,21 +305,21 @@ cudaError_t ns_polynomial(const float* g, const float* g2, float* z, int64_t sid
   if (side <= 0 || batch <= 0) return done();
   const int64_t span = (batch - 1) * stride + side * side;
   if (!ranges({{g, f32(span)}, {g2, f32(span)}, {z, f32(span)}}, "ns_polynomial")) return illegal();
-  queue(stream, [=] { return cuda_host::ns_polynomial(g, g2, z, side, stride, batch, a, b, c, stream); });
+  queue(stream, "ns_polynomial", [=] { return cuda_host::ns_polynomial(g, g2, z, side, stride, batch, a, b, c, stream); });
   return done();
 }
 
 cudaError_t mirror_lower(float* a, int64_t side, int64_t stride, int64_t batch, cudaStream_t stream) {
   if (side <= 1 || batch <= 0) return done();
   if (!ranges({{a, f32((batch - 1) * stride + side * side)}}, "mirror_lower")) return illegal();
-  queue(stream, [=] { return cuda_host::mirror_lower(a, side, stride, batch, stream); });
+  queue(stream, "mirror_lower", [=] { return cuda_host::mirror_lower(a, side, stride, batch, stream); });
   return done();
 }
 
 cudaError_t probe_fill(uint16_t* x, int64_t n, int64_t period, cudaStream_t stream) {
   if (n <= 0 || period <= 0) return done();
   if (!ranges({{x, static_cast<size_t>(n) * 2, 2}}, "probe_fill")) return illegal();
-  queue(stream, [=] { return cuda_host::probe_fill(x, n, period, stream); });
+  queue(stream, "probe_fill", [=] { return cuda_host::probe_fill(x, n, period, stream); });
   return done();
 }
 
@@ -314,34 +328,34 @@ cudaError_t any_mismatch(const float* d, int64_t stride, int64_t batch, const fl
   if (n <= 0 || batch <= 0) return done();
   if (!ranges({{d, f32((batch - 1) * stride + n)}, {ref, f32(n)}, {flag, sizeof(unsigned int)}}, "any_mismatch"))
     return illegal();
-  queue(stream, [=] { return cuda_host::any_mismatch(d, stride, batch, ref, n, flag, stream); });
+  queue(stream, "any_mismatch", [=] { return cuda_host::any_mismatch(d, stride, batch, ref, n, flag, stream); });
   return done();
 }
 
 cudaError_t trace(const float* a, int64_t side, double* out, cudaStream_t stream) {
   if (!ranges({{a, f32(side * side)}, {out, sizeof(double), 8}}, "trace")) return illegal();
-  queue(stream, [=] { return cuda_host::trace(a, side, out, stream); });
+  queue(stream, "trace", [=] { return cuda_host::trace(a, side, out, stream); });
   return done();
 }
 
 cudaError_t add_scaled(float* y, const float* x, int64_t n, float b, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{y, f32(n)}, {x, f32(n)}}, "add_scaled")) return illegal();
-  queue(stream, [=] { return cuda_host::add_scaled(y, x, n, b, stream); });
+  queue(stream, "add_scaled", [=] { return cuda_host::add_scaled(y, x, n, b, stream); });
   return done();
 }
 
 cudaError_t to_bf16(const float* x, uint16_t* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{x, f32(n)}, {y, static_cast<size_t>(n) * 2, 2}}, "to_bf16")) return illegal();
-  queue(stream, [=] { return cuda_host::to_bf16(x, y, n, stream); });
+  queue(stream, "to_bf16", [=] { return cuda_host::to_bf16(x, y, n, stream); });
   return done();
 }
 
 cudaError_t from_bf16(const uint16_t* x, float* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{x, static_cast<size_t>(n) * 2, 2}, {y, f32(n)}}, "from_bf16")) return illegal();
-  queue(stream, [=] { return cuda_host::from_bf16(x, y, n, stream); });
+  queue(stream, "from_bf16", [=] { return cuda_host::from_bf16(x, y, n, stream); });
   return done();
 }
 
@@ -352,15 +366,22 @@ cudaError_t ordered_sum(const void* blocks, bool bf16, int64_t n, int blocks_n, 
     return illegal();
   }
   if (!ranges({{blocks, grad_bytes(n * blocks_n, bf16), bf16 ? 2u : 4u}, {out, f32(n)}}, "ordered_sum")) return illegal();
-  queue(stream, [=] { return cuda_host::ordered_sum(blocks, bf16, n, blocks_n, out, stream); });
+  queue(stream, "ordered_sum", [=] { return cuda_host::ordered_sum(blocks, bf16, n, blocks_n, out, stream); });
   return done();
 }
 
 cudaError_t divide(float* x, int64_t n, float d, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{x, f32(n)}}, "divide")) return illegal();
-  queue(stream, [=] { return cuda_host::divide(x, n, d, stream); });
+  queue(stream, "divide", [=] { return cuda_host::divide(x, n, d, stream); });
   return done();
 }
 
 }  // namespace dmuon::cuda
+
+namespace dmuon::cuda_emu {
+void fault_next_launch_of(const char* kernel) {
+  std::lock_guard<std::mutex> lock(cuda::fault_mu);
+  cuda::fault_next = kernel;
+}
+}  // namespace dmuon::cuda_emu

@@ -159,6 +159,52 @@ TEST(DeviceEngineDist, MismatchedDeviceOnOneRankFailsEveryRank) {
   EXPECT_NE(test::to_host(*fake, lw[3].f32(), initial[3].size()), initial[3]);
 }
 
+// A device fault on one rank before the step (its non-finite scan meets it: a fault of queued work,
+// which may be the previous step's tail) fails every rank with dmuon::Error, not the
+// std::invalid_argument of rejected inputs (was: the fault read as bad inputs, and the other
+// ranks blamed that rank's inputs); nothing is modified, and the next step runs.
+TEST(DeviceEngineDist, DeviceFaultOnOneRankIsARuntimeErrorOnEveryRank) {
+  if (test::expected_backend() != "mpi") GTEST_SKIP() << "needs the mpi communicator";
+  Inventory inv = make_inventory("dp_shard=" + std::to_string(comm().size()));
+  const size_t n = inv.params.size();
+  auto fake = std::make_shared<test::FakeDeviceBackend>();
+  auto space = fake->space();
+  std::shared_ptr<Communicator> world = make_mpi_communicator(space, detail::StagingOptions{});
+  std::unique_ptr<Optimizer> opt;
+  {
+    const detail::ScopedEngineDevice inject({fake, space});
+    opt = std::make_unique<Optimizer>(world, inv, test_groups(n), options_for({"", "auto", DType::F32}));
+  }
+  std::vector<detail::Buffer> keep;
+  std::vector<std::vector<float>> initial;
+  std::vector<TensorView> lw, lg;
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<float> h(static_cast<size_t>(opt->local_shape(i).numel()), 1.0f + static_cast<float>(i));
+    initial.push_back(h);
+    lw.emplace_back(test::to_device(*fake, keep, h), opt->local_shape(i)), lw.back().device = fake->device();
+    lg.emplace_back(test::to_device(*fake, keep, std::vector<float>(h.size(), 0.5f)), opt->local_shape(i));
+    lg.back().device = fake->device();
+  }
+  const int last = comm().size() - 1;
+  if (comm().rank() == last) fake->fail_next_scan = true;
+  std::string error, kind = "none";
+  try {
+    opt->step(lw, lg, {{0, {50.0f, 3.0f}}});
+  } catch (const std::invalid_argument& e) {
+    error = e.what(), kind = "invalid_argument";
+  } catch (const Error& e) {
+    error = e.what(), kind = "dmuon::Error";
+  }
+  EXPECT_EQ(kind, "dmuon::Error") << error;
+  if (comm().rank() == last)
+    EXPECT_NE(error.find("an injected device fault"), std::string::npos) << error;
+  else
+    EXPECT_NE(error.find("rank " + std::to_string(last) + " failed before the step (a runtime error"), std::string::npos) << error;
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(test::to_host(*fake, lw[i].f32(), initial[i].size()), initial[i]) << i;
+  EXPECT_TRUE(opt->step(lw, lg, {{0, {50.0f, 3.0f}}}));
+  EXPECT_NE(test::to_host(*fake, lw[3].f32(), initial[3].size()), initial[3]);
+}
+
 // Ranks on different backends (here rank 0 on the fake device, the others on the cpu) are refused
 // at construction on every rank: the backend's name is part of the agreed options (the device
 // index is not: each rank may drive its own GPU).

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -147,7 +148,11 @@ class FakeDeviceBackend final : public detail::Backend {
     cpu_->qk_clip_rows(tag, logits, threshold, mem_->alias(w), row_begin, row_end, cols);
   }
   void round_to_comm(float* x, int64_t n, DType comm) override { cpu_->round_to_comm(mem_->alias(x), n, comm); }
-  int64_t first_non_finite(const TensorView& g) override { return cpu_->first_non_finite(host(g)); }
+  int64_t first_non_finite(const TensorView& g) override {
+    if (fail_next_scan.exchange(false))  // a device fault that the step's first device read meets
+      detail::throw_error("[fake device] an injected device fault (fail_next_scan)");
+    return cpu_->first_non_finite(host(g));
+  }
   void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n) override {
     cpu_->convert(mem_->alias(dst), dst_dtype, mem_->alias(src), src_dtype, n);
   }
@@ -175,6 +180,7 @@ class FakeDeviceBackend final : public detail::Backend {
   }
 
   size_t device_allocations = 0;
+  std::atomic<bool> fail_next_scan{false};  // the next non-finite scan throws dmuon::Error
 
  private:
   TensorView host(TensorView v) const {

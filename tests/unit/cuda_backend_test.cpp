@@ -10,6 +10,7 @@
 #include <lapacke.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
@@ -1249,6 +1250,42 @@ TEST(CudaBackend, AStepWaitsOnTheHostOnlyForItsAgreement) {
     EXPECT_EQ(waits[0], 6u) << streams << " compute stream(s): host waits in three steps without it";
   }
   EXPECT_EQ(cudaStreamDestroy(caller), cudaSuccess);
+}
+
+// Emulation only: a kernel of the compute stream faults on the device after its job has ended (the
+// job is JobEnd::Queued; the fault injected into the next polynomial of Newton–Schulz). The step
+// raises a dmuon::Error naming the CUDA error: at its end wait, or, given the caller's stream (the
+// step then returns with its tail queued), at the latest in the next step, as PyTorch reports
+// CUDA errors asynchronously too. No hang, no silent result, and the optimizer is destroyed without
+// either. In a child process: the emulated context stays dead, as a CUDA context does.
+TEST(CudaBackendDeathTest, ADeviceFaultAfterItsJobEndedIsRaised) {
+  REQUIRE_CUDA();
+  for (const int ordered : {0, 1}) {
+    EXPECT_EXIT(
+        {
+          cudaStream_t caller = nullptr;
+          if (cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking) != cudaSuccess) std::_Exit(5);
+          auto run = std::make_unique<DeviceSteps>();
+          if (ordered) run->opt->set_stream(caller);
+          for (int t = 1; t <= 2; ++t)
+            if (!run->step()) std::_Exit(6);
+          cuda_emu::fault_next_launch_of("ns_polynomial");
+          int code = 0;
+          for (int t = 3; t <= 4 && code == 0; ++t) {
+            try {
+              (void)run->step();
+            } catch (const dmuon::Error& e) {
+              std::fprintf(stderr, "raised in step %d: %s\n", t, e.what());
+              code = ordered || t == 3 ? 3 : 4;  // without the caller's stream: in the faulting step
+            }
+          }
+          run.reset();  // destroying the optimizer after the fault neither hangs nor crashes
+          std::fprintf(stderr, "destroyed\n");
+          std::_Exit(code);
+        },
+        ::testing::ExitedWithCode(3), "raised in step [34]: .*illegal memory access(.|\n)*destroyed")
+        << (ordered ? "given the caller's stream" : "without it");
+  }
 }
 
 // Emulation only: with the state offloaded, a steady step given the caller's stream waits on the host
