@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <thread>
 
 #include "dmuon/error.h"
@@ -36,6 +37,7 @@ StateOffload::~StateOffload() {
     copies_->synchronize();  // no copy may outlive the slots or the home copies
   } catch (...) {
   }
+  copies_.reset();  // (a failed synchronize returns before the device work: the stream's destructor waits)
 }
 
 size_t StateOffload::group_bytes(std::span<const size_t> params, std::vector<std::vector<size_t>>* offsets) const {
@@ -60,7 +62,7 @@ void StateOffload::wait(const Event& e) {
 
 void StateOffload::reclaim() {
   for (auto& s : slots_)
-    if (s->state == Slot::Draining && s->drained.done()) s->state = Slot::Free;
+    if (s->state == Slot::Draining && s->drained.done()) s->state = Slot::Free, s->drain_queued = true;
 }
 
 StateOffload::Slot* StateOffload::take_slot(size_t bytes) {
@@ -80,6 +82,12 @@ StateOffload::Slot* StateOffload::take_slot(size_t bytes) {
     s = best_free();
   }
   if (!s) {  // every free slot is too small: give them back, then make one (keeps the pool bound)
+    // A slot reclaimed behind a queued write-back may still be read by it on the device: wait for
+    // the copy stream's device work before freeing one (only here: reusing it needs no wait).
+    if (std::any_of(slots_.begin(), slots_.end(), [](const auto& x) { return x->state == Slot::Free && x->drain_queued; })) {
+      copies_->synchronize();
+      for (auto& x : slots_) x->drain_queued = false;
+    }
     std::erase_if(slots_, [&](const auto& x) {
       if (x->state != Slot::Free) return false;
       counters_.resident_bytes -= x->mem.bytes();
@@ -93,6 +101,7 @@ StateOffload::Slot* StateOffload::take_slot(size_t bytes) {
     slots_.push_back(std::move(fresh));
   }
   s->state = Slot::Used;
+  s->drain_queued = false;  // (its next write-back follows on the copy stream)
   return s;
 }
 
@@ -193,23 +202,33 @@ void StateOffload::release(std::span<const size_t> params) {
 void StateOffload::flush() {
   // A step that threw may leave groups behind: acquired ones are written back (their state was
   // updated in place, as without offload), prefetched ones dropped (their slot equals home).
-  while (!groups_.empty()) {
-    Group* g = groups_.back().get();
-    if (g->acquired) {
-      release(g->params);
-    } else {
-      if (g->slot) g->slot->state = Slot::Draining, g->slot->drained = copies_->record();
-      drop(g);
+  std::exception_ptr failed;
+  try {
+    while (!groups_.empty()) {
+      Group* g = groups_.back().get();
+      if (g->acquired) {
+        release(g->params);
+      } else {
+        if (g->slot) g->slot->state = Slot::Draining, g->slot->drained = copies_->record();
+        drop(g);
+      }
     }
+  } catch (...) {  // (a release that cannot be queued: the copies already queued still end here)
+    failed = std::current_exception();
+    while (!groups_.empty()) drop(groups_.back().get());
   }
   try {
     copies_->synchronize();
   } catch (...) {
-    copies_ = backend_.make_stream(true);  // a failed stream runs nothing more: start a fresh one
-    for (auto& s : slots_) s->state = Slot::Free;
-    throw;
+    if (!failed) failed = std::current_exception();
+  }
+  if (failed) {
+    copies_ = make_copy_stream(backend_);  // a failed stream runs nothing more: start a fresh one
+    for (auto& s : slots_) s->state = Slot::Free, s->drain_queued = false;
+    std::rethrow_exception(failed);
   }
   reclaim();
+  for (auto& s : slots_) s->drain_queued = false;  // every copy is done
 }
 
 void* StateOffload::resident(size_t param, size_t tensor) const {

@@ -74,6 +74,7 @@ class StateOffload {
     Buffer mem;
     enum State : unsigned char { Free, Used, Draining } state = Free;
     Event drained;  // Draining: the write-back is queued (a copy-in into the slot follows it)
+    bool drain_queued = false;  // Free, but its write-back may still run on the device (freeing waits)
   };
   struct Group {
     std::vector<size_t> params;

@@ -918,19 +918,31 @@ struct DeviceSteps {
   std::vector<TensorView> wv, gv;
   // compute_thread = false: the compute stream's jobs run on the caller's thread (no thread of the
   // emulation runs other streams' queues while it waits, so what runs when is deterministic there).
-  explicit DeviceSteps(bool compute_thread = true, DType matmul = DType::F32, bool offload = false) {
-    const Inventory inv = apply_parallel(test::matrix_model("flat", {{"w0", 96, 64}, {"w1", 64, 160}, {"w2", 128, 128}}),
-                                         parse_parallel("dp_shard=1"));
+  // chunked: four 64×96 matrices, three Muon and one AdamW, one pipeline chunk per matrix and a
+  // window of 1 (the state offload then reuses each slot right behind its write-back, prefetches the
+  // next chunk's state, and stages AdamW's state too).
+  explicit DeviceSteps(bool compute_thread = true, DType matmul = DType::F32, bool offload = false, bool chunked = false) {
+    ModelDesc model = chunked ? test::matrix_model("flat", {{"w0", 64, 96}, {"w1", 64, 96}, {"w2", 64, 96}, {"w3", 64, 96}})
+                              : test::matrix_model("flat", {{"w0", 96, 64}, {"w1", 64, 160}, {"w2", 128, 128}});
+    if (chunked) model.params[3].role = Role::AdamW;
+    const Inventory inv = apply_parallel(model, parse_parallel("dp_shard=1"));
     OptimizerOptions o;
     o.device = "cuda";
     o.env_override = false;
     o.compute_thread = compute_thread;
     o.offload_state = offload;
+    if (chunked) o.chunk_bytes = 1, o.window = 1;
     GroupOptions group;
     group.ns.matmul_dtype = matmul;
-    opt = std::make_unique<Optimizer>(make_single_communicator("cuda"), inv,
-                                      std::vector<ParamGroup>{ParamGroup{group, {0, 1, 2}}}, o);
-    for (size_t i = 0; i < 3; ++i) {
+    std::vector<ParamGroup> groups{ParamGroup{group, {0, 1, 2}}};
+    if (chunked) {
+      GroupOptions adamw;
+      adamw.algorithm = Algorithm::AdamW;
+      adamw.lr = 1e-3;
+      groups.push_back(ParamGroup{adamw, {3}});
+    }
+    opt = std::make_unique<Optimizer>(make_single_communicator("cuda"), inv, groups, o);
+    for (size_t i = 0; i < inv.params.size(); ++i) {
       const Shape s = opt->local_shape(i);
       std::vector<float> h(static_cast<size_t>(s.numel()));
       for (size_t j = 0; j < h.size(); ++j) h[j] = std::sin(0.1f * static_cast<float>(j + 7 * i));
@@ -1003,15 +1015,18 @@ std::vector<std::vector<float>> params_on(DeviceSteps& run, cudaStream_t stream)
 }
 
 // State offload on the cuda backend through whole steps: the state's copy-in waits for nothing on
-// the host (the compute stream waits for it on the device), its write-back is queued after the
-// slot's kernels, and the next copy-in into a reused slot follows it on the copy stream. Parameters
-// bitwise those of the run that keeps its state on the device, over steps whose gradients change,
-// fp32 and bf16 products (on the emulation's deferred streams a missing wait reads a slot before its
-// copy-in or a home copy before its write-back).
+// the host (the thread that uses the slot waits for it on the device), its write-back is queued
+// after the slot's kernels, and the next copy-in into a reused slot follows it on the copy stream.
+// Parameters bitwise those of the run that keeps its state on the device, over steps whose
+// gradients change: fp32 and bf16 products with the whole model in one chunk, and (chunked) one
+// chunk per matrix with a window of 1 and an AdamW matrix, where slots are reused behind their
+// write-backs, the next chunk's state is prefetched and AdamW's state staged (on the emulation's
+// deferred streams a missing wait reads a slot before its copy-in or a home copy before its
+// write-back). The control: the state was offloaded.
 TEST(CudaBackend, OffloadedStateStepsAreBitwiseTheResidentOnes) {
   REQUIRE_CUDA();
-  for (const DType matmul : {DType::F32, DType::BF16}) {
-    DeviceSteps resident(true, matmul), offloaded(true, matmul, true);
+  for (const auto& [matmul, chunked] : {std::pair{DType::F32, false}, std::pair{DType::BF16, false}, std::pair{DType::F32, true}}) {
+    DeviceSteps resident(true, matmul, false, chunked), offloaded(true, matmul, true, chunked);
     for (int t = 1; t <= 4; ++t) {
       for (size_t i = 0; i < resident.wv.size(); ++i) {
         const std::vector<float> h = step_grad(resident.wv[i], t, i);

@@ -445,7 +445,7 @@ class CudaStream final : public Stream {
   void note(cudaError_t e) const {
     if (e == cudaSuccess || e == cudaErrorNotReady || device_error_) return;
     try {
-      check(e, "compute stream (the device work of a queued job)");
+      check(e, "a stream's queued device work (a compute job's kernels or the state offload's copies)");
     } catch (...) {
       device_error_ = std::current_exception();
     }
