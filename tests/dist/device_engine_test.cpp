@@ -116,35 +116,51 @@ TEST(DeviceEngineDist, GramAllReduceFakeDeviceBitwiseEqualsCpu) {
 
 // One rank passes a host view to the fake device engine: every rank fails the step (that rank's
 // error names the parameter, the others' that rank), nothing is modified anywhere, and a correct step afterwards still works.
+// An Optimizer on the fake device over the mpi communicator (dp_shard = world), its parameters and
+// gradients in fake device memory: the setting of the error tests below.
+struct FakeDeviceSteps {
+  std::shared_ptr<test::FakeDeviceBackend> fake = std::make_shared<test::FakeDeviceBackend>();
+  std::unique_ptr<Optimizer> opt;
+  std::vector<detail::Buffer> keep;
+  std::vector<std::vector<float>> initial;  // the parameters before any step
+  std::vector<TensorView> lw, lg;
+  size_t n = 0;
+  FakeDeviceSteps() {
+    Inventory inv = make_inventory("dp_shard=" + std::to_string(comm().size()));
+    n = inv.params.size();
+    auto space = fake->space();
+    std::shared_ptr<Communicator> world = make_mpi_communicator(space, detail::StagingOptions{});
+    {
+      const detail::ScopedEngineDevice inject({fake, space});
+      opt = std::make_unique<Optimizer>(world, inv, test_groups(n), options_for({"", "auto", DType::F32}));
+    }
+    const Device dev = fake->device();
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<float> h(static_cast<size_t>(opt->local_shape(i).numel()), 1.0f + static_cast<float>(i));
+      initial.push_back(h);
+      lw.emplace_back(test::to_device(*fake, keep, h), opt->local_shape(i)), lw.back().device = dev;
+      lg.emplace_back(test::to_device(*fake, keep, std::vector<float>(h.size(), 0.5f)), opt->local_shape(i));
+      lg.back().device = dev;
+    }
+  }
+  // Nothing modified since construction, then a correct step applies.
+  void expect_untouched_then_a_step_runs() {
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(test::to_host(*fake, lw[i].f32(), initial[i].size()), initial[i]) << i;
+    EXPECT_EQ(opt->step_count(3), 0);
+    EXPECT_TRUE(opt->step(lw, lg, {{0, {50.0f, 3.0f}}}));
+    EXPECT_NE(test::to_host(*fake, lw[3].f32(), initial[3].size()), initial[3]);
+  }
+};
+
 TEST(DeviceEngineDist, MismatchedDeviceOnOneRankFailsEveryRank) {
   if (test::expected_backend() != "mpi") GTEST_SKIP() << "needs the mpi communicator";
-  Inventory inv = make_inventory("dp_shard=" + std::to_string(comm().size()));
-  const size_t n = inv.params.size();
-  auto fake = std::make_shared<test::FakeDeviceBackend>();
-  auto space = fake->space();
-  std::shared_ptr<Communicator> world = make_mpi_communicator(space, detail::StagingOptions{});
-  std::unique_ptr<Optimizer> opt;
-  {
-    const detail::ScopedEngineDevice inject({fake, space});
-    opt = std::make_unique<Optimizer>(world, inv, test_groups(n), options_for({"", "auto", DType::F32}));
-  }
-  std::vector<detail::Buffer> keep;
-  std::vector<std::vector<float>> initial;
-  std::vector<TensorView> lw, lg;
-  const Device dev = fake->device();
-  for (size_t i = 0; i < n; ++i) {
-    std::vector<float> h(static_cast<size_t>(opt->local_shape(i).numel()), 1.0f + static_cast<float>(i));
-    initial.push_back(h);
-    lw.emplace_back(test::to_device(*fake, keep, h), opt->local_shape(i)), lw.back().device = dev;
-    lg.emplace_back(test::to_device(*fake, keep, std::vector<float>(h.size(), 0.5f)), opt->local_shape(i));
-    lg.back().device = dev;
-  }
-  std::vector<float> host_w = initial[3];
-  std::vector<TensorView> bad = lw;
-  if (comm().rank() == comm().size() - 1) bad[3] = TensorView(host_w.data(), opt->local_shape(3));  // cpu view
+  FakeDeviceSteps run;
+  std::vector<float> host_w = run.initial[3];
+  std::vector<TensorView> bad = run.lw;
+  if (comm().rank() == comm().size() - 1) bad[3] = TensorView(host_w.data(), run.opt->local_shape(3));  // cpu view
   std::string error;
   try {
-    opt->step(bad, lg, {{0, {50.0f, 3.0f}}});
+    run.opt->step(bad, run.lg, {{0, {50.0f, 3.0f}}});
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -153,10 +169,7 @@ TEST(DeviceEngineDist, MismatchedDeviceOnOneRankFailsEveryRank) {
     EXPECT_NE(error.find("parameter 'w1364' is on cpu but the optimizer runs on cuda:0"), std::string::npos) << error;
   else
     EXPECT_NE(error.find("rank " + std::to_string(last) + " rejected its step inputs"), std::string::npos) << error;
-  for (size_t i = 0; i < n; ++i) EXPECT_EQ(test::to_host(*fake, lw[i].f32(), initial[i].size()), initial[i]) << i;
-  EXPECT_EQ(opt->step_count(3), 0);
-  EXPECT_TRUE(opt->step(lw, lg, {{0, {50.0f, 3.0f}}}));
-  EXPECT_NE(test::to_host(*fake, lw[3].f32(), initial[3].size()), initial[3]);
+  run.expect_untouched_then_a_step_runs();
 }
 
 // A device fault on one rank before the step (its non-finite scan meets it: a fault of queued work,
@@ -165,31 +178,12 @@ TEST(DeviceEngineDist, MismatchedDeviceOnOneRankFailsEveryRank) {
 // ranks blamed that rank's inputs); nothing is modified, and the next step runs.
 TEST(DeviceEngineDist, DeviceFaultOnOneRankIsARuntimeErrorOnEveryRank) {
   if (test::expected_backend() != "mpi") GTEST_SKIP() << "needs the mpi communicator";
-  Inventory inv = make_inventory("dp_shard=" + std::to_string(comm().size()));
-  const size_t n = inv.params.size();
-  auto fake = std::make_shared<test::FakeDeviceBackend>();
-  auto space = fake->space();
-  std::shared_ptr<Communicator> world = make_mpi_communicator(space, detail::StagingOptions{});
-  std::unique_ptr<Optimizer> opt;
-  {
-    const detail::ScopedEngineDevice inject({fake, space});
-    opt = std::make_unique<Optimizer>(world, inv, test_groups(n), options_for({"", "auto", DType::F32}));
-  }
-  std::vector<detail::Buffer> keep;
-  std::vector<std::vector<float>> initial;
-  std::vector<TensorView> lw, lg;
-  for (size_t i = 0; i < n; ++i) {
-    std::vector<float> h(static_cast<size_t>(opt->local_shape(i).numel()), 1.0f + static_cast<float>(i));
-    initial.push_back(h);
-    lw.emplace_back(test::to_device(*fake, keep, h), opt->local_shape(i)), lw.back().device = fake->device();
-    lg.emplace_back(test::to_device(*fake, keep, std::vector<float>(h.size(), 0.5f)), opt->local_shape(i));
-    lg.back().device = fake->device();
-  }
+  FakeDeviceSteps run;
   const int last = comm().size() - 1;
-  if (comm().rank() == last) fake->fail_next_scan = true;
+  if (comm().rank() == last) run.fake->fail_next_scan = true;
   std::string error, kind = "none";
   try {
-    opt->step(lw, lg, {{0, {50.0f, 3.0f}}});
+    run.opt->step(run.lw, run.lg, {{0, {50.0f, 3.0f}}});
   } catch (const std::invalid_argument& e) {
     error = e.what(), kind = "invalid_argument";
   } catch (const Error& e) {
@@ -200,9 +194,7 @@ TEST(DeviceEngineDist, DeviceFaultOnOneRankIsARuntimeErrorOnEveryRank) {
     EXPECT_NE(error.find("an injected device fault"), std::string::npos) << error;
   else
     EXPECT_NE(error.find("rank " + std::to_string(last) + " failed before the step (a runtime error"), std::string::npos) << error;
-  for (size_t i = 0; i < n; ++i) EXPECT_EQ(test::to_host(*fake, lw[i].f32(), initial[i].size()), initial[i]) << i;
-  EXPECT_TRUE(opt->step(lw, lg, {{0, {50.0f, 3.0f}}}));
-  EXPECT_NE(test::to_host(*fake, lw[3].f32(), initial[3].size()), initial[3]);
+  run.expect_untouched_then_a_step_runs();
 }
 
 // Ranks on different backends (here rank 0 on the fake device, the others on the cpu) are refused
