@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "dmuon/orthogonalize.h"
-#include "kernels/cpu/blas.h"
+#include "kernels/cpu/products.h"
 #include "kernels/cpu/ns_kernels.h"
 
 namespace {

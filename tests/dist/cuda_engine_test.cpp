@@ -16,7 +16,6 @@
 #include "dmuon/bf16.h"
 #include "dmuon/local_optimizer.h"
 #include "dmuon/optimizer.h"
-#include "kernels/cpu/bf16_matmul.h"
 #include "optimizer_fixture.h"
 
 namespace dmuon {
@@ -73,7 +72,7 @@ int64_t run_and_compare(const RunConfig& c, std::string& detail, bool& bytes_ok)
   const size_t n = inv.params.size();
   const bool bf16 = c.comm_dtype == DType::BF16;
   const bool normuon = c.strategy != "gram_allreduce";
-  const bool bf16_products = normuon && cpu::bf16_matmul_info().available;
+  const bool bf16_products = normuon;
   OptimizerOptions oo = options_for(c);
   oo.device = "cuda";
   // The NorMuon group (the expert stack among its parameters) on bf16 products too: its 3 experts

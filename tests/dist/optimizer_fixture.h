@@ -14,7 +14,6 @@
 #include "dmuon/bf16.h"
 #include "dmuon/local_optimizer.h"
 #include "dmuon/optimizer.h"
-#include "kernels/cpu/bf16_matmul.h"
 
 namespace dmuon {
 namespace {
@@ -56,12 +55,11 @@ ModelDesc test_model(bool extra = false, int64_t w57_rows = 5) {
   return m;
 }
 
-// bf16_products: the plain group's Newton–Schulz reads bf16 operands (oneDNN), where available.
+// bf16_products: the plain group's Newton–Schulz reads bf16 operands (whichever path this CPU runs).
 std::vector<ParamGroup> test_groups(size_t nparams, bool normuon = true, bool bf16_products = true) {
   ParamGroup plain, nor, qk, adam;
   plain.options.lr = 0.02, plain.options.weight_decay = 0.1;
-  if (bf16_products && dmuon::cpu::bf16_matmul_info().available)
-    plain.options.ns.matmul_dtype = DType::BF16;
+  if (bf16_products) plain.options.ns.matmul_dtype = DType::BF16;
   nor.options.lr = 0.03, nor.options.normuon = normuon, nor.options.cautious_wd = true;
   nor.options.momentum_kind = MomentumKind::HeavyBall, nor.options.lr_rule = LrRule::MatchRmsAdamw;
   nor.options.ns.schedule = Schedule::PolarExpress;

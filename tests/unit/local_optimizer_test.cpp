@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/bf16_matmul.h"
 #include "dmuon/bf16.h"
 #include "dmuon/blas.h"
 #include "dmuon/local_optimizer.h"
@@ -299,7 +298,6 @@ TEST(LocalOptimizer, DeterministicAndEagerState) {
 TEST(LocalOptimizer, ThreadCountDoesNotChangeAnyBit) {
   const auto info = model_params();
   for (bool bf16 : {false, true}) {
-    if (bf16 && !dmuon::cpu::bf16_matmul_info().available) continue;
     auto groups = model_groups();
     if (bf16) groups[0].options.ns.matmul_dtype = dmuon::DType::BF16;
     std::vector<std::vector<float>> first;

@@ -17,6 +17,7 @@
 #include "dmuon/error.h"
 #include "dmuon/orthogonalize.h"
 #include "kernels/cpu/bf16_matmul.h"
+#include "kernels/cpu/bf16_products.h"
 #include "test_support.h"
 
 namespace {
@@ -537,11 +538,32 @@ NsOptions bf16_products(Schedule s, NsMethod method) {
   return o;
 }
 
-// Shapes past one 128-row block of lower_product, rank-deficient ones included.
+using dmuon::cpu::Bf16ProductPath;
+
+std::string path_name(Bf16ProductPath p) { return p == Bf16ProductPath::OneDnn ? "onednn" : "widened"; }
+
+// Runs the body with bf16 products forced onto `path` (Orthogonalizers made inside use it); oneDNN
+// is skipped where it has no bf16 matmul (AVX2-only CPUs, or ONEDNN_MAX_CPU_ISA=AVX2): the widened
+// path, which runs everywhere, is then the one that runs there.
+class ForcedBf16Path {
+ public:
+  explicit ForcedBf16Path(Bf16ProductPath path) { dmuon::cpu::set_bf16_product_path_for_tests(path); }
+  ~ForcedBf16Path() { dmuon::cpu::set_bf16_product_path_for_tests(std::nullopt); }
+  static bool unavailable(Bf16ProductPath path) {
+    return path == Bf16ProductPath::OneDnn && !dmuon::cpu::bf16_matmul_info().available;
+  }
+};
+#define SKIP_IF_UNAVAILABLE(path)                                                           \
+  if (ForcedBf16Path::unavailable(path))                                                   \
+  GTEST_SKIP() << "oneDNN path unavailable here (" << dmuon::cpu::bf16_matmul_info().error \
+               << "); the widened cases run instead"
+
+// Shapes past one 128-row block of lower_product and past one tile of the fp32 products, rank-
+// deficient ones included.
 const Case kBf16Cases[] = {{1, 300, 1},     {300, 700, 300}, {700, 300, 300}, {260, 260, 260},
                            {200, 500, 20},  {500, 200, 7},   {150, 151, 150}, {40, 90, 40}};
 
-using Bf16Param = std::tuple<Schedule, NsMethod, Case>;
+using Bf16Param = std::tuple<Bf16ProductPath, Schedule, NsMethod, Case>;
 class OrthogonalizeBf16Products : public ::testing::TestWithParam<Bf16Param> {};
 
 // Against the exact SVD as the fp32 test, with tolerances for bf16 operands: every product reads
@@ -551,11 +573,12 @@ class OrthogonalizeBf16Products : public ::testing::TestWithParam<Bf16Param> {};
 // (unit roundoff 2^-8), which the iteration amplifies like any small σ — by up to the product of the a
 // coefficients (< 500 for these schedules) — measured up to 0.27 (as torch.optim.Muon's bf16 NS
 // does); that noise also enters ‖out − U f(Σ) Vᵀ‖, so the singular-vector check is for full rank.
-// The fp32 path meets these bounds with a 20x margin; the checker's negative control is
-// CheckerCanFail.
+// Both paths (oneDNN, dmuon's widened products) meet the same bounds; the fp32 path meets them with
+// a 20x margin; the checker's negative control is CheckerCanFail.
 TEST_P(OrthogonalizeBf16Products, MatchesExactPolarFactorWithinBf16Error) {
-  if (!dmuon::cpu::bf16_matmul_info().available) GTEST_SKIP() << dmuon::cpu::bf16_matmul_info().error;
-  const auto [schedule, method, cs] = GetParam();
+  const auto [path, schedule, method, cs] = GetParam();
+  SKIP_IF_UNAVAILABLE(path);
+  ForcedBf16Path forced(path);
   Orthogonalizer orth(bf16_products(schedule, method));
   const std::vector<float> in = make_input(cs.m, cs.n, cs.rank, 2000u + cs.m * 7u + cs.n);
   std::vector<float> out(in.size());
@@ -569,54 +592,65 @@ TEST_P(OrthogonalizeBf16Products, MatchesExactPolarFactorWithinBf16Error) {
   if (full_rank) EXPECT_LT(c.vector_err, 1.5 * tol);
   EXPECT_LT(c.null_max, 500 * std::ldexp(1.0, -9));
   for (float v : out) ASSERT_TRUE(std::isfinite(v));
-  std::printf("bf16 products %s %dx%d r%d: sigma_err %.2e vector_err %.2e null %.2e\n",
-              std::string(dmuon::to_string(method)).c_str(), cs.m, cs.n, cs.rank, c.sigma_err,
-              c.vector_err, c.null_max);
+  std::printf("bf16 products (%s) %s %dx%d r%d: sigma_err %.2e vector_err %.2e null %.2e\n",
+              path_name(path).c_str(), std::string(dmuon::to_string(method)).c_str(), cs.m, cs.n, cs.rank,
+              c.sigma_err, c.vector_err, c.null_max);
 }
 
 std::string bf16_case_name(const ::testing::TestParamInfo<Bf16Param>& info) {
-  const auto [s, meth, cs] = info.param;
-  return std::string(dmuon::to_string(s)) + "_" + std::string(dmuon::to_string(meth)) + "_" +
-         std::to_string(cs.m) + "x" + std::to_string(cs.n) + "r" + std::to_string(cs.rank);
+  const auto [path, s, meth, cs] = info.param;
+  return path_name(path) + "_" + std::string(dmuon::to_string(s)) + "_" + std::string(dmuon::to_string(meth)) +
+         "_" + std::to_string(cs.m) + "x" + std::to_string(cs.n) + "r" + std::to_string(cs.rank);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, OrthogonalizeBf16Products,
-                         ::testing::Combine(::testing::Values(Schedule::Jordan, Schedule::PolarExpress),
+                         ::testing::Combine(::testing::Values(Bf16ProductPath::OneDnn, Bf16ProductPath::Widened),
+                                            ::testing::Values(Schedule::Jordan, Schedule::PolarExpress),
                                             ::testing::Values(NsMethod::Plain, NsMethod::Symmetric),
                                             ::testing::ValuesIn(kBf16Cases)),
                          bf16_case_name);
 
-// The products give the same bits on 1 and 2 threads (oneDNN does not split the reduction), which
-// is what lets LocalOptimizer run parameters on separate threads and the distributed engine match
-// it bitwise. Also: in place equals out of place, and a rerun repeats.
-TEST(OrthogonalizeBf16Products, BitwiseAcrossThreadCountsAndRuns) {
-  if (!dmuon::cpu::bf16_matmul_info().available) GTEST_SKIP() << dmuon::cpu::bf16_matmul_info().error;
+class Bf16Paths : public ::testing::TestWithParam<Bf16ProductPath> {};
+INSTANTIATE_TEST_SUITE_P(Paths, Bf16Paths,
+                         ::testing::Values(Bf16ProductPath::OneDnn, Bf16ProductPath::Widened),
+                         [](const auto& info) { return path_name(info.param); });
+
+// The products give the same bits on 1, 2 and 3 threads (oneDNN does not split the reduction; the
+// widened path runs the tiled fp32 products), which is what lets LocalOptimizer run parameters on
+// separate threads and the distributed engine match it bitwise. Also: in place equals out of
+// place, and a rerun repeats.
+TEST_P(Bf16Paths, BitwiseAcrossThreadCountsAndRuns) {
+  SKIP_IF_UNAVAILABLE(GetParam());
+  ForcedBf16Path forced(GetParam());
   const int saved = dmuon::blas_get_num_threads();
   for (NsMethod method : {NsMethod::Plain, NsMethod::Symmetric})
-    for (auto [m, n] : {std::pair{300, 700}, std::pair{700, 300}, std::pair{260, 260}}) {
+    for (auto [m, n] : {std::pair{300, 700}, std::pair{700, 300}, std::pair{260, 260}, std::pair{640, 1536}}) {
       const std::vector<float> in = make_input(m, n, std::min(m, n), 77u + m + n);
       Orthogonalizer orth(bf16_products(Schedule::Jordan, method));
       dmuon::blas_set_num_threads(1);
-      std::vector<float> one(in.size()), two(in.size()), again(in.size());
+      std::vector<float> one(in.size()), other(in.size()), again(in.size());
       orth.run(in.data(), one.data(), m, n);
-      dmuon::blas_set_num_threads(2);
-      orth.run(in.data(), two.data(), m, n);
-      EXPECT_EQ(one, two) << m << "x" << n;
+      for (int threads : {2, 3}) {
+        dmuon::blas_set_num_threads(threads);
+        orth.run(in.data(), other.data(), m, n);
+        EXPECT_EQ(one, other) << m << "x" << n << " on " << threads << " threads";
+      }
       std::vector<float> inplace = in;
       orth.run(inplace.data(), inplace.data(), m, n);
-      EXPECT_EQ(inplace, two);
+      EXPECT_EQ(inplace, other);
       orth.run(in.data(), again.data(), m, n);
-      EXPECT_EQ(again, two);
+      EXPECT_EQ(again, other);
       // Negative control: the fp32 products give other bits.
       Orthogonalizer f32(options_for(Schedule::Jordan, method));
       f32.run(in.data(), again.data(), m, n);
-      EXPECT_NE(again, two);
+      EXPECT_NE(again, other);
     }
   dmuon::blas_set_num_threads(saved);
 }
 
-TEST(OrthogonalizeBf16Products, ZerosAndEmptyAndBadOptions) {
-  if (!dmuon::cpu::bf16_matmul_info().available) GTEST_SKIP() << dmuon::cpu::bf16_matmul_info().error;
+TEST_P(Bf16Paths, ZerosAndEmptyAndBadOptions) {
+  SKIP_IF_UNAVAILABLE(GetParam());
+  ForcedBf16Path forced(GetParam());
   Orthogonalizer orth(bf16_products(Schedule::Jordan, NsMethod::Symmetric));
   const std::vector<float> zeros(size_t(200 * 450), 0.0f);
   std::vector<float> out(zeros.size(), 1.0f);
@@ -628,6 +662,52 @@ TEST(OrthogonalizeBf16Products, ZerosAndEmptyAndBadOptions) {
   expect_orth_invalid([&] { Orthogonalizer o(both); }, "exclude each other");
   expect_orth_invalid([&] { Orthogonalizer o(bf16_products(Schedule::Jordan, NsMethod::Gram)); },
                       "method gram needs matmul_dtype fp32");
+}
+
+// The two paths compute the same arithmetic (bf16 operands, fp32 accumulation) in different
+// accumulation orders: their outputs agree to bf16's error, not bitwise.
+TEST(OrthogonalizeBf16Products, PathsAgreeToBf16Error) {
+  if (ForcedBf16Path::unavailable(Bf16ProductPath::OneDnn))
+    GTEST_SKIP() << "oneDNN has no bf16 matmul here: " << dmuon::cpu::bf16_matmul_info().error;
+  const int m = 300, n = 700;
+  const std::vector<float> in = make_input(m, n, m, 991);
+  std::vector<float> a(in.size()), b(in.size());
+  {
+    ForcedBf16Path forced(Bf16ProductPath::OneDnn);
+    Orthogonalizer(bf16_products(Schedule::Jordan, NsMethod::Symmetric)).run(in.data(), a.data(), m, n);
+  }
+  {
+    ForcedBf16Path forced(Bf16ProductPath::Widened);
+    Orthogonalizer(bf16_products(Schedule::Jordan, NsMethod::Symmetric)).run(in.data(), b.data(), m, n);
+  }
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, double(std::fabs(a[i] - b[i])));
+  EXPECT_LT(worst, 0.02);
+  EXPECT_NE(a, b);  // two implementations: if this ever holds bitwise, one of them is not running
+}
+
+// Choosing a path: the environment's choice (auto: native oneDNN, else widened), and a forced oneDNN
+// where it cannot run is a clear error at construction, before anything runs.
+TEST(OrthogonalizeBf16Products, PathChoiceSaysWhatRunsAndWhy) {
+  const dmuon::cpu::Bf16Products chosen = dmuon::cpu::bf16_products();
+  const dmuon::cpu::Bf16MatmulInfo dnnl = dmuon::cpu::bf16_matmul_info();
+  EXPECT_FALSE(chosen.reason.empty() && chosen.error.empty());
+  if (!chosen.forced) {
+    EXPECT_EQ(chosen.path, dnnl.available && dnnl.native ? Bf16ProductPath::OneDnn : Bf16ProductPath::Widened);
+    EXPECT_EQ(chosen.kind, dnnl.available && dnnl.native ? "native" : "widened");
+  }
+  ForcedBf16Path forced(Bf16ProductPath::OneDnn);
+  if (dnnl.available) {
+    EXPECT_EQ(dmuon::cpu::bf16_products().kind, dnnl.native ? "native" : "onednn_emulated");
+    Orthogonalizer ok(bf16_products(Schedule::Jordan, NsMethod::Symmetric));
+  } else {
+    try {
+      Orthogonalizer o(bf16_products(Schedule::Jordan, NsMethod::Symmetric));
+      ADD_FAILURE() << "a forced oneDNN path without oneDNN must throw";
+    } catch (const dmuon::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot form bf16 products"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

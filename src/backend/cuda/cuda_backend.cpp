@@ -42,7 +42,6 @@
 #include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "dmuon/error.h"
-#include "kernels/cpu/bf16_matmul.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/update_args.h"
 
@@ -479,9 +478,7 @@ class CudaBackend final : public Backend {
   Device device() const override { return {DeviceKind::Cuda, device_}; }
   BackendCaps capabilities() const override {
     BackendCaps c;
-    // The Orthogonalizer's constructor validates bf16 options against oneDNN on the host (see
-    // make_orthogonalizer), so bf16 products are offered only where that passes.
-    c.bf16_products = cpu::bf16_matmul_info().available;
+    c.bf16_products = true;
     c.device_memory = true;
     c.batches_units = true;
     return c;
@@ -756,9 +753,8 @@ class CudaBackend final : public Backend {
 
   // ---- orthogonalization ----
 
-  // The Orthogonalizer carries the options and the schedule; its run() is the cpu kernel, so on this
-  // backend only muon_units uses it. Validation is the cpu's: matmul_dtype bf16 needs oneDNN on the
-  // host for that check (to be lifted when the Orthogonalizer becomes per-backend).
+  // The Orthogonalizer carries the options and the schedule (validated as on the cpu); its run() is
+  // the cpu kernel, so on this backend only muon_units uses it.
   std::unique_ptr<Orthogonalizer> make_orthogonalizer(const NsOptions& o) override {
     DMUON_CHECK(!o.bf16_rounding,
                 "[cuda] bf16_rounding (torch's bf16 emulation) is not implemented on the cuda backend; use "

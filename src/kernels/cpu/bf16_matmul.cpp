@@ -57,6 +57,37 @@ void check(dnnl_status_t status, const char* what) {
                       static_cast<int>(status));
 }
 
+dnnl_memory_desc_t matrix_desc(const DnnlApi& api, int64_t rows, int64_t cols, int64_t ld, bool trans,
+                               dnnl_data_type_t type) {
+  dnnl_memory_desc_t md;
+  const dnnl_dims_t dims = {rows, cols};
+  const dnnl_dims_t strides = {trans ? 1 : ld, trans ? ld : 1};
+  check(api.memory_desc_init_by_strides(&md, 2, dims, type, strides), "memory descriptor");
+  return md;
+}
+
+// Whether oneDNN has a bf16 matmul for this CPU, and which kernel a typical Newton–Schulz product
+// gets (Debian's oneDNN 2.6 has none without AVX-512: primitive creation returns unimplemented).
+void probe(DnnlApi& api) {
+  const dnnl_memory_desc_t src = matrix_desc(api, 256, 256, 256, false, dnnl_bf16);
+  const dnnl_memory_desc_t dst = matrix_desc(api, 256, 256, 256, false, dnnl_f32);
+  dnnl_matmul_desc_t op;
+  check(api.matmul_desc_init(&op, &src, &src, nullptr, &dst), "matmul descriptor");
+  dnnl_primitive_desc_t pd = nullptr;
+  const dnnl_status_t status = api.primitive_desc_create(&pd, &op, nullptr, api.engine, nullptr);
+  if (status != dnnl_success) {
+    api.info.error = detail::concat(
+        "oneDNN ", api.info.version, " has no bf16 matmul for this CPU (status ", static_cast<int>(status),
+        status == dnnl_unimplemented ? ", unimplemented: it needs AVX-512" : "", ")");
+    return;
+  }
+  const char* impl = nullptr;
+  if (api.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) api.info.kernel = impl;
+  api.primitive_desc_destroy(pd);
+  api.info.native = api.info.kernel.find("bf16") != std::string::npos || api.info.kernel.find("amx") != std::string::npos;
+  api.info.available = true;
+}
+
 DnnlApi load() {
   DnnlApi api;
   const char* user = std::getenv("DMUON_DNNL_LIBRARY");
@@ -100,7 +131,11 @@ DnnlApi load() {
   const dnnl_version_t* v = api.version();
   api.info.library = name;
   api.info.version = detail::concat(v->major, ".", v->minor, ".", v->patch);
-  api.info.available = true;
+  try {
+    probe(api);
+  } catch (const std::exception& e) {
+    api.info.error = e.what();
+  }
   return api;
 }
 
@@ -109,13 +144,8 @@ const DnnlApi& dnnl() {
   return api;
 }
 
-dnnl_memory_desc_t matrix_desc(int64_t rows, int64_t cols, int64_t ld, bool trans,
-                               dnnl_data_type_t type) {
-  dnnl_memory_desc_t md;
-  const dnnl_dims_t dims = {rows, cols};
-  const dnnl_dims_t strides = {trans ? 1 : ld, trans ? ld : 1};
-  check(dnnl().memory_desc_init_by_strides(&md, 2, dims, type, strides), "memory descriptor");
-  return md;
+dnnl_memory_desc_t matrix_desc(int64_t rows, int64_t cols, int64_t ld, bool trans, dnnl_data_type_t type) {
+  return matrix_desc(dnnl(), rows, cols, ld, trans, type);
 }
 
 }  // namespace
@@ -178,32 +208,11 @@ struct Bf16Matmul::Impl {
   }
 };
 
-Bf16MatmulInfo bf16_matmul_info() {
-  Bf16MatmulInfo info = dnnl().info;
-  if (!info.available) return info;
-  const DnnlApi& api = dnnl();
-  try {  // the kernel oneDNN picks for a typical Newton–Schulz product
-    const dnnl_memory_desc_t src = matrix_desc(256, 256, 256, false, dnnl_bf16);
-    const dnnl_memory_desc_t dst = matrix_desc(256, 256, 256, false, dnnl_f32);
-    dnnl_matmul_desc_t op;
-    check(api.matmul_desc_init(&op, &src, &src, nullptr, &dst), "matmul descriptor");
-    dnnl_primitive_desc_t pd = nullptr;
-    check(api.primitive_desc_create(&pd, &op, nullptr, api.engine, nullptr), "matmul primitive");
-    const char* impl = nullptr;
-    if (api.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl)
-      info.kernel = impl;
-    api.primitive_desc_destroy(pd);
-  } catch (const Error& e) {
-    info.kernel = e.what();
-  }
-  return info;
-}
+Bf16MatmulInfo bf16_matmul_info() { return dnnl().info; }
 
 void require_bf16_matmul(const char* who) {
   const Bf16MatmulInfo& info = dnnl().info;
-  DMUON_CHECK_RUNTIME(info.available, "[orth] ", who,
-                      ": bf16 products (matmul_dtype bf16) need oneDNN: ", info.error,
-                      "; or use matmul_dtype fp32");
+  DMUON_CHECK_RUNTIME(info.available, "[orth] ", who, ": oneDNN cannot form bf16 products here: ", info.error);
 }
 
 Bf16Matmul::Bf16Matmul() : impl_(std::make_unique<Impl>()) {
@@ -233,8 +242,8 @@ Bf16MatmulInfo bf16_matmul_info() {
 }
 
 void require_bf16_matmul(const char* who) {
-  detail::throw_error(detail::concat("[orth] ", who, ": bf16 products (matmul_dtype bf16) need ",
-                                     bf16_matmul_info().error, "; or use matmul_dtype fp32"));
+  detail::throw_error(detail::concat("[orth] ", who, ": oneDNN cannot form bf16 products here: ",
+                                     bf16_matmul_info().error));
 }
 
 Bf16Matmul::Bf16Matmul() { require_bf16_matmul("bf16 matmul"); }

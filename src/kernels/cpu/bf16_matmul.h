@@ -1,7 +1,7 @@
-// bf16 matrix products for the CPU Newton–Schulz kernels (NsOptions::matmul_dtype = BF16): inputs
-// bf16, accumulation fp32 (oneDNN's matmul primitive, AVX512-BF16 / AMX kernels where the CPU has
-// them). oneDNN (Debian libdnnl2) is loaded at run time, like the BLAS, so libdmuon does not depend
-// on it unless bf16 products are asked for.
+// oneDNN's bf16 matrix products, one of the two paths of the CPU's bf16 Newton–Schulz products
+// (bf16_products.h): inputs bf16, accumulation fp32 (AVX512-BF16 / AMX kernels where the CPU has
+// them, emulation on other AVX-512 CPUs, none on AVX2-only ones). oneDNN (Debian libdnnl2) is loaded
+// at run time, like the BLAS, so libdmuon does not depend on it.
 //
 // Determinism: oneDNN's matmul does not split the reduction dimension across threads, so a product
 // is bitwise the same for any thread count (tested); every product of a given shape runs the same
@@ -16,17 +16,19 @@
 
 namespace dmuon::cpu {
 
-// What the bf16 backend is: library and version, and the kernel oneDNN picks for a probe product.
+// What oneDNN offers for bf16 products here: library and version, and the kernel it picks for a
+// probe product (256×256×256, bf16 in, fp32 out).
 struct Bf16MatmulInfo {
-  bool available = false;
-  std::string library;  // soname loaded
-  std::string version;  // "2.6.3"
-  std::string kernel;   // implementation of a probe product, e.g. "brg:avx512_core_bf16"
-  std::string error;    // why it is unavailable
+  bool available = false;  // oneDNN loaded AND it has a bf16 matmul for this CPU
+  bool native = false;     // that kernel uses bf16 instructions (AVX512-BF16 / AMX), not emulation
+  std::string library;     // soname loaded
+  std::string version;     // "2.6.3"
+  std::string kernel;      // implementation of the probe product, e.g. "brg:avx512_core_bf16"
+  std::string error;       // why it is unavailable
 };
-// Loads oneDNN on first use (never throws).
+// Loads oneDNN and probes it on first use (cached; never throws).
 Bf16MatmulInfo bf16_matmul_info();
-// Throws dmuon::Error naming what to install when oneDNN cannot be used.
+// Throws dmuon::Error naming what is missing when oneDNN cannot form bf16 products.
 void require_bf16_matmul(const char* who);
 
 // Row-major views: element (i, j) of a matrix view is data[i * ld + j]; with `trans`, the view is

@@ -1,9 +1,11 @@
 // Run-time BLAS loading. dlopen (rather than link-time) lets libdmuon set OPENBLAS_CORETYPE before
 // OpenBLAS initializes, so C++, CLI and Python users all get the fast kernels without doing anything.
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/products.h"
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cctype>
 #include <string>
@@ -42,6 +44,12 @@ BlasApi load() {
     (void)detail::bind_symbol(handle, "openblas_get_corename", api.get_corename);
     (void)detail::bind_symbol(handle, "openblas_get_config", api.get_config);
     api.library = name;
+    // dmuon's products (products.h) split the work over threads themselves, in pieces that do not
+    // depend on the thread count; OpenBLAS's own threads would split it differently per count.
+    if (api.get_num_threads != nullptr && api.set_num_threads != nullptr) {
+      api.default_threads = std::max(1, api.get_num_threads());
+      api.set_num_threads(1);
+    }
     return api;
   }
   detail::throw_error(detail::concat("[blas] could not load a CBLAS library; tried ", tried,
@@ -54,29 +62,6 @@ BlasApi load() {
 const BlasApi& blas() {
   static const BlasApi api = load();
   return api;
-}
-
-void sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
-           const float* b, int ldb, float beta, float* c, int ldc) {
-  if (m == 0 || n == 0) return;
-  blas().sgemm(kRowMajor, trans_a ? kTrans : kNoTrans, trans_b ? kTrans : kNoTrans, m, n, k, alpha, a,
-               lda, b, ldb, beta, c, ldc);
-}
-
-void ssyrk_lower(bool trans, int n, int k, float alpha, const float* a, int lda, float beta, float* c,
-                 int ldc) {
-  if (n == 0) return;
-  blas().ssyrk(kRowMajor, kLower, trans ? kTrans : kNoTrans, n, k, alpha, a, lda, beta, c, ldc);
-}
-
-void ssymm_lower(bool left, int m, int n, float alpha, const float* a, int lda, const float* b, int ldb,
-                 float beta, float* c, int ldc) {
-  if (m == 0 || n == 0) return;
-  if (blas().ssymm == nullptr) {
-    if (left) return sgemm(false, false, m, n, m, alpha, a, lda, b, ldb, beta, c, ldc);
-    return sgemm(false, false, m, n, n, alpha, b, ldb, a, lda, beta, c, ldc);
-  }
-  blas().ssymm(kRowMajor, left ? kLeft : kRight, kLower, m, n, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace dmuon::cpu
@@ -103,13 +88,8 @@ BlasInfo blas_info() {
   return info;
 }
 
-void blas_set_num_threads(int n) {
-  DMUON_CHECK(n >= 1, "[blas] thread count must be >= 1, got ", n);
-  if (cpu::blas().set_num_threads) cpu::blas().set_num_threads(n);
-}
+void blas_set_num_threads(int n) { cpu::set_product_threads(n); }
 
-int blas_get_num_threads() {
-  return cpu::blas().get_num_threads ? cpu::blas().get_num_threads() : 1;
-}
+int blas_get_num_threads() { return cpu::product_threads(); }
 
 }  // namespace dmuon

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/cpu/blas.h"
+#include "kernels/cpu/products.h"
 #include "kernels/cpu/ns_kernels.h"
 
 namespace dmuon::cpu {

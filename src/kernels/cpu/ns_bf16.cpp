@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "dmuon/bf16.h"
-#include "kernels/cpu/blas.h"
+#include "kernels/cpu/products.h"
 #include "kernels/cpu/ns_kernels.h"
 
 namespace dmuon::cpu {

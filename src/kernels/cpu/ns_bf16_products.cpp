@@ -8,13 +8,21 @@
 // There is no bf16 Gram Newton–Schulz: it iterates on R = X·Xᵀ, whose small eigenvalues σ² sit far
 // below bf16's resolution of R's large ones (tested: σ errors of 0.5 on a rank-20 200×500 input,
 // against 0.015 for this kernel), so Orthogonalizer rejects it.
+//
+// One iteration, two product engines (bf16_products.h): oneDNN on bf16 storage, and dmuon's widened
+// products, where the same bf16 values are stored as fp32 and multiplied by the fp32 products
+// (exact: a product of two bf16 values fits fp32's mantissa).
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "dmuon/bf16.h"
+#include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/ns_kernels.h"
+#include "kernels/cpu/products.h"
 
 // The element-wise passes get an AVX-512 clone next to the generic one (picked at load time);
 // -ffp-contract=off (CMakeLists) keeps both clones' arithmetic identical.
@@ -23,110 +31,185 @@
 #else
 #define DMUON_ELEMENTWISE
 #endif
+#define DMUON_INLINE inline __attribute__((always_inline))
 
 namespace dmuon::cpu {
 namespace {
 
-// The m×n matrix X (bf16, row-major) seen from the Gram side: wide (m ≤ n) R = X·Xᵀ, tall R = Xᵀ·X.
-struct GramSide {
-  int64_t m, n, s, k;
-  bool wide;
-  GramSide(int64_t m_, int64_t n_) : m(m_), n(n_), s(std::min(m_, n_)), k(std::max(m_, n_)), wide(m_ <= n_) {}
-  Bf16Operand left(const BFloat16* x) const { return {x, n, !wide}; }   // s×k
-  Bf16Operand right(const BFloat16* x) const { return {x, n, wide}; }   // k×s
-};
-
-void to_bf16(const float* src, BFloat16* dst, int64_t count) {
-  float_to_bf16(src, dst, static_cast<size_t>(count));
-}
-
-
-constexpr int64_t kTile = 32;  // tile of the bf16 mirror: its row and column writes stay in cache
-
 // Branch-free fp32 -> bf16 (the numerics of float_to_bf16 in bf16.h: nearest even, NaN -> 0x7FC0),
 // written so that the row loops below vectorize.
-inline uint16_t bf16_bits(float f) {
+DMUON_INLINE uint16_t bf16_bits(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
   const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
   return (u & 0x7FFFFFFFu) > 0x7F800000u ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
 }
+DMUON_INLINE float bf16_value(uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); }
+
+// A bf16 operand held as its bits (oneDNN) or as the fp32 of the same value (widened).
+DMUON_INLINE void store(uint16_t& dst, float v) { dst = bf16_bits(v); }
+DMUON_INLINE void store(float& dst, float v) { dst = bf16_value(bf16_bits(v)); }
+DMUON_INLINE float load(uint16_t v) { return bf16_value(v); }
+DMUON_INLINE float load(float v) { return v; }
+
+constexpr int64_t kTile = 32;  // tile of the mirror: its row and column writes stay in cache
 
 // out = bf16(in · inv), element by element.
-DMUON_ELEMENTWISE void scale_to_bf16(const float* __restrict in, float inv, BFloat16* __restrict x,
-                                     int64_t count) {
-  auto* out = reinterpret_cast<uint16_t*>(x);
-  for (int64_t i = 0; i < count; ++i) out[i] = bf16_bits(in[i] * inv);
+template <class T>
+DMUON_INLINE void scale_body(const float* __restrict in, float inv, T* __restrict out, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) store(out[i], in[i] * inv);
 }
 
-// Copies the lower triangle of the s×s bf16 matrix onto its upper triangle, tile by tile.
-DMUON_ELEMENTWISE void mirror_lower_bf16(uint16_t* a, int64_t s) {
+// Copies the lower triangle of the s×s matrix onto its upper triangle, tile by tile.
+template <class T>
+DMUON_INLINE void mirror_body(T* a, int64_t s) {
   for (int64_t ib = 0; ib < s; ib += kTile)
     for (int64_t jb = 0; jb <= ib; jb += kTile)
       for (int64_t j = jb; j < std::min(jb + kTile, s); ++j) {
-        uint16_t* dst = a + j * s;
+        T* dst = a + j * s;
         for (int64_t i = std::max(ib, j + 1); i < std::min(ib + kTile, s); ++i) dst[i] = a[i * s + j];
       }
 }
 
-inline float bf16_value(uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); }
-
-// full (s×s bf16) = the symmetric matrix whose lower triangle is the fp32 G's, each entry rounded
-// once. Reading only the lower triangle is what lets the products skip the upper blocks.
-DMUON_ELEMENTWISE void lower_to_full_bf16(int64_t s, const float* g, BFloat16* full) {
-  auto* out = reinterpret_cast<uint16_t*>(full);
+// full (s×s) = the symmetric matrix whose lower triangle is the fp32 G's, each entry rounded once.
+// Reading only the lower triangle is what lets the products skip the upper blocks.
+template <class T>
+DMUON_INLINE void lower_to_full_body(int64_t s, const float* g, T* out) {
   for (int64_t i = 0; i < s; ++i) {
     const float* gi = g + i * s;
-    uint16_t* oi = out + i * s;
-    for (int64_t j = 0; j <= i; ++j) oi[j] = bf16_bits(gi[j]);
+    T* oi = out + i * s;
+    for (int64_t j = 0; j <= i; ++j) store(oi[j], gi[j]);
   }
-  mirror_lower_bf16(out, s);
+  mirror_body(out, s);
 }
 
-// zb = bf16(a·I + b·A + c·A2), A the bf16 matrix `ab` (full, symmetric), A2 fp32: the lower
+// z = bf16(a·I + b·A + c·A2), A the bf16 matrix `ab` (full, symmetric), A2 fp32: the lower
 // triangle then a mirror (plain: every entry, no mirror), each entry rounded once.
-DMUON_ELEMENTWISE void polynomial_to_bf16(int64_t s, const BFloat16* ab, const float* a2, float a,
-                                          float b, float c, bool plain, BFloat16* zb) {
-  const auto* in = reinterpret_cast<const uint16_t*>(ab);
-  auto* out = reinterpret_cast<uint16_t*>(zb);
+template <class T>
+DMUON_INLINE void polynomial_body(int64_t s, const T* ab, const float* a2, float a, float b, float c, bool plain,
+                                  T* z) {
   for (int64_t i = 0; i < s; ++i) {
-    const uint16_t* ai = in + i * s;
+    const T* ai = ab + i * s;
     const float* a2i = a2 + i * s;
-    uint16_t* oi = out + i * s;
+    T* zi = z + i * s;
     const int64_t end = plain ? s : i + 1;
-    for (int64_t j = 0; j < end; ++j) oi[j] = bf16_bits(b * bf16_value(ai[j]) + c * a2i[j]);
-    oi[i] = bf16_bits(b * bf16_value(ai[i]) + c * a2i[i] + a);
+    for (int64_t j = 0; j < end; ++j) store(zi[j], b * load(ai[j]) + c * a2i[j]);
+    store(zi[i], b * load(ai[i]) + c * a2i[i] + a);
   }
-  if (!plain) mirror_lower_bf16(out, s);
+  if (!plain) mirror_body(z, s);
 }
 
-// R = X·Xᵀ (wide) or Xᵀ·X (tall): fp32 into r (lower triangle, or full when plain), then its full
-// bf16 copy into rb, the only form of R that is used.
-void gram_bf16(Bf16Matmul& mm, const GramSide& g, const BFloat16* x, bool plain, float* r,
-               BFloat16* rb) {
-  mm.lower_product(g.s, g.k, g.left(x), g.right(x), r, plain);
-  if (plain) return to_bf16(r, rb, g.s * g.s);
-  lower_to_full_bf16(g.s, r, rb);
+// Rounds every element of the rows×cols block (row stride ld) to a bf16 value in place.
+DMUON_INLINE void round_block_body(float* x, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) store(x[i * ld + j], x[i * ld + j]);
 }
 
-// c = A² for the s×s symmetric A (bf16): its lower triangle in fp32 (in full when plain).
-void square_symmetric(Bf16Matmul& mm, int64_t s, const BFloat16* a, bool plain, float* c) {
-  mm.lower_product(s, s, {a, s}, {a, s}, c, plain);
+// The cloned entry points, one per storage kind.
+DMUON_ELEMENTWISE void scale_to(const float* in, float inv, uint16_t* out, int64_t n) { scale_body(in, inv, out, n); }
+DMUON_ELEMENTWISE void scale_to(const float* in, float inv, float* out, int64_t n) { scale_body(in, inv, out, n); }
+DMUON_ELEMENTWISE void lower_to_full(int64_t s, const float* g, uint16_t* out) { lower_to_full_body(s, g, out); }
+DMUON_ELEMENTWISE void lower_to_full(int64_t s, const float* g, float* out) { lower_to_full_body(s, g, out); }
+DMUON_ELEMENTWISE void polynomial(int64_t s, const uint16_t* ab, const float* a2, float a, float b, float c,
+                                  bool plain, uint16_t* z) {
+  polynomial_body(s, ab, a2, a, b, c, plain, z);
 }
-
-// zb = bf16(a·I + b·A + c·A2) from the bf16 A (rb) and the fp32 A2 (lower triangle, full when plain).
-void polynomial_bf16(const Coefficients& k, int64_t s, const BFloat16* ab, const float* a2, bool plain,
-                     BFloat16* zb) {
-  polynomial_to_bf16(s, ab, a2, static_cast<float>(k.a), static_cast<float>(k.b),
-                     static_cast<float>(k.c), plain, zb);
+DMUON_ELEMENTWISE void polynomial(int64_t s, const float* ab, const float* a2, float a, float b, float c,
+                                  bool plain, float* z) {
+  polynomial_body(s, ab, a2, a, b, c, plain, z);
 }
+DMUON_ELEMENTWISE void round_block(float* x, int64_t rows, int64_t cols, int64_t ld) {
+  round_block_body(x, rows, cols, ld);
+}
+DMUON_ELEMENTWISE void round_all(const float* src, uint16_t* dst, int64_t n) { scale_body(src, 1.0f, dst, n); }
+DMUON_ELEMENTWISE void round_all(const float* src, float* dst, int64_t n) { scale_body(src, 1.0f, dst, n); }
 
-// dst = Z·X (wide) or X·Z (tall), fp32 or bf16 output.
-template <class Out>
-void apply_factor(Bf16Matmul& mm, const GramSide& g, const BFloat16* z, const BFloat16* x, Out* dst) {
-  if (g.wide)
-    mm.gemm(g.m, g.n, g.m, {z, g.s}, {x, g.n}, dst, g.n);
-  else
-    mm.gemm(g.m, g.n, g.n, {x, g.n}, {z, g.s}, dst, g.n);
+// The m×n matrix X seen from the Gram side: wide (m ≤ n) R = X·Xᵀ, tall R = Xᵀ·X.
+struct GramSide {
+  int64_t m, n, s, k;
+  bool wide;
+  GramSide(int64_t m_, int64_t n_) : m(m_), n(n_), s(std::min(m_, n_)), k(std::max(m_, n_)), wide(m_ <= n_) {}
+};
+
+// oneDNN on bf16 bits. Symmetric results on their lower block triangle (Bf16Matmul::lower_product).
+struct OneDnnEngine {
+  using T = uint16_t;
+  Bf16Matmul& mm;
+  static const BFloat16* bf(const T* p) { return reinterpret_cast<const BFloat16*>(p); }
+  // r = X·Xᵀ (wide) or Xᵀ·X (tall) in fp32: its lower triangle, or in full when plain.
+  void gram(const GramSide& g, const T* x, bool plain, float* r) {
+    mm.lower_product(g.s, g.k, {bf(x), g.n, !g.wide}, {bf(x), g.n, g.wide}, r, plain);
+  }
+  // c = A² for the symmetric s×s A: its lower triangle in fp32 (in full when plain).
+  void square(int64_t s, const T* a, bool plain, float* c) { mm.lower_product(s, s, {bf(a), s}, {bf(a), s}, c, plain); }
+  // dst = Z·X (wide) or X·Z (tall): rounded to bf16, or fp32 for the last step.
+  template <class Out>
+  void apply(const GramSide& g, const T* z, const T* x, Out* dst) {
+    if (g.wide)
+      mm.gemm(g.m, g.n, g.m, {bf(z), g.s}, {bf(x), g.n}, out(dst), g.n);
+    else
+      mm.gemm(g.m, g.n, g.n, {bf(x), g.n}, {bf(z), g.s}, out(dst), g.n);
+  }
+  static BFloat16* out(uint16_t* p) { return reinterpret_cast<BFloat16*>(p); }
+  static float* out(float* p) { return p; }
+};
+
+// dmuon's widened products: bf16 values stored as fp32, fp32 products (products.h).
+struct WidenedEngine {
+  using T = float;
+  void gram(const GramSide& g, const T* x, bool plain, float* r) {
+    const int s = static_cast<int>(g.s), k = static_cast<int>(g.k), ld = static_cast<int>(g.n);
+    if (plain)
+      sgemm(!g.wide, g.wide, s, s, k, 1.0f, x, ld, x, ld, 0.0f, r, s);
+    else
+      ssyrk_lower(!g.wide, s, k, 1.0f, x, ld, 0.0f, r, s);
+  }
+  void square(int64_t s64, const T* a, bool plain, float* c) {
+    const int s = static_cast<int>(s64);
+    if (plain)
+      sgemm(false, false, s, s, s, 1.0f, a, s, a, s, 0.0f, c, s);
+    else
+      ssyrk_lower(false, s, s, 1.0f, a, s, 0.0f, c, s);  // A symmetric: A·Aᵀ = A²
+  }
+  // `round`: each tile of the result rounded to bf16 values as it is finished (while in cache).
+  void apply(const GramSide& g, const T* z, const T* x, float* dst, bool round) {
+    const int m = static_cast<int>(g.m), n = static_cast<int>(g.n), s = static_cast<int>(g.s);
+    const TileEpilogue rounding = [dst, n](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+      round_block(dst + r0 * n + c0, r1 - r0, c1 - c0, n);
+    };
+    const TileEpilogue* epilogue = round ? &rounding : nullptr;
+    if (g.wide)
+      sgemm(false, false, m, n, m, 1.0f, z, s, x, n, 0.0f, dst, n, epilogue);
+    else
+      sgemm(false, false, m, n, n, 1.0f, x, n, z, s, 0.0f, dst, n, epilogue);
+  }
+};
+
+// Per step: A = bf16(X·Xᵀ), A², Z = aI + bA + cA², X ← Z·X (bf16 between steps, fp32 at the end).
+template <class Engine>
+void iterate(Engine& e, const float* in, float inv, float* out, const GramSide& g,
+             const std::vector<Coefficients>& coefficients, bool plain, typename Engine::T* x,
+             typename Engine::T* x2, float* r, float* sq, typename Engine::T* rb, typename Engine::T* zb) {
+  scale_to(in, inv, x, g.m * g.n);  // `in` is read only here
+  const int steps = static_cast<int>(coefficients.size());
+  for (int step = 0; step < steps; ++step) {
+    const Coefficients& k = coefficients[static_cast<size_t>(step)];
+    e.gram(g, x, plain, r);
+    if (plain)
+      round_all(r, rb, g.s * g.s);
+    else
+      lower_to_full(g.s, r, rb);
+    e.square(g.s, rb, plain, sq);  // A² (fp32 only: it feeds the polynomial)
+    polynomial(g.s, rb, sq, static_cast<float>(k.a), static_cast<float>(k.b), static_cast<float>(k.c), plain, zb);
+    const bool last = step == steps - 1;
+    if constexpr (std::is_same_v<Engine, WidenedEngine>) {
+      e.apply(g, zb, x, last ? out : x2, !last);
+    } else if (last) {
+      e.apply(g, zb, x, out);
+    } else {
+      e.apply(g, zb, x, x2);
+    }
+    if (!last) std::swap(x, x2);
+  }
 }
 
 }  // namespace
@@ -134,6 +217,16 @@ void apply_factor(Bf16Matmul& mm, const GramSide& g, const BFloat16* z, const BF
 void newton_schulz_bf16_products(const float* in, float inv, float* out, int64_t m, int64_t n,
                                  const std::vector<Coefficients>& coefficients, bool plain,
                                  int threads, NsScratch& sc) {
+  const GramSide g(m, n);
+  const int64_t mn = m * n, ss = g.s * g.s;
+  float* r = sc.ensure(sc.r, ss);
+  float* sq = sc.ensure(sc.s, ss);
+  if (sc.bf16_path == Bf16ProductPath::Widened) {
+    WidenedEngine e;
+    iterate(e, in, inv, out, g, coefficients, plain, sc.ensure(sc.x, mn), sc.ensure(sc.x2, mn), r, sq,
+            sc.ensure(sc.z, ss), sc.ensure(sc.q, ss));
+    return;
+  }
   if (!sc.matmul) sc.matmul = std::make_unique<Bf16Matmul>();
   Bf16Matmul& mm = *sc.matmul;
   struct ThreadsGuard {  // the caller's OpenMP thread count is restored on every exit
@@ -141,29 +234,10 @@ void newton_schulz_bf16_products(const float* in, float inv, float* out, int64_t
     int previous;
     ~ThreadsGuard() { mm.set_threads(previous); }
   } guard{mm, mm.set_threads(threads)};
-  const GramSide g(m, n);
-  const int64_t mn = m * n, ss = g.s * g.s;
-  BFloat16* x = sc.ensure(sc.xb, mn);
-  BFloat16* x2 = sc.ensure(sc.xb2, mn);
-  float* r = sc.ensure(sc.r, ss);
-  float* sq = sc.ensure(sc.s, ss);
-  BFloat16* rb = sc.ensure(sc.rb, ss);
-  BFloat16* zb = sc.ensure(sc.zb, ss);
-  scale_to_bf16(in, inv, x, mn);  // `in` is read only here
-  const int steps = static_cast<int>(coefficients.size());
-
-  // Per step: A = bf16(X·Xᵀ), A², Z = aI + bA + cA², X ← Z·X (bf16 between steps, fp32 at the end).
-  for (int step = 0; step < steps; ++step) {
-    gram_bf16(mm, g, x, plain, r, rb);
-    square_symmetric(mm, g.s, rb, plain, sq);  // A² (fp32 only: it feeds the polynomial)
-    polynomial_bf16(coefficients[static_cast<size_t>(step)], g.s, rb, sq, plain, zb);
-    if (step == steps - 1) {
-      apply_factor(mm, g, zb, x, out);
-    } else {
-      apply_factor(mm, g, zb, x, x2);
-      std::swap(x, x2);
-    }
-  }
+  OneDnnEngine e{mm};
+  const auto bits = [](std::vector<BFloat16>& v) { return reinterpret_cast<uint16_t*>(v.data()); };
+  sc.ensure(sc.xb, mn), sc.ensure(sc.xb2, mn), sc.ensure(sc.rb, ss), sc.ensure(sc.zb, ss);
+  iterate(e, in, inv, out, g, coefficients, plain, bits(sc.xb), bits(sc.xb2), r, sq, bits(sc.rb), bits(sc.zb));
 }
 
 }  // namespace dmuon::cpu

@@ -10,16 +10,18 @@
 #include "dmuon/dtype.h"
 #include "dmuon/orthogonalize.h"
 #include "kernels/cpu/bf16_matmul.h"
+#include "kernels/cpu/bf16_products.h"
 
 namespace dmuon::cpu {
 
 // Scratch owned by an Orthogonalizer; vectors grow to the largest matrix seen and are reused.
 struct NsScratch {
-  std::vector<float> x;                            // m×n ping-pong buffer
+  std::vector<float> x, x2;                        // m×n ping-pong buffers (x2: widened bf16 products)
   std::vector<float> r, s, z, q, t;                // s×s Gram-side buffers
-  std::vector<BFloat16> xb, xb2;                   // bf16 products: m×n operands
-  std::vector<BFloat16> rb, zb;                    // bf16 products: s×s operands
-  std::unique_ptr<Bf16Matmul> matmul;              // created on first bf16 use
+  std::vector<BFloat16> xb, xb2;                   // oneDNN bf16 products: m×n operands
+  std::vector<BFloat16> rb, zb;                    // oneDNN bf16 products: s×s operands
+  std::unique_ptr<Bf16Matmul> matmul;              // created on first oneDNN use
+  Bf16ProductPath bf16_path = Bf16ProductPath::Widened;  // chosen when the Orthogonalizer is made
   template <class T>
   T* ensure(std::vector<T>& v, int64_t count) {
     if (static_cast<int64_t>(v.size()) < count) v.resize(static_cast<size_t>(count));
@@ -49,11 +51,12 @@ void newton_schulz(const float* x0, float* out, int64_t m, int64_t n,
 void newton_schulz_bf16(const float* in, float* out, int64_t m, int64_t n, const NsOptions& options,
                         const std::vector<Coefficients>& coefficients, NsScratch& scratch);
 
-// Newton–Schulz with bf16 products (NsOptions::matmul_dtype = BF16, bf16_matmul.h): X₀ = bf16(in ·
-// inv); every product's inputs are bf16, accumulation fp32, the polynomial Z = aI + bA + cA² is
-// formed in fp32 and rounded to bf16 as a product input; the last product writes fp32 into `out`.
-// Symmetric results (X·Xᵀ and A²) are computed on their lower block triangle unless `plain`.
-// `in` may equal `out`. Uses `threads` OpenMP threads (the caller's count is restored).
+// Newton–Schulz with bf16 products (NsOptions::matmul_dtype = BF16) on scratch.bf16_path
+// (bf16_products.h): X₀ = bf16(in · inv); every product's inputs are bf16, accumulation fp32, the
+// polynomial Z = aI + bA + cA² is formed in fp32 and rounded to bf16 as a product input; the last
+// product writes fp32 into `out`. Symmetric results (X·Xᵀ and A²) are computed on their lower block
+// triangle unless `plain`. `in` may equal `out`. oneDNN uses `threads` OpenMP threads (the caller's
+// count is restored); the widened path uses the products' threads (products.h).
 void newton_schulz_bf16_products(const float* in, float inv, float* out, int64_t m, int64_t n,
                                  const std::vector<Coefficients>& coefficients, bool plain,
                                  int threads, NsScratch& scratch);

@@ -10,7 +10,7 @@
 #include "dmuon/blas.h"
 #include "dmuon/error.h"
 #include "dmuon/orthogonalize.h"
-#include "kernels/cpu/bf16_matmul.h"
+#include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/ns_kernels.h"
 
 namespace dmuon {
@@ -47,9 +47,12 @@ Orthogonalizer::Orthogonalizer(NsOptions options)
                 "whose small eigenvalues bf16 cannot resolve next to its large ones (singular "
                 "values off by up to 0.5 on low-rank inputs); use method symmetric with bf16 "
                 "products, or gram with fp32");
-    cpu::require_bf16_matmul("Orthogonalizer");
   }
+  const cpu::Bf16ProductPath path = options_.matmul_dtype == DType::BF16
+                                        ? cpu::require_bf16_products("Orthogonalizer").path
+                                        : cpu::Bf16ProductPath::Widened;
   ws_ = new Workspace;
+  ws_->bf16_path = path;
 }
 
 Orthogonalizer::~Orthogonalizer() { delete ws_; }
@@ -78,7 +81,10 @@ void Orthogonalizer::run(const float* in, float* out, int64_t m, int64_t n) {
   DMUON_CHECK(in != nullptr && out != nullptr, "[orth] null data pointer for a ", m, "x", n, " matrix");
   DMUON_CHECK(in == out || !overlaps(in, out, bytes),
               "[orth] 'in' and 'out' overlap without being equal; pass the same pointer for in-place");
-  if (ws_ == nullptr) ws_ = new Workspace;  // a moved-from Orthogonalizer stays usable
+  if (ws_ == nullptr) {  // a moved-from Orthogonalizer stays usable
+    ws_ = new Workspace;
+    if (options_.matmul_dtype == DType::BF16) ws_->bf16_path = cpu::require_bf16_products("Orthogonalizer").path;
+  }
   if (options_.bf16_rounding) return cpu::newton_schulz_bf16(in, out, m, n, options_, coefficients_, *ws_);
 
   const double norm = frobenius_norm(in, m * n);
