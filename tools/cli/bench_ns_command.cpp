@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -218,8 +219,11 @@ void run_bench(const BenchNsArgs& a) {
       const double t = time_once([&] { orths[i].run(g.data(), out.data(), m, n); });
       if (r >= a.warmup) results[i].times.push_back(t);
     }
-    const double tg = time_once(sgemm_gram), ta = time_once(sgemm_apply);
     const double tt = time_once(tiled_gram) + time_once(tiled_apply);
+    const double tg = time_once(sgemm_gram), ta = time_once(sgemm_apply);
+    // OpenBLAS's workers spin for a while after a threaded call (2^28 cycles by default): let them
+    // sleep before the next round, or they would take cores from the next method timed.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
     if (r >= a.warmup) gram_times.push_back(tg), apply_times.push_back(ta), tiled_times.push_back(tt);
   }
   // The baseline is the pair (X·Xᵀ as NT, Z·X as NN) the plain path runs; both rates are reported.

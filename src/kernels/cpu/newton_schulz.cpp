@@ -16,23 +16,29 @@ constexpr int kTile = 16;  // cache tile for the O(s²) triangle mirror
 
 void symmetrize_lower(float* a, int s) {
   // Tiles of 16: walking each tile by destination row keeps the writes contiguous (measured 3x faster
-  // than row-wise reads with 64-wide tiles at s = 1024).
-  for (int ib = 0; ib < s; ib += kTile)
-    for (int jb = 0; jb <= ib; jb += kTile)
-      for (int j = jb; j < std::min(jb + kTile, s); ++j) {
-        float* dst = a + static_cast<int64_t>(j) * s;
-        for (int i = std::max(ib, j + 1); i < std::min(ib + kTile, s); ++i)
-          dst[i] = a[static_cast<int64_t>(i) * s + j];
-      }
+  // than row-wise reads with 64-wide tiles at s = 1024). Row blocks of the source run in parallel:
+  // block ib writes only the columns [ib, ib + 16) of the rows above it.
+  const int blocks = (s + kTile - 1) / kTile;
+  parallel_rows(blocks, int64_t(s) * kTile / 2, [&](int64_t b0, int64_t b1) {
+    for (int ib = static_cast<int>(b0) * kTile; ib < std::min(static_cast<int>(b1) * kTile, s); ib += kTile)
+      for (int jb = 0; jb <= ib; jb += kTile)
+        for (int j = jb; j < std::min(jb + kTile, s); ++j) {
+          float* dst = a + static_cast<int64_t>(j) * s;
+          for (int i = std::max(ib, j + 1); i < std::min(ib + kTile, s); ++i)
+            dst[i] = a[static_cast<int64_t>(i) * s + j];
+        }
+  });
 }
 
 void gram_polynomial(const Coefficients& k, const float* g, const float* g2, float* z, int s) {
   const float a = static_cast<float>(k.a), b = static_cast<float>(k.b), c = static_cast<float>(k.c);
-  for (int i = 0; i < s; ++i) {  // lower triangle row by row (contiguous), then mirror
-    const int64_t row = static_cast<int64_t>(i) * s;
-    for (int j = 0; j <= i; ++j) z[row + j] = b * g[row + j] + c * g2[row + j];
-    z[row + i] += a;
-  }
+  parallel_rows(s, s / 2, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) {  // lower triangle row by row (contiguous), then mirror
+      const int64_t row = i * s;
+      for (int64_t j = 0; j <= i; ++j) z[row + j] = b * g[row + j] + c * g2[row + j];
+      z[row + i] += a;
+    }
+  });
   symmetrize_lower(z, s);
 }
 

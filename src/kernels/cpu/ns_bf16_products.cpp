@@ -53,16 +53,20 @@ DMUON_INLINE float load(float v) { return v; }
 
 constexpr int64_t kTile = 32;  // tile of the mirror: its row and column writes stay in cache
 
-// out = bf16(in · inv), element by element.
+// The element-wise passes work on row ranges [r0, r1) so that they run in parallel (parallel_rows);
+// each row's result is the same whatever the split.
+
+// out = bf16(in · inv), element by element (rows of `cols`).
 template <class T>
-DMUON_INLINE void scale_body(const float* __restrict in, float inv, T* __restrict out, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) store(out[i], in[i] * inv);
+DMUON_INLINE void scale_body(const float* __restrict in, float inv, T* __restrict out, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) store(out[i], in[i] * inv);
 }
 
-// Copies the lower triangle of the s×s matrix onto its upper triangle, tile by tile.
+// Copies the lower triangle of the s×s matrix onto its upper triangle, for the source row blocks
+// [b0, b1) of kTile rows (block ib writes only columns [ib, ib + kTile) of the rows above it).
 template <class T>
-DMUON_INLINE void mirror_body(T* a, int64_t s) {
-  for (int64_t ib = 0; ib < s; ib += kTile)
+DMUON_INLINE void mirror_body(T* a, int64_t s, int64_t b0, int64_t b1) {
+  for (int64_t ib = b0 * kTile; ib < std::min(b1 * kTile, s); ib += kTile)
     for (int64_t jb = 0; jb <= ib; jb += kTile)
       for (int64_t j = jb; j < std::min(jb + kTile, s); ++j) {
         T* dst = a + j * s;
@@ -70,24 +74,22 @@ DMUON_INLINE void mirror_body(T* a, int64_t s) {
       }
 }
 
-// full (s×s) = the symmetric matrix whose lower triangle is the fp32 G's, each entry rounded once.
-// Reading only the lower triangle is what lets the products skip the upper blocks.
+// Rows [r0, r1) of the lower triangle of the fp32 G, each entry rounded once.
 template <class T>
-DMUON_INLINE void lower_to_full_body(int64_t s, const float* g, T* out) {
-  for (int64_t i = 0; i < s; ++i) {
+DMUON_INLINE void lower_body(int64_t s, const float* g, T* out, int64_t r0, int64_t r1) {
+  for (int64_t i = r0; i < r1; ++i) {
     const float* gi = g + i * s;
     T* oi = out + i * s;
     for (int64_t j = 0; j <= i; ++j) store(oi[j], gi[j]);
   }
-  mirror_body(out, s);
 }
 
-// z = bf16(a·I + b·A + c·A2), A the bf16 matrix `ab` (full, symmetric), A2 fp32: the lower
-// triangle then a mirror (plain: every entry, no mirror), each entry rounded once.
+// Rows [r0, r1) of z = bf16(a·I + b·A + c·A2), A the bf16 matrix `ab` (full, symmetric), A2 fp32:
+// the lower triangle (plain: every entry), each entry rounded once.
 template <class T>
 DMUON_INLINE void polynomial_body(int64_t s, const T* ab, const float* a2, float a, float b, float c, bool plain,
-                                  T* z) {
-  for (int64_t i = 0; i < s; ++i) {
+                                  T* z, int64_t r0, int64_t r1) {
+  for (int64_t i = r0; i < r1; ++i) {
     const T* ai = ab + i * s;
     const float* a2i = a2 + i * s;
     T* zi = z + i * s;
@@ -95,7 +97,6 @@ DMUON_INLINE void polynomial_body(int64_t s, const T* ab, const float* a2, float
     for (int64_t j = 0; j < end; ++j) store(zi[j], b * load(ai[j]) + c * a2i[j]);
     store(zi[i], b * load(ai[i]) + c * a2i[i] + a);
   }
-  if (!plain) mirror_body(z, s);
 }
 
 // Rounds every element of the rows×cols block (row stride ld) to a bf16 value in place.
@@ -105,23 +106,58 @@ DMUON_INLINE void round_block_body(float* x, int64_t rows, int64_t cols, int64_t
 }
 
 // The cloned entry points, one per storage kind.
-DMUON_ELEMENTWISE void scale_to(const float* in, float inv, uint16_t* out, int64_t n) { scale_body(in, inv, out, n); }
-DMUON_ELEMENTWISE void scale_to(const float* in, float inv, float* out, int64_t n) { scale_body(in, inv, out, n); }
-DMUON_ELEMENTWISE void lower_to_full(int64_t s, const float* g, uint16_t* out) { lower_to_full_body(s, g, out); }
-DMUON_ELEMENTWISE void lower_to_full(int64_t s, const float* g, float* out) { lower_to_full_body(s, g, out); }
-DMUON_ELEMENTWISE void polynomial(int64_t s, const uint16_t* ab, const float* a2, float a, float b, float c,
-                                  bool plain, uint16_t* z) {
-  polynomial_body(s, ab, a2, a, b, c, plain, z);
+DMUON_ELEMENTWISE void scale_range(const float* in, float inv, uint16_t* out, int64_t b, int64_t e) {
+  scale_body(in, inv, out, b, e);
 }
-DMUON_ELEMENTWISE void polynomial(int64_t s, const float* ab, const float* a2, float a, float b, float c,
-                                  bool plain, float* z) {
-  polynomial_body(s, ab, a2, a, b, c, plain, z);
+DMUON_ELEMENTWISE void scale_range(const float* in, float inv, float* out, int64_t b, int64_t e) {
+  scale_body(in, inv, out, b, e);
+}
+DMUON_ELEMENTWISE void mirror_blocks(uint16_t* a, int64_t s, int64_t b0, int64_t b1) { mirror_body(a, s, b0, b1); }
+DMUON_ELEMENTWISE void mirror_blocks(float* a, int64_t s, int64_t b0, int64_t b1) { mirror_body(a, s, b0, b1); }
+DMUON_ELEMENTWISE void lower_rows(int64_t s, const float* g, uint16_t* out, int64_t r0, int64_t r1) {
+  lower_body(s, g, out, r0, r1);
+}
+DMUON_ELEMENTWISE void lower_rows(int64_t s, const float* g, float* out, int64_t r0, int64_t r1) {
+  lower_body(s, g, out, r0, r1);
+}
+DMUON_ELEMENTWISE void polynomial_rows(int64_t s, const uint16_t* ab, const float* a2, float a, float b, float c,
+                                       bool plain, uint16_t* z, int64_t r0, int64_t r1) {
+  polynomial_body(s, ab, a2, a, b, c, plain, z, r0, r1);
+}
+DMUON_ELEMENTWISE void polynomial_rows(int64_t s, const float* ab, const float* a2, float a, float b, float c,
+                                       bool plain, float* z, int64_t r0, int64_t r1) {
+  polynomial_body(s, ab, a2, a, b, c, plain, z, r0, r1);
 }
 DMUON_ELEMENTWISE void round_block(float* x, int64_t rows, int64_t cols, int64_t ld) {
   round_block_body(x, rows, cols, ld);
 }
-DMUON_ELEMENTWISE void round_all(const float* src, uint16_t* dst, int64_t n) { scale_body(src, 1.0f, dst, n); }
-DMUON_ELEMENTWISE void round_all(const float* src, float* dst, int64_t n) { scale_body(src, 1.0f, dst, n); }
+
+// The passes over whole matrices, in parallel.
+template <class T>
+void scale_to(const float* in, float inv, T* out, int64_t rows, int64_t cols) {
+  parallel_rows(rows, cols, [&](int64_t r0, int64_t r1) { scale_range(in, inv, out, r0 * cols, r1 * cols); });
+}
+template <class T>
+void mirror(T* a, int64_t s) {
+  parallel_rows((s + kTile - 1) / kTile, s * kTile / 2, [&](int64_t b0, int64_t b1) { mirror_blocks(a, s, b0, b1); });
+}
+// out = the symmetric matrix whose lower triangle is the fp32 G's, each entry rounded once. Reading
+// only the lower triangle is what lets the products skip the upper blocks.
+template <class T>
+void lower_to_full(int64_t s, const float* g, T* out) {
+  parallel_rows(s, s / 2, [&](int64_t r0, int64_t r1) { lower_rows(s, g, out, r0, r1); });
+  mirror(out, s);
+}
+// Every entry of the s×s fp32 matrix rounded once.
+template <class T>
+void round_all(const float* g, T* out, int64_t s) {
+  scale_to(g, 1.0f, out, s, s);
+}
+template <class T>
+void polynomial(int64_t s, const T* ab, const float* a2, float a, float b, float c, bool plain, T* z) {
+  parallel_rows(s, plain ? s : s / 2, [&](int64_t r0, int64_t r1) { polynomial_rows(s, ab, a2, a, b, c, plain, z, r0, r1); });
+  if (!plain) mirror(z, s);
+}
 
 // The m×n matrix X seen from the Gram side: wide (m ≤ n) R = X·Xᵀ, tall R = Xᵀ·X.
 struct GramSide {
@@ -189,13 +225,13 @@ template <class Engine>
 void iterate(Engine& e, const float* in, float inv, float* out, const GramSide& g,
              const std::vector<Coefficients>& coefficients, bool plain, typename Engine::T* x,
              typename Engine::T* x2, float* r, float* sq, typename Engine::T* rb, typename Engine::T* zb) {
-  scale_to(in, inv, x, g.m * g.n);  // `in` is read only here
+  scale_to(in, inv, x, g.m, g.n);  // `in` is read only here
   const int steps = static_cast<int>(coefficients.size());
   for (int step = 0; step < steps; ++step) {
     const Coefficients& k = coefficients[static_cast<size_t>(step)];
     e.gram(g, x, plain, r);
     if (plain)
-      round_all(r, rb, g.s * g.s);
+      round_all(r, rb, g.s);
     else
       lower_to_full(g.s, r, rb);
     e.square(g.s, rb, plain, sq);  // A² (fp32 only: it feeds the polynomial)

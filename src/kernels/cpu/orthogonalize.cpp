@@ -12,6 +12,7 @@
 #include "dmuon/orthogonalize.h"
 #include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/ns_kernels.h"
+#include "kernels/cpu/products.h"
 
 namespace dmuon {
 
@@ -106,7 +107,9 @@ void Orthogonalizer::run(const float* in, float* out, int64_t m, int64_t n) {
   float* x0 = out;
   if (gram ? steps <= kGramRestartStep + 1 : steps % 2 == 1) x0 = ws_->ensure(ws_->x, m * n);
   const float inv = static_cast<float>(1.0 / denom);
-  for (int64_t i = 0; i < m * n; ++i) x0[i] = in[i] * inv;
+  cpu::parallel_rows(m, n, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0 * n; i < r1 * n; ++i) x0[i] = in[i] * inv;
+  });
 
   if (gram)
     cpu::gram_newton_schulz(x0, out, m, n, coefficients_, *ws_);

@@ -19,6 +19,7 @@ namespace {
 // tile (the split would cost more than it gives). At least 8 tiles where the sizes allow, so 2-4
 // threads stay busy; tile edges on multiples of 16 floats (64 bytes).
 constexpr int kMaxTile = 512;
+constexpr int kMaxTileCols = 1024;
 constexpr int kMinTile = 128;
 constexpr int kTargetTiles = 8;
 constexpr int kAlign = 16;
@@ -73,8 +74,19 @@ int line_parts(int size, double work) {
   return p;
 }
 
+void parallel_rows(int64_t rows, int64_t cols, const std::function<void(int64_t, int64_t)>& fn) {
+  if (rows <= 0) return;
+  // pieces of at least 32K elements (a piece costs ~10 us; thread hand-off ~a few us), 64 at most
+  constexpr int64_t kMinPiece = int64_t(1) << 15, kMaxPieces = 64;
+  const int64_t per_row = std::max<int64_t>(cols, 1);
+  const int64_t pieces = std::clamp<int64_t>(rows * per_row / kMinPiece, 1, std::min(kMaxPieces, rows));
+  const int threads = product_threads();
+  if (pieces == 1 || threads == 1) return fn(0, rows);
+  detail::parallel_for(pieces, threads, [&](int64_t p) { fn(rows * p / pieces, rows * (p + 1) / pieces); });
+}
+
 TileGrid sgemm_tiles(int m, int n, int k) {
-  TileGrid g{std::max(1, ceil_div(m, kMaxTile)), std::max(1, ceil_div(n, kMaxTile))};
+  TileGrid g{std::max(1, ceil_div(m, kMaxTile)), std::max(1, ceil_div(n, kMaxTileCols))};
   if (double(m) * n * k < kSplitWork) return {1, 1};
   const auto fits = [](int size, int parts) { return size / parts >= kMinTile; };
   while (g.row_parts * g.col_parts < kTargetTiles) {

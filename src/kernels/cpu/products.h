@@ -36,6 +36,11 @@ void ssyrk_lower(bool trans, int n, int k, float alpha, const float* a, int lda,
 void ssymm_lower(bool left, int m, int n, float alpha, const float* a, int lda, const float* b, int ldb,
                  float beta, float* c, int ldc);
 
+// Element-wise work on `rows` rows of `cols` elements each: fn(r0, r1) on row ranges, spread over
+// product_threads() threads when there is enough of it. For work where each row's result does not
+// depend on the split (so the bits never depend on the thread count).
+void parallel_rows(int64_t rows, int64_t cols, const std::function<void(int64_t r0, int64_t r1)>& fn);
+
 // The tile grid of a product (tests and benchmarks): sgemm's rows x columns parts for C m×n with
 // reduction k; ssyrk_lower's blocks per side of C n×n (it computes parts·(parts+1)/2 tiles).
 struct TileGrid {
