@@ -6,12 +6,14 @@
 // eps = 0), never NaN. With m ≤ n each step computes A = X·Xᵀ, X ← (a·I + b·A + c·A·A)·X; tall
 // matrices (m > n) use the right form on XᵀX through BLAS transpose flags, without copies. By default
 // all matrix arithmetic is fp32 (BLAS); NsOptions::matmul_dtype = BF16 forms the products from bf16
-// operands (oneDNN). Non-finite inputs give non-finite outputs (not checked here).
-// Determinism: for the same input, options and BLAS thread count the result is bitwise reproducible;
+// operands (bf16_products_info()). Non-finite inputs give non-finite outputs (not checked here).
+// Determinism: for the same input and options the result is bitwise reproducible on every thread
+// count (the products are split into tiles whose shapes depend only on the sizes: products.h);
 // a batch gives bitwise the results of its matrices run one by one; in place equals out of place.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -63,13 +65,13 @@ struct NsOptions {
   // on XᵀX. Plain products only: `method` is ignored. Outputs are bf16 values held in fp32.
   bool bf16_rounding = false;
   // The dtype of the products' operands. F32 (default): fp32 BLAS throughout. BF16: every product
-  // reads bf16 operands and accumulates in fp32 (oneDNN's matmul, about 2.4x the fp32 GEMM rate on
-  // AVX512-BF16 CPUs); what is not a product (normalization, the polynomial aI + bA + cA², Gram NS's
+  // reads bf16 operands and accumulates in fp32 (bf16_products_info() says how on this CPU: about
+  // 2.4x the fp32 GEMM rate where native, the fp32 rate elsewhere); what is not a product (normalization, the polynomial aI + bA + cA², Gram NS's
   // bookkeeping) stays fp32, and the result is fp32. X is rounded to bf16 once before each product
   // that reads it, so the error is that of torch.optim.Muon's bf16 iteration at most (which also
   // rounds every product's output): about 2⁻⁸ relative per step. Symmetric results are formed on
-  // their lower block triangle (method symmetric). Needs oneDNN 2.x at run time (Debian libdnnl2);
-  // the Orthogonalizer constructor throws dmuon::Error naming the package when it is missing.
+  // their lower block triangle (method symmetric). Runs on every CPU; the constructor throws
+  // dmuon::Error only where DMUON_BF16_PRODUCTS forces an implementation this CPU lacks.
   // Not combinable with bf16_rounding, nor with method gram (std::invalid_argument): Gram NS
   // iterates on X·Xᵀ, which squares the condition number, and bf16 operands then lose the small
   // singular values (measured: σ off by 0.5 on a rank-20 200×500 input, 0.015 with symmetric).
@@ -93,6 +95,40 @@ DMUON_API std::vector<Coefficients> polar_express_coefficients(int steps, double
 // l ≥ 2s, else as symmetric) 6s²l + 20s³ for T = 5: s²l for R = X·Xᵀ, 3s²l at the restart, 2s²l for
 // the final X = Q·X₀; per step s³ for R², 2s³ for Q ← Z·Q (free while Q = I) and 3s³ for R ← Z²·R.
 DMUON_API double ns_flops(int64_t m, int64_t n, const NsOptions& options);
+
+// bf16 products on this machine (NsOptions::matmul_dtype = BF16). Every x86-64 CPU runs them, with
+// one contract (operands rounded to bf16, fp32 accumulation, bitwise the same on every thread
+// count); the implementation differs by CPU:
+//   "native"           oneDNN with bf16 instructions (AVX512-BF16 / AMX-BF16): ~2.4x the fp32 rate;
+//   "widened"          dmuon's own: the bf16 values held in fp32 and multiplied by the fp32 products
+//                      (exact: the product of two bf16 values fits fp32), at the fp32 rate;
+//   "onednn_emulated"  oneDNN emulating bf16 on AVX-512 CPUs without it (slower than fp32: only
+//                      when forced).
+// Chosen once per process: DMUON_BF16_PRODUCTS=onednn | widened forces one; unset or "auto" takes
+// native where oneDNN has it, widened elsewhere.
+struct Bf16ProductsInfo {
+  std::string kind;     // "native", "widened" or "onednn_emulated"
+  std::string kernel;   // e.g. "oneDNN 2.6.3 brg:avx512_core_bf16", "OpenBLAS Zen SGEMM on bf16-valued operands"
+  std::string reason;   // why this implementation
+  bool forced = false;  // by DMUON_BF16_PRODUCTS
+  std::string error;    // non-empty: bf16 products cannot run here (a forced path this CPU lacks)
+};
+DMUON_API Bf16ProductsInfo bf16_products_info();
+
+// The product dtype Muon runs fastest with on this CPU at its accuracy (what "auto" means for
+// NsOptions::matmul_dtype in the frontends): BF16 where bf16 products are native, F32 elsewhere
+// (there bf16 products are no faster: widened ones run at the fp32 rate, with bf16's error).
+DMUON_API DType auto_matmul_dtype();
+
+// The measured cost of bf16 products here: one size×size orthogonalization (5 steps, plain products)
+// with fp32 and with bf16 products, on the calling thread alone, timed by its CPU time (so other
+// load on the machine does not distort the ratio); best of `repeats`. A few ms; not cached.
+struct Bf16Cost {
+  int size = 0;
+  double fp32_seconds = 0, bf16_seconds = 0;
+  double bf16_over_fp32 = 0;  // < 1: bf16 products are faster
+};
+DMUON_API Bf16Cost measure_bf16_cost(int size = 192, int repeats = 3);
 
 // Orthogonalizes matrices. Holds the schedule (computed once at construction) and a scratch
 // workspace that grows to the largest matrix seen. Not thread-safe: use one per thread.

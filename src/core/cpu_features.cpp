@@ -34,11 +34,6 @@ CpuBf16 cpu_bf16_support() {
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d) != 0) r.amx_bf16 = (d >> 22) & 1u;
 #endif
   r.native = r.avx512_bf16 || r.amx_bf16;
-  const char* assume = std::getenv("DMUON_ASSUME_NO_NATIVE_BF16");
-  if (assume != nullptr && std::strcmp(assume, "1") == 0) {
-    r.native = false;
-    r.assumed_absent = true;
-  }
   return r;
 }
 

@@ -15,17 +15,12 @@ DMUON_API std::string recommended_openblas_coretype();
 // loads; libdmuon calls it from a load-time constructor. Returns true when it set the variable.
 DMUON_API bool prepare_blas_environment();
 
-// bf16 arithmetic of this CPU. bf16 products (NsOptions::matmul_dtype = BF16, oneDNN) run natively
-// (~2.4x the fp32 GEMM rate) only with AVX512-BF16 or AMX-BF16; elsewhere oneDNN emulates them with
-// conversions, slower than fp32 (measured 1.4x the fp32 time, 4.5x the native bf16 time:
-// docs/python.md, Benchmark). `native` says which.
-// DMUON_ASSUME_NO_NATIVE_BF16=1 (for tests of the warnings) reports native = false,
-// assumed_absent = true, whatever the CPU has; the products themselves are not affected.
+// bf16 arithmetic of this CPU's hardware. Which implementation runs bf16 products (oneDNN native,
+// dmuon's widened products) is bf16_products_info() (dmuon/orthogonalize.h).
 struct CpuBf16 {
   bool avx512_bf16 = false;  // CPUID.(7,1):EAX[5] with AVX-512 enabled by the OS
   bool amx_bf16 = false;     // CPUID.(7,0):EDX[22]
-  bool native = false;       // avx512_bf16 || amx_bf16, unless assumed_absent
-  bool assumed_absent = false;
+  bool native = false;       // avx512_bf16 || amx_bf16
 };
 DMUON_API CpuBf16 cpu_bf16_support();
 

@@ -23,9 +23,13 @@ def test_compare_torch_json_smoke(device):
     proc = compare_torch("--device", device)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
-    for key in ("dmuon_step_seconds", "torch_step_seconds", "speedup", "max_rel_diff"):
+    for key in ("dmuon_step_seconds", "torch_step_seconds", "speedup", "max_rel_diff",
+                "dmuon_fp32_step_seconds", "dmuon_bf16_step_seconds", "max_rel_diff_fp32",
+                "max_rel_diff_bf16", "torch_bf16_over_fp32_matmul"):
         assert result[key] > 0, key
     assert result["matrices"] == 4 and result["max_rel_diff"] < 0.05
+    assert result["max_rel_diff_fp32"] < 0.05 and result["max_rel_diff_bf16"] < 0.05
+    assert result["torch_layers_timed"] == 1
     assert result["device"].startswith(device)
 
 

@@ -383,7 +383,8 @@ def test_last_step_stats_on_both_engines(engine):
     assert stats["collect_grads_seconds"] > 0 and stats["write_back_seconds"] > 0
     assert stats["bytes_sent"] == stats["bytes_sent_predicted"] == 0  # one rank sends nothing
     assert stats["cpu_model"] == dmuon.cpu_info()["model"]
-    assert stats["bf16_products"] == "unused"
+    auto_bf16 = dmuon.cpu_info()["auto_matmul_dtype"] == "bf16"  # ns_matmul_dtype="auto"
+    assert stats["bf16_products"] == ("native" if auto_bf16 else "unused")
     # a step with no gradient at all (local: the engine does not run) leaves the stats as they were
     if engine is None:
         opt.zero_grad()
@@ -394,10 +395,17 @@ def test_last_step_stats_on_both_engines(engine):
 # ---- product precision -----------------------------------------------------------------------------
 
 @pytest.fixture
-def fresh_precision(monkeypatch):
-    monkeypatch.delenv("DMUON_ASSUME_NO_NATIVE_BF16", raising=False)
+def fresh_precision():
+    """Forgets the cached CPU information and warning; `force(path)` puts bf16 products on 'onednn'
+    or 'widened' (what an AVX2-only or AVX-512-without-bf16 CPU runs) for optimizers made after it."""
     _precision._reset_for_tests()
-    yield monkeypatch
+
+    def force(path):
+        dmuon._core._set_bf16_products_for_tests(path)
+        _precision._reset_for_tests()
+
+    yield force
+    dmuon._core._set_bf16_products_for_tests("auto")
     _precision._reset_for_tests()
 
 
@@ -405,18 +413,18 @@ def _bf16_warnings(record):
     return [w for w in record if issubclass(w.category, dt.DmuonPerformanceWarning)]
 
 
-def test_bf16_warning_once_and_only_when_emulated(fresh_precision):
+def test_bf16_warning_once_and_only_where_not_native(fresh_precision):
     native = dmuon.cpu_info()["bf16_native"]
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         dt.Muon(dt.param_groups(Net()), ns_matmul_dtype="bf16")
     assert len(_bf16_warnings(record)) == (0 if native else 1)
-    # the test seam: bf16 assumed emulated on any CPU
-    fresh_precision.setenv("DMUON_ASSUME_NO_NATIVE_BF16", "1")
-    _precision._reset_for_tests()
+    # dmuon's widened products, as on a CPU without native bf16
+    fresh_precision("widened")
+    assert dmuon.cpu_info()["bf16_products"] == "widened" and not dmuon.cpu_info()["bf16_native"]
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        dt.Muon(dt.param_groups(Net()))                          # fp32 products: nothing to say
+        dt.Muon(dt.param_groups(Net()))                          # auto (fp32 here): nothing to say
         assert not _bf16_warnings(record)
         model = Net()
         opt = dt.Muon(dt.param_groups(model), ns_matmul_dtype="bf16")
@@ -427,15 +435,41 @@ def test_bf16_warning_once_and_only_when_emulated(fresh_precision):
     assert len(found) == 1, [str(w.message) for w in found]
     msg = str(found[0].message)
     assert "ns_matmul_dtype='bf16'" in msg and dmuon.cpu_info()["model"] in msg
-    assert " ms" in msg and "x the fp32 time" in msg and "ns_matmul_dtype='fp32'" in msg
+    assert "same speed as fp32" in msg and " ms" in msg and "x the fp32 time" in msg
+    assert "ns_matmul_dtype='auto'" in msg
     assert found[0].filename == __file__  # points at the caller
     stats = opt.last_step_stats
-    assert stats["bf16_native"] is False and stats["bf16_products"] == "emulated"
-    assert dmuon.cpu_info()["bf16_assumed_absent"] is True
+    assert stats["bf16_native"] is False and stats["bf16_products"] == "widened"
+
+
+def test_auto_picks_bf16_only_where_native(fresh_precision):
+    model = Net()
+    opt = dt.Muon(dt.param_groups(model))  # ns_matmul_dtype="auto", the default
+    set_grads(model)
+    opt.step()
+    native = dmuon.cpu_info()["bf16_native"]
+    assert dmuon.cpu_info()["auto_matmul_dtype"] == ("bf16" if native else "fp32")
+    assert opt.last_step_stats["bf16_products"] == ("native" if native else "unused")
+    # auto never asks bf16 of what bf16 products exclude (gram, torch's bf16 emulation)
+    for extra in (dict(ns_method="gram"), dict(ns_bf16=True)):
+        model = Net()
+        opt = dt.Muon(dt.param_groups(model), **extra)
+        set_grads(model)
+        opt.step()
+        assert opt.last_step_stats["bf16_products"] == "unused", extra
+    fresh_precision("widened")
+    model = Net()
+    opt = dt.Muon(dt.param_groups(model))
+    set_grads(model)
+    opt.step()
+    assert dmuon.cpu_info()["auto_matmul_dtype"] == "fp32"
+    assert opt.last_step_stats["bf16_products"] == "unused"
+    with pytest.raises(ValueError, match="ns_matmul_dtype"):
+        dt.Muon(dt.param_groups(Net()), ns_matmul_dtype="fp16").step()
 
 
 def test_bf16_warning_from_a_group_changed_before_a_step(fresh_precision):
-    fresh_precision.setenv("DMUON_ASSUME_NO_NATIVE_BF16", "1")
+    fresh_precision("widened")
     model = Net()
     opt = dt.Muon(dt.param_groups(model))
     set_grads(model)
@@ -453,7 +487,7 @@ def test_bf16_warning_from_a_group_changed_before_a_step(fresh_precision):
 def test_bf16_cost_is_measured_and_cached(fresh_precision):
     threads = dmuon.blas_get_num_threads()
     cost = _precision.bf16_cost()
-    assert dmuon.blas_get_num_threads() == threads  # measured on one thread, then restored
+    assert dmuon.blas_get_num_threads() == threads  # measured on this thread alone, nothing changed
     assert cost["error"] is None
     assert cost["fp32_seconds"] > 0 and cost["bf16_seconds"] > 0
     assert cost["bf16_over_fp32"] == pytest.approx(cost["bf16_seconds"] / cost["fp32_seconds"])
@@ -467,21 +501,28 @@ def _cli():
     return str(exe)
 
 
-def test_dmuon_info_reports_bf16(monkeypatch):
-    monkeypatch.delenv("DMUON_ASSUME_NO_NATIVE_BF16", raising=False)
+def test_dmuon_info_reports_what_runs_bf16_products(monkeypatch):
+    monkeypatch.delenv("DMUON_BF16_PRODUCTS", raising=False)
     info = json.loads(subprocess.run([_cli(), "info", "--json"], check=True, capture_output=True,
                                      text=True).stdout)
     native = dmuon.cpu_info()
     assert info["cpu_model"] == native["model"]
-    assert info["bf16_native"] == native["bf16_native"] == (native["avx512_bf16"] or native["amx_bf16"])
+    assert info["bf16_products"] == native["bf16_products"] and info["bf16_kernel"] == native["bf16_kernel"]
+    assert info["auto_matmul_dtype"] == native["auto_matmul_dtype"] and info["bf16_over_fp32"] > 0
     text = subprocess.run([_cli(), "info"], check=True, capture_output=True, text=True).stdout
-    assert "bf16      " + ("native" if native["bf16_native"] else "emulated") in text
-    monkeypatch.setenv("DMUON_ASSUME_NO_NATIVE_BF16", "1")
+    assert "bf16      " + native["bf16_products"] + ": " in text and "measured now:" in text
+    # forced: dmuon's widened products, and a oneDNN the CPU cannot run (an AVX2-only CPU)
+    monkeypatch.setenv("DMUON_BF16_PRODUCTS", "widened")
     text = subprocess.run([_cli(), "info"], check=True, capture_output=True, text=True).stdout
-    assert "bf16      emulated (DMUON_ASSUME_NO_NATIVE_BF16=1)" in text
+    assert "bf16      widened: " in text and "forced by DMUON_BF16_PRODUCTS=widened" in text
+    assert "ns_matmul_dtype auto = fp32" in text
+    monkeypatch.setenv("DMUON_BF16_PRODUCTS", "onednn")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    text = subprocess.run([_cli(), "info"], check=True, capture_output=True, text=True).stdout
+    assert "bf16      cannot run: DMUON_BF16_PRODUCTS=onednn, but oneDNN cannot form bf16 products" in text
 
 
-def test_compare_torch_bench_prints_the_cpu_and_whether_bf16_is_native():
+def test_compare_torch_bench_prints_the_cpu_and_what_runs_bf16():
     import sys
     cmd = [sys.executable, "-m", "dmuon.bench", "compare-torch", "--layers", "1", "--d", "32",
            "--repeat", "0"]
@@ -489,5 +530,7 @@ def test_compare_torch_bench_prints_the_cpu_and_whether_bf16_is_native():
                                        cwd="/").stdout)
     cpu = dmuon.cpu_info()
     assert result["cpu_model"] == cpu["model"] and result["bf16_native"] == cpu["bf16_native"]
+    assert result["bf16_products"] == cpu["bf16_products"]
     text = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd="/").stdout
-    assert f"CPU {cpu['model']}: bf16 products " + ("native" if cpu["bf16_native"] else "EMULATED") in text
+    assert f"CPU {cpu['model']}: dmuon's bf16 products {cpu['bf16_products']}" in text
+    assert "dmuon.torch.Muon fp32" in text and "dmuon.torch.Muon bf16" in text and "<- auto" in text

@@ -63,7 +63,8 @@ def test_mlp_training_matches_torch_muon(adjust_lr_fn):
     other = "match_rms_adamw" if adjust_lr_fn is None else "original"
     m_ref = copy.deepcopy(base)
     runs = {"ref": (m_ref, torch.optim.Muon(m_ref.parameters(), **kw))}
-    for name, extra in (("fp32", {}), ("bf16", dict(ns_bf16=True)), ("off", dict(adjust_lr_fn=other))):
+    for name, extra in (("fp32", dict(ns_matmul_dtype="fp32")), ("bf16", dict(ns_bf16=True)),
+                        ("off", dict(adjust_lr_fn=other, ns_matmul_dtype="fp32"))):
         m = copy.deepcopy(base)
         runs[name] = (m, dt.Muon(m.parameters(), **dict(kw, **extra)))
     for _ in range(STEPS):
@@ -90,7 +91,7 @@ def test_mlp_trained_on_its_own_gradients_stays_within_the_fp32_tolerance():
     base, x, y = mlp(), torch.randn(128, 32), torch.randn(128, 16)
     m_ref, m = copy.deepcopy(base), copy.deepcopy(base)
     ref = train(m_ref, [torch.optim.Muon(m_ref.parameters(), lr=LR)], x, y)
-    got = train(m, [dt.Muon(m.parameters(), lr=LR)], x, y)
+    got = train(m, [dt.Muon(m.parameters(), lr=LR, ns_matmul_dtype="fp32")], x, y)
     # Not a bound (the loss landscape feeds differences back), but well inside the fp32 one.
     assert worst(diffs(got, ref)[0], ref, None, "fp32") < 1
 
@@ -111,7 +112,7 @@ def test_fixed_gradients_match_torch_muon_including_tall_and_square(ns_method):
         return [p.detach() for p in ps]
 
     ref = run(lambda ps: torch.optim.Muon(ps, lr=LR))
-    max32, mean32 = diffs(run(lambda ps: dt.Muon(ps, lr=LR, ns_method=ns_method)), ref)
+    max32, mean32 = diffs(run(lambda ps: dt.Muon(ps, lr=LR, ns_method=ns_method, ns_matmul_dtype="fp32")), ref)
     max16, mean16 = diffs(run(lambda ps: dt.Muon(ps, lr=LR, ns_bf16=True)), ref)
     assert worst(max32, ref, None, "fp32") < 1 and worst(max16, ref, None, "ns_bf16") < 1
     assert mean16 * 4 < mean32

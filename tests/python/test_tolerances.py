@@ -21,7 +21,7 @@ from tolerances import bound_any, per_step_bound
 LR, WD, MU = 0.02, 0.1, 0.95
 A, B_, C = 3.4445, -4.7750, 2.0315
 SEED = int(os.environ.get("DMUON_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
-MODES = {"fp32": {}, "ns_bf16": dict(ns_bf16=True), "bf16_products": dict(ns_matmul_dtype="bf16")}
+MODES = {"fp32": dict(ns_matmul_dtype="fp32"), "ns_bf16": dict(ns_bf16=True), "bf16_products": dict(ns_matmul_dtype="bf16")}
 
 
 def lr_adj(shape):

@@ -149,9 +149,8 @@ TEST(Errors, ChecksSayWhereTheyFired) {
   EXPECT_EQ(dmuon::error_location(std::runtime_error("plain")), "");  // negative control
 }
 
-// cpu_bf16_support agrees with the kernel's view of the CPU (/proc/cpuinfo flags), and the test
-// seam DMUON_ASSUME_NO_NATIVE_BF16=1 reports bf16 as emulated whatever the CPU has.
-TEST(CpuFeatures, Bf16SupportMatchesProcCpuinfoAndTheTestSeam) {
+// cpu_bf16_support agrees with the kernel's view of the CPU (/proc/cpuinfo flags).
+TEST(CpuFeatures, Bf16SupportMatchesProcCpuinfo) {
   std::ifstream in("/proc/cpuinfo");
   std::string line, flags;
   while (std::getline(in, line))
@@ -159,20 +158,12 @@ TEST(CpuFeatures, Bf16SupportMatchesProcCpuinfoAndTheTestSeam) {
       flags = line + " ";
       break;
     }
-  unsetenv("DMUON_ASSUME_NO_NATIVE_BF16");
   const dmuon::detail::CpuBf16 real = dmuon::detail::cpu_bf16_support();
   if (!flags.empty()) {
     EXPECT_EQ(real.avx512_bf16, flags.find(" avx512_bf16 ") != std::string::npos);
     EXPECT_EQ(real.amx_bf16, flags.find(" amx_bf16 ") != std::string::npos);
   }
   EXPECT_EQ(real.native, real.avx512_bf16 || real.amx_bf16);
-  EXPECT_FALSE(real.assumed_absent);
-  ASSERT_EQ(setenv("DMUON_ASSUME_NO_NATIVE_BF16", "1", 1), 0);
-  const dmuon::detail::CpuBf16 assumed = dmuon::detail::cpu_bf16_support();
-  unsetenv("DMUON_ASSUME_NO_NATIVE_BF16");
-  EXPECT_FALSE(assumed.native);
-  EXPECT_TRUE(assumed.assumed_absent);
-  EXPECT_EQ(assumed.avx512_bf16, real.avx512_bf16);  // the CPU's flags are still reported
   EXPECT_FALSE(dmuon::detail::cpu_model_name().empty());
 }
 

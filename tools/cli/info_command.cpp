@@ -1,5 +1,6 @@
-// `dmuon info [--json]`: version, BLAS library and core type, thread count, the CPU and whether its
-// bf16 products are native (avx512_bf16 / amx_bf16) or emulated (slower than fp32).
+// `dmuon info [--json]`: version, BLAS library, core and threads, the CPU, and what runs the bf16
+// products there (native oneDNN, dmuon's widened products, or oneDNN's emulation) with their cost
+// relative to fp32 measured now, and what ns_matmul_dtype "auto" picks.
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -9,39 +10,34 @@
 #include "commands.h"
 #include "core/cpu_features.h"
 #include "dmuon/blas.h"
+#include "dmuon/orthogonalize.h"
 #include "dmuon/version.h"
 
 namespace dmuon::cli {
-namespace {
-
-std::string bf16_line(const detail::CpuBf16& bf16) {
-  if (bf16.native) {
-    std::string how = bf16.avx512_bf16 ? "avx512_bf16" : "";
-    if (bf16.amx_bf16) how += how.empty() ? "amx_bf16" : ", amx_bf16";
-    return "native (" + how + "): ns_matmul_dtype bf16 runs ~2.4x the fp32 rate";
-  }
-  return std::string("emulated") + (bf16.assumed_absent ? " (DMUON_ASSUME_NO_NATIVE_BF16=1)" : "") +
-         ": no avx512_bf16 / amx_bf16, bf16 products are emulated, slower than fp32; keep "
-         "ns_matmul_dtype fp32";
-}
-
-}  // namespace
 
 void add_info_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("info", "Show the version, the BLAS dmuon computes with and the CPU's bf16 support");
+  auto* cmd = app.add_subcommand("info", "Show the version, the BLAS dmuon computes with, the CPU and its bf16 products");
   auto as_json = std::make_shared<bool>(false);
   cmd->add_flag("--json", *as_json, "Print JSON");
   cmd->callback([as_json] {
     const BlasInfo info = blas_info();
-    const detail::CpuBf16 bf16 = detail::cpu_bf16_support();
+    const detail::CpuBf16 cpu_bf16 = detail::cpu_bf16_support();
     const std::string cpu = detail::cpu_model_name();
+    const Bf16ProductsInfo bf16 = bf16_products_info();
+    Bf16Cost cost;
+    if (bf16.error.empty()) cost = measure_bf16_cost();
+    const std::string auto_dtype(to_string(auto_matmul_dtype()));
     if (*as_json) {
       nlohmann::json j = {{"version", std::string(kVersion)}, {"blas_library", info.library},
                           {"blas_core", info.corename}, {"blas_config", info.config},
                           {"openblas_coretype", info.coretype_env}, {"blas_core_ok", info.coretype_ok},
                           {"blas_threads", info.threads}, {"cpu_model", cpu},
-                          {"bf16_native", bf16.native}, {"avx512_bf16", bf16.avx512_bf16},
-                          {"amx_bf16", bf16.amx_bf16}, {"bf16_assumed_absent", bf16.assumed_absent}};
+                          {"bf16_native", cpu_bf16.native}, {"avx512_bf16", cpu_bf16.avx512_bf16},
+                          {"amx_bf16", cpu_bf16.amx_bf16}, {"bf16_products", bf16.kind},
+                          {"bf16_kernel", bf16.kernel}, {"bf16_reason", bf16.reason},
+                          {"bf16_forced", bf16.forced}, {"bf16_error", bf16.error},
+                          {"bf16_over_fp32", bf16.error.empty() ? nlohmann::json(cost.bf16_over_fp32) : nlohmann::json()},
+                          {"auto_matmul_dtype", auto_dtype}};
       std::cout << j.dump(2) << "\n";
       return;
     }
@@ -49,9 +45,18 @@ void add_info_command(CLI::App& app) {
     std::printf("BLAS      %s\n", info.library.c_str());
     std::printf("core      %s%s\n", info.corename.c_str(), info.coretype_ok ? "" : "  (slow: set OPENBLAS_CORETYPE)");
     std::printf("config    %s\n", info.config.c_str());
-    std::printf("threads   %d\n", info.threads);
-    std::printf("cpu       %s\n", cpu.c_str());
-    std::printf("bf16      %s\n", bf16_line(bf16).c_str());
+    std::printf("threads   %d (dmuon splits each product into tiles; the BLAS runs one thread per tile)\n", info.threads);
+    std::printf("cpu       %s (%s)\n", cpu.c_str(),
+                cpu_bf16.native ? "avx512_bf16 / amx_bf16: bf16 arithmetic in hardware" : "no bf16 arithmetic in hardware");
+    if (!bf16.error.empty()) {
+      std::printf("bf16      cannot run: %s\n", bf16.error.c_str());
+    } else {
+      std::printf("bf16      %s: %s\n", bf16.kind.c_str(), bf16.kernel.c_str());
+      std::printf("          why: %s\n", bf16.reason.c_str());
+      std::printf("          measured now: %.2fx the fp32 time (%dx%d Newton-Schulz, one thread)\n", cost.bf16_over_fp32,
+                  cost.size, cost.size);
+    }
+    std::printf("auto      ns_matmul_dtype auto = %s here\n", auto_dtype.c_str());
   });
 }
 

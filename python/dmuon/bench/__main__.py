@@ -2,26 +2,50 @@
 
   python -m dmuon.bench compare-torch [--json] [--layers 12] [--d 768] [--repeat 1] [--device cpu]
 
-Prints the CPU model and whether its bf16 products are native (the speed of bf16 products, dmuon's
-and torch's, depends on it).
+compare-torch: one optimizer step of torch.optim.Muon and of dmuon.torch.Muon with fp32 and with
+bf16 Newton–Schulz products, in this process, on the 2-D weights of a GPT (per layer qkv [3d, d],
+proj [d, d], fc [4d, d], fc2 [d, 4d]; GPT-2 small at the defaults: 48 matrices, 85M parameters).
+All start from the same parameters, momentum and gradients; each one's first step is compared with
+torch's (max_rel_diff = max over matrices of |dp - dp_torch|_F / |dp_torch|_F); `--repeat` further
+steps alternate between them, and the best time of each is kept. `--device cuda` (or cuda:N) runs
+them on that GPU (parameters, gradients and state there; each timed step ends with a device
+synchronization).
 
-compare-torch: one optimizer step of dmuon.torch.Muon and of torch.optim.Muon, in this process, on
-the 2-D weights of a GPT (per layer qkv [3d, d], proj [d, d], fc [4d, d], fc2 [d, 4d]; GPT-2 small
-at the defaults: 48 matrices, 85M parameters). Both start from the same parameters, momentum and
-gradients; the first step of each is compared (max_rel_diff = max over matrices of
-|dp_dmuon - dp_torch|_F / |dp_torch|_F); `--repeat` further steps alternate between the two, and
-the best time of each is kept. `--device cuda` (or cuda:N) runs both on that GPU (parameters,
-gradients and state there; each timed step ends with a device synchronization).
+It prints the CPU, what runs dmuon's bf16 products there (native oneDNN, or dmuon's widened products
+at the fp32 rate) and what "auto" picks. Where torch's own bf16 matmul is far slower than its fp32
+one (CPUs without AVX-512: measured ~130x), a torch.optim.Muon step on every layer would take many
+minutes: torch is then timed on the first layer's matrices only and its step time scaled by the
+layer count (`torch_layers_timed` says so); `--torch-layers` sets that count by hand.
 """
 import argparse
 import json
 import sys
 import time
+import warnings
 
 import torch
 
 import dmuon
 import dmuon.torch as dt
+
+
+def torch_bf16_slowdown(device):
+    """How many times slower torch's bf16 matmul is than its fp32 one here (one 256x1024x256
+    product, best of 3; ~10 ms, more where bf16 is slow)."""
+    if device.type != "cpu":
+        return 1.0
+    a, b = torch.randn(256, 1024), torch.randn(1024, 256)
+    best = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        x, y = a.to(dtype), b.to(dtype)
+        x @ y
+        t = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            x @ y
+            t = min(t, time.perf_counter() - t0)
+        best[dtype] = max(t, 1e-9)
+    return best[torch.bfloat16] / best[torch.float32]
 
 
 def gpt_matrices(layers, d):
@@ -63,25 +87,37 @@ def compare_torch(args):
     gen = torch.Generator().manual_seed(0)  # the same values on every device
     init = [(torch.randn(s, generator=gen) * 0.02).to(device) for s in shapes]
     grads = [torch.randn(s, generator=gen).to(device) for s in shapes]
+    slowdown = torch_bf16_slowdown(device)
+    torch_layers = args.torch_layers or (1 if slowdown > 10 else args.layers)
+    torch_layers = min(torch_layers, args.layers)
+    torch_count = 4 * torch_layers  # the first layers' matrices
+    runs = {"torch": None, "dmuon_fp32": "fp32", "dmuon_bf16": "bf16"}
+    # bf16 products are asked for on purpose here, native or not: the output says what ran.
+    warnings.simplefilter("ignore", dt.DmuonPerformanceWarning)
     opts, deltas, params = {}, {}, {}
-    for name in ("torch", "dmuon"):
-        params[name] = [torch.nn.Parameter(p.clone()) for p in init]
+    for name, dtype in runs.items():
+        count = torch_count if name == "torch" else len(shapes)
+        params[name] = [torch.nn.Parameter(p.clone()) for p in init[:count]]
         for p, g in zip(params[name], grads):
             p.grad = g
-        opts[name] = torch.optim.Muon(params[name], lr=args.lr) if name == "torch" else \
-            dt.Muon(params[name], lr=args.lr, ns_method=args.ns_method,
-                    ns_matmul_dtype=args.ns_matmul_dtype, threads=args.threads)
+        opts[name] = torch.optim.Muon(params[name], lr=args.lr) if dtype is None else \
+            dt.Muon(params[name], lr=args.lr, ns_matmul_dtype=dtype, threads=args.threads,
+                    ns_method="symmetric" if dtype == "bf16" and args.ns_method == "gram" else args.ns_method)
     # The first step of each starts from the same state: compared, and timed too.
     best = {name: timed_step(opt, device) for name, opt in opts.items()}
     for name in opts:
         deltas[name] = [p.detach() - p0 for p, p0 in zip(params[name], init)]
-    # Further steps alternate between the two, so that load on a shared machine hits both alike.
+    # Further steps alternate between them, so that load on a shared machine hits all alike.
     for _ in range(args.repeat):
         for name, opt in opts.items():
             best[name] = min(best[name], timed_step(opt, device))
-    results = best
+    torch_seconds = best["torch"] * args.layers / torch_layers  # scaled when torch ran fewer layers
     cpu = dmuon.cpu_info()
-    rel = max(((a - b).norm() / b.norm()).item() for a, b in zip(deltas["dmuon"], deltas["torch"]))
+
+    def rel(name):  # on the matrices torch ran
+        return max(((a - b).norm() / b.norm()).item()
+                   for a, b in zip(deltas[name][:torch_count], deltas["torch"]))
+
     out = {
         "benchmark": "compare-torch",
         "matrices": len(shapes),
@@ -89,36 +125,47 @@ def compare_torch(args):
         "layers": args.layers,
         "d": args.d,
         "ns_method": args.ns_method,
-        "ns_matmul_dtype": args.ns_matmul_dtype,
         "dmuon_threads": args.threads or dmuon.blas_get_num_threads(),
         "torch_threads": torch.get_num_threads(),
         "blas": dmuon.blas_info()["corename"],
         "cpu_model": cpu["model"],
         "bf16_native": cpu["bf16_native"],
+        "bf16_products": cpu["bf16_products"] if device.type == "cpu" else "cuda",
+        "bf16_kernel": cpu["bf16_kernel"] if device.type == "cpu" else None,
+        "auto_matmul_dtype": cpu["auto_matmul_dtype"] if device.type == "cpu" else "bf16",
         "blas_threads": dmuon.blas_get_num_threads(),
-        "dmuon_step_seconds": results["dmuon"],
-        "torch_step_seconds": results["torch"],
-        "speedup": results["torch"] / results["dmuon"],
-        "max_rel_diff": rel,
+        "torch_bf16_over_fp32_matmul": slowdown,
+        "torch_layers_timed": torch_layers,
+        "torch_step_seconds": torch_seconds,
+        "dmuon_fp32_step_seconds": best["dmuon_fp32"],
+        "dmuon_bf16_step_seconds": best["dmuon_bf16"],
+        "speedup_fp32": torch_seconds / best["dmuon_fp32"],
+        "speedup_bf16": torch_seconds / best["dmuon_bf16"],
+        "bf16_over_fp32": best["dmuon_bf16"] / best["dmuon_fp32"],
+        "max_rel_diff_fp32": rel("dmuon_fp32"),
+        "max_rel_diff_bf16": rel("dmuon_bf16"),
         "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
     }
+    auto = "dmuon_bf16" if out["auto_matmul_dtype"] == "bf16" else "dmuon_fp32"
+    out.update(dmuon_step_seconds=best[auto], speedup=torch_seconds / best[auto],
+               max_rel_diff=rel(auto))  # the default (ns_matmul_dtype="auto") run
     if args.json:
         print(json.dumps(out))
-    else:
-        print(f"{out['matrices']} matrices ({out['parameters'] / 1e6:.1f}M parameters), "
-              f"{args.layers} layers, d = {args.d}, on {device}"
-              + (f" ({out['gpu']})" if out["gpu"] else ""))
-        print(f"  CPU {cpu['model']}: bf16 products "
-              + ("native (avx512_bf16 / amx_bf16)" if cpu["bf16_native"] else
-                 "EMULATED (no avx512_bf16 / amx_bf16): slower than fp32 and ~4.5x native bf16, so the "
-                 "bf16 rows of docs/python.md do not hold here"))
-        print(f"  torch.optim.Muon  {out['torch_step_seconds']:8.3f} s/step (bf16 NS, "
-              f"{out['torch_threads']} threads)")
-        print(f"  dmuon.torch.Muon  {out['dmuon_step_seconds']:8.3f} s/step ({args.ns_method} NS, "
-              f"{args.ns_matmul_dtype} products, {out['dmuon_threads']} threads)")
-        print(f"  speedup {out['speedup']:.2f}x, max relative difference of the update "
-              f"{out['max_rel_diff']:.2e}")
+        return 0
+    print(f"{out['matrices']} matrices ({out['parameters'] / 1e6:.1f}M parameters), "
+          f"{args.layers} layers, d = {args.d}, on {device}" + (f" ({out['gpu']})" if out["gpu"] else ""))
+    if device.type == "cpu":
+        print(f"  CPU {cpu['model']}: dmuon's bf16 products {cpu['bf16_products']} ({cpu['bf16_kernel']}); "
+              f"ns_matmul_dtype auto = {cpu['auto_matmul_dtype']}")
+        print(f"  torch's bf16 matmul: {slowdown:.1f}x the time of its fp32 matmul here")
+    timed = "" if torch_layers == args.layers else \
+        f", timed on {torch_layers} of {args.layers} layers and scaled (its bf16 matmul is slow here)"
+    print(f"  torch.optim.Muon        {torch_seconds:8.3f} s/step (bf16 NS, {out['torch_threads']} threads{timed})")
+    for name, dtype in (("dmuon_fp32", "fp32"), ("dmuon_bf16", "bf16")):
+        print(f"  dmuon.torch.Muon {dtype}   {best[name]:8.3f} s/step ({args.ns_method} NS, {dtype} products, "
+              f"{out['dmuon_threads']} threads): {torch_seconds / best[name]:.2f}x torch, max relative "
+              f"difference of the update {rel(name):.2e}{'  <- auto' if name == auto else ''}")
     return 0
 
 
@@ -133,9 +180,10 @@ def main(argv=None):
     c.add_argument("--repeat", type=int, default=1, help="timed steps after the first (best kept)")
     c.add_argument("--lr", type=float, default=0.02)
     c.add_argument("--ns-method", default="symmetric", choices=["plain", "symmetric", "gram"],
-                   help="gram needs --ns-matmul-dtype fp32")
-    c.add_argument("--ns-matmul-dtype", default="bf16", choices=["fp32", "bf16"],
-                   help="dtype of the Newton-Schulz product operands (torch.optim.Muon: bf16)")
+                   help="the bf16 run uses symmetric where this is gram (gram needs fp32 products)")
+    c.add_argument("--torch-layers", type=int, default=None,
+                   help="layers torch.optim.Muon is timed on (scaled to --layers); default: all, or 1 "
+                        "where torch's bf16 matmul is over 10x slower than its fp32 matmul")
     c.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where both optimizers run")
     c.add_argument("--threads", type=int, default=None,
                    help="matrices orthogonalized at once (default: the BLAS thread count)")

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from .. import _core
+from . import _precision
 
 # Keller Jordan's quintic coefficients, torch.optim.Muon's default.
 JORDAN = (3.4445, -4.7750, 2.0315)
@@ -30,7 +31,8 @@ MUON_DEFAULTS: dict[str, Any] = {
     "ns_scale": 1.0,              # X0 = G / max(|G|_F * ns_scale, eps)
     "eps_mode": "clamp",          # "clamp" as torch.optim.Muon, or "add": / (|G| * s + eps)
     "ns_bf16": False,             # emulate torch.optim.Muon's bf16 Newton-Schulz rounding
-    "ns_matmul_dtype": "fp32",    # "bf16": Newton-Schulz products from bf16 operands (oneDNN)
+    "ns_matmul_dtype": "auto",    # "fp32", "bf16" (products from bf16 operands), or "auto": the
+                                  # fastest of this machine (bf16 where native or on CUDA, else fp32)
     "momentum_kind": "ema",       # "ema" (torch lerp) or "heavy_ball" (buf = mu * buf + g)
     "cautious_wd": False,
     "normuon": False,
@@ -137,7 +139,7 @@ def _ns_options(group: dict, ns: "_core.NsOptions", index: int) -> None:
     ns.eps = float(group["eps"])
     ns.eps_mode = group["eps_mode"]
     ns.bf16_rounding = bool(group["ns_bf16"])
-    ns.matmul_dtype = group["ns_matmul_dtype"]
+    ns.matmul_dtype = _precision.matmul_dtype(group)
 
 
 def apply_group(options: "_core.GroupOptions", group: dict, index: int) -> None:

@@ -1,20 +1,19 @@
-"""Product precision made knowingly: whether this CPU runs bf16 products natively, and a warning
-(once per process) when `ns_matmul_dtype="bf16"` is asked for where they are emulated.
+"""Product precision made knowingly: what runs bf16 products on this machine, what
+`ns_matmul_dtype="auto"` (the default) picks, and a warning (once per process) when "bf16" is asked
+for where it brings no speed.
 
-bf16 Newton–Schulz products (oneDNN) run at ~2.4x the fp32 rate on CPUs with AVX512-BF16 or
-AMX-BF16; elsewhere oneDNN emulates them and they are slower than fp32 (measured 1.4x its time
-here with the emulated path forced), with bf16's error on top. The warning carries the cost
-measured on this machine: one small orthogonalization with bf16 and with fp32 products (a few ms,
-measured once and cached).
-
-Test seam: DMUON_ASSUME_NO_NATIVE_BF16=1 makes dmuon (this module, `dmuon info`,
-`dmuon.cpu_info()`) report bf16 as emulated on any CPU; the products themselves are unchanged.
+Every CPU runs bf16 Newton–Schulz products (bf16 operands, fp32 accumulation); how is
+`dmuon.cpu_info()["bf16_products"]`: "native" (oneDNN on AVX512-BF16 / AMX: ~2.4x the fp32 rate),
+"widened" (dmuon's own: the bf16 values multiplied by the fp32 products, at the fp32 rate), or
+"onednn_emulated" (only when DMUON_BF16_PRODUCTS=onednn forces oneDNN's emulation: slower than fp32).
+"auto" picks bf16 where the products are native (and on CUDA devices), fp32 elsewhere: the fastest
+path of the machine at Muon's accuracy. The warning carries the cost measured on this machine (one
+small orthogonalization with each product dtype, a few ms, measured once and cached).
 """
 from __future__ import annotations
 
 import os
 import sys
-import time
 import warnings
 from typing import Iterable, Optional
 
@@ -24,66 +23,71 @@ from .. import _core
 
 
 class DmuonPerformanceWarning(UserWarning):
-    """A dmuon option is much slower on this machine than its documentation assumes (bf16 products
-    on a CPU without native bf16 arithmetic)."""
+    """A dmuon option brings no speed on this machine (bf16 products on a CPU where they are not
+    native: as slow as fp32 or slower, with bf16's error)."""
 
 
-_ENV = "DMUON_ASSUME_NO_NATIVE_BF16"
-_INFO: dict[Optional[str], dict] = {}
+_INFO: Optional[dict] = None
 _COST: Optional[dict] = None
 _WARNED = False
 
 
 def cpu_info() -> dict:
-    """dmuon.cpu_info() (model, avx512_bf16, amx_bf16, bf16_native, bf16_assumed_absent), cached
-    per value of DMUON_ASSUME_NO_NATIVE_BF16."""
-    key = os.environ.get(_ENV)
-    if key not in _INFO:
-        _INFO[key] = dict(_core.cpu_info())
-    return dict(_INFO[key])
+    """dmuon.cpu_info() (model, avx512_bf16, amx_bf16, bf16_native, bf16_products, bf16_kernel,
+    bf16_reason, bf16_forced, bf16_error, auto_matmul_dtype), cached."""
+    global _INFO
+    if _INFO is None:
+        _INFO = dict(_core.cpu_info())
+    return dict(_INFO)
 
 
 def bf16_native() -> bool:
     return bool(cpu_info()["bf16_native"])
 
 
-def bf16_cost(size: int = 160, repeats: int = 3) -> dict:
+def bf16_cost(size: int = 192, repeats: int = 3) -> dict:
     """CPU seconds of one size x size Newton–Schulz orthogonalization (5 steps, plain products) with
-    fp32 and with bf16 products on this machine, on one thread (the calling thread's CPU time, so
-    other load on the machine does not distort the ratio), best of `repeats`, and their ratio.
-    Measured once per process (~20 ms where bf16 is emulated), then cached. Where the bf16 products cannot run at
-    all (oneDNN has no kernel for this CPU's instruction set), `error` holds the engine's message
-    and the times are None."""
+    fp32 and with bf16 products on this machine, on one thread (its CPU time, so other load does
+    not distort the ratio), best of `repeats`, and their ratio. Measured once per process, then
+    cached. Where bf16 products cannot run (a forced path this CPU lacks), `error` holds the
+    engine's message and the times are None."""
     global _COST
     if _COST is not None:
         return dict(_COST)
-    x = torch.randn(size, size, generator=torch.Generator().manual_seed(0))
-    out = torch.empty_like(x)
-    best = {}
-    threads = _core.blas_get_num_threads()
-    _core.blas_set_num_threads(1)  # the products run on this thread (OpenBLAS and oneDNN)
-    try:
-        for dtype in ("fp32", "bf16"):
-            ns = _core.NsOptions()
-            ns.method = "plain"
-            ns.matmul_dtype = dtype
-            orth = _core.Orthogonalizer(ns)
-            orth.run(x, out)  # warm-up: loads the library, creates the primitives
-            t = float("inf")
-            for _ in range(repeats):
-                t0 = time.thread_time()
-                orth.run(x, out)
-                t = min(t, time.thread_time() - t0)
-            best[dtype] = max(t, 1e-9)
-    except (_core.DmuonError, ValueError) as e:
-        _COST = dict(size=size, fp32_seconds=best.get("fp32"), bf16_seconds=None,
-                     bf16_over_fp32=None, error=str(e))
-        return dict(_COST)
-    finally:
-        _core.blas_set_num_threads(threads)
-    _COST = dict(size=size, fp32_seconds=best["fp32"], bf16_seconds=best["bf16"],
-                 bf16_over_fp32=best["bf16"] / best["fp32"], error=None)
+    error = cpu_info()["bf16_error"]
+    if error:
+        _COST = dict(size=size, fp32_seconds=None, bf16_seconds=None, bf16_over_fp32=None, error=error)
+    else:
+        _COST = dict(_core.measure_bf16_cost(size, repeats), error=None)
     return dict(_COST)
+
+
+def _device_type(group: dict) -> str:
+    params = group.get("params") or []
+    return params[0].device.type if params and isinstance(params[0], torch.Tensor) else "cpu"
+
+
+def matmul_dtype(group: dict) -> str:
+    """The product dtype a Muon group runs with: its ns_matmul_dtype, "auto" resolved (bf16 where
+    bf16 products are native or on a CUDA device, fp32 elsewhere; fp32 for the options bf16
+    products exclude: ns_method="gram", ns_bf16=True)."""
+    dtype = group.get("ns_matmul_dtype", "auto")
+    if dtype != "auto":
+        return dtype
+    if group.get("ns_method") == "gram" or group.get("ns_bf16"):
+        return "fp32"
+    if _device_type(group) == "cuda":
+        return "bf16"
+    return cpu_info()["auto_matmul_dtype"]
+
+
+def products_of(groups: Iterable[dict]) -> str:
+    """What forms the bf16 products of these groups: 'unused' (every Muon group runs fp32
+    products), else the CPU's kind ('native', 'widened', 'onednn_emulated'), or 'cuda'."""
+    bf16 = [g for g in groups if g.get("algorithm", "muon") == "muon" and matmul_dtype(g) == "bf16"]
+    if not bf16:
+        return "unused"
+    return "cuda" if _device_type(bf16[0]) == "cuda" else cpu_info()["bf16_products"]
 
 
 _INTERNAL = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # the dmuon package
@@ -99,41 +103,39 @@ def _user_stacklevel() -> int:
     return level
 
 
-def _wants_bf16(groups: Iterable[dict]) -> bool:
+def _asks_bf16(groups: Iterable[dict]) -> bool:
     return any(g.get("algorithm", "muon") == "muon" and g.get("ns_matmul_dtype") == "bf16"
-               for g in groups)
+               and _device_type(g) == "cpu" for g in groups)
 
 
 def check_groups(groups: Iterable[dict], stacklevel: Optional[int] = None) -> None:
-    """Warns (DmuonPerformanceWarning, once per process) when a Muon group asks for bf16 products
-    and this CPU has no native bf16 arithmetic, pointing at the caller's line (the first frame
-    outside dmuon and torch, unless `stacklevel` is given). Cheap when there is nothing to say."""
+    """Warns (DmuonPerformanceWarning, once per process) when a CPU Muon group asks for "bf16"
+    products and they are not native here, pointing at the caller's line (the first frame outside
+    dmuon and torch, unless `stacklevel` is given). Cheap when there is nothing to say."""
     global _WARNED
-    if _WARNED or not _wants_bf16(groups) or bf16_native():
+    if _WARNED or not _asks_bf16(groups) or bf16_native():
         return
     _WARNED = True
     info, cost = cpu_info(), bf16_cost()
-    assumed = (f" (assumed by {_ENV}=1; this CPU has "
-               f"{'avx512_bf16' if info['avx512_bf16'] else 'amx_bf16'})"
-               if info["bf16_assumed_absent"] and (info["avx512_bf16"] or info["amx_bf16"]) else "")
     if cost["error"] is not None:
-        measured = (f"The bf16 products could not run here at all ({cost['error']}): the step will "
-                    f"fail.")
+        measured = f"They cannot run here at all ({cost['error']}): the step will fail."
     else:
         measured = (f"Measured here on a {cost['size']}x{cost['size']} Newton-Schulz (one thread, CPU "
                     f"time): bf16 products {cost['bf16_seconds'] * 1e3:.2f} ms, fp32 "
-                    f"{cost['fp32_seconds'] * 1e3:.2f} ms ({cost['bf16_over_fp32']:.1f}x the fp32 "
-                    f"time; native bf16 products take ~0.3x).")
+                    f"{cost['fp32_seconds'] * 1e3:.2f} ms ({cost['bf16_over_fp32']:.2f}x the fp32 "
+                    f"time; native bf16 products take ~0.4x).")
+    how = {"widened": "dmuon multiplies the bf16 values with its fp32 products (same speed as fp32, "
+                      "bf16's error)",
+           "onednn_emulated": "oneDNN emulates the bf16 products (slower than fp32)"}.get(
+        info["bf16_products"], info["bf16_products"])
     warnings.warn(
-        f"[torch] ns_matmul_dtype='bf16' on a CPU without native bf16 arithmetic ({info['model']}: no "
-        f"avx512_bf16 / amx_bf16{assumed}): oneDNN emulates the bf16 products. {measured} "
-        f"Use ns_matmul_dtype='fp32' (the default: more accurate"
-        f"{', and faster here' if (cost['bf16_over_fp32'] or 2.0) >= 1.0 else ''}).",
+        f"[torch] ns_matmul_dtype='bf16' on a CPU without native bf16 products ({info['model']}; "
+        f"{info['bf16_reason']}): {how}. {measured} Use ns_matmul_dtype='auto' (the default: the "
+        f"fastest path of each machine, fp32 here) or 'fp32'.",
         DmuonPerformanceWarning, stacklevel=stacklevel or _user_stacklevel())
 
 
 def _reset_for_tests() -> None:
-    """Forgets the warning and the cached measurements (tests only)."""
-    global _COST, _WARNED
-    _COST, _WARNED = None, False
-    _INFO.clear()
+    """Forgets the warning and the cached information and measurements (tests only)."""
+    global _COST, _INFO, _WARNED
+    _COST, _INFO, _WARNED = None, None, False

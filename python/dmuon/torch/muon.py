@@ -88,7 +88,7 @@ class Muon(torch.optim.Optimizer):
         ns_scale: float = 1.0,
         eps_mode: str = "clamp",
         ns_bf16: bool = False,
-        ns_matmul_dtype: str = "fp32",
+        ns_matmul_dtype: str = "auto",
         momentum_kind: str = "ema",
         cautious_wd: bool = False,
         normuon: bool = False,
@@ -467,7 +467,9 @@ class Muon(torch.optim.Optimizer):
         collectives: zero on one rank; with offload_state offload_bytes_in / offload_bytes_out and
         peak_state_resident_bytes, zero without), the wall times of the Python phases (python_step_seconds,
         collect_grads_seconds, engine_call_seconds, write_back_seconds), `engine`, and the product
-        precision: `cpu_model`, `bf16_native`, `bf16_products` ('unused', 'native' or 'emulated').
+        precision: `cpu_model`, `bf16_native`, `bf16_products` (what formed the bf16 products:
+        'unused' when every Muon group ran fp32 products, else 'native', 'widened',
+        'onednn_emulated' or 'cuda').
         See docs/python.md."""
         stats = dict(self._engine.last_stats() or {})
         times = self._last_phases.times if self._last_phases is not None else {}
@@ -477,11 +479,8 @@ class Muon(torch.optim.Optimizer):
                      engine_call_seconds=times.get("dmuon.engine", 0.0),
                      write_back_seconds=times.get("dmuon.write_back", 0.0))
         info = _precision.cpu_info()
-        bf16 = any(g.get("algorithm", "muon") == "muon" and g.get("ns_matmul_dtype") == "bf16"
-                   for g in self.param_groups)
         stats.update(cpu_model=info["model"], bf16_native=bool(info["bf16_native"]),
-                     bf16_products=("native" if info["bf16_native"] else "emulated") if bf16
-                     else "unused")
+                     bf16_products=_precision.products_of(self.param_groups))
         return stats
 
     def plan(self) -> _plan.Plan:

@@ -1,15 +1,21 @@
 // The choice between oneDNN's and dmuon's widened bf16 products (bf16_products.h).
 #include "kernels/cpu/bf16_products.h"
 
+#include <time.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <mutex>
+#include <random>
 #include <stdexcept>
 #include <string_view>
+#include <vector>
 
 #include "dmuon/blas.h"
 #include "dmuon/error.h"
+#include "dmuon/orthogonalize.h"
 #include "kernels/cpu/bf16_matmul.h"
+#include "kernels/cpu/products.h"
 
 namespace dmuon::cpu {
 namespace {
@@ -67,8 +73,8 @@ Bf16Products choose(std::optional<Bf16ProductPath> forced_path) {
   if (info.available && info.native)
     return onednn(info, "oneDNN runs bf16 products natively here (" + info.kernel + ")", false);
   if (info.available)
-    return widened("oneDNN would emulate bf16 here (" + info.kernel +
-                       ", no avx512_bf16 / amx_bf16): the fp32 GEMM on widened operands is faster",
+    return widened("oneDNN would emulate bf16 here (its kernel " + info.kernel +
+                       " has no bf16 instructions): the fp32 GEMM on widened operands is faster",
                    false);
   return widened(info.error, false);
 }
@@ -96,3 +102,50 @@ void set_bf16_product_path_for_tests(std::optional<Bf16ProductPath> path) {
 }
 
 }  // namespace dmuon::cpu
+
+namespace dmuon {
+
+Bf16ProductsInfo bf16_products_info() {
+  const cpu::Bf16Products p = cpu::bf16_products();
+  return {p.kind, p.kernel, p.reason, p.forced, p.error};
+}
+
+DType auto_matmul_dtype() {
+  const cpu::Bf16Products p = cpu::bf16_products();
+  return p.error.empty() && p.kind == "native" ? DType::BF16 : DType::F32;
+}
+
+Bf16Cost measure_bf16_cost(int size, int repeats) {
+  DMUON_CHECK(size >= 1 && repeats >= 1, "[orth] measure_bf16_cost: size and repeats must be >= 1, got ", size,
+              " and ", repeats);
+  std::mt19937_64 rng(0);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(size_t(size) * size), out(x.size());
+  for (float& v : x) v = normal(rng);
+  const auto cpu_seconds = [] {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+  };
+  const cpu::ScopedProductThreads one(1);  // everything on this thread: its CPU time is the cost
+  Bf16Cost cost;
+  cost.size = size;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    NsOptions o;
+    o.method = NsMethod::Plain;
+    o.matmul_dtype = dt;
+    Orthogonalizer orth(o);
+    orth.run(x.data(), out.data(), size, size);  // warm-up: loads the libraries, makes primitives
+    double best = 1e30;
+    for (int r = 0; r < repeats; ++r) {
+      const double t0 = cpu_seconds();
+      orth.run(x.data(), out.data(), size, size);
+      best = std::min(best, cpu_seconds() - t0);
+    }
+    (dt == DType::F32 ? cost.fp32_seconds : cost.bf16_seconds) = std::max(best, 1e-9);
+  }
+  cost.bf16_over_fp32 = cost.bf16_seconds / cost.fp32_seconds;
+  return cost;
+}
+
+}  // namespace dmuon

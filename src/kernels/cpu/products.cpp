@@ -26,6 +26,7 @@ constexpr int kAlign = 16;
 constexpr double kSplitWork = double(1 << 24);
 
 std::atomic<int> g_threads{0};  // 0: not set, use the BLAS's count at load
+thread_local int t_threads = 0;  // a ScopedProductThreads of this thread (0: none)
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
@@ -56,6 +57,7 @@ const float* cols_of(const float* b, bool trans, int ld, int first) {  // op(B) 
 }  // namespace
 
 int product_threads() {
+  if (t_threads > 0) return t_threads;
   const int n = g_threads.load(std::memory_order_relaxed);
   return n > 0 ? n : blas().default_threads;
 }
@@ -84,6 +86,12 @@ void parallel_rows(int64_t rows, int64_t cols, const std::function<void(int64_t,
   if (pieces == 1 || threads == 1) return fn(0, rows);
   detail::parallel_for(pieces, threads, [&](int64_t p) { fn(rows * p / pieces, rows * (p + 1) / pieces); });
 }
+
+ScopedProductThreads::ScopedProductThreads(int n) : previous_(t_threads) {
+  DMUON_CHECK(n >= 1, "[blas] thread count must be >= 1, got ", n);
+  t_threads = n;
+}
+ScopedProductThreads::~ScopedProductThreads() { t_threads = previous_; }
 
 TileGrid sgemm_tiles(int m, int n, int k) {
   TileGrid g{std::max(1, ceil_div(m, kMaxTile)), std::max(1, ceil_div(n, kMaxTileCols))};

@@ -13,9 +13,23 @@
 namespace dmuon::cpu {
 
 // Threads the products use (default: OpenBLAS's count when dmuon loaded it, which follows
-// OPENBLAS_NUM_THREADS; dmuon then runs OpenBLAS itself on one thread). Process-wide.
+// OPENBLAS_NUM_THREADS; dmuon then runs OpenBLAS itself on one thread). Process-wide, unless the
+// calling thread holds a ScopedProductThreads.
 int product_threads();
 void set_product_threads(int n);  // n >= 1
+
+// The calling thread's products use `n` threads while this lives (e.g. 1 to time work by the
+// thread's CPU clock); other threads keep the process-wide count.
+class ScopedProductThreads {
+ public:
+  explicit ScopedProductThreads(int n);
+  ~ScopedProductThreads();
+  ScopedProductThreads(const ScopedProductThreads&) = delete;
+  ScopedProductThreads& operator=(const ScopedProductThreads&) = delete;
+
+ private:
+  int previous_;
+};
 
 // Called after a tile of C is final, with its bounds [r0, r1) x [c0, c1), on the thread that
 // computed it (e.g. rounding the tile to bf16 while it is in cache). Must touch only that tile.
