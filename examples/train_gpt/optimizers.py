@@ -51,7 +51,7 @@ def build_dmuon(model, args) -> torch.optim.Optimizer:
     groups = _router_to_adamw(groups)
     kwargs = dict(lr=args.muon_lr, weight_decay=args.weight_decay, momentum=0.95, nesterov=True,
                   ns_schedule=args.schedule, ns_steps=5,
-                  ns_matmul_dtype=getattr(args, "ns_matmul_dtype", "fp32"))
+                  ns_matmul_dtype=getattr(args, "ns_matmul_dtype", "auto"))
     if args.qk_clip > 0:
         kwargs.update(qk_clip_threshold=args.qk_clip, qk_layout=model.qk_layout())
     try:
@@ -111,13 +111,54 @@ def torch_muon_split(model) -> tuple[list, list]:
     return muon, adamw
 
 
+def torch_bf16_slowdown() -> float:
+    """torch's bf16 matmul time over its fp32 one on this CPU (dmuon's probe; 1.0 without dmuon)."""
+    try:
+        from dmuon.torch._precision import torch_bf16_slowdown as probe
+    except ImportError:
+        return 1.0
+    return probe()
+
+
+def newton_schulz_fp32(grad: torch.Tensor, ns_coefficients, ns_steps: int, eps: float) -> torch.Tensor:
+    """torch.optim.Muon's orthogonalization (REFERENCE.md section 1: X = G / max(|G|_F, eps) on the
+    wide side, then X <- aX + (bA + cA^2)X with A = XX^T), in fp32 instead of bf16."""
+    a, b, c = ns_coefficients
+    x = grad.float()
+    tall = x.size(0) > x.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * (gram @ gram)) @ x
+    return x.T if tall else x
+
+
+def torch_muon_ns(args) -> str:
+    """The Newton-Schulz precision of the torch_muon run: --torch-muon-ns, or for `auto` torch's own
+    bf16 unless torch's bf16 matmul is over 3x slower than its fp32 one on this CPU (CPUs without
+    AVX-512: ~100x, which would make one run take hours), then the same iteration in fp32."""
+    if args.torch_muon_ns != "auto":
+        return args.torch_muon_ns
+    slowdown = torch_bf16_slowdown()
+    args.torch_bf16_slowdown = slowdown
+    return "fp32" if slowdown > 3 else "bf16"
+
+
 def build_torch_muon(model, args) -> MuonWithAdamW:
     """torch.optim.Muon (lr --muon-lr, momentum 0.95 Nesterov, 5 Newton-Schulz steps with its
-    default coefficients in bf16, adjust_lr_fn default = dmuon's default) + torch.optim.AdamW with
-    dmuon's AdamW-group hyperparameters, on an unsharded model (one process)."""
+    default coefficients, in bf16 or, where this CPU's bf16 matmul is slow, fp32 (torch_muon_ns),
+    adjust_lr_fn default = dmuon's default) + torch.optim.AdamW with dmuon's AdamW-group
+    hyperparameters, on an unsharded model (one process)."""
     if any(p.ndim > 2 for p in model.parameters()):
         raise ValueError("[demo] torch_muon: torch.optim.Muon takes 2-D parameters only; run it "
                          "without --moe-experts")
+    if getattr(args, "torch_muon_ns_resolved", None) is None:
+        args.torch_muon_ns_resolved = torch_muon_ns(args)
+    if args.torch_muon_ns_resolved == "fp32":
+        import torch.optim._muon as torch_muon_impl  # the step calls this module's function by name
+        torch_muon_impl._zeropower_via_newtonschulz = newton_schulz_fp32
     muon_params, adamw_params = torch_muon_split(model)
     muon = torch.optim.Muon(muon_params, lr=args.muon_lr, weight_decay=args.weight_decay,
                             momentum=0.95, nesterov=True, ns_coefficients=TORCH_MUON_COEFFICIENTS,
@@ -135,6 +176,12 @@ def build(name: str, model, args):
     if name == "torch_muon":
         return build_torch_muon(model, args)
     raise ValueError(f"[demo] unknown optimizer {name!r}; use dmuon, adamw or torch_muon")
+
+
+def ns_precision(opt) -> str:
+    """dmuon's Newton-Schulz products as they ran (its last_step_stats): 'fp32' or 'bf16 <kind>'."""
+    products = opt.last_step_stats.get("bf16_products", "unused")
+    return "fp32" if products == "unused" else f"bf16 {products}"
 
 
 def set_lr_scale(opt, scale: float) -> None:

@@ -23,7 +23,7 @@ def table(summary: dict) -> str:
     steps' outliers); `ranks x thr` the processes and threads each one had."""
     head = (f"{'optimizer':<10} {'final loss':>10} {'val loss':>9} {'tokens/s':>9} "
             f"{'opt step ms':>11} {'median':>7} {'comm ms':>8} {'compute ms':>10} {'wall s':>7} "
-            f"{'ranks x thr':>11}")
+            f"{'ranks x thr':>11}  NS products")
     lines = [head, "-" * len(head)]
     for name in ORDER:
         run = summary.get(name)
@@ -34,7 +34,7 @@ def table(summary: dict) -> str:
                      f"{run['tokens_per_second']:>9.0f} {run['optimizer_step_ms']:>11.1f} "
                      f"{median:>7.1f} {run['optimizer_comm_ms']:>8.1f} "
                      f"{run['optimizer_compute_ms']:>10.1f} {run['wall_seconds']:>7.1f} "
-                     f"{_procs(summary, run):>11}")
+                     f"{_procs(summary, run):>11}  {run.get('ns_precision', '-')}")
     d = summary.get("dmuon")
     for other in ("adamw", "torch_muon"):
         o = summary.get(other)

@@ -52,6 +52,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="threads of the one-process torch_muon run (0 = one rank's share, "
                           "cores // ranks, at least 1: as many as each rank of the sharded runs; "
                           "more threads than idle cores make OpenMP spin)")
+    run.add_argument("--torch-muon-ns", choices=("auto", "bf16", "fp32"), default="auto",
+                     help="torch_muon's Newton-Schulz precision: bf16 (torch.optim.Muon's own), "
+                          "fp32 (the same iteration in fp32), or auto: bf16 unless torch's bf16 "
+                          "matmul is over 3x slower than fp32 on this CPU (no AVX-512: ~100x)")
     run.add_argument("--seed", type=int, default=1234, help="model init and data order")
     run.add_argument("--log-every", type=int, default=10, help="progress line every N steps")
     run.add_argument("--out", default="demo-out", help="folder for summary.json and loss.png")
@@ -88,9 +92,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     opt.add_argument("--schedule", default="polar_express",
                      choices=("jordan", "you", "polar_express"),
                      help="dmuon: Newton-Schulz coefficient schedule")
-    opt.add_argument("--ns-matmul-dtype", default="fp32", choices=("fp32", "bf16"),
+    opt.add_argument("--ns-matmul-dtype", default="auto", choices=("auto", "fp32", "bf16"),
                      help="dmuon: Newton-Schulz products from fp32 or bf16 operands (fp32 "
-                          "accumulation); torch_muon always uses bf16")
+                          "accumulation), or auto: bf16 where this CPU multiplies bf16 natively, "
+                          "fp32 elsewhere")
     opt.add_argument("--strategy", default="auto",
                      help="dmuon: distribution strategy for every matrix (auto = cost model; "
                           "local, owner_a2a, allgather, agrs, gram_allreduce, ...; sets "
@@ -185,8 +190,14 @@ def train_one(name: str, args, data: CharData, mesh, rank: int, world: int) -> O
         threads = torch.get_num_threads()
         torch.set_num_threads(args.torch_muon_threads or max(1, (os.cpu_count() or 1) // world))
         try:
+            args.torch_muon_ns_resolved = optimizers.torch_muon_ns(args)
+            if args.torch_muon_ns_resolved == "fp32" and args.torch_muon_ns == "auto":
+                print(f"[demo] torch_muon: Newton-Schulz in fp32, not torch's bf16: torch's bf16 "
+                      f"matmul takes {args.torch_bf16_slowdown:.0f}x the time of its fp32 matmul on "
+                      f"this CPU (no bf16 in hardware); --torch-muon-ns bf16 runs it anyway",
+                      flush=True)
             run = _train(name, args, data, None, 0, 1, solo=True)
-            run.update(ranks=1, threads=torch.get_num_threads())
+            run.update(ranks=1, threads=torch.get_num_threads(), ns_precision=args.torch_muon_ns_resolved)
             return run
         finally:
             torch.set_num_threads(threads)
@@ -244,7 +255,9 @@ def _train(name: str, args, data: CharData, mesh, rank: int, world: int,
     wall = time.perf_counter() - start
     val_loss = evaluate(model, data, args, rank, world, solo=solo)
     last = hist["loss"][-min(10, len(hist["loss"])):]
+    extra = dict(ns_precision=optimizers.ns_precision(opt)) if name == "dmuon" else {}
     return dict(
+        **extra,
         final_loss=sum(last) / len(last), last_step_loss=hist["loss"][-1], val_loss=val_loss,
         first_loss=hist["loss"][0], tokens_per_second=args.steps * tokens_per_step / wall,
         optimizer_step_ms=(totals["comm"] + totals["compute"]) / args.steps,

@@ -27,25 +27,7 @@ import torch
 
 import dmuon
 import dmuon.torch as dt
-
-
-def torch_bf16_slowdown(device):
-    """How many times slower torch's bf16 matmul is than its fp32 one here (one 256x1024x256
-    product, best of 3; ~10 ms, more where bf16 is slow)."""
-    if device.type != "cpu":
-        return 1.0
-    a, b = torch.randn(256, 1024), torch.randn(1024, 256)
-    best = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        x, y = a.to(dtype), b.to(dtype)
-        x @ y
-        t = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            x @ y
-            t = min(t, time.perf_counter() - t0)
-        best[dtype] = max(t, 1e-9)
-    return best[torch.bfloat16] / best[torch.float32]
+from dmuon.torch import _precision
 
 
 def gpt_matrices(layers, d):
@@ -87,7 +69,7 @@ def compare_torch(args):
     gen = torch.Generator().manual_seed(0)  # the same values on every device
     init = [(torch.randn(s, generator=gen) * 0.02).to(device) for s in shapes]
     grads = [torch.randn(s, generator=gen).to(device) for s in shapes]
-    slowdown = torch_bf16_slowdown(device)
+    slowdown = _precision.torch_bf16_slowdown() if device.type == "cpu" else 1.0
     torch_layers = args.torch_layers or (1 if slowdown > 10 else args.layers)
     torch_layers = min(torch_layers, args.layers)
     torch_count = 4 * torch_layers  # the first layers' matrices

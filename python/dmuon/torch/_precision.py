@@ -62,6 +62,25 @@ def bf16_cost(size: int = 192, repeats: int = 3) -> dict:
     return dict(_COST)
 
 
+def torch_bf16_slowdown() -> float:
+    """How many times slower torch's own bf16 matmul is than its fp32 one on this CPU (one
+    256x1024x256 product each, best of 3: a few ms; ~100x on CPUs without AVX-512, where
+    torch.optim.Muon's bf16 Newton–Schulz is that much slower than fp32 arithmetic allows)."""
+    import time
+    a, b = torch.randn(256, 1024), torch.randn(1024, 256)
+    best = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        x, y = a.to(dtype), b.to(dtype)
+        x @ y
+        t = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            x @ y
+            t = min(t, time.perf_counter() - t0)
+        best[dtype] = max(t, 1e-9)
+    return best[torch.bfloat16] / best[torch.float32]
+
+
 def _device_type(group: dict) -> str:
     params = group.get("params") or []
     return params[0].device.type if params and isinstance(params[0], torch.Tensor) else "cpu"
