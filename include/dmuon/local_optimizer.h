@@ -54,12 +54,12 @@ struct LocalOptimizerOptions {
   // distributed run with that comm dtype matches this reference bitwise. fp32: no rounding.
   DType comm_dtype = DType::F32;
   // Matrices orthogonalized at once (OptimizerOptions::compute_streams). 1: one after another, each
-  // product using the BLAS's own threads. n ≥ 2: n streams (this thread and n − 1 persistent backend
-  // streams) each take whole matrices (largest first) and run their products on one BLAS / oneDNN
-  // thread, so the element-wise work inside Newton–Schulz runs in parallel too (OpenBLAS is set to 1
-  // thread for the step and restored after). Results are bitwise the same for every value (each
-  // matrix's arithmetic is the same; the BLAS and oneDNN products used give the same bits on 1 or
-  // more threads, tested). 0: the BLAS thread count at each step.
+  // product split over dmuon's product threads (blas_set_num_threads). n ≥ 2: n streams (this thread
+  // and n − 1 persistent backend streams) each take whole matrices (largest first) and run their
+  // products on one thread (the product threads are set to 1 for the step and restored after).
+  // Results are bitwise the same for every value (each matrix's arithmetic is the same: dmuon's
+  // tiled products and oneDNN's bf16 products give the same bits on any thread count, tested on
+  // every OpenBLAS core). 0: the product thread count at each step.
   int threads = 1;
   // Around the step's state use: per chunk of the engine's plan and per AdamW pass, on the calling
   // thread (optim_options.h).

@@ -3,8 +3,8 @@
 // scatter per chunk, update on local shards (+ QK-clip), AdamW locally. docs/executor.md explains it.
 //
 // Numerics: for a given configuration the results are BITWISE those of LocalOptimizer (built with the
-// same groups and LocalOptimizerOptions::comm_dtype) whatever the world size, mesh or strategy, with
-// the same BLAS thread count, except `gram_allreduce` (sum order; documented tolerance).
+// same groups and LocalOptimizerOptions::comm_dtype) whatever the world size, mesh, strategy or thread
+// count, except `gram_allreduce` (sum order; documented tolerance).
 //
 // Contract:
 // - COLLECTIVE: the constructor and step() must be called by every rank of the communicator, in the
@@ -64,14 +64,14 @@ struct OptimizerOptions {
   int window = 2;                      // chunks in flight; 1 disables overlap
   NonFinitePolicy non_finite = NonFinitePolicy::Raise;
   std::chrono::milliseconds timeout{0};  // per wait; 0 = the communicator's default timeout
-  // BLAS threads while a step runs (restored when it returns): 0 = 1 when the communicator has
-  // > 1 rank, else unchanged.
+  // Product threads while a step runs (blas_set_num_threads; restored when it returns): 0 = 1 when
+  // the communicator has > 1 rank, else unchanged.
   int blas_threads = 0;
   bool compute_thread = true;          // orthogonalize on a worker thread (false: on the caller's)
   // Compute streams per chunk: the compute thread and compute_streams − 1 persistent backend
   // streams take whole units (matrices to orthogonalize, largest first) from the chunk, each with
-  // its own Orthogonalizers and scratch, and run their products on one BLAS thread (the backend is
-  // set to 1 thread while the step runs with k > 1, and restored after). 0 = the backend's thread
+  // its own Orthogonalizers and scratch, and run their products on one thread (the backend is set
+  // to 1 thread while the step runs with k > 1, and restored after). 0 = the backend's thread
   // count as the step runs (after blas_threads: 1 by default on several ranks), read at each step.
   // Results are bitwise the same for every value (a unit's arithmetic does not depend on the
   // stream or the thread count). LocalOptimizer's `threads` is this option on one rank.
