@@ -26,16 +26,27 @@ namespace dmuon {
 
 // Machine constants of the cost model. Defaults: an H100-class GPU cluster (400 Gb/s per rank,
 // 20 µs per collective step, 400 TFLOP/s bf16 Newton–Schulz). `cpu` is this project's 2-core box.
+// The cost model's constants for one kind of machine (per rank). Named profiles (docs/plan.md,
+// "Machine profiles", gives the source of every figure): "h100" / "h200" (8-GPU NVLink nodes, shard
+// groups inside a node, replicas across nodes over InfiniBand), "h100-ib" / "h200-ib" (shard groups
+// spanning nodes: InfiniBand for both), "cpu" (this project's 2-core machines).
 struct MachineProfile {
   std::string name = "h100";
-  double bandwidth_Bps = 50e9;            // per rank, inside a shard group (bytes / s)
-  double replicate_bandwidth_Bps = 50e9;  // per rank, across replicate (HSDP) dims
-  double latency_s = 20e-6;               // per step of a collective (log2(group) steps)
-  double flops_per_s = 400e12;            // orthogonalization throughput per rank
-  DMUON_API static MachineProfile named(std::string_view name);  // "h100", "cpu"; throws otherwise
+  double bandwidth_Bps = 370e9;           // per rank, inside a shard group (bytes / s)
+  double replicate_bandwidth_Bps = 46e9;  // per rank, across replicate (HSDP) dims
+  double latency_s = 4e-6;                // per step of a collective (log2(group) steps)
+  double flops_per_s = 50e12;             // orthogonalization throughput per rank, fp32 products
+  double bf16_flops_per_s = 560e12;       // the same with bf16 products (0: flops_per_s)
+  DMUON_API static MachineProfile named(std::string_view name);  // the names above; throws otherwise
   // A measured profile: JSON object with any of the fields above; throws naming the field.
   DMUON_API static MachineProfile from_json(std::string_view text);
+  // The rate Newton–Schulz with these options runs at (bf16_flops_per_s for bf16 products).
+  double ns_flops_per_s(const NsOptions& ns) const {
+    return ns.matmul_dtype == DType::BF16 && bf16_flops_per_s > 0 ? bf16_flops_per_s : flops_per_s;
+  }
 };
+// The named profiles, in the order `dmuon plan --help` lists them.
+DMUON_API std::vector<std::string> machine_profile_names();
 
 // How HSDP replicas (replicate mesh dims) share the work of owner-based strategies:
 // duplicate: every replica group runs the same plan (compute ×replicas, no extra traffic);

@@ -172,12 +172,13 @@ void init_optimizer(nb::module_& m) {
 
   nb::class_<MachineProfile>(m, "MachineProfile", "Cost-model constants of the planner (dmuon/plan.h).")
       .def_static("named", [](const std::string& name) { return MachineProfile::named(name); }, nb::arg("name"),
-                  "'h100' or 'cpu'; ValueError otherwise.")
+                  "'h100', 'h200', 'h100-ib', 'h200-ib' or 'cpu' (docs/plan.md); ValueError otherwise.")
       .def_static("from_json", [](const std::string& text) { return MachineProfile::from_json(text); },
                   nb::arg("text"), "A measured profile: a JSON object with any of the fields; ValueError naming the field.")
       .def_ro("name", &MachineProfile::name)
       .def_ro("bandwidth_Bps", &MachineProfile::bandwidth_Bps)
       .def_ro("replicate_bandwidth_Bps", &MachineProfile::replicate_bandwidth_Bps)
+      .def_ro("bf16_flops_per_s", &MachineProfile::bf16_flops_per_s)
       .def_ro("latency_s", &MachineProfile::latency_s)
       .def_ro("flops_per_s", &MachineProfile::flops_per_s)
       .def("__repr__", [](const MachineProfile& p) { return "MachineProfile('" + p.name + "')"; });

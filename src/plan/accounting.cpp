@@ -197,7 +197,7 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
       comm = std::max(comm, comm_seconds_of(a, o.machine));
       buffer_max = std::max(buffer_max, a.buffer);
     }
-    c.compute_seconds = flops_max / o.machine.flops_per_s;
+    c.compute_seconds = flops_max / o.machine.ns_flops_per_s(o.ns);
     c.comm_seconds = comm;
     for (const ChunkCalls::Call& k : calls.calls) {
       const double lat = call_latency(k.channel, k.g, k.calls, o.machine);
@@ -294,7 +294,7 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
     if (b.params == 0) continue;
     summarize(strat[static_cast<size_t>(s)], b);
     b.comm_seconds += comm_seconds_max(strat[static_cast<size_t>(s)], o.machine);
-    b.compute_seconds = b.flops_max / o.machine.flops_per_s;
+    b.compute_seconds = b.flops_max / o.machine.ns_flops_per_s(o.ns);
     b.predicted_seconds = b.comm_seconds + b.compute_seconds;  // as if it ran alone, unoverlapped
   }
 }

@@ -68,7 +68,7 @@ double amortized_seconds(Strategy s, const ParamSpec& p, const ShardTable& t, bo
   // parameters and enters the plan's totals instead.
   const double w = static_cast<double>(t.g) * t.r;
   return std::max(sent, recv) / w / o.machine.bandwidth_Bps + rep / w / o.machine.replicate_bandwidth_Bps +
-         flops / w / o.machine.flops_per_s;
+         flops / w / o.machine.ns_flops_per_s(o.ns);
 }
 
 }  // namespace dmuon::detail

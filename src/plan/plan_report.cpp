@@ -29,13 +29,25 @@ std::string_view to_string(Decision d) {
   return "?";
 }
 
+// Sources of the figures: docs/plan.md, "Machine profiles".
 MachineProfile MachineProfile::named(std::string_view name) {
-  if (name == "h100") return {};
-  // REFERENCE.md section 3: ~250 GFLOP/s fp32 NS on 2 threads; shared-memory MPI a few GB/s.
-  if (name == "cpu") return {"cpu", 5e9, 5e9, 5e-6, 250e9};
-  detail::throw_invalid_argument(detail::concat("[plan] unknown machine profile '", name,
-                                                "'; use h100, cpu or a JSON file of measured constants"));
+  MachineProfile m;  // h100: shard groups inside an 8-GPU NVLink node, replicas over InfiniBand
+  m.name = std::string(name);
+  if (name == "h100" || name == "h200") return m;  // same NVLink 4, NICs and tensor-core rate
+  if (name == "h100-ib" || name == "h200-ib") {    // shard groups span nodes: InfiniBand for both
+    m.bandwidth_Bps = 46e9;
+    m.latency_s = 10e-6;
+    return m;
+  }
+  // REFERENCE.md section 3: ~150-250 GFLOP/s fp32 NS on 2 threads; shared-memory MPI a few GB/s.
+  if (name == "cpu") return {"cpu", 5e9, 5e9, 5e-6, 250e9, 0};
+  std::string names;
+  for (const std::string& n : machine_profile_names()) names += n + ", ";
+  detail::throw_invalid_argument(detail::concat("[plan] unknown machine profile '", name, "'; use ", names,
+                                                "or a JSON file of measured constants"));
 }
+
+std::vector<std::string> machine_profile_names() { return {"h100", "h200", "h100-ib", "h200-ib", "cpu"}; }
 
 MachineProfile MachineProfile::from_json(std::string_view text) {
   nlohmann::json j;
@@ -56,9 +68,10 @@ MachineProfile MachineProfile::from_json(std::string_view text) {
     double* field = key == "bandwidth_Bps" ? &m.bandwidth_Bps
                     : key == "replicate_bandwidth_Bps" ? &m.replicate_bandwidth_Bps
                     : key == "latency_s" ? &m.latency_s
-                    : key == "flops_per_s" ? &m.flops_per_s : nullptr;
+                    : key == "flops_per_s" ? &m.flops_per_s
+                    : key == "bf16_flops_per_s" ? &m.bf16_flops_per_s : nullptr;
     DMUON_CHECK(field, "[plan] machine profile: unknown field '", key,
-                "'; use bandwidth_Bps, replicate_bandwidth_Bps, latency_s, flops_per_s, name");
+                "'; use bandwidth_Bps, replicate_bandwidth_Bps, latency_s, flops_per_s, bf16_flops_per_s, name");
     DMUON_CHECK(v.is_number() && v.get<double>() >= 0, "[plan] machine profile: field '", key, "' must be a number ≥ 0");
     *field = v.get<double>();
   }
@@ -143,8 +156,9 @@ std::string Plan::to_string(std::span<const Baseline> baselines) const {
                    static_cast<double>(inventory_.num_elements()) / 1e9, dmuon::to_string(options_.comm_dtype),
                    dmuon::to_string(options_.ns.schedule), options_.ns.steps, dmuon::to_string(options_.ns.method));
   const MachineProfile& m = options_.machine;
-  s += fmt::format("  machine {}: {:.0f} GB/s ({:.0f} GB/s across replicas), {} per step, {:.0f} TFLOP/s\n", m.name,
-                   m.bandwidth_Bps / 1e9, m.replicate_bandwidth_Bps / 1e9, fmt_time(m.latency_s), m.flops_per_s / 1e12);
+  s += fmt::format("  machine {}: {:.0f} GB/s ({:.0f} GB/s across replicas), {} per step, {:.0f} TFLOP/s ({} products)\n",
+                   m.name, m.bandwidth_Bps / 1e9, m.replicate_bandwidth_Bps / 1e9, fmt_time(m.latency_s),
+                   m.ns_flops_per_s(options_.ns) / 1e12, dmuon::to_string(options_.ns.matmul_dtype));
   s += fmt::format("  {} chunks (cap {}, window {}), replicas {}, fingerprint {:016x}\n\n", chunks_.size(),
                    fmt_bytes(static_cast<double>(options_.chunk_bytes)), options_.window, dmuon::to_string(options_.replica),
                    fingerprint_);
@@ -211,7 +225,8 @@ std::string Plan::to_json(std::span<const Baseline> baselines) const {
                   {"replica", dmuon::to_string(options_.replica)}, {"exact", options_.exact},
                   {"machine", {{"name", options_.machine.name}, {"bandwidth_Bps", options_.machine.bandwidth_Bps},
                                {"replicate_bandwidth_Bps", options_.machine.replicate_bandwidth_Bps},
-                               {"latency_s", options_.machine.latency_s}, {"flops_per_s", options_.machine.flops_per_s}}}};
+                               {"latency_s", options_.machine.latency_s}, {"flops_per_s", options_.machine.flops_per_s},
+                               {"bf16_flops_per_s", options_.machine.bf16_flops_per_s}}}};
   j["num_chunks"] = chunks_.size();
   j["fingerprint"] = fmt::format("{:016x}", fingerprint_);
   nlohmann::ordered_json entries = nlohmann::ordered_json::array();

@@ -157,7 +157,12 @@ TEST(Plan, CostModelChoicesAndOwnerBytesMatchClosedForm) {
 
 TEST(Plan, ExpertStacksAndReplicas) {
   const Inventory q = apply_parallel(preset_model("qwen3-30b-a3b"), parse_parallel("dp_replicate=2,dp_shard=4,ep=4"));
-  const Plan plan = make_plan(q, PlanOptions{});
+  // A machine whose compute is cheap next to its links (50 GB/s, 400 TFLOP/s): whole local experts
+  // stay local. (On the h100 profile's fp32 rate, 50 TFLOP/s against 370 GB/s NVLink, spreading
+  // the replicas' duplicate expert work over owners is predicted faster.)
+  PlanOptions base;
+  base.machine = MachineProfile{"test", 50e9, 50e9, 20e-6, 400e12, 0};
+  const Plan plan = make_plan(q, base);
   int experts = 0;
   for (const PlanEntry& e : plan.entries()) {
     const ParamSpec& p = q.params[static_cast<size_t>(e.param)];
@@ -168,7 +173,7 @@ TEST(Plan, ExpertStacksAndReplicas) {
   }
   EXPECT_EQ(experts, 48 * 3);
   // split over replicas: owners live in every replica group, and each rank's owner is consistent
-  PlanOptions o;
+  PlanOptions o = base;
   o.replica = ReplicaMode::Split;
   const Plan split = make_plan(q, o);
   int wq_index = 0;

@@ -14,7 +14,7 @@ from .. import _core
 # The planner's strategies and replica modes, as the engine spells them (strategy.h, plan.h).
 STRATEGIES = tuple(_core.strategy_names())
 REPLICA_MODES = tuple(_core.replica_modes())
-MACHINES = ("h100", "cpu")
+MACHINES = ("h100", "h200", "h100-ib", "h200-ib", "cpu")  # dmuon.machine_profile names (docs/plan.md)
 
 
 def _fail(option: str, value: Any, what: str) -> ValueError:
@@ -89,7 +89,7 @@ def strategy_rules(rules: list[str], default: Optional[str], groups: list[tuple[
 def check_machine(machine: Union[None, str, dict, os.PathLike]) -> Optional["_core.MachineProfile"]:
     """The cost model's constants: None (kept: the profile of the device the step runs on, `cpu`
     for CPU parameters and `h100` for CUDA ones, chosen when the engine is built), a profile name
-    ('h100', 'cpu'), a path to a JSON file of measured constants (as `dmuon plan --machine`), a
+    ('h100', 'h200', 'h100-ib', 'h200-ib', 'cpu'), a path to a JSON file of measured constants (as `dmuon plan --machine`), a
     dict of them (bandwidth_Bps, replicate_bandwidth_Bps, latency_s, flops_per_s, name), or a
     dmuon.MachineProfile."""
     if machine is None:
