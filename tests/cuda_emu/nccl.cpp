@@ -122,6 +122,11 @@ struct CommState {
   int rank = 0, size = 0;
   uint64_t seq = 0, split_seq = 0;  // the host's posting order (the same on every rank)
   std::atomic<bool> aborted{false};
+  // What real NCCL would have connected by now (it connects lazily): collectives posted, and the
+  // peers of point-to-point calls posted (ncclEmuConnections).
+  std::atomic<int> collectives{0};
+  std::mutex peers_mu;
+  std::vector<int> peers;
 };
 
 }  // namespace
@@ -145,6 +150,7 @@ struct P2p {
   size_t bytes;
 };
 thread_local int tl_group_depth = 0;
+thread_local std::weak_ptr<CommState> tl_last_made;  // the communicator this thread made last
 thread_local std::vector<P2p> tl_group;
 
 bool ok_comm(ncclComm_t c) { return c != nullptr && c->st != nullptr; }
@@ -224,6 +230,7 @@ ncclResult_t collective(Kind kind, const void* send, void* recv, size_t count, n
   const size_t recv_bytes = kind == Kind::AllGather ? bytes * n : (kind == Kind::Reduce && st->rank != root ? 0 : bytes);
   if (!buffer_ok(send, send_bytes, name) || !buffer_ok(recv, recv_bytes, name)) return ncclInvalidArgument;
   const uint64_t seq = st->seq++;
+  st->collectives++;
   auto checked_in = std::make_shared<bool>(false);
   submit_op(stream, [=] { return run_collective(st, seq, {send, recv}, kind, count, type, op, root, checked_in); });
   return ncclSuccess;
@@ -303,6 +310,11 @@ ncclResult_t p2p(bool send, void* buf, size_t count, ncclDataType_t type, int pe
   if (es == 0 || peer < 0 || peer >= comm->st->size) return ncclInvalidArgument;
   if (comm->st->aborted.load()) return ncclInvalidUsage;
   if (!buffer_ok(buf, count * es, send ? "ncclSend" : "ncclRecv")) return ncclInvalidArgument;
+  {
+    std::lock_guard<std::mutex> lock(comm->st->peers_mu);
+    auto& peers = comm->st->peers;
+    if (std::find(peers.begin(), peers.end(), peer) == peers.end()) peers.push_back(peer);
+  }
   tl_group.push_back({comm->st, stream, send, peer, buf, count * es});
   if (tl_group_depth == 0) {  // outside a group: a group of one
     std::vector<P2p> one;
@@ -348,6 +360,7 @@ NCCL_EMU_API ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, n
   }
   auto st = std::make_shared<CommState>();
   st->clique = q, st->rank = rank, st->size = nranks;
+  tl_last_made = st;
   *comm = new ncclComm{st};
   return ncclSuccess;
 }
@@ -378,8 +391,21 @@ NCCL_EMU_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncc
   sub->clique = child, sub->size = static_cast<int>(members.size());
   for (size_t i = 0; i < members.size(); ++i)
     if (members[i].second == st->rank) sub->rank = static_cast<int>(i);
+  tl_last_made = sub;
   *newcomm = new ncclComm{sub};
   return ncclSuccess;
+}
+
+// Tests: for the communicator this thread made last, the distinct peers it has posted sends or
+// receives to and the collectives it has posted (what real NCCL would have connected by now).
+// False when this thread made none (or it is gone).
+NCCL_EMU_API bool ncclEmuConnections(int* peers, int* collectives) {
+  const std::shared_ptr<CommState> st = tl_last_made.lock();
+  if (!st) return false;
+  std::lock_guard<std::mutex> lock(st->peers_mu);
+  *peers = static_cast<int>(st->peers.size());
+  *collectives = st->collectives.load();
+  return true;
 }
 
 NCCL_EMU_API ncclResult_t ncclCommFinalize(ncclComm_t comm) { return ok_comm(comm) ? ncclSuccess : ncclInvalidArgument; }

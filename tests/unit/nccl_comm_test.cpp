@@ -247,6 +247,42 @@ TEST_F(NcclDevice, EveryOperationAtWorldSizeOne) {
   EXPECT_EQ(c->counters().collectives, 10u);
 }
 
+#if DMUON_TEST_CUDA_EMU
+extern "C" bool ncclEmuConnections(int* peers, int* collectives);
+
+// Eager connection (nccl_communicator.cpp, connect_eagerly): construction runs an all-reduce and a
+// send / receive with every peer before any operation, on the world communicator and on a split,
+// so a first step finds them connected; DMUON_NCCL_CONNECT=lazy (the negative control) leaves both
+// to first use. The emulated NCCL counts what was posted on the communicator a thread made last.
+TEST(NcclTwoDevices, ConstructionConnectsEveryPeer) {
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  ASSERT_GE(devices, 2);
+  for (bool lazy : {false, true}) {
+    if (lazy) ASSERT_EQ(setenv("DMUON_NCCL_CONNECT", "lazy", 1), 0);
+    ThreadExchange ex(2);
+    int peers[2][2] = {}, collectives[2][2] = {};
+    auto rank_body = [&](int r) {
+      ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+      auto c = make_nccl_communicator(r, 2, ex.for_rank(r), r);
+      ASSERT_TRUE(ncclEmuConnections(&peers[r][0], &collectives[r][0]));
+      auto sub = c->split(0, 1 - r, "pair");  // the same pair, ranks swapped
+      ASSERT_TRUE(sub != nullptr);
+      ASSERT_TRUE(ncclEmuConnections(&peers[r][1], &collectives[r][1]));
+    };
+    std::thread other(rank_body, 1);
+    rank_body(0);
+    other.join();
+    unsetenv("DMUON_NCCL_CONNECT");
+    for (int r = 0; r < 2; ++r)
+      for (int k = 0; k < 2; ++k) {
+        EXPECT_EQ(peers[r][k], lazy ? 0 : 1) << "rank " << r << (k ? ", split" : ", world") << (lazy ? ", lazy" : "");
+        EXPECT_EQ(collectives[r][k], lazy ? 0 : 1) << "rank " << r << (k ? ", split" : ", world");
+      }
+  }
+}
+#endif
+
 // Two ranks (threads of this process) on two devices: variable all-to-all, uneven all-gather and
 // reduce-scatter, a host all-reduce and a split, with integer data (exact sums). Needs two
 // devices (the emulation gives them: DMUON_CUDA_EMU_DEVICES=2).

@@ -434,10 +434,55 @@ class NcclTransport final : public ExternalTransport {
       std::lock_guard<std::mutex> lock(shared_->mu);
       shared_->comms.push_back(sub);
     }
-    return std::make_shared<NcclTransport>(shared_, sub, new_rank, new_size);
+    auto t = std::make_shared<NcclTransport>(shared_, sub, new_rank, new_size);
+    t->connect_eagerly(name);
+    return t;
   }
 
   void on_timeout() override { shared_->abort_all(); }
+
+  // Eager connection: NCCL connects its rings and trees at a communicator's first collective and
+  // each point-to-point pair at its first send / receive. A warm-up at construction, under the
+  // deadline, makes those connections: one 1-element all-reduce and, up to kEagerP2pRanks ranks, a
+  // 1-element send and receive with every peer (grouped). A first step then starts connected, and
+  // a peer that cannot connect fails the construction on every rank instead of hanging a step.
+  // Above kEagerP2pRanks (every pair's buffers cost device memory) pairs connect at first use; the
+  // engine's point-to-point runs on shard-group communicators, which are smaller.
+  // DMUON_NCCL_CONNECT=lazy skips the warm-up.
+  static constexpr int kEagerP2pRanks = 64;
+  void connect_eagerly(const std::string& name) {
+    const char* mode = std::getenv("DMUON_NCCL_CONNECT");
+    if (mode != nullptr && std::string_view(mode) == "lazy") return;
+    const bool p2p = size_ <= kEagerP2pRanks;
+    auto op = run([&](Ops& o) {
+      int32_t* recv = nullptr;
+      if (p2p && size_ > 1) {
+        check_cuda(cudaMalloc(reinterpret_cast<void**>(&recv), sizeof(int32_t) * static_cast<size_t>(size_)),
+                   "cudaMalloc (warm-up)");
+        o.keep(recv);
+      }
+      return [=, this] {
+        chk(api().all_reduce(barrier_, barrier_, 1, ncclInt32, ncclSum, comm_, stream_), "ncclAllReduce");
+        for (int j = 0; p2p && j < size_; ++j) {
+          if (j == rank_) continue;
+          chk(api().recv(recv + j, 1, ncclInt32, j, comm_, stream_), "ncclRecv");
+          chk(api().send(barrier_, 1, ncclInt32, j, comm_, stream_), "ncclSend");
+        }
+      };
+    });
+    const auto deadline = std::chrono::steady_clock::now() + shared_->timeout;
+    while (!op->test()) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        shared_->abort_all();
+        throw_error(concat("[nccl] rank ", shared_->world_rank, ": connecting communicator '", name, "' (rank ", rank_,
+                           " of ", size_, ": an all-reduce", p2p ? " and a send / receive with every peer" : "",
+                           ") did not finish within ", static_cast<double>(shared_->timeout.count()) / 1000.0,
+                           " s; a peer died or cannot connect; NCCL aborted (DMUON_NCCL_CONNECT=lazy connects at "
+                           "first use instead)"));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
 
  private:
   const NcclApi& api() const { return *shared_->api; }
@@ -449,6 +494,7 @@ class NcclTransport final : public ExternalTransport {
    public:
     Ops(NcclOp& op, cudaStream_t stream) : op_(op), stream_(stream) {}
     const std::byte* in(const InBuffer& b) { return resolve(b.data, b.nbytes(), true); }
+    void keep(void* device_scratch) { op_.scratch.device.push_back(device_scratch); }  // freed with the op
     // Host outputs are uploaded too: NCCL writes only the blocks, and the download must not
     // overwrite what lies between them (gaps, tails the contract leaves unwritten) with garbage.
     std::byte* out(const OutBuffer& b) {
@@ -635,6 +681,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, CommExc
   }
   shared->comms.push_back(comm);
   auto transport = std::make_shared<NcclTransport>(shared, comm, rank, size);
+  transport->connect_eagerly(name);
   return make_external_communicator(std::move(transport), rank, size, std::move(name), rank);
 }
 
