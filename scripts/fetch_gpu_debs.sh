@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# Fetches, on a machine WITH a Debian bookworm package registry, the Debian packages that
-# scripts/gpu_check.sh needs on a GPU machine WITHOUT one (OpenBLAS, LAPACKE, GoogleTest, Open MPI,
-# oneDNN, fmt, spdlog, nlohmann-json, CLI11 and their library dependencies) into shared/debs/
-# (ignored by git: never commit the .debs). gpu_check.sh unpacks them with `dpkg-deb -x` into a
-# prefix; nothing is installed here.
+# Fetches, on a machine WITH a Debian bookworm package registry and PyPI, what scripts/gpu_check.sh
+# needs on a GPU machine WITHOUT them: the Debian packages (OpenBLAS, LAPACKE, GoogleTest, Open MPI,
+# fmt, spdlog, nlohmann-json, CLI11 and their library dependencies) into shared/debs/, and the
+# build-time Python packages pinned in scripts/requirements.txt (nanobind) as wheels for the GPU
+# machine's Python (3.12) into shared/wheels/. shared/ travels with the tree to the GPU machine and
+# is ignored by git: never commit it. gpu_check.sh unpacks the .debs with `dpkg-deb -x` into a
+# prefix and the wheels onto PYTHONPATH; nothing is installed here.
 #
-# Usage: bash scripts/fetch_gpu_debs.sh [DEST]      (DEST defaults to shared/debs)
-# Needs: apt-get, apt-cache (run `apt-get update` first if the lists are stale).
+# Usage: bash scripts/fetch_gpu_debs.sh [DEST]      (DEST defaults to shared/debs; wheels go beside it)
+# Needs: apt-get, apt-cache (run `apt-get update` first if the lists are stale), pip.
 set -euo pipefail
 
 DEST=${1:-shared/debs}
+HERE=$(cd "$(dirname "$0")" && pwd)
 ROOTS=(
   libopenblas-dev libopenblas0-pthread libopenblas-pthread-dev   # BLAS (dlopen'd by dmuon)
   liblapacke-dev liblapacke liblapack3 libblas3                  # LAPACKE: the tests' SVD oracle
   libgtest-dev libgmock-dev                                      # GoogleTest
   libopenmpi-dev openmpi-bin                                     # mpi communicator (optional there)
-  libdnnl-dev libdnnl2                                           # oneDNN: bf16 product validation
   libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev       # build dependencies of dmuon
 )
 # The C runtime, the compiler toolchain and other base packages the GPU machine has already: never
@@ -46,3 +48,15 @@ fi
   ls -1 ./*.deb | sed 's|^\./||'
 } > MANIFEST.txt
 echo "fetch_gpu_debs: $(ls -1 ./*.deb | wc -l) .deb files, $(du -sh . | cut -f1); list in $DEST/MANIFEST.txt"
+
+# The build-time Python packages, exactly the versions the build is tested with (the GPU machine has
+# its own nanobind, whose version may differ): pure wheels, for its Python 3.12.
+WHEELS=$(dirname "$DEST")/wheels
+mkdir -p "$WHEELS"
+for pkg in nanobind; do
+  pin=$(grep -E "^$pkg==" "$HERE/requirements.txt" || true)
+  [[ -n "$pin" ]] || { echo "fetch_gpu_debs: $pkg is not pinned in scripts/requirements.txt" >&2; exit 1; }
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    -d "$WHEELS" "$pin" || { echo "fetch_gpu_debs: could not download $pin" >&2; exit 1; }
+done
+echo "fetch_gpu_debs: wheels in $WHEELS: $(ls "$WHEELS" | tr '\n' ' ')"

@@ -65,7 +65,7 @@ def run(model, steps=2, logits=None, **kw):
     (dict(chunk_bytes=0), "chunk_bytes=0"), (dict(chunk_bytes="32M"), "chunk_bytes='32M'"),
     (dict(replica="dup"), "replica='dup'.*'auto', 'duplicate', 'split'"),
     (dict(timeout_s=-1), "timeout_s=-1"), (dict(timeout_s=float("inf")), "timeout_s=inf"),
-    (dict(machine="a100"), "machine='a100'.*'h100', 'cpu'"),
+    (dict(machine="a100"), "machine='a100'.*'h100', 'h200', 'h100-ib', 'h200-ib', 'cpu'"),
     (dict(machine={"bandwidth": 1e9}), "machine=.*unknown field 'bandwidth'"),
     (dict(machine="/nonexistent/profile.json"), "machine=.*cannot read"),
     (dict(strategy="*.fc.*:no_such"), "strategy=.*no_such"),

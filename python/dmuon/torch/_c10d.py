@@ -14,6 +14,7 @@ daemon thread waits for each batch. Buffers arrive as 1-D tensors aliasing the e
 """
 from __future__ import annotations
 
+import inspect
 import threading
 from collections import deque
 from typing import Any, Callable, Optional
@@ -33,6 +34,18 @@ _SIGN = -(1 << 63)  # uint64 max/min on int64 bits: flipping the sign bit makes 
 # torch >= 2.13 names the equal-block all-gather all_gather_single (all_gather_into_tensor is
 # deprecated there and warns on every call).
 _ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+# torch >= 2.12 can keep a new group's ranks in the order given (sort_ranks=False), which makes the
+# communicator's rank order the group's (no reordering copies); torch 2.11 always sorts them. The
+# transport maps communicator ranks to group ranks either way (C10dTransport.to_group).
+_KEEPS_ORDER = "sort_ranks" in inspect.signature(dist.new_group).parameters
+
+
+def _new_group(ranks: list[int], **kwargs):
+    if _KEEPS_ORDER:
+        kwargs["sort_ranks"] = False
+    return dist.new_group(ranks, **kwargs)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -323,14 +336,13 @@ class C10dTransport:
         if whole_job:
             result = None
             for c in sorted(members):
-                pg = dist.new_group(members[c], sort_ranks=False, group_desc=f"dmuon {name}")
+                pg = _new_group(members[c], group_desc=f"dmuon {name}")
                 if c == mine:
                     result = C10dTransport(pg, members[c])
             return result
         if mine < 0:
             return None
-        pg = dist.new_group(members[mine], use_local_synchronization=True, sort_ranks=False,
-                            group_desc=f"dmuon {name}")
+        pg = _new_group(members[mine], use_local_synchronization=True, group_desc=f"dmuon {name}")
         return C10dTransport(pg, members[mine])
 
     def on_timeout(self) -> None:
