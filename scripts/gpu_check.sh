@@ -73,7 +73,7 @@ run() {
   shift 2
   local cap=$(( $(left) - 15 ))
   (( cap < limit )) && limit=$cap
-  LOG="$LOGDIR/$name.log"
+  LOG="$LOGDIR/$(echo "$name" | tr -c "A-Za-z0-9._\n-" "_").log"
   if (( limit < 5 )); then
     echo "no time left in the budget ($BUDGET s)" >"$LOG"
     RC=124 SECS=0
