@@ -1,9 +1,9 @@
 // Communicator: asynchronous collectives over a group of ranks, returning Work handles with deadlines.
-// Backends: `single` (size 1, always built), `mpi` (Open MPI non-blocking collectives; a build
-// without MPI throws from make_mpi_communicator; device buffers are staged through pinned host
-// memory, so several ranks may share one GPU), `nccl` (dmuon/comm_nccl.h) and the external one (dmuon/comm_external.h: an
-// application transport, e.g. "c10d" over a torch.distributed ProcessGroup, same contract).
-// Layers above never see MPI.
+// Backends (each a Transport under the one Communicator: dmuon/comm_transport.h): `single` (size 1,
+// always built), `mpi` (Open MPI non-blocking collectives; a build without MPI throws from
+// make_mpi_communicator; device buffers are staged through pinned host memory, so several ranks may
+// share one GPU), `nccl` (dmuon/comm_nccl.h) and an application's own transport (e.g. "c10d" over a
+// torch.distributed ProcessGroup, same contract). Layers above never see MPI.
 //
 // Contract for every collective below (unless it says otherwise):
 // - COLLECTIVE: all ranks of this communicator must call it, in the same order, with matching
@@ -56,6 +56,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -64,6 +65,7 @@
 #include <vector>
 
 #include "dmuon/dtype.h"
+#include "dmuon/device.h"
 #include "dmuon/export.h"
 #include "dmuon/tensor.h"
 
@@ -120,25 +122,22 @@ struct DMUON_API OutBuffer {
   InBuffer as_input() const { return InBuffer(data, type, count); }
 };
 
-// A point in a CUDA device's queued work: a cudaEvent_t (as a pointer) recorded on the stream that
-// writes some buffers. Empty: nothing to wait for (host memory, or work already complete).
-struct DeviceEvent {
-  void* cuda_event = nullptr;
-  bool empty() const { return cuda_event == nullptr; }
-};
-
 using CommClock = std::chrono::steady_clock;
 using Deadline = CommClock::time_point;
 
+class Transport;    // what moves a communicator's data (dmuon/comm_transport.h)
+class TransportOp;  // one operation a transport posted
 namespace detail {
-class WorkImpl;  // backend state of one posted collective (src/comm/work_impl.h)
-// One validated send or recv as a backend posts it. A recv writes through buf.data (a send only reads).
+class WorkImpl;  // one posted operation: its transport op and how to name it (src/comm/work_impl.h)
+struct CommRoot;  // what a root communicator and its splits share (src/comm/work_impl.h)
+}  // namespace detail
+
+// One validated send or recv as a transport posts it. A recv writes through buf.data (a send only reads).
 struct P2pOp {
   bool is_send = false;
   int peer = 0;
   InBuffer buf;
 };
-}
 
 // Handle to one posted collective (c10d style). Move-only; collectives return it [[nodiscard]]. A default-constructed Work is complete.
 // Destroying an unfinished Work waits for it with the default timeout (buffers stay valid for MPI);
@@ -211,21 +210,23 @@ struct CommCounters {
   uint64_t collectives = 0;
 };
 
+// One communicator: this validation, counting, grouping and waiting, over one Transport (every
+// backend is a transport: dmuon/comm_transport.h). Made by the make_*_communicator functions.
 class DMUON_API Communicator {
  public:
-  virtual ~Communicator();
+  ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  virtual std::string_view backend() const = 0;  // "single" | "mpi" | the external transport's ("c10d")
+  std::string_view backend() const;  // "single" | "mpi" | "nccl" | an application transport's ("c10d")
   // True when every operation accepts device (CUDA) memory as its buffers: nccl; mpi where it stages
   // through pinned memory (a device was visible on some rank when it was made); single made for a
   // device (make_single_communicator("cuda")); an external transport that says so. Inherited by
   // split(). An engine whose buffers live on a device (OptimizerOptions::device "cuda") refuses a
   // communicator without it: the host would dereference device memory.
-  virtual bool device_buffers() const { return false; }
+  bool device_buffers() const;
   const std::string& name() const { return name_; }  // "world", or the name given to split()
 
   // Variable all-to-all: block j of send (send_displs[j], send_counts[j]) goes to rank j and lands
@@ -314,40 +315,26 @@ class DMUON_API Communicator {
   std::chrono::milliseconds default_timeout() const { return default_timeout_; }
   void set_default_timeout(std::chrono::milliseconds timeout);  // > 0, else std::invalid_argument
 
- protected:
-  Communicator(int rank, int size, std::string name);
-
-  // Backends post already-validated operations (arrays sized size(), blocks inside buffers);
-  // limits of their own (MPI's int counts) they check and report themselves.
-  virtual Work post_all_to_all_v(InBuffer send, std::span<const int64_t> send_counts,
-                                 std::span<const int64_t> send_displs, OutBuffer recv,
-                                 std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
-                                 std::string_view label) = 0;
-  virtual Work post_all_gather_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts,
-                                 std::span<const int64_t> recv_displs, std::string_view label) = 0;
-  virtual Work post_reduce_scatter_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts,
-                                     ReduceOp op, std::string_view label) = 0;
-  virtual Work post_all_reduce(InBuffer send, OutBuffer recv, ReduceOp op, std::string_view label) = 0;
-  virtual Work post_broadcast(OutBuffer buf, int root, std::string_view label) = 0;
-  virtual Work post_barrier(std::string_view label) = 0;
-  virtual std::unique_ptr<Communicator> do_split(int color, int key, std::string name) = 0;
-  // Posts `ops` (at least one) in order as one Work named `op`: "send", "recv" or "group".
-  virtual Work post_p2p(std::span<const detail::P2pOp> ops, std::string_view op, std::string_view label) = 0;
-  // order_after with a non-empty event. Default: a host wait for the event (cudaEventSynchronize).
-  virtual void do_order_after(DeviceEvent ready);
+  // Internal: make_communicator (comm_transport.h) and split() make communicators.
+  Communicator(std::shared_ptr<Transport> transport, std::shared_ptr<detail::CommRoot> root, int rank, int size,
+               std::string name);
 
  private:
   void count(ByteCount b);
   void check_no_group(std::string_view op, std::string_view label) const;
-  Work p2p(detail::P2pOp op, std::string_view label);
+  Work p2p(P2pOp op, std::string_view label);
+  // Posts one validated operation through the transport as a Work named `op` (comm/transport.cpp).
+  Work post(std::string_view op, std::string_view label, const std::function<std::unique_ptr<TransportOp>()>& call);
 
+  std::shared_ptr<Transport> transport_;
+  std::shared_ptr<detail::CommRoot> root_;
   int rank_;
   int size_;
   std::string name_;
   std::chrono::milliseconds default_timeout_;
   CommCounters counters_;
   bool group_open_ = false;
-  std::vector<detail::P2pOp> group_;
+  std::vector<P2pOp> group_;
 };
 
 // The size-1 communicator: every collective is a local copy (or nothing), complete when posted.

@@ -1,5 +1,5 @@
 // The nccl communicator: a dmuon::Communicator whose operations run on NCCL (one GPU per rank).
-// It is an external transport (dmuon/comm_external.h) under the Communicator base, so validation,
+// It is a Transport (dmuon/comm_transport.h) under the Communicator, so validation,
 // byte counters, groups, deadlines and error wording are those of every other backend.
 // - Operations: all_to_all_v as grouped ncclSend / ncclRecv; all_gather_v as ncclAllGather (equal
 //   packed blocks) or grouped ncclBroadcast per block; reduce_scatter_v as ncclReduceScatter (equal

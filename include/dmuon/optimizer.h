@@ -49,7 +49,7 @@ namespace dmuon {
 class Optimizer;
 namespace detail {
 class Backend;
-// Internal (src/state/checkpoint_trainer.cpp): the backend whose memory the state is.
+// Internal (src/checkpoint/trainer.cpp): the backend whose memory the state is.
 std::shared_ptr<Backend> engine_backend(const Optimizer& optimizer);
 }  // namespace detail
 

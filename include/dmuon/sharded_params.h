@@ -57,7 +57,7 @@ namespace dmuon {
 class ShardedParams;
 namespace detail {
 class Backend;
-// Internal (src/state/checkpoint_trainer.cpp): the backend whose memory the buffers are.
+// Internal (src/checkpoint/trainer.cpp): the backend whose memory the buffers are.
 std::shared_ptr<Backend> engine_backend(const ShardedParams& params);
 }  // namespace detail
 

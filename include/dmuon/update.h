@@ -19,13 +19,30 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "dmuon/dtype.h"
 #include "dmuon/export.h"
-#include "dmuon/optim_options.h"
 #include "dmuon/tensor.h"
 
 namespace dmuon {
+
+// "muon" (orthogonalized momentum, matrices and expert stacks only) or "adamw" (any shape).
+enum class Algorithm { Muon, AdamW };
+DMUON_API std::string_view to_string(Algorithm a);
+DMUON_API Algorithm parse_algorithm(std::string_view name);  // throws std::invalid_argument
+
+// "ema": buf ← lerp(buf, g, 1 − μ) (torch.optim.Muon, nanochat);
+// "heavy_ball": buf ← μ·buf + g (Motif, Dion).
+enum class MomentumKind { Ema, HeavyBall };
+DMUON_API std::string_view to_string(MomentumKind k);
+DMUON_API MomentumKind parse_momentum_kind(std::string_view name);  // throws std::invalid_argument
+
+// LR adjustment from the GLOBAL matrix shape A×B (rows × cols; one expert's matrix for a stack):
+// "original" lr·sqrt(max(1, A/B)); "match_rms_adamw" lr·0.2·sqrt(max(A, B)); "none" lr.
+enum class LrRule { Original, MatchRmsAdamw, None };
+DMUON_API std::string_view to_string(LrRule r);
+DMUON_API LrRule parse_lr_rule(std::string_view name);  // throws std::invalid_argument
 
 // ---- momentum --------------------------------------------------------------------------------
 

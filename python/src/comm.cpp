@@ -1,4 +1,4 @@
-// dmuon._core.make_external_communicator: a Communicator whose transport is a Python object
+// dmuon._core.make_transport_communicator: a Communicator whose transport is a Python object
 // (dmuon/torch/_c10d.py: torch.distributed over a ProcessGroup). The engine calls the transport
 // from the thread that drives it, usually with the GIL released (Optimizer.step and its
 // constructor release it): every call into Python takes the GIL here. Buffers reach Python as 1-D
@@ -17,7 +17,7 @@
 
 #include "bindings.h"
 #include "dmuon/comm.h"
-#include "dmuon/comm_external.h"
+#include "dmuon/comm_transport.h"
 #include "dmuon/comm_nccl.h"
 #include "dmuon/error.h"
 
@@ -78,7 +78,7 @@ void drop(nb::object& o) {
   o.reset();
 }
 
-class PyOp final : public ExternalOp {
+class PyOp final : public TransportOp {
  public:
   explicit PyOp(nb::object test) : test_(std::move(test)) {}
   ~PyOp() override { drop(test_); }
@@ -96,7 +96,7 @@ class PyOp final : public ExternalOp {
 };
 
 // None: complete already; else a handle with test(). GIL held.
-std::unique_ptr<ExternalOp> wrap(const nb::object& handle) {
+std::unique_ptr<TransportOp> wrap(const nb::object& handle) {
   if (handle.is_none()) return nullptr;
   return std::make_unique<PyOp>(handle.attr("test"));
 }
@@ -104,50 +104,50 @@ std::unique_ptr<ExternalOp> wrap(const nb::object& handle) {
 constexpr const char* kMethods[] = {"all_to_all_v", "all_gather_v", "reduce_scatter_v", "all_reduce",
                                     "broadcast",    "barrier",      "p2p",              "split"};
 
-class PyTransport final : public ExternalTransport {
+class PyTransport final : public Transport {
  public:
   PyTransport(nb::object obj, std::string backend) : obj_(std::move(obj)), backend_(std::move(backend)) {}
   ~PyTransport() override { drop(obj_); }
 
   std::string_view backend() const override { return backend_; }
 
-  std::unique_ptr<ExternalOp> all_to_all_v(InBuffer send, Counts send_counts, Counts send_displs, OutBuffer recv,
+  std::unique_ptr<TransportOp> all_to_all_v(InBuffer send, Counts send_counts, Counts send_displs, OutBuffer recv,
                                            Counts recv_counts, Counts recv_displs) override {
     nb::gil_scoped_acquire gil;
     return call("all_to_all_v", tensor(send), ints(send_counts), ints(send_displs), tensor(recv), ints(recv_counts),
                 ints(recv_displs), name(send.type));
   }
-  std::unique_ptr<ExternalOp> all_gather_v(InBuffer send, OutBuffer recv, Counts recv_counts, Counts recv_displs) override {
+  std::unique_ptr<TransportOp> all_gather_v(InBuffer send, OutBuffer recv, Counts recv_counts, Counts recv_displs) override {
     nb::gil_scoped_acquire gil;
     return call("all_gather_v", tensor(send), tensor(recv), ints(recv_counts), ints(recv_displs), name(send.type));
   }
-  std::unique_ptr<ExternalOp> reduce_scatter_v(InBuffer send, OutBuffer recv, Counts recv_counts, ReduceOp op) override {
+  std::unique_ptr<TransportOp> reduce_scatter_v(InBuffer send, OutBuffer recv, Counts recv_counts, ReduceOp op) override {
     nb::gil_scoped_acquire gil;
     return call("reduce_scatter_v", tensor(send), tensor(recv), ints(recv_counts), std::string(to_string(op)),
                 name(send.type));
   }
-  std::unique_ptr<ExternalOp> all_reduce(InBuffer send, OutBuffer recv, ReduceOp op) override {
+  std::unique_ptr<TransportOp> all_reduce(InBuffer send, OutBuffer recv, ReduceOp op) override {
     nb::gil_scoped_acquire gil;
     // in place: one tensor object for both arguments
     nb::object r = tensor(recv);
     nb::object s = send.data == recv.data ? r : tensor(send);
     return call("all_reduce", s, r, std::string(to_string(op)), name(send.type));
   }
-  std::unique_ptr<ExternalOp> broadcast(OutBuffer buf, int root) override {
+  std::unique_ptr<TransportOp> broadcast(OutBuffer buf, int root) override {
     nb::gil_scoped_acquire gil;
     return call("broadcast", tensor(buf), root, name(buf.type));
   }
-  std::unique_ptr<ExternalOp> barrier() override {
+  std::unique_ptr<TransportOp> barrier() override {
     nb::gil_scoped_acquire gil;
     return call("barrier");
   }
-  std::unique_ptr<ExternalOp> p2p(std::span<const ExternalP2p> ops) override {
+  std::unique_ptr<TransportOp> p2p(std::span<const P2pOp> ops) override {
     nb::gil_scoped_acquire gil;
     nb::list batch;
-    for (const ExternalP2p& o : ops) batch.append(nb::make_tuple(o.is_send, o.peer, tensor(o.buf)));
+    for (const P2pOp& o : ops) batch.append(nb::make_tuple(o.is_send, o.peer, tensor(o.buf)));
     return call("p2p", batch);
   }
-  std::shared_ptr<ExternalTransport> split(std::span<const int> colors, std::span<const int> keys,
+  std::shared_ptr<Transport> split(std::span<const int> colors, std::span<const int> keys,
                                            const std::string& name) override {
     nb::gil_scoped_acquire gil;
     nb::object sub;
@@ -172,7 +172,7 @@ class PyTransport final : public ExternalTransport {
   static std::string name(CommType t) { return std::string(to_string(t)); }
 
   template <class... Args>
-  std::unique_ptr<ExternalOp> call(const char* method, Args&&... args) {
+  std::unique_ptr<TransportOp> call(const char* method, Args&&... args) {
     try {
       return wrap(obj_.attr(method)(std::forward<Args>(args)...));
     } catch (const nb::python_error& e) {
@@ -188,23 +188,23 @@ class PyTransport final : public ExternalTransport {
 
 void init_comm(nb::module_& m) {
   m.def(
-      "make_external_communicator",
+      "make_transport_communicator",
       [](nb::object transport, int rank, int size, const std::string& name, int world_rank) {
         std::string missing;
         for (const char* method : kMethods)
           if (!nb::hasattr(transport, method)) missing += (missing.empty() ? "" : ", ") + std::string(method);
         if (!missing.empty())
-          throw nb::type_error(("[python] make_external_communicator: the transport (" +
+          throw nb::type_error(("[python] make_transport_communicator: the transport (" +
                                 std::string(nb::type_name(transport.type()).c_str()) + ") lacks " + missing +
-                                "; see dmuon/comm_external.h and dmuon/torch/_c10d.py")
+                                "; see dmuon/comm_transport.h and dmuon/torch/_c10d.py")
                                    .c_str());
         std::string backend = nb::hasattr(transport, "backend") ? nb::cast<std::string>(transport.attr("backend")) : "external";
         auto t = std::make_shared<PyTransport>(std::move(transport), std::move(backend));
-        return std::shared_ptr<Communicator>(make_external_communicator(std::move(t), rank, size, name, world_rank));
+        return std::shared_ptr<Communicator>(make_communicator(std::move(t), rank, size, name, world_rank));
       },
       nb::arg("transport"), nb::arg("rank"), nb::arg("size"), nb::arg("name") = "world", nb::arg("world_rank") = -1,
       "A Communicator over a Python transport (methods all_to_all_v, all_gather_v, reduce_scatter_v, all_reduce, "
-      "broadcast, barrier, p2p, split; attribute backend): dmuon/comm_external.h's contract. Local: posts nothing.");
+      "broadcast, barrier, p2p, split; attribute backend): dmuon/comm_transport.h's contract. Local: posts nothing.");
 
   m.def(
       "make_nccl_communicator",

@@ -37,10 +37,4 @@ void Buffer::reset() {
   data_ = nullptr, bytes_ = 0, free_ = nullptr;
 }
 
-std::shared_ptr<Backend> make_backend(std::string_view name) {
-  if (name == "cpu") return make_cpu_backend();
-  if (name == "cuda") return make_cuda_backend(0);
-  throw_invalid_argument(concat("[backend] unknown backend '", name, "'; use cpu or cuda"));
-}
-
 }  // namespace dmuon::detail

@@ -2,7 +2,8 @@
 // buffers from its allocator, streams and events, the element-wise update kernels, batched
 // orthogonalization (Gram Newton–Schulz with a reduce callback, so no BLAS call lives outside a
 // backend) and its thread control. The executor and LocalOptimizer call only this interface.
-// Implementations: `cpu` (OpenBLAS, oneDNN; cpu/), `cuda` (no_cuda.cpp until it exists).
+// Implementations: `cpu` (cpu/: OpenBLAS, oneDNN), `cuda` (cuda/: cuBLAS and dmuon's kernels; a
+// build without CUDA compiles no_cuda.cpp instead).
 //
 // Contract: pointers passed to a kernel are the backend's device memory (host memory for cpu).
 // Kernels run on the calling thread (cpu) unless submitted to a Stream. Numerics are those of the
@@ -32,12 +33,11 @@
 #include <vector>
 
 #include "backend/pack.h"
-#include "dmuon/comm.h"
 #include "dmuon/device.h"
-#include "dmuon/optim_options.h"
 #include "dmuon/orthogonalize.h"
 #include "dmuon/qk_clip.h"
 #include "dmuon/tensor.h"
+#include "dmuon/update.h"
 #include "dmuon/update.h"
 
 namespace dmuon::detail {
@@ -288,8 +288,6 @@ class Backend {
                                   int64_t s, const GramReduce& reduce, DType comm) = 0;
 };
 
-// "cpu" (always built) or "cuda" (dmuon::Error "[cuda] dmuon was built without CUDA" in this build).
-std::shared_ptr<Backend> make_backend(std::string_view name);
 std::shared_ptr<Backend> make_cpu_backend();
 std::shared_ptr<Backend> make_cuda_backend(int device);
 

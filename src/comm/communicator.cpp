@@ -1,12 +1,14 @@
-// Communicator, shared part: argument validation (before anything is posted), byte counters,
-// default timeout, sub-communicator helpers, backend selection. Backends only post.
+// Communicator, collectives: argument validation (before anything is posted), byte counters,
+// default timeout, sub-communicator helpers, backend selection. Transports only post
+// (transport.cpp hands them the validated calls).
 #include <algorithm>
 #include <cstdlib>
 #include <numeric>
 #include <string>
 
-#include "comm/memory_space.h"
+#include "comm/staging.h"
 #include "comm/work_impl.h"
+#include "dmuon/comm_transport.h"
 #include "dmuon/comm.h"
 #include "dmuon/comm_nccl.h"
 #include "dmuon/error.h"
@@ -78,11 +80,6 @@ int64_t total(std::span<const int64_t> counts) {
 
 }  // namespace
 
-Communicator::Communicator(int rank, int size, std::string name)
-    : rank_(rank), size_(size), name_(std::move(name)), default_timeout_(detail::default_timeout_from_env()) {}
-
-Communicator::~Communicator() = default;
-
 void Communicator::set_default_timeout(std::chrono::milliseconds timeout) {
   DMUON_CHECK(timeout.count() > 0, "[comm] default timeout must be positive (got ", timeout.count(), " ms)");
   default_timeout_ = timeout;
@@ -113,7 +110,9 @@ Work Communicator::all_to_all_v(InBuffer send, std::span<const int64_t> send_cou
   DMUON_CHECK(send_counts[r] == recv_counts[r], where(o), "rank ", rank_, " sends itself ", send_counts[r],
               " elements but expects ", recv_counts[r], "; send_counts[rank] must equal recv_counts[rank]");
   check_no_overlap(o, send, recv);
-  Work work = post_all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs, label);
+  Work work = post("all_to_all", label, [&] {
+    return transport_->all_to_all_v(send, send_counts, send_displs, recv, recv_counts, recv_displs);
+  });
   count(comm_bytes_all_to_all_v(rank_, send_counts, recv_counts, comm_type_size(send.type)));
   return work;
 }
@@ -144,7 +143,7 @@ Work Communicator::all_gather_v(InBuffer send, OutBuffer recv, std::span<const i
               rank_, " sends ", send.count, " elements but recv_counts[", rank_, "] = ",
               recv_counts[static_cast<size_t>(rank_)]);
   check_no_overlap(o, send, recv);
-  Work work = post_all_gather_v(send, recv, recv_counts, recv_displs, label);
+  Work work = post("all_gather", label, [&] { return transport_->all_gather_v(send, recv, recv_counts, recv_displs); });
   count(comm_bytes_all_gather_v(rank_, recv_counts, comm_type_size(send.type)));
   return work;
 }
@@ -180,7 +179,7 @@ Work Communicator::reduce_scatter_v(InBuffer send, OutBuffer recv, std::span<con
               "receive buffer has ", recv.count, " elements, fewer than recv_counts[", rank_, "] = ",
               recv_counts[static_cast<size_t>(rank_)]);
   check_no_overlap(o, send, recv);
-  Work work = post_reduce_scatter_v(send, recv, recv_counts, op, label);
+  Work work = post("reduce_scatter", label, [&] { return transport_->reduce_scatter_v(send, recv, recv_counts, op); });
   count(comm_bytes_reduce_scatter_v(rank_, recv_counts, comm_type_size(send.type)));
   return work;
 }
@@ -203,7 +202,7 @@ Work Communicator::all_reduce(InBuffer send, OutBuffer recv, ReduceOp op, std::s
   DMUON_CHECK(send.count == recv.count, where(o), "send has ", send.count, " elements but receive has ",
               recv.count, "; they must match");
   if (send.data != recv.data) check_no_overlap(o, send, recv);
-  Work work = post_all_reduce(send, recv, op, label);
+  Work work = post("all_reduce", label, [&] { return transport_->all_reduce(send, recv, op); });
   count(comm_bytes_all_reduce(rank_, size_, static_cast<int64_t>(send.count), comm_type_size(send.type)));
   return work;
 }
@@ -218,24 +217,16 @@ Work Communicator::broadcast(OutBuffer buf, int root, std::string_view label) {
   DMUON_CHECK(root >= 0 && root < size_, where(o), "root ", root, " is not a rank of this communicator (size ",
               size_, ")");
   check_buffer(o, "buffer", buf.data, buf.count);
-  Work work = post_broadcast(buf, root, label);
+  Work work = post("broadcast", label, [&] { return transport_->broadcast(buf, root); });
   count(comm_bytes_broadcast(rank_, size_, root, static_cast<int64_t>(buf.count), comm_type_size(buf.type)));
   return work;
 }
 
 Work Communicator::barrier(std::string_view label) {
   check_no_group("barrier", label);
-  Work work = post_barrier(label);
+  Work work = post("barrier", label, [&] { return transport_->barrier(); });
   count({});
   return work;
-}
-
-std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string_view name) {
-  check_no_group("split", name);
-  std::string n = name.empty() ? detail::concat(name_, "/", color) : std::string(name);
-  auto out = do_split(color < 0 ? -1 : color, key, std::move(n));
-  if (out) out->set_default_timeout(default_timeout_);
-  return out;
 }
 
 std::unique_ptr<Communicator> Communicator::subgroup(std::span<const int> ranks, std::string_view name) {
@@ -289,11 +280,6 @@ std::unique_ptr<Communicator> Communicator::split_mesh_dims(std::span<const int6
                       "; ranks disagree on their mesh coordinates");
   return out;
 }
-
-void Communicator::order_after(DeviceEvent ready) {
-  if (!ready.empty()) do_order_after(ready);
-}
-void Communicator::do_order_after(DeviceEvent ready) { detail::wait_on_host(ready, backend()); }
 
 std::unique_ptr<Communicator> make_communicator(std::string_view backend) {
   if (backend == "single") return make_single_communicator();

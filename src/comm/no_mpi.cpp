@@ -2,7 +2,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "comm/memory_space.h"
+#include "comm/staging.h"
 #include "dmuon/comm.h"
 #include "dmuon/error.h"
 

@@ -1,9 +1,10 @@
 // Communicator, point-to-point part: send / recv validation, groups (collected here, posted by the
-// backend at group_end), and their byte counting. Backends only post (post_p2p).
+// transport at group_end), and their byte counting. Transports only post (Transport::p2p).
 #include <algorithm>
 #include <vector>
 
 #include "comm/work_impl.h"
+#include "dmuon/comm_transport.h"
 #include "dmuon/comm.h"
 #include "dmuon/error.h"
 
@@ -12,7 +13,7 @@ namespace {
 
 // A recv buffer may not overlap any other buffer of its group (sends may share memory with each
 // other). Sweep over the non-empty buffers sorted by start: O(n log n) for world-sized groups.
-void check_group_overlap(std::span<const detail::P2pOp> ops, std::string_view label) {
+void check_group_overlap(std::span<const P2pOp> ops, std::string_view label) {
   struct Span {
     const std::byte* begin;
     const std::byte* end;
@@ -54,14 +55,14 @@ void Communicator::check_no_group(std::string_view op, std::string_view label) c
 }
 
 Work Communicator::send(InBuffer buf, int peer, std::string_view label) {
-  return p2p(detail::P2pOp{true, peer, buf}, label);
+  return p2p(P2pOp{true, peer, buf}, label);
 }
 
 Work Communicator::recv(OutBuffer buf, int peer, std::string_view label) {
-  return p2p(detail::P2pOp{false, peer, buf.as_input()}, label);
+  return p2p(P2pOp{false, peer, buf.as_input()}, label);
 }
 
-Work Communicator::p2p(detail::P2pOp op, std::string_view label) {
+Work Communicator::p2p(P2pOp op, std::string_view label) {
   const std::string_view name = op.is_send ? "send" : "recv";
   DMUON_CHECK(op.peer >= 0 && op.peer < size_, "[comm] ", name, " '", label, "': peer ", op.peer,
               " is not a rank of communicator '", name_, "' (size ", size_, ")");
@@ -71,7 +72,7 @@ Work Communicator::p2p(detail::P2pOp op, std::string_view label) {
     group_.push_back(op);
     return Work();
   }
-  Work work = post_p2p(std::span(&op, 1), name, label);
+  Work work = post(name, label, [&] { return transport_->p2p(std::span(&op, 1)); });
   const size_t elem = comm_type_size(op.buf.type);
   const auto n = static_cast<int64_t>(op.buf.count);
   count(op.is_send ? comm_bytes_send(rank_, op.peer, n, elem) : comm_bytes_recv(rank_, op.peer, n, elem));
@@ -89,19 +90,19 @@ Work Communicator::group_end(std::string_view label) {
   DMUON_CHECK(group_open_, "[comm] group_end '", label, "' on communicator '", name_,
               "' without group_begin");
   // The group closes whatever happens below: a failed group cannot be retried piecemeal.
-  std::vector<detail::P2pOp> ops = std::move(group_);
+  std::vector<P2pOp> ops = std::move(group_);
   group_.clear();
   group_open_ = false;
   check_group_overlap(ops, label);
   ByteCount bytes;
-  for (const detail::P2pOp& op : ops) {
+  for (const P2pOp& op : ops) {
     const size_t elem = comm_type_size(op.buf.type);
     const auto n = static_cast<int64_t>(op.buf.count);
     const ByteCount b = op.is_send ? comm_bytes_send(rank_, op.peer, n, elem) : comm_bytes_recv(rank_, op.peer, n, elem);
     bytes.sent += b.sent;
     bytes.recv += b.recv;
   }
-  Work work = ops.empty() ? Work() : post_p2p(ops, "group", label);
+  Work work = ops.empty() ? Work() : post("group", label, [&] { return transport_->p2p(ops); });
   count(bytes);
   return work;
 }

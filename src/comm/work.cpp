@@ -1,5 +1,5 @@
-// Work: the handle of one posted collective; the wait loop with its deadline lives here, shared
-// by every backend, so every backend times out and words the error the same way.
+// Work: the handle of one posted operation; the wait loop with its deadline lives here, shared by
+// every transport, so every backend times out and words the error the same way.
 #include <fmt/format.h>
 
 #include <thread>
@@ -10,12 +10,6 @@
 namespace dmuon {
 namespace detail {
 namespace {
-
-class CompletedWork final : public WorkImpl {
- public:
-  explicit CompletedWork(WorkInfo info) : WorkImpl(std::move(info)) { done = true; }
-  bool poll() override { return true; }
-};
 
 std::string timeout_message(const WorkInfo& w, std::chrono::milliseconds waited) {
   const bool p2p = w.op == "send" || w.op == "recv" || w.op == "group";
@@ -28,7 +22,50 @@ std::string timeout_message(const WorkInfo& w, std::chrono::milliseconds waited)
 
 }  // namespace
 
-Work make_completed_work(WorkInfo info) { return Work(std::make_unique<CompletedWork>(std::move(info))); }
+WorkImpl::WorkImpl(WorkInfo info, std::shared_ptr<CommRoot> root, std::shared_ptr<Transport> transport,
+                   std::unique_ptr<TransportOp> op)
+    : info_(std::move(info)), root_(std::move(root)), transport_(std::move(transport)), op_(std::move(op)) {
+  done = op_ == nullptr;  // the transport finished it during the call
+}
+
+WorkImpl::~WorkImpl() {
+  // An op the transport may still write through (after a timeout) is leaked, like an MPI request.
+  if (!done && op_ && root_->broken) (void)op_.release();
+}
+
+bool WorkImpl::poll() {
+  if (!op_) return true;
+  bool complete = false;
+  try {
+    complete = op_->test();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw_error(concat("[", info_.backend, "] rank ", info_.world_rank, ": ", info_.op, " '", info_.label,
+                       "' failed on communicator '", info_.comm_name, "' (rank ", info_.comm_rank, " of ",
+                       info_.comm_size, "): ", e.what()));
+  }
+  if (complete) op_.reset();  // let go of the transport's state (tensors, handles) now
+  return complete;
+}
+
+void WorkImpl::on_timeout() {
+  const bool breaks = !op_ || op_->on_timeout();
+  if (breaks && !root_->broken) {
+    root_->broken = true;
+    if (transport_) transport_->on_timeout();
+  }
+}
+
+bool WorkImpl::destructor_may_wait() const {
+  return !root_->broken && (!transport_ || transport_->usable()) && (!op_ || op_->destructor_may_wait());
+}
+
+bool WorkImpl::abandon() {
+  if (!op_ || !op_->abandon()) return false;
+  op_.reset();
+  return true;
+}
 
 }  // namespace detail
 

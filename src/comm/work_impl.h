@@ -1,17 +1,27 @@
-// Backend side of a Work: one posted collective, polled by Work::test / Work::wait (src/comm/work.cpp).
+// Internal: one posted operation behind a Work (its transport op, and what a timeout error names),
+// and what a root communicator and its splits share. Polled by Work::test / Work::wait (work.cpp).
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <string_view>
 
 #include "dmuon/comm.h"
+#include "dmuon/comm_transport.h"
 
 namespace dmuon::detail {
 
+// Shared by a root communicator and every communicator split from it.
+struct CommRoot {
+  std::string backend;  // WorkInfo::backend views this string: Works keep the root alive
+  int world_rank = 0;
+  bool broken = false;  // a wait timed out: nothing more is posted, destructors do not wait
+};
+
 // What a Work needs to name itself in a timeout error.
 struct WorkInfo {
-  std::string_view backend;  // "single" | "mpi"
+  std::string_view backend;  // the transport's: "single" | "mpi" | "nccl" | "c10d"
   std::string_view op;       // "all_to_all", "all_gather", ..., "send", "recv", "group"
   std::string label;         // the caller's label, e.g. "chunk 3 gather"
   std::string comm_name;
@@ -23,30 +33,32 @@ struct WorkInfo {
 
 class WorkImpl {
  public:
-  explicit WorkImpl(WorkInfo info) : info_(std::move(info)) {}
-  virtual ~WorkImpl() = default;
+  // `op` null: complete when posted. `transport` may be null (an op before a communicator exists).
+  WorkImpl(WorkInfo info, std::shared_ptr<CommRoot> root, std::shared_ptr<Transport> transport,
+           std::unique_ptr<TransportOp> op);
+  ~WorkImpl();
 
-  // Drives progress once; true when the collective has completed. Throws dmuon::Error on failure.
-  virtual bool poll() = 0;
+  // Drives progress once; true when the operation has completed. Throws dmuon::Error on failure.
+  bool poll();
   // Called once when a wait passes its deadline, before the error is thrown.
-  virtual void on_timeout() {}
-  // False when a destructor must not wait for this Work (process already broken).
-  virtual bool destructor_may_wait() const { return true; }
-  // Called when an unfinished Work is destroyed without completing: true when the backend has let
-  // go of the buffers (the state is then freed), false to leak it (MPI may still use them).
-  virtual bool abandon() { return false; }
+  void on_timeout();
+  // False when a destructor must not wait for this Work (the root is broken, or the op says so).
+  bool destructor_may_wait() const;
+  // An unfinished Work destroyed without completing: true when the transport let go of the buffers
+  // (the state is then freed), false to leak it (the transport may still use them).
+  bool abandon();
 
   const WorkInfo& info() const { return info_; }
   bool done = false;
 
  private:
   WorkInfo info_;
+  std::shared_ptr<CommRoot> root_;
+  std::shared_ptr<Transport> transport_;
+  std::unique_ptr<TransportOp> op_;
 };
 
 // DMUON_TIMEOUT_S (seconds) or 300 s; std::invalid_argument when the variable is not a positive number.
 std::chrono::milliseconds default_timeout_from_env();
-
-// A Work that completed when it was posted (single backend, local shortcuts).
-Work make_completed_work(WorkInfo info);
 
 }  // namespace dmuon::detail

@@ -1,7 +1,7 @@
-// Internal: the collective agreements of the engine. They depend only on a Communicator and a
-// deadline, not on the optimizer's internals, so any component (the optimizer, later the sharded
-// parameters and checkpoints) can use them. Every function here is COLLECTIVE and throws the same
-// error on every rank when the ranks disagree, before anything is modified.
+// Internal: the optimizer's collective agreements (construction: plan_agreement.cpp; each step:
+// step_agreement.cpp), built on the generic ones of comm/agreement.h. Every function here is
+// COLLECTIVE and throws the same error on every rank when the ranks disagree, before anything is
+// modified.
 #pragma once
 
 #include <chrono>
@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/agreement.h"
 #include "dmuon/comm.h"
 #include "dmuon/optim_options.h"
 
@@ -56,19 +57,5 @@ std::vector<std::pair<std::string, std::string>> step_fields(const std::vector<G
 // NonFinitePolicy::Raise, when a gradient is not finite. `names` are the parameter names.
 bool agree_on_step(Communicator& comm, std::chrono::milliseconds timeout, const StepClaim& claim,
                    NonFinitePolicy policy, const std::vector<std::string>& names);
-
-// "rank 1", "ranks 0, 2", "ranks 0-63, 65" (sorted input).
-std::string ranks_text(const std::vector<int>& ranks);
-// Ranks grouped by identical text, first appearance first: "'a' on ranks 0, 2; 'b' on rank 1".
-std::string texts_by_rank(const std::vector<std::string>& texts);
-// COLLECTIVE: every rank describes what must be equal everywhere as lines of text. One all-gather
-// of a 64-bit digest of them; on a difference (seen alike by every rank) the texts are gathered and
-// every rank throws the same dmuon::Error "<what>: line <k> differs: <texts_by_rank>; <hint>"
-// naming the first differing line and the ranks on each side.
-void agree_on_lines(Communicator& comm, std::chrono::milliseconds timeout, const std::vector<std::string>& lines,
-                    std::string_view what, std::string_view hint);
-// Every rank's string (COLLECTIVE: two all-gathers).
-std::vector<std::string> all_gather_strings(Communicator& comm, std::chrono::milliseconds timeout,
-                                            const std::string& mine, const char* label);
 
 }  // namespace dmuon::detail

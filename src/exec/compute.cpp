@@ -10,7 +10,7 @@
 #include <tuple>
 #include <vector>
 
-#include "exec/engine_device.h"
+#include "backend/select.h"
 #include "exec/executor.h"
 
 namespace dmuon::detail {

@@ -7,8 +7,8 @@
 #include "dmuon/error.h"
 #include "dmuon/inventory.h"
 #include "dmuon/optimizer.h"
-#include "comm/memory_space.h"
-#include "exec/engine_device.h"
+#include "comm/staging.h"
+#include "backend/select.h"
 #include "exec/param_groups.h"
 
 namespace dmuon {

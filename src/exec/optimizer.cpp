@@ -12,7 +12,8 @@
 #include "dmuon/update.h"
 #include "core/hash.h"
 #include "exec/agreement.h"
-#include "exec/engine_device.h"
+#include "backend/select.h"
+#include "comm/device_check.h"
 #include "exec/executor.h"
 #include "exec/param_groups.h"
 

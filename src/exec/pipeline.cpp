@@ -15,7 +15,7 @@
 #include <string>
 #include <thread>
 
-#include "exec/engine_device.h"
+#include "backend/select.h"
 #include "exec/executor.h"
 
 namespace dmuon::detail {

@@ -10,8 +10,9 @@
 
 #include "core/hash.h"
 #include "dmuon/error.h"
-#include "exec/agreement.h"
-#include "exec/engine_device.h"
+#include "comm/agreement.h"
+#include "backend/select.h"
+#include "comm/device_check.h"
 #include "sharded_params_impl.h"
 
 namespace dmuon {

@@ -22,7 +22,8 @@
 #include <memory>
 
 #include "backend/backend.h"
-#include "dmuon/optim_options.h"
+#include "dmuon/state_hooks.h"
+#include "dmuon/update.h"
 #include "dmuon/tensor.h"
 #include "state/state_offload.h"
 

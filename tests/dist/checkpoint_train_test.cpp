@@ -26,14 +26,14 @@
 
 #include "../support/corrupt_file.h"
 #include "../support/fake_device.h"
-#include "comm/memory_space.h"
+#include "comm/staging.h"
 #include "dmuon/checkpoint.h"
 #include "dmuon/comm.h"
 #include "dmuon/error.h"
 #include "dmuon/mesh_comms.h"
 #include "dmuon/optimizer.h"
 #include "dmuon/sharded_params.h"
-#include "exec/engine_device.h"
+#include "backend/select.h"
 #include "verdict.h"
 
 namespace {

@@ -9,8 +9,8 @@
 #include <optional>
 
 #include "../support/fake_device.h"
-#include "comm/memory_space.h"
-#include "exec/engine_device.h"
+#include "comm/staging.h"
+#include "backend/select.h"
 #include "optimizer_fixture.h"
 
 namespace dmuon::test {

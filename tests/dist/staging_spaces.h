@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "../support/fake_device.h"
-#include "comm/memory_space.h"
+#include "comm/staging.h"
 
 namespace dmuon::test {
 

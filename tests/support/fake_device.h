@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "comm/memory_space.h"
+#include "comm/staging.h"
 
 namespace dmuon::test {
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/select.h"
 #include "dmuon/error.h"
 #include "test_support.h"
 
@@ -20,12 +21,12 @@ namespace {
 using dmuon::test::randn;
 
 TEST(Backend, SelectionAndCapabilities) {
-  auto cpu = make_backend("cpu");
+  auto cpu = select_device("cpu").backend;
   EXPECT_EQ(cpu->name(), "cpu");
   EXPECT_EQ(to_string(cpu->device()), "cpu");
   EXPECT_FALSE(cpu->capabilities().device_memory);
   try {
-    auto cuda = make_backend("cuda");  // a build with the cuda backend on a machine with a device
+    auto cuda = select_device("cuda").backend;  // a build with the cuda backend on a machine with a device
     EXPECT_EQ(cuda->name(), "cuda");
     EXPECT_TRUE(cuda->capabilities().device_memory);
   } catch (const Error& e) {  // without CUDA in the build, or without a device (cuda_backend_test)
@@ -34,7 +35,7 @@ TEST(Backend, SelectionAndCapabilities) {
                 what.find("[cuda] no CUDA device: ") != std::string::npos)
         << what;
   }
-  EXPECT_THROW(make_backend("tpu"), std::invalid_argument);
+  EXPECT_THROW(select_device("tpu"), std::invalid_argument);
 }
 
 TEST(Backend, BuffersAreZeroedAndOwned) {

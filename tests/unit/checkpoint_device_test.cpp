@@ -18,15 +18,15 @@
 #include <vector>
 
 #include "../support/fake_device.h"
-#include "comm/memory_space.h"
+#include "comm/staging.h"
 #include "dmuon/checkpoint.h"
 #include "dmuon/error.h"
 #include "dmuon/mesh_comms.h"
 #include "dmuon/optimizer.h"
 #include "dmuon/sharded_params.h"
-#include "exec/engine_device.h"
-#include "state/file_io.h"
-#include "state/safetensors_io.h"
+#include "backend/select.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/safetensors_io.h"
 #include "../support/corrupt_file.h"
 #include "../support/temp_dir.h"
 

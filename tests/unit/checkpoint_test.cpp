@@ -23,10 +23,10 @@
 #include "dmuon/optimizer.h"
 #include "dmuon/sharded_params.h"
 #include "dmuon/update.h"
-#include "state/box_copy.h"
-#include "state/checkpoint_index.h"
-#include "state/file_io.h"
-#include "state/safetensors_io.h"
+#include "checkpoint/box_copy.h"
+#include "checkpoint/index.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/safetensors_io.h"
 #include "../support/temp_dir.h"
 
 namespace dmuon {

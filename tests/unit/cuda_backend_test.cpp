@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/select.h"
 #include "backend/cuda/batched_gemm.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -90,7 +91,7 @@ TEST(CudaBackend, NoDeviceGivesAClearError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("[cuda] no CUDA device: "), std::string::npos) << e.what();
   }
-  EXPECT_THROW(make_backend("cuda"), Error);
+  EXPECT_THROW(select_device("cuda"), Error);
 }
 
 TEST(CudaBackend, BuffersStreamsAndCapabilities) {

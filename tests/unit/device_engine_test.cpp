@@ -15,12 +15,12 @@
 
 #include "../support/fake_device.h"
 #include "backend/backend.h"
-#include "comm/memory_space.h"
+#include "comm/staging.h"
 #include "dmuon/comm.h"
 #include "dmuon/bf16.h"
 #include "dmuon/local_optimizer.h"
 #include "dmuon/optimizer.h"
-#include "exec/engine_device.h"
+#include "backend/select.h"
 #include "test_support.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// The external communicator (include/dmuon/comm_external.h) over an in-process transport: N ranks
+// The external communicator (include/dmuon/comm_transport.h) over an in-process transport: N ranks
 // are N threads, each with its own communicator over a shared hub that completes a collective once
 // every rank has posted it. Checks what the Communicator base adds on top of any transport: results,
 // byte counters equal to the comm_bytes_* predictors, splits, the deadline (a rank that never posts
@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "dmuon/comm.h"
-#include "dmuon/comm_external.h"
+#include "dmuon/comm_transport.h"
 #include "dmuon/error.h"
 
 namespace dmuon {
@@ -99,7 +99,7 @@ class Hub {
   std::map<int64_t, Pending> pending_;
 };
 
-class HubOp final : public ExternalOp {
+class HubOp final : public TransportOp {
  public:
   explicit HubOp(std::shared_ptr<std::atomic<bool>> done) : done_(std::move(done)) {}
   bool test() override { return done_->load(); }
@@ -108,31 +108,31 @@ class HubOp final : public ExternalOp {
   std::shared_ptr<std::atomic<bool>> done_;
 };
 
-class HubTransport final : public ExternalTransport {
+class HubTransport final : public Transport {
  public:
   HubTransport(std::shared_ptr<Hub> hub, int rank, bool device = false)
       : hub_(std::move(hub)), rank_(rank), device_(device) {}
   std::string_view backend() const override { return "hub"; }
   bool device_buffers() const override { return device_; }
 
-  std::unique_ptr<ExternalOp> all_to_all_v(InBuffer send, Counts sc, Counts sd, OutBuffer recv, Counts rc,
+  std::unique_ptr<TransportOp> all_to_all_v(InBuffer send, Counts sc, Counts sd, OutBuffer recv, Counts rc,
                                            Counts rd) override {
     return post({"all_to_all", send, recv, vec(sc), vec(sd), vec(rc), vec(rd)});
   }
-  std::unique_ptr<ExternalOp> all_gather_v(InBuffer send, OutBuffer recv, Counts rc, Counts rd) override {
+  std::unique_ptr<TransportOp> all_gather_v(InBuffer send, OutBuffer recv, Counts rc, Counts rd) override {
     return post({"all_gather", send, recv, {}, {}, vec(rc), vec(rd)});
   }
-  std::unique_ptr<ExternalOp> reduce_scatter_v(InBuffer, OutBuffer, Counts, ReduceOp) override {
+  std::unique_ptr<TransportOp> reduce_scatter_v(InBuffer, OutBuffer, Counts, ReduceOp) override {
     throw std::runtime_error("the test transport has no reduce_scatter");
   }
-  std::unique_ptr<ExternalOp> all_reduce(InBuffer send, OutBuffer recv, ReduceOp op) override {
+  std::unique_ptr<TransportOp> all_reduce(InBuffer send, OutBuffer recv, ReduceOp op) override {
     if (op != ReduceOp::Sum || send.type != CommType::F32) throw std::runtime_error("only fp32 sums");
     return post({"all_reduce", send, recv, {}, {}, {}, {}});
   }
-  std::unique_ptr<ExternalOp> broadcast(OutBuffer, int) override { throw std::runtime_error("no broadcast"); }
-  std::unique_ptr<ExternalOp> barrier() override { return post({"barrier", {}, {}, {}, {}, {}, {}}); }
-  std::unique_ptr<ExternalOp> p2p(std::span<const ExternalP2p>) override { throw std::runtime_error("no p2p"); }
-  std::shared_ptr<ExternalTransport> split(std::span<const int> colors, std::span<const int> keys,
+  std::unique_ptr<TransportOp> broadcast(OutBuffer, int) override { throw std::runtime_error("no broadcast"); }
+  std::unique_ptr<TransportOp> barrier() override { return post({"barrier", {}, {}, {}, {}, {}, {}}); }
+  std::unique_ptr<TransportOp> p2p(std::span<const P2pOp>) override { throw std::runtime_error("no p2p"); }
+  std::shared_ptr<Transport> split(std::span<const int> colors, std::span<const int> keys,
                                            const std::string&) override {
     // Every rank computes the same groups; a group's hub is shared through the parent hub's registry.
     const int color = colors[static_cast<size_t>(rank_)];
@@ -149,7 +149,7 @@ class HubTransport final : public ExternalTransport {
 
  private:
   static std::vector<int64_t> vec(Counts c) { return {c.begin(), c.end()}; }
-  std::unique_ptr<ExternalOp> post(Call call) { return std::make_unique<HubOp>(hub_->post(rank_, seq_++, std::move(call))); }
+  std::unique_ptr<TransportOp> post(Call call) { return std::make_unique<HubOp>(hub_->post(rank_, seq_++, std::move(call))); }
 
   std::shared_ptr<Hub> child(int color, int size, int nth) {
     static std::mutex mu;
@@ -175,7 +175,7 @@ void run_ranks(int size, Body body, std::chrono::milliseconds timeout = 10s, boo
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r)
     threads.emplace_back([&, r] {
-      auto comm = make_external_communicator(std::make_shared<HubTransport>(hub, r, device), r, size);
+      auto comm = make_communicator(std::make_shared<HubTransport>(hub, r, device), r, size);
       comm->set_default_timeout(timeout);
       body(r, *comm);
     });
@@ -288,8 +288,8 @@ TEST(ExternalComm, TransportFailureIsADmuonErrorNamingTheOp) {
       EXPECT_NE(what.find("reduce_scatter 'grads'"), std::string::npos) << what;
       EXPECT_NE(what.find("the test transport has no reduce_scatter"), std::string::npos) << what;
     }
-    EXPECT_THROW(make_external_communicator(nullptr, 0, 1), std::invalid_argument);
-    EXPECT_THROW(make_external_communicator(std::make_shared<HubTransport>(std::make_shared<Hub>(1), 0), 1, 1),
+    EXPECT_THROW(make_communicator(nullptr, 0, 1), std::invalid_argument);
+    EXPECT_THROW(make_communicator(std::make_shared<HubTransport>(std::make_shared<Hub>(1), 0), 1, 1),
                  std::invalid_argument);
   });
 }

@@ -13,11 +13,11 @@
 
 #include "../support/fake_device.h"
 #include "backend/backend.h"
-#include "comm/memory_space.h"
+#include "comm/staging.h"
 #include "dmuon/comm.h"
 #include "dmuon/mesh_comms.h"
 #include "dmuon/sharded_params.h"
-#include "exec/engine_device.h"
+#include "backend/select.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <map>
 
-#include "comm/memory_space.h"
+#include "comm/staging.h"
 
 namespace dmuon {
 namespace {

@@ -20,7 +20,7 @@
 #include "dmuon/blas.h"
 #include "dmuon/error.h"
 #include "dmuon/optimizer.h"
-#include "exec/engine_device.h"
+#include "backend/select.h"
 #include "plan_options.h"
 
 namespace dmuon::cli {

@@ -1,7 +1,7 @@
 """dmuon's communicator over torch.distributed (c10d): the transport behind
 `make_c10d_communicator()`, so that the engine runs on the job's process group under torchrun.
 
-The native Communicator (dmuon/comm_external.h) validates every call, counts bytes, applies the
+The native Communicator (dmuon/comm_transport.h) validates every call, counts bytes, applies the
 deadlines and words the errors exactly as for MPI; this transport only moves data. Every
 operation is posted asynchronously (`async_op=True`) and polled with `Work.is_completed()`.
 What gloo lacks is built from data movement plus a LOCAL reduction in rank order (deterministic,
@@ -357,5 +357,5 @@ def make_c10d_communicator(group: Optional[Any] = None, name: str = "world") -> 
                            "dmuon.torch.init_distributed() (or dist.init_process_group) first")
     members = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
     transport = C10dTransport(group, members)
-    return _core.make_external_communicator(transport, transport.rank, transport.size, name,
+    return _core.make_transport_communicator(transport, transport.rank, transport.size, name,
                                             dist.get_rank())

@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/memory_space.h"
+#include "comm/staging.h"
 #include "comm/mpi/mpi_runtime.h"
 
 namespace dmuon::detail {

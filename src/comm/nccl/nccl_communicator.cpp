@@ -1,4 +1,4 @@
-// The nccl communicator (dmuon/comm_nccl.h): an ExternalTransport over NCCL under the Communicator
+// The nccl communicator (dmuon/comm_nccl.h): an Transport over NCCL under the Communicator
 // base (validation, byte counters, groups, deadlines and error wording shared with every backend).
 // libnccl is dlopen'd (nccl_loader.h); cudart is the static one libdmuon already links.
 //
@@ -30,7 +30,7 @@
 #include "comm/nccl/nccl_loader.h"
 #include "comm/nccl/nccl_probe.h"
 #include "comm/work_impl.h"
-#include "dmuon/comm_external.h"
+#include "dmuon/comm_transport.h"
 #include "dmuon/comm_nccl.h"
 #include "dmuon/error.h"
 
@@ -206,7 +206,7 @@ struct Scratch {
   }
 };
 
-class NcclOp final : public ExternalOp {
+class NcclOp final : public TransportOp {
  public:
   NcclOp(std::shared_ptr<NcclShared> shared, ncclComm_t comm) : shared_(std::move(shared)), comm_(comm) {}
   ~NcclOp() override {
@@ -254,7 +254,7 @@ bool is_device_pointer(const void* p) {
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
-class NcclTransport final : public ExternalTransport {
+class NcclTransport final : public Transport {
  public:
   NcclTransport(std::shared_ptr<NcclShared> shared, ncclComm_t comm, int rank, int size)
       : shared_(std::move(shared)), comm_(comm), rank_(rank), size_(size) {
@@ -296,7 +296,7 @@ class NcclTransport final : public ExternalTransport {
     check_cuda(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(cuda_event), 0), "cudaStreamWaitEvent");
   }
 
-  std::unique_ptr<ExternalOp> all_to_all_v(InBuffer send, Counts sc, Counts sd, OutBuffer recv, Counts rc,
+  std::unique_ptr<TransportOp> all_to_all_v(InBuffer send, Counts sc, Counts sd, OutBuffer recv, Counts rc,
                                            Counts rd) override {
     return run([&](Ops& o) {
       const std::byte* s = o.in(send);
@@ -313,7 +313,7 @@ class NcclTransport final : public ExternalTransport {
     });
   }
 
-  std::unique_ptr<ExternalOp> all_gather_v(InBuffer send, OutBuffer recv, Counts rc, Counts rd) override {
+  std::unique_ptr<TransportOp> all_gather_v(InBuffer send, OutBuffer recv, Counts rc, Counts rd) override {
     return run([&](Ops& o) {
       const std::byte* s = o.in(send);
       std::byte* r = o.out(recv);
@@ -334,7 +334,7 @@ class NcclTransport final : public ExternalTransport {
     });
   }
 
-  std::unique_ptr<ExternalOp> reduce_scatter_v(InBuffer send, OutBuffer recv, Counts rc, ReduceOp op) override {
+  std::unique_ptr<TransportOp> reduce_scatter_v(InBuffer send, OutBuffer recv, Counts rc, ReduceOp op) override {
     return run([&](Ops& o) {
       const std::byte* s = o.in(send);
       std::byte* r = o.out(recv);
@@ -358,7 +358,7 @@ class NcclTransport final : public ExternalTransport {
     });
   }
 
-  std::unique_ptr<ExternalOp> all_reduce(InBuffer send, OutBuffer recv, ReduceOp op) override {
+  std::unique_ptr<TransportOp> all_reduce(InBuffer send, OutBuffer recv, ReduceOp op) override {
     return run([&](Ops& o) {
       const std::byte* s = o.in(send);
       std::byte* r = o.out(recv);  // in place: the same scratch as s for a host buffer
@@ -369,7 +369,7 @@ class NcclTransport final : public ExternalTransport {
     });
   }
 
-  std::unique_ptr<ExternalOp> broadcast(OutBuffer buf, int root) override {
+  std::unique_ptr<TransportOp> broadcast(OutBuffer buf, int root) override {
     return run([&](Ops& o) {
       std::byte* b = o.out(buf);
       const ncclDataType_t t = nccl_type(buf.type);
@@ -378,13 +378,13 @@ class NcclTransport final : public ExternalTransport {
     });
   }
 
-  std::unique_ptr<ExternalOp> barrier() override {
+  std::unique_ptr<TransportOp> barrier() override {
     return run([&](Ops&) {
       return [this] { chk(api().all_reduce(barrier_, barrier_, 1, ncclInt32, ncclSum, comm_, stream_), "ncclAllReduce"); };
     });
   }
 
-  std::unique_ptr<ExternalOp> p2p(std::span<const ExternalP2p> ops) override {
+  std::unique_ptr<TransportOp> p2p(std::span<const P2pOp> ops) override {
     return run([&](Ops& o) {
       struct One {
         bool is_send;
@@ -394,7 +394,7 @@ class NcclTransport final : public ExternalTransport {
         ncclDataType_t type;
       };
       std::vector<One> list;
-      for (const ExternalP2p& p : ops) {
+      for (const P2pOp& p : ops) {
         std::byte* d = p.is_send ? const_cast<std::byte*>(o.in(p.buf))
                                  : o.out(OutBuffer(const_cast<void*>(p.buf.data), p.buf.type, p.buf.count));
         list.push_back({p.is_send, p.peer, d, p.buf.count, nccl_type(p.buf.type)});
@@ -408,7 +408,7 @@ class NcclTransport final : public ExternalTransport {
     });
   }
 
-  std::shared_ptr<ExternalTransport> split(std::span<const int> colors, std::span<const int> keys,
+  std::shared_ptr<Transport> split(std::span<const int> colors, std::span<const int> keys,
                                            const std::string& name) override {
     DeviceGuard g(shared_->device);
     const int color = colors[static_cast<size_t>(rank_)], key = keys[static_cast<size_t>(rank_)];
@@ -544,7 +544,7 @@ class NcclTransport final : public ExternalTransport {
 
   // prepare(Ops&) resolves buffers and returns the calls to make between ncclGroupStart / End.
   template <class Prepare>
-  std::unique_ptr<ExternalOp> run(Prepare&& prepare) {
+  std::unique_ptr<TransportOp> run(Prepare&& prepare) {
     if (shared_->aborted) throw std::runtime_error("the NCCL communicator was aborted after a timeout");
     DeviceGuard g(shared_->device);
     auto op = std::make_unique<NcclOp>(shared_, comm_);
@@ -682,7 +682,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, CommExc
   shared->comms.push_back(comm);
   auto transport = std::make_shared<NcclTransport>(shared, comm, rank, size);
   transport->connect_eagerly(name);
-  return make_external_communicator(std::move(transport), rank, size, std::move(name), rank);
+  return make_communicator(std::move(transport), rank, size, std::move(name), rank);
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator() {

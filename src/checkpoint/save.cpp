@@ -12,11 +12,11 @@
 
 #include "dmuon/checkpoint.h"
 #include "dmuon/error.h"
-#include "exec/agreement.h"
-#include "state/checkpoint_common.h"
-#include "state/checkpoint_index.h"
-#include "state/file_io.h"
-#include "state/safetensors_io.h"
+#include "comm/agreement.h"
+#include "checkpoint/common.h"
+#include "checkpoint/index.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/safetensors_io.h"
 
 namespace dmuon {
 namespace {
@@ -85,7 +85,7 @@ void save_checkpoint(Communicator& comm, const std::string& dir_in, std::span<co
   } catch (...) {
     failure.capture();
   }
-  agree(comm, failure, context);
+  agree_on_failure(comm, failure, "[checkpoint]", context);
   agree_on_lines(comm, comm.default_timeout(), lines, concat("[checkpoint] ", context, ": ranks passed different tensors"),
                  "every rank passes the same keys in the same order, with the same global shapes, dtypes, meshes and placements");
 
@@ -137,7 +137,7 @@ void save_checkpoint(Communicator& comm, const std::string& dir_in, std::span<co
                   "checkpoint files").wait();
   for (int r = world - 1; r >= 0; --r)
     if (all[static_cast<size_t>(r) * 4] != 0)
-      throw_agreed(comm, r, failure, concat(context, ": ", join_path(dir, rank_file_name(generation, r))));
+      throw_failure_of(comm, r, failure, "[checkpoint]", concat(context, ": ", join_path(dir, rank_file_name(generation, r))));
 
   // 5. Rank 0 commits the index.
   if (rank == 0) {
@@ -186,7 +186,7 @@ void save_checkpoint(Communicator& comm, const std::string& dir_in, std::span<co
   } else {
     hook("index_written");
   }
-  agree(comm, failure, concat(context, ": ", join_path(dir, kIndexFile)));
+  agree_on_failure(comm, failure, "[checkpoint]", concat(context, ": ", join_path(dir, kIndexFile)));
   hook("committed");
 
   // 6. Older generations and leftovers of crashed saves (every rank has passed the agreement).

@@ -1,5 +1,5 @@
 // Internal: POSIX file operations and CRC-32 for checkpoints (file_io.h).
-#include "state/file_io.h"
+#include "checkpoint/file_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,5 +1,5 @@
 // Internal: index.json writer and validating parser (checkpoint_index.h).
-#include "state/checkpoint_index.h"
+#include "checkpoint/index.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,5 +1,5 @@
 // Internal: shared pieces of checkpoint save and load (checkpoint_common.h).
-#include "state/checkpoint_common.h"
+#include "checkpoint/common.h"
 
 #include <algorithm>
 #include <cstring>
@@ -56,33 +56,6 @@ bool writes_piece(const Mesh& mesh, std::span<const Placement> placements, int r
   for (int d = 0; d < mesh.ndim(); ++d)
     if (((rep >> d) & 1u) && mesh.coord(rank, d) != 0) return false;
   return true;
-}
-
-void LocalFailure::capture() {
-  error = std::current_exception();
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    message = e.what();
-  } catch (...) {
-    message = "unknown exception";
-  }
-}
-
-void throw_agreed(Communicator& comm, int failed_rank, const LocalFailure& mine, std::string_view context) {
-  std::vector<char> text(2048, '\0');
-  if (comm.rank() == failed_rank)
-    std::memcpy(text.data(), mine.message.data(), std::min(mine.message.size(), text.size() - 1));
-  comm.broadcast(OutBuffer(text.data(), CommType::U8, text.size()), failed_rank, "checkpoint error").wait();
-  if (mine) std::rethrow_exception(mine.error);
-  text.back() = '\0';
-  throw_error(concat("[checkpoint] ", context, ": rank ", failed_rank, " failed: ", text.data()));
-}
-
-void agree(Communicator& comm, const LocalFailure& mine, std::string_view context) {
-  int64_t failed = mine ? comm.rank() + 1 : 0;
-  comm.all_reduce(OutBuffer(&failed, CommType::I64, 1), ReduceOp::Max, "checkpoint agreement").wait();
-  if (failed > 0) throw_agreed(comm, static_cast<int>(failed - 1), mine, context);
 }
 
 }  // namespace dmuon::detail

@@ -7,7 +7,7 @@
 
 #include <mutex>
 
-#include "comm/memory_space.h"
+#include "backend/memory_space.h"
 #include "dmuon/error.h"
 
 namespace dmuon::detail {

@@ -1,5 +1,5 @@
 // Internal: n-d copy of box intersections (box_copy.h).
-#include "state/box_copy.h"
+#include "checkpoint/box_copy.h"
 
 #include <algorithm>
 #include <cstring>

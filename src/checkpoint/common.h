@@ -1,5 +1,5 @@
 // Internal: what save and load of a checkpoint share (checkpoint.h): paths, the local view checks,
-// which rank writes a piece, and the error agreement over the world.
+// which rank writes a piece (the error agreement over the world is comm/agreement.h's).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "comm/agreement.h"
 #include "dmuon/box.h"
 #include "dmuon/checkpoint.h"
 #include "dmuon/comm.h"
@@ -40,21 +41,5 @@ bool writes_piece(const Mesh& mesh, std::span<const Placement> placements, int r
 CheckpointInfo load_checkpoint_checked(Communicator& comm, const std::string& dir,
                                        std::span<const CheckpointTensor> tensors,
                                        const std::function<void(const CheckpointInfo&)>& check);
-
-// A rank's failure, caught so that every rank reaches the agreement.
-struct LocalFailure {
-  std::exception_ptr error;
-  std::string message;
-  void capture();  // inside a catch block
-  explicit operator bool() const { return error != nullptr; }
-};
-
-// COLLECTIVE: the highest rank that failed (-1: none), from `failed_rank` values already reduced
-// with max (rank + 1, 0 for none). When one failed: that rank's message is broadcast; a failing
-// rank rethrows its own error, the others throw dmuon::Error "[checkpoint] <context>: rank <r>
-// failed: <its message>".
-[[noreturn]] void throw_agreed(Communicator& comm, int failed_rank, const LocalFailure& mine, std::string_view context);
-// COLLECTIVE: one all-reduce of the failure flags, then throw_agreed when any rank failed.
-void agree(Communicator& comm, const LocalFailure& mine, std::string_view context);
 
 }  // namespace dmuon::detail

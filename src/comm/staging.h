@@ -1,55 +1,19 @@
-// Internal: where a communicator's buffers live, for backends that can only move host memory (the
-// mpi backend on a machine with GPUs: several ranks may share one GPU, which NCCL refuses).
-//
-// A MemorySpace answers "is this pointer device memory?" and copies between device memory and
-// pinned host memory it allocates. The mpi backend consults one per communicator and stages every
-// device buffer through a bounded pool of pinned buffers (src/comm/mpi/mpi_staging.cpp). The real
-// one is cudart's (src/comm/cuda_memory_space.cpp, CUDA builds with a device); the host one says no
-// pointer is device memory; tests supply their own (tests/dist/comm_staging_test.cpp marks ranges
-// of an inaccessible mapping as "device", so MPI touching them directly would fault).
+// Internal: how the communicators that move host memory only (mpi, single) carry device buffers:
+// staged through pinned host memory of the buffers' MemorySpace (backend/memory_space.h), in rounds
+// of bounded size (the mpi backend: src/comm/mpi/mpi_staging.cpp). Also the internal makers of those
+// communicators with an explicit memory space.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <string_view>
 #include <vector>
 
+#include "backend/memory_space.h"
 #include "dmuon/comm.h"
 
 namespace dmuon::detail {
-
-class MemorySpace {
- public:
-  virtual ~MemorySpace();
-  virtual std::string_view name() const = 0;  // "host", "cuda", or a test's name
-  // True when some pointer may be device memory in this process (a device is present). A
-  // communicator stages when this is true on any of its ranks (agreed at creation).
-  virtual bool has_devices() const = 0;
-  // True when [p, p + bytes) is device memory that MPI must not touch. Never throws.
-  virtual bool is_device(const void* p) const = 0;
-  // Pinned (page-locked) host memory for staging; free_pinned never throws.
-  virtual void* alloc_pinned(size_t bytes) = 0;
-  virtual void free_pinned(void* p) noexcept = 0;
-  // Synchronous copies: when they return the destination holds the data.
-  virtual void copy_to_host(void* host, const void* device, size_t bytes) = 0;
-  virtual void copy_to_device(void* device, const void* host, size_t bytes) = 0;
-};
-
-// No device memory: is_device is always false, pinned memory is plain aligned heap memory.
-std::shared_ptr<MemorySpace> host_memory_space();
-// cudart's in a CUDA build when a device is visible, else the host one. A failing device probe
-// (no driver, no device) gives the host one: CPU-only runs never notice CUDA.
-std::shared_ptr<MemorySpace> default_memory_space();
-// Waits on the host until the device work recorded in `e` has run (cudaEventSynchronize; an empty
-// event returns at once): Communicator::order_after for backends that cannot wait on the device.
-// dmuon::Error "[<who>] ..." on a device error, or a non-empty event in a build without CUDA.
-void wait_on_host(DeviceEvent e, std::string_view who);
-#ifdef DMUON_HAVE_CUDA
-// nullptr when no CUDA device is usable (src/comm/cuda_memory_space.cpp).
-std::shared_ptr<MemorySpace> cuda_memory_space();
-#endif
 
 // How the mpi backend stages device buffers.
 // - chunk_bytes: a collective moves at most this many bytes per direction per round; larger

@@ -1,5 +1,5 @@
 // Internal: safetensors writer and header reader (safetensors_io.h).
-#include "state/safetensors_io.h"
+#include "checkpoint/safetensors_io.h"
 
 #include <nlohmann/json.hpp>
 
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "dmuon/error.h"
-#include "state/file_io.h"
+#include "checkpoint/file_io.h"
 
 namespace dmuon::detail {
 namespace {

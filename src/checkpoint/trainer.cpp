@@ -8,7 +8,7 @@
 #include "dmuon/optimizer.h"
 #include "dmuon/sharded_params.h"
 #include "dmuon/update.h"
-#include "state/checkpoint_common.h"
+#include "checkpoint/common.h"
 
 namespace dmuon {
 namespace {

@@ -11,11 +11,11 @@
 
 #include "dmuon/checkpoint.h"
 #include "dmuon/error.h"
-#include "state/box_copy.h"
-#include "state/checkpoint_common.h"
-#include "state/checkpoint_index.h"
-#include "state/file_io.h"
-#include "state/safetensors_io.h"
+#include "checkpoint/box_copy.h"
+#include "checkpoint/common.h"
+#include "checkpoint/index.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/safetensors_io.h"
 
 namespace dmuon {
 namespace {
@@ -202,7 +202,7 @@ CheckpointInfo detail::load_checkpoint_checked(Communicator& comm, const std::st
   } catch (...) {
     failure.capture();
   }
-  agree(comm, failure, concat("load from '", dir_in, "'"));
+  agree_on_failure(comm, failure, "[checkpoint]", concat("load from '", dir_in, "'"));
   // Every rank verified everything in host staging: only now the targets are written (device
   // views through their device_copy; the host never touches their memory).
   for (Target& t : targets) {

@@ -1,39 +1,39 @@
-// The `mpi` backend: each collective is one Open MPI non-blocking call (MPI_Ialltoallv, ...), each
+// The `mpi` transport: each collective is one Open MPI non-blocking call (MPI_Ialltoallv, ...), each
 // send/recv one MPI_Isend/MPI_Irecv (tag 0: MPI's order per (peer, tag, communicator) is the
-// matching rule); a Work polls its requests with MPI_Testall until completion or its deadline.
+// matching rule); an op polls its requests with MPI_Testall until completion or its deadline.
 // Counts beyond MPI's int limit are split into pieces or sent in contiguous units (mpi_counts.h).
 // Where any rank may hold device memory (agreed when the communicator is made), every operation
 // takes the staged path instead (mpi_staging.h: rounds over pinned staging buffers).
 #include <vector>
 
-#include "comm/memory_space.h"
+#include "comm/staging.h"
 #include "comm/mpi/mpi_counts.h"
 #include "comm/mpi/mpi_runtime.h"
 #include "comm/mpi/mpi_staging.h"
 #include "comm/work_impl.h"
+#include "dmuon/comm_transport.h"
 #include "dmuon/error.h"
 
 namespace dmuon {
 namespace {
 
 using detail::MpiRuntime;
-using detail::WorkInfo;
 
-// What both kinds of MPI work share: a timed-out operation marks the runtime broken and counts as
-// stuck until it completes (mpi_runtime.h), and then a destructor may no longer wait on it.
-class MpiTimedWork : public detail::WorkImpl {
+// What both kinds of MPI op share: a timed-out operation marks the process's MPI state broken and
+// counts as stuck until it completes (mpi_runtime.h), after which a destructor may no longer wait.
+class MpiTimedOp : public TransportOp {
  public:
-  using WorkImpl::WorkImpl;
-  void on_timeout() override {
+  bool on_timeout() override {
     MpiRuntime& rt = detail::mpi_runtime();
     rt.broken = true;
     if (!timed_out_) rt.stuck += 1;
     timed_out_ = true;
+    return true;
   }
   bool destructor_may_wait() const override { return !detail::mpi_runtime().broken; }
 
  protected:
-  bool completed(bool done) {  // call from poll() with its result
+  bool completed(bool done) {  // call from test() with its result
     if (done && timed_out_) detail::mpi_runtime().stuck -= 1;
     return done;
   }
@@ -43,26 +43,25 @@ class MpiTimedWork : public detail::WorkImpl {
 };
 
 // Posted requests plus what MPI reads until they complete (count and displacement arrays).
-class MpiWork final : public MpiTimedWork {
+class MpiOp final : public MpiTimedOp {
  public:
-  explicit MpiWork(WorkInfo info) : MpiTimedWork(std::move(info)) {}
   std::vector<MPI_Request> requests;
   std::vector<int> arrays[4];
 
   MPI_Request* add() { return &requests.emplace_back(MPI_REQUEST_NULL); }  // call before posting, one at a time
-  bool poll() override {
+  bool test() override {
     int flag = 0;
     DMUON_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE));
     return completed(flag != 0);
   }
 };
 
-// A staged operation: polling drives the communicator's whole staging queue (mpi_staging.h).
-class StagedWork final : public MpiTimedWork {
+// A staged operation: testing drives every staged communicator's queue (mpi_staging.h).
+class MpiStagedOp final : public MpiTimedOp {
  public:
-  StagedWork(WorkInfo info, std::shared_ptr<detail::Staging> staging, std::shared_ptr<detail::StagedOp> op)
-      : MpiTimedWork(std::move(info)), staging_(std::move(staging)), op_(std::move(op)) {}
-  bool poll() override {
+  MpiStagedOp(std::shared_ptr<detail::Staging> staging, std::shared_ptr<detail::StagedOp> op)
+      : staging_(std::move(staging)), op_(std::move(op)) {}
+  bool test() override {
     if (!op_->done) detail::progress_all_staging();
     return completed(op_->done);
   }
@@ -116,23 +115,23 @@ void* nonnull(void* p) {
   return p != nullptr ? p : &dummy;
 }
 
-class MpiCommunicator final : public Communicator {
+class MpiTransport final : public Transport {
  public:
-  MpiCommunicator(MPI_Comm comm, int rank, int size, std::string name, std::shared_ptr<detail::MemorySpace> space,
-                  detail::StagingOptions options, bool staged)
-      : Communicator(rank, size, std::move(name)), comm_(comm), space_(std::move(space)), options_(options) {
+  MpiTransport(MPI_Comm comm, int rank, int size, std::shared_ptr<detail::MemorySpace> space,
+               detail::StagingOptions options, bool staged, std::chrono::milliseconds drain_timeout)
+      : comm_(comm), rank_(rank), size_(size), space_(std::move(space)), options_(options), drain_timeout_(drain_timeout) {
     if (staged) {
       staging_ = std::make_shared<detail::Staging>(comm_, rank, size, space_, options_);
       detail::Staging::track(staging_);
     }
   }
 
-  ~MpiCommunicator() override {
+  ~MpiTransport() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    // Works may outlive their communicator: post the staged rounds still queued before the handle
-    // goes (bounded by the default timeout; after a timeout nothing more is posted anyway).
-    const auto deadline = CommClock::now() + default_timeout();
+    // Ops may outlive their transport: post the staged rounds still queued before the handle goes
+    // (bounded by the default timeout; after a timeout nothing more is posted anyway).
+    const auto deadline = CommClock::now() + drain_timeout_;
     while (!finalized && staging_ && !detail::mpi_runtime().broken && !staging_->all_posted() &&
            CommClock::now() < deadline) {
       try {
@@ -144,31 +143,32 @@ class MpiCommunicator final : public Communicator {
     if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);  // deferred by MPI if ops are pending
   }
 
-  std::string_view backend() const override { return "mpi"; }
-
-  static std::unique_ptr<MpiCommunicator> wrap(MPI_Comm comm, std::string name,
-                                               std::shared_ptr<detail::MemorySpace> space,
-                                               detail::StagingOptions options, bool staged) {
+  // `comm` (errors returned, not fatal) as a transport: rank and size from MPI.
+  static std::shared_ptr<MpiTransport> wrap(MPI_Comm comm, std::shared_ptr<detail::MemorySpace> space,
+                                            detail::StagingOptions options, bool staged,
+                                            std::chrono::milliseconds drain_timeout) {
     DMUON_CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
     int rank = 0, size = 0;
     DMUON_CHECK_MPI(MPI_Comm_rank(comm, &rank));
     DMUON_CHECK_MPI(MPI_Comm_size(comm, &size));
-    return std::make_unique<MpiCommunicator>(comm, rank, size, std::move(name), std::move(space), options, staged);
+    return std::make_shared<MpiTransport>(comm, rank, size, std::move(space), options, staged, drain_timeout);
   }
 
+  std::string_view backend() const override { return "mpi"; }
   bool staged() const { return staging_ != nullptr; }
   bool device_buffers() const override { return staged(); }
+  // A timeout anywhere leaves the process's MPI state unusable: no communicator posts again.
+  bool usable() const override { return !detail::mpi_runtime().broken; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
 
- protected:
-  Work post_all_to_all_v(InBuffer send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
-                         OutBuffer recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
-                         std::string_view label) override {
+  std::unique_ptr<TransportOp> all_to_all_v(InBuffer send, Counts send_counts, Counts send_displs, OutBuffer recv,
+                                            Counts recv_counts, Counts recv_displs) override {
     if (staging_)
-      return staged("all_to_all", label, detail::staged_all_to_all_v(*staging_, send, send_counts, send_displs, recv,
-                                                                     recv_counts, recv_displs));
+      return staged(detail::staged_all_to_all_v(*staging_, send, send_counts, send_displs, recv, recv_counts, recv_displs));
     const int64_t unit = detail::mpi_unit({send_counts, send_displs, recv_counts, recv_displs});
-    check_unit(unit, "all_to_all", label);
-    auto w = start("all_to_all", label);
+    check_unit(unit, "all_to_all");
+    auto w = std::make_unique<MpiOp>();
     w->arrays[0] = to_int(send_counts, unit);
     w->arrays[1] = to_int(send_displs, unit);
     w->arrays[2] = to_int(recv_counts, unit);
@@ -177,101 +177,84 @@ class MpiCommunicator final : public Communicator {
     DMUON_CHECK_MPI(MPI_Ialltoallv(nonnull(send.data), w->arrays[0].data(), w->arrays[1].data(), t.get(),
                                    nonnull(recv.data), w->arrays[2].data(), w->arrays[3].data(), t.get(), comm_,
                                    w->add()));
-    return Work(std::move(w));
+    return w;
   }
 
-  Work post_all_gather_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts,
-                         std::span<const int64_t> recv_displs, std::string_view label) override {
-    if (staging_)
-      return staged("all_gather", label, detail::staged_all_gather_v(*staging_, send, recv, recv_counts, recv_displs));
+  std::unique_ptr<TransportOp> all_gather_v(InBuffer send, OutBuffer recv, Counts recv_counts,
+                                            Counts recv_displs) override {
+    if (staging_) return staged(detail::staged_all_gather_v(*staging_, send, recv, recv_counts, recv_displs));
     const int64_t unit = detail::mpi_unit({recv_counts, recv_displs});  // send.count is recv_counts[rank]
-    check_unit(unit, "all_gather", label);
-    auto w = start("all_gather", label);
+    check_unit(unit, "all_gather");
+    auto w = std::make_unique<MpiOp>();
     w->arrays[0] = to_int(recv_counts, unit);
     w->arrays[1] = to_int(recv_displs, unit);
     const UnitType t(send.type, unit);
     DMUON_CHECK_MPI(MPI_Iallgatherv(nonnull(send.data), static_cast<int>(static_cast<int64_t>(send.count) / unit),
                                     t.get(), nonnull(recv.data), w->arrays[0].data(), w->arrays[1].data(), t.get(),
                                     comm_, w->add()));
-    return Work(std::move(w));
+    return w;
   }
 
-  Work post_reduce_scatter_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts, ReduceOp op,
-                             std::string_view label) override {
-    if (staging_)
-      return staged("reduce_scatter", label, detail::staged_reduce_scatter_v(*staging_, send, recv, recv_counts, op));
+  std::unique_ptr<TransportOp> reduce_scatter_v(InBuffer send, OutBuffer recv, Counts recv_counts, ReduceOp op) override {
+    if (staging_) return staged(detail::staged_reduce_scatter_v(*staging_, send, recv, recv_counts, op));
     // Reductions need the basic type (bf16 sums are a user op on elements): no unit type here, and
     // the total must fit too (MPI_Ireduce_scatter adds the counts up in an int).
-    DMUON_CHECK(static_cast<int64_t>(send.count) <= detail::kMpiMaxCount, "[mpi] reduce_scatter '", label, "': ",
-                send.count, " elements in all exceed the 2^31-1 elements (C int counts) one MPI_Ireduce_scatter "
-                "can address; split the buffer into smaller chunks");
-    auto w = start("reduce_scatter", label);
+    DMUON_CHECK(static_cast<int64_t>(send.count) <= detail::kMpiMaxCount, "[mpi] reduce_scatter: ", send.count,
+                " elements in all exceed the 2^31-1 elements (C int counts) one MPI_Ireduce_scatter can address; "
+                "split the buffer into smaller chunks");
+    auto w = std::make_unique<MpiOp>();
     w->arrays[0] = to_int(recv_counts);
     DMUON_CHECK_MPI(MPI_Ireduce_scatter(nonnull(send.data), nonnull(recv.data), w->arrays[0].data(),
                                         detail::mpi_datatype(send.type), detail::mpi_op(op, send.type), comm_,
                                         w->add()));
-    return Work(std::move(w));
+    return w;
   }
 
-  Work post_all_reduce(InBuffer send, OutBuffer recv, ReduceOp op, std::string_view label) override {
-    if (staging_) return staged("all_reduce", label, detail::staged_all_reduce(*staging_, send, recv, op));
+  std::unique_ptr<TransportOp> all_reduce(InBuffer send, OutBuffer recv, ReduceOp op) override {
+    if (staging_) return staged(detail::staged_all_reduce(*staging_, send, recv, op));
     // Element-wise, so pieces of at most 2^31-1 elements are independent all-reduces.
-    auto w = start("all_reduce", label);
+    auto w = std::make_unique<MpiOp>();
     const bool in_place = send.data == recv.data;
     for (const detail::MpiPiece& p : detail::mpi_pieces(static_cast<int64_t>(send.count))) {
       const void* src = in_place ? MPI_IN_PLACE : nonnull(at(send.data, p.offset, send.type));
       DMUON_CHECK_MPI(MPI_Iallreduce(src, nonnull(const_cast<std::byte*>(at(recv.data, p.offset, recv.type))), p.count,
                                      detail::mpi_datatype(send.type), detail::mpi_op(op, send.type), comm_, w->add()));
     }
-    return Work(std::move(w));
+    return w;
   }
 
-  Work post_broadcast(OutBuffer buf, int root, std::string_view label) override {
-    if (staging_) return staged("broadcast", label, detail::staged_broadcast(*staging_, buf, root));
-    auto w = start("broadcast", label);
+  std::unique_ptr<TransportOp> broadcast(OutBuffer buf, int root) override {
+    if (staging_) return staged(detail::staged_broadcast(*staging_, buf, root));
+    auto w = std::make_unique<MpiOp>();
     for (const detail::MpiPiece& p : detail::mpi_pieces(static_cast<int64_t>(buf.count)))
       DMUON_CHECK_MPI(MPI_Ibcast(nonnull(const_cast<std::byte*>(at(buf.data, p.offset, buf.type))), p.count,
                                  detail::mpi_datatype(buf.type), root, comm_, w->add()));
-    return Work(std::move(w));
+    return w;
   }
 
-  Work post_barrier(std::string_view label) override {
-    if (staging_) return staged("barrier", label, detail::staged_barrier(*staging_));
-    auto w = start("barrier", label);
+  std::unique_ptr<TransportOp> barrier() override {
+    if (staging_) return staged(detail::staged_barrier(*staging_));
+    auto w = std::make_unique<MpiOp>();
     DMUON_CHECK_MPI(MPI_Ibarrier(comm_, w->add()));
-    return Work(std::move(w));
+    return w;
   }
 
-  std::unique_ptr<Communicator> do_split(int color, int key, std::string name) override {
-    // pass 1: a non-blocking all-gather of (color, key) under the deadline proves every rank
-    // arrived, so the blocking MPI_Comm_split of pass 2 cannot hang on a missing peer.
-    int mine[2] = {color, key};
-    std::vector<int> all(2 * static_cast<size_t>(size()));
-    if (staging_) {  // through the queue: earlier staged operations post first, as on every rank
-      const std::vector<int64_t> counts(static_cast<size_t>(size()), 2);
-      const std::vector<int64_t> displs = packed_displs(counts);
-      staged("split", name, detail::staged_all_gather_v(*staging_, InBuffer(mine, CommType::I32, 2),
-                                                        OutBuffer(all.data(), CommType::I32, all.size()), counts,
-                                                        displs))
-          .wait();
-    } else {
-      auto w = start("split", name);
-      DMUON_CHECK_MPI(MPI_Iallgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, comm_, w->add()));
-      Work(std::move(w)).wait();
-    }
-    // pass 2: the split itself.
+  // The Communicator has all-gathered (color, key) under the deadline (through this transport, so
+  // staged operations posted first), so the blocking MPI_Comm_split cannot hang on a missing peer.
+  std::shared_ptr<Transport> split(std::span<const int> colors, std::span<const int> keys, const std::string&) override {
+    const int color = colors[static_cast<size_t>(rank_)], key = keys[static_cast<size_t>(rank_)];
     MPI_Comm sub = MPI_COMM_NULL;
     DMUON_CHECK_MPI(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub));
     if (sub == MPI_COMM_NULL) return nullptr;
-    return wrap(sub, std::move(name), space_, options_, staged());
+    return wrap(sub, space_, options_, staged(), drain_timeout_);
   }
 
-  Work post_p2p(std::span<const detail::P2pOp> ops, std::string_view op, std::string_view label) override {
+  std::unique_ptr<TransportOp> p2p(std::span<const P2pOp> ops) override {
     // Messages above 2^31-1 elements go as consecutive pieces; both ends split the same count the
     // same way, and MPI keeps their order, so piece i still matches piece i.
-    if (staging_) return staged(op, label, detail::staged_p2p(*staging_, ops));
-    auto w = start(op, label);
-    for (const detail::P2pOp& o : ops) {
+    if (staging_) return staged(detail::staged_p2p(*staging_, ops));
+    auto w = std::make_unique<MpiOp>();
+    for (const P2pOp& o : ops) {
       const MPI_Datatype t = detail::mpi_datatype(o.buf.type);
       for (const detail::MpiPiece& p : detail::mpi_pieces(static_cast<int64_t>(o.buf.count))) {
         const std::byte* data = at(o.buf.data, p.offset, o.buf.type);
@@ -281,45 +264,29 @@ class MpiCommunicator final : public Communicator {
           DMUON_CHECK_MPI(MPI_Irecv(nonnull(const_cast<std::byte*>(data)), p.count, t, o.peer, kP2pTag, comm_, w->add()));
       }
     }
-    return Work(std::move(w));
+    return w;
   }
 
  private:
   static constexpr int kP2pTag = 0;  // one tag: matching is by order per (peer, communicator)
 
   // all_to_all_v / all_gather_v: counts or displacements past MPI's int limit with no common unit.
-  static void check_unit(int64_t unit, std::string_view op, std::string_view label) {
-    DMUON_CHECK(unit > 0, "[mpi] ", op, " '", label, "': counts or displacements exceed the 2^31-1 elements (C int) "
-                "MPI can address and share no factor that brings them under it; split the exchange into smaller chunks");
-  }
-
-  void check_usable(std::string_view op, std::string_view label) const {
-    const MpiRuntime& rt = detail::mpi_runtime();
-    DMUON_CHECK_RUNTIME(!rt.broken, "[mpi] rank ", rt.world_rank, ": cannot post ", op, " '", label,
-                        "' on communicator '", name(), "': an earlier collective timed out and communication "
-                        "is unusable; end the job (dmuon::abort_all)");
-  }
-
-  WorkInfo info(std::string_view op, std::string_view label) const {
-    return WorkInfo{"mpi", op, std::string(label), name(), detail::mpi_runtime().world_rank, rank(), size(),
-                    default_timeout()};
-  }
-
-  std::unique_ptr<MpiWork> start(std::string_view op, std::string_view label) {
-    check_usable(op, label);
-    return std::make_unique<MpiWork>(info(op, label));
+  static void check_unit(int64_t unit, std::string_view op) {
+    DMUON_CHECK(unit > 0, "[mpi] ", op, ": counts or displacements exceed the 2^31-1 elements (C int) MPI can address "
+                "and share no factor that brings them under it; split the exchange into smaller chunks");
   }
 
   // Queues a staged operation (posting what the queue allows now).
-  Work staged(std::string_view op, std::string_view label, std::shared_ptr<detail::StagedOp> staged_op) {
-    check_usable(op, label);
+  std::unique_ptr<TransportOp> staged(std::shared_ptr<detail::StagedOp> staged_op) {
     staging_->add(staged_op);
-    return Work(std::make_unique<StagedWork>(info(op, label), staging_, std::move(staged_op)));
+    return std::make_unique<MpiStagedOp>(staging_, std::move(staged_op));
   }
 
   MPI_Comm comm_;
+  int rank_, size_;
   std::shared_ptr<detail::MemorySpace> space_;
   detail::StagingOptions options_;
+  std::chrono::milliseconds drain_timeout_;
   std::shared_ptr<detail::Staging> staging_;  // null: plain MPI calls on the caller's buffers
 };
 
@@ -337,23 +304,29 @@ std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<detail::Memo
   DMUON_CHECK_RUNTIME(!rt.broken, "[mpi] rank ", rt.world_rank,
                       ": cannot make a communicator after a collective timed out; end the job (dmuon::abort_all)");
   // MPI_Comm_idup (not MPI_Comm_dup) so that a missing rank ends in a timeout error, not a hang.
+  auto root = std::make_shared<detail::CommRoot>();
+  root->backend = "mpi", root->world_rank = rt.world_rank;
+  const auto wait = [&](std::unique_ptr<MpiOp> op, const char* what, const char* label, const char* comm_name) {
+    Work(std::make_unique<detail::WorkImpl>(
+             detail::WorkInfo{root->backend, what, label, comm_name, rt.world_rank, rt.world_rank, rt.world_size, {}}, root,
+             nullptr, std::move(op)))
+        .wait(detail::default_timeout_from_env());
+  };
   MPI_Comm comm = MPI_COMM_NULL;
-  auto w = std::make_unique<MpiWork>(WorkInfo{"mpi", "comm_dup", "make_mpi_communicator", "MPI_COMM_WORLD",
-                                              rt.world_rank, rt.world_rank, rt.world_size, {}});
-  DMUON_CHECK_MPI(MPI_Comm_idup(MPI_COMM_WORLD, &comm, w->add()));
-  Work(std::move(w)).wait(detail::default_timeout_from_env());
+  auto dup = std::make_unique<MpiOp>();
+  DMUON_CHECK_MPI(MPI_Comm_idup(MPI_COMM_WORLD, &comm, dup->add()));
+  wait(std::move(dup), "comm_dup", "make_mpi_communicator", "MPI_COMM_WORLD");
   // Staging is on when any rank may hold device memory; the chunk size must agree (it sets the rounds).
   int64_t agree[3] = {space->has_devices() ? 1 : 0, static_cast<int64_t>(options.chunk_bytes),
                       -static_cast<int64_t>(options.chunk_bytes)};
-  {
-    auto a = std::make_unique<MpiWork>(WorkInfo{"mpi", "all_reduce", "staging agreement", "world", rt.world_rank,
-                                                rt.world_rank, rt.world_size, {}});
-    DMUON_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, agree, 3, MPI_INT64_T, MPI_MAX, comm, a->add()));
-    Work(std::move(a)).wait(detail::default_timeout_from_env());
-  }
+  auto all = std::make_unique<MpiOp>();
+  DMUON_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, agree, 3, MPI_INT64_T, MPI_MAX, comm, all->add()));
+  wait(std::move(all), "all_reduce", "staging agreement", "world");
   DMUON_CHECK(agree[1] == -agree[2], "[mpi] rank ", rt.world_rank, ": the staging chunk size differs between ranks (",
               -agree[2], " to ", agree[1], " bytes); set DMUON_STAGING_CHUNK_BYTES alike on every rank");
-  return MpiCommunicator::wrap(comm, "world", std::move(space), options, agree[0] > 0);
+  auto transport = MpiTransport::wrap(comm, std::move(space), options, agree[0] > 0, detail::default_timeout_from_env());
+  const int rank = transport->rank(), size = transport->size();
+  return make_communicator(std::move(transport), rank, size, "world", rt.world_rank);
 }
 
 }  // namespace dmuon

@@ -1,4 +1,4 @@
-// The `single` backend: one rank, so every collective is a local copy and completes when posted.
+// The `single` transport: one rank, so every collective is a local copy and completes when posted.
 // Lets one process run the whole engine without MPI (mlx's EmptyGroup). Sends and recvs (all to
 // self) are matched in FIFO order as MPI would: an op waits in a queue until its partner is posted.
 // With a memory space (engines on a device backend), a copy that touches the space's device memory
@@ -7,14 +7,15 @@
 #include <cstring>
 #include <deque>
 #include <optional>
+#include <stdexcept>
 
 #ifdef DMUON_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
-#include "comm/memory_space.h"
-#include "comm/work_impl.h"
+#include "comm/staging.h"
 #include "dmuon/comm.h"
+#include "dmuon/comm_transport.h"
 #include "dmuon/device.h"
 #include "dmuon/error.h"
 
@@ -27,25 +28,28 @@ struct Match {
   std::string error;
 };
 struct Pending {
-  detail::P2pOp op;
+  P2pOp op;
   std::shared_ptr<Match> match;
 };
-// Unmatched sends and recvs, oldest first; shared with the Works so that an abandoned one can leave.
+// Unmatched sends and recvs, oldest first; shared with the ops so that an abandoned one can leave.
 struct Queues {
   std::deque<Pending> sends, recvs;
 };
 
-class P2pWork final : public detail::WorkImpl {
+class SingleP2pOp final : public TransportOp {
  public:
-  P2pWork(detail::WorkInfo info, std::weak_ptr<Queues> queues) : WorkImpl(std::move(info)), queues_(std::move(queues)) {}
+  explicit SingleP2pOp(std::weak_ptr<Queues> queues) : queues_(std::move(queues)) {}
   std::vector<std::shared_ptr<Match>> matches;
 
-  bool poll() override {
-    for (const auto& m : matches) DMUON_CHECK_RUNTIME(m->error.empty(), m->error);
+  bool test() override {
+    for (const auto& m : matches)
+      if (!m->error.empty()) throw std::runtime_error(m->error);
     return std::all_of(matches.begin(), matches.end(), [](const auto& m) { return m->done; });
   }
-  // One rank, one thread: nothing can post the partner while a destructor waits.
+  // One rank, one thread: nothing can post the partner while a destructor waits, and a timeout
+  // leaves nothing else in flight (the communicator stays usable).
   bool destructor_may_wait() const override { return false; }
+  bool on_timeout() override { return false; }
   bool abandon() override {
     if (auto q = queues_.lock()) {
       const auto ours = [&](const Pending& p) { return std::find(matches.begin(), matches.end(), p.match) != matches.end(); };
@@ -77,50 +81,46 @@ void copy_elems(detail::MemorySpace* space, void* dst, int64_t dst_off, const vo
   else std::memcpy(d, host.data(), bytes);
 }
 
-class SingleCommunicator final : public Communicator {
+// Every collective completes during the call (nullptr op).
+class SingleTransport final : public Transport {
  public:
-  SingleCommunicator(std::string name, std::shared_ptr<detail::MemorySpace> space)
-      : Communicator(0, 1, std::move(name)), space_(std::move(space)) {}
+  explicit SingleTransport(std::shared_ptr<detail::MemorySpace> space) : space_(std::move(space)) {}
   std::string_view backend() const override { return "single"; }
   bool device_buffers() const override { return space_ != nullptr && space_->has_devices(); }
 
- protected:
-  Work post_all_to_all_v(InBuffer send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
-                         OutBuffer recv, std::span<const int64_t>, std::span<const int64_t> recv_displs,
-                         std::string_view label) override {
+  std::unique_ptr<TransportOp> all_to_all_v(InBuffer send, Counts send_counts, Counts send_displs, OutBuffer recv,
+                                            Counts, Counts recv_displs) override {
     copy_elems(space_.get(), recv.data, recv_displs[0], send.data, send_displs[0], send_counts[0], comm_type_size(send.type));
-    return done("all_to_all", label);
+    return nullptr;
   }
-  Work post_all_gather_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts,
-                         std::span<const int64_t> recv_displs, std::string_view label) override {
+  std::unique_ptr<TransportOp> all_gather_v(InBuffer send, OutBuffer recv, Counts recv_counts,
+                                            Counts recv_displs) override {
     copy_elems(space_.get(), recv.data, recv_displs[0], send.data, 0, recv_counts[0], comm_type_size(send.type));
-    return done("all_gather", label);
+    return nullptr;
   }
-  Work post_reduce_scatter_v(InBuffer send, OutBuffer recv, std::span<const int64_t> recv_counts, ReduceOp,
-                             std::string_view label) override {
+  std::unique_ptr<TransportOp> reduce_scatter_v(InBuffer send, OutBuffer recv, Counts recv_counts, ReduceOp) override {
     copy_elems(space_.get(), recv.data, 0, send.data, 0, recv_counts[0], comm_type_size(send.type));
-    return done("reduce_scatter", label);
+    return nullptr;
   }
-  Work post_all_reduce(InBuffer send, OutBuffer recv, ReduceOp, std::string_view label) override {
+  std::unique_ptr<TransportOp> all_reduce(InBuffer send, OutBuffer recv, ReduceOp) override {
     copy_elems(space_.get(), recv.data, 0, send.data, 0, static_cast<int64_t>(send.count), comm_type_size(send.type));
-    return done("all_reduce", label);
+    return nullptr;
   }
-  Work post_broadcast(OutBuffer, int, std::string_view label) override { return done("broadcast", label); }
-  Work post_barrier(std::string_view label) override { return done("barrier", label); }
-  std::unique_ptr<Communicator> do_split(int color, int, std::string name) override {
-    if (color < 0) return nullptr;
-    return std::make_unique<SingleCommunicator>(std::move(name), space_);
+  std::unique_ptr<TransportOp> broadcast(OutBuffer, int) override { return nullptr; }
+  std::unique_ptr<TransportOp> barrier() override { return nullptr; }
+  std::shared_ptr<Transport> split(std::span<const int> colors, std::span<const int>, const std::string&) override {
+    if (colors[0] < 0) return nullptr;
+    return std::make_shared<SingleTransport>(space_);
   }
-  Work post_p2p(std::span<const detail::P2pOp> ops, std::string_view op, std::string_view label) override {
-    auto w = std::make_unique<P2pWork>(detail::WorkInfo{"single", op, std::string(label), name(), 0, 0, 1, default_timeout()},
-                                       queues_);
-    for (const detail::P2pOp& p : ops) w->matches.push_back(post_one(p, label));
-    return Work(std::move(w));
+  std::unique_ptr<TransportOp> p2p(std::span<const P2pOp> ops) override {
+    auto op = std::make_unique<SingleP2pOp>(queues_);
+    for (const P2pOp& p : ops) op->matches.push_back(post_one(p));
+    return op;
   }
 
  private:
   // Pairs `p` with the oldest unmatched op of the other kind, or queues it.
-  std::shared_ptr<Match> post_one(const detail::P2pOp& p, std::string_view label) {
+  std::shared_ptr<Match> post_one(const P2pOp& p) {
     auto mine = std::make_shared<Match>();
     std::deque<Pending>& partners = p.is_send ? queues_->recvs : queues_->sends;
     if (partners.empty()) {
@@ -129,12 +129,12 @@ class SingleCommunicator final : public Communicator {
     }
     Pending other = std::move(partners.front());
     partners.pop_front();
-    const detail::P2pOp& s = p.is_send ? p : other.op;
-    const detail::P2pOp& r = p.is_send ? other.op : p;
+    const P2pOp& s = p.is_send ? p : other.op;
+    const P2pOp& r = p.is_send ? other.op : p;
     if (s.buf.type != r.buf.type || s.buf.count > r.buf.count) {
-      mine->error = detail::concat("[single] rank 0: '", label, "' on communicator '", name(), "': a send of ", s.buf.count,
-                                   " ", to_string(s.buf.type), " elements met a recv of ", r.buf.count, " ",
-                                   to_string(r.buf.type), "; both ends must pass the same count and type");
+      mine->error = detail::concat("a send of ", s.buf.count, " ", to_string(s.buf.type), " elements met a recv of ",
+                                   r.buf.count, " ", to_string(r.buf.type),
+                                   "; both ends must pass the same count and type");
       other.match->error = mine->error;
     } else {
       copy_elems(space_.get(), const_cast<void*>(r.buf.data), 0, s.buf.data, 0, static_cast<int64_t>(s.buf.count),
@@ -144,20 +144,17 @@ class SingleCommunicator final : public Communicator {
     return mine;
   }
 
-  Work done(std::string_view op, std::string_view label) const {
-    return detail::make_completed_work(
-        {"single", op, std::string(label), name(), 0, 0, 1, default_timeout()});
-  }
-
   std::shared_ptr<Queues> queues_ = std::make_shared<Queues>();
   std::shared_ptr<detail::MemorySpace> space_;  // null: host memory only
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_single_communicator() { return std::make_unique<SingleCommunicator>("world", nullptr); }
+std::unique_ptr<Communicator> make_single_communicator() {
+  return make_single_communicator(std::shared_ptr<detail::MemorySpace>());
+}
 std::unique_ptr<Communicator> make_single_communicator(std::shared_ptr<detail::MemorySpace> space) {
-  return std::make_unique<SingleCommunicator>("world", std::move(space));
+  return make_communicator(std::make_shared<SingleTransport>(std::move(space)), 0, 1, "world");
 }
 
 std::unique_ptr<Communicator> make_single_communicator(std::string_view device) {
