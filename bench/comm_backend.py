@@ -29,7 +29,7 @@ torch.set_num_threads(1)
 import dmuon  # noqa: E402
 import dmuon.torch as dt  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from dmuon.torch import _dist  # noqa: E402
+from dmuon.torch import _comms  # noqa: E402
 
 
 def gpt2_muon_matrices(layers: int, d: int = 768) -> nn.Module:
@@ -54,7 +54,7 @@ def main() -> None:
     args = ap.parse_args()
     rank, world = dt.init_distributed(master_port=int(os.environ.get("MASTER_PORT", "29533")))
     dmuon.blas_set_num_threads(1)
-    comms = {"mpi": _dist._make_comm("mpi"), "c10d": _dist._make_comm("c10d")}
+    comms = {"mpi": _comms.make_communicator("mpi"), "c10d": _comms.make_communicator("c10d")}
     torch.manual_seed(0)
     base = gpt2_muon_matrices(args.layers)
     params = sum(p.numel() for p in base.parameters())
@@ -63,7 +63,7 @@ def main() -> None:
         model = base if name == "c10d" else gpt2_muon_matrices(args.layers)
         if model is not base:
             model.load_state_dict(base.state_dict())
-        _dist._COMM = comm  # the engine takes the job's communicator from here
+        _comms._HOST_COMM = comm  # the engine takes the job's communicator from here
         opt = dt.Muon(model.parameters(), lr=0.02, weight_decay=0.1)
         assert opt.engine == "distributed" and opt._engine.comm.backend == name
         runs[name] = dict(model=model, opt=opt, times=[], comm_wait=[], stats=None)
@@ -106,7 +106,7 @@ def main() -> None:
             with open(args.json, "w") as f:
                 f.write(text + "\n")
     assert same and out["bytes_equal"], out
-    _dist._COMM = comms["c10d"]
+    _comms._HOST_COMM = comms["c10d"]
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-# Where dmuon.torch runs (dmuon/torch/_device.py) and tensors' devices across the binding.
+# Where dmuon.torch runs (dmuon/torch/_device.py; its communicators: _comms.py) and tensors'
+# devices across the binding.
 # - Everywhere: the engine's device from the parameters (cpu, cuda:N, a clear TypeError for mixed
 #   or unsupported devices, before anything is built), the device communicator's choice (c10d is
 #   refused for CUDA parameters), the binding's DLPack device mapping (a CUDA array reaches the cpu
@@ -19,7 +20,7 @@ import torch
 import dmuon
 import dmuon.torch as dt
 from dmuon import _core
-from dmuon.torch import _device
+from dmuon.torch import _comms, _device
 
 CUDA = torch.cuda.is_available()
 
@@ -50,32 +51,31 @@ def test_muon_refuses_an_unsupported_device_before_building():
 
 
 def test_process_group_backend_follows_the_machine(monkeypatch):
-    from dmuon.torch import _dist
-    assert _dist.pg_backend("gloo") == "gloo"
+    assert _comms.pg_backend("gloo") == "gloo"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert _dist.pg_backend() == "gloo"
+    assert _comms.pg_backend() == "gloo"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
-    assert _dist.pg_backend() == "cpu:gloo,cuda:nccl"
+    assert _comms.pg_backend() == "cpu:gloo,cuda:nccl"
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: False)
-    assert _dist.pg_backend() == "gloo"
+    assert _comms.pg_backend() == "gloo"
 
 
 def test_device_communicator_choice(monkeypatch):
     monkeypatch.delenv("DMUON_COMM", raising=False)
     monkeypatch.delenv("OMPI_COMM_WORLD_SIZE", raising=False)
-    assert _device.device_comm_kind() == "nccl"
-    assert _device.device_comm_kind("nccl") == "nccl"
+    assert _comms.device_comm_kind() == "nccl"
+    assert _comms.device_comm_kind("nccl") == "nccl"
     with pytest.raises(ValueError, match=r"c10d communicator \(DMUON_COMM=c10d\) carries host buffers"):
-        _device.device_comm_kind("c10d")
+        _comms.device_comm_kind("c10d")
     with pytest.raises(ValueError, match=r"communicator 'gloo' \(DMUON_COMM\) is unknown"):
-        _device.device_comm_kind("gloo")
+        _comms.device_comm_kind("gloo")
     with pytest.raises(RuntimeError, match=r"needs a job launched with mpirun"):
-        _device.device_comm_kind("mpi")
+        _comms.device_comm_kind("mpi")
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
-    assert _device.device_comm_kind() == "mpi"
+    assert _comms.device_comm_kind() == "mpi"
     # one rank on the CPU: the host single communicator
-    assert _device.communicator(1, "cpu").size == 1
+    assert _comms.communicator(1, "cpu").size == 1
 
 
 _WRAP = r'''
@@ -83,13 +83,13 @@ import sys, torch, torch.distributed as dist
 dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:" + sys.argv[1])
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from dmuon.torch import _dist
+from dmuon.torch import _layouts
 mesh = DeviceMesh("cuda", [0], _init_backend=False)  # a cuda mesh (no GPU needed to describe one)
 local = torch.arange(6.).reshape(2, 3)
-d = _dist.wrap_local(local, mesh, [Shard(0)], [2, 3], (3, 1))
+d = _layouts.wrap_local(local, mesh, [Shard(0)], [2, 3], (3, 1))
 assert d._local_tensor.data_ptr() == local.data_ptr() and d._local_tensor.device.type == "cpu"
 assert d.device_mesh.device_type == "cuda" and d.shape == (2, 3) and d.placements == (Shard(0),)
-e = _dist.wrap_local(local, DeviceMesh("cpu", [0]), [Replicate()], [2, 3], (3, 1))
+e = _layouts.wrap_local(local, DeviceMesh("cpu", [0]), [Replicate()], [2, 3], (3, 1))
 assert e._local_tensor.data_ptr() == local.data_ptr()
 # negative control: from_local moves CPU memory to the cuda mesh's device (or, without CUDA, fails)
 try:
@@ -117,7 +117,7 @@ def test_cpu_state_on_a_cuda_mesh_is_wrapped_not_moved():
 @pytest.mark.skipif(CUDA, reason="checks the no-device path")
 def test_cuda_without_a_device_is_a_clear_error():
     for make in (lambda: _core.make_single_communicator("cuda:0"),
-                 lambda: _device.communicator(1, "cuda:0")):
+                 lambda: _comms.communicator(1, "cuda:0")):
         with pytest.raises(_core.DmuonError, match=r"\[comm\] make_single_communicator\('cuda:0'\): no "
                                                    r"usable CUDA device"):
             make()

@@ -1,7 +1,7 @@
 """dmuon.torch: the PyTorch adapter. `Muon` is a torch.optim.Optimizer whose step runs natively;
 `param_groups(model)` splits a model's parameters into Muon and AdamW groups;
 `init_distributed()` sets up torch's gloo group and the engine's MPI communicator under mpirun. See docs/python.md."""
-from ._dist import init_distributed
+from ._comms import init_distributed
 from .groups import classify, param_groups
 from ._plan import Plan
 from ._precision import DmuonPerformanceWarning

@@ -1,37 +1,27 @@
-"""Where dmuon.torch's engine runs, and the communicator that carries that device's buffers.
+"""Where dmuon.torch's engine runs: the device of the parameters' tensors, and the engine's view of
+torch tensors and streams there.
 
-The device is that of the parameters' (local) tensors, all alike:
+The device is that of the parameters' (local) tensors, all alike (engine_device):
 - CPU tensors (plain ones, DTensors on a cpu mesh, and FSDP2 shards under CPUOffloadPolicy, which
-  are CPU tensors on a cuda mesh): the cpu backend and _dist's host communicators (c10d over gloo,
-  mpi, single).
-- CUDA tensors, all on one device cuda:N: the cuda backend on N, with a communicator that moves
-  device buffers: nccl bootstrapped over torch.distributed (the default under torchrun), mpi
-  staging them through pinned host memory (the default under mpirun, and how several ranks share
-  one GPU), or the single communicator with device copies (one rank). DMUON_COMM=nccl|mpi picks one;
-  c10d (gloo) carries host buffers only and is refused for CUDA parameters.
+  are CPU tensors on a cuda mesh): the cpu backend.
+- CUDA tensors, all on one device cuda:N: the cuda backend on N.
+The communicator that carries a device's buffers is _comms.communicator(world, device). Here also:
+the caller's CUDA stream a step orders itself with (caller_stream, wait_for_caller), the tensors as
+DLPack capsules for the core (engine_arrays), and the cost model's default machine of a device.
 """
 from __future__ import annotations
 
-import os
-from typing import Any, Optional
+from typing import Optional
 
 import torch
-import torch.distributed as dist
 from torch.utils.dlpack import to_dlpack
 
-from .. import _core
-from . import _dist
-
-DEVICE_COMM_KINDS = ("nccl", "mpi")
-
-# dmuon's device communicators of this process, one per device name (released at exit, before the
-# host communicator: see _dist.shutdown).
-_DEVICE_COMMS: dict[str, "_core.Communicator"] = {}
+from ._layouts import is_dtensor
 
 
 def tensor_device(t: torch.Tensor) -> torch.device:
     """Where the engine sees t's data: a DTensor's local shard, else t itself."""
-    return (t._local_tensor if _dist.is_dtensor(t) else t).device
+    return (t._local_tensor if is_dtensor(t) else t).device
 
 
 def check_tensor_device(t: torch.Tensor, where: str) -> None:
@@ -97,79 +87,3 @@ def engine_arrays(tensors: list) -> list:
 def default_machine(device: str) -> str:
     """The cost model's machine profile when Muon's `machine` is not given: that of the device."""
     return "cpu" if device == "cpu" else "h100"
-
-
-def device_comm_kind(requested: Optional[str] = None) -> str:
-    """The communicator for CUDA parameters in a job of several ranks: `requested`, else DMUON_COMM,
-    else mpi under mpirun and nccl otherwise. ValueError for c10d or an unknown name, RuntimeError
-    for mpi without mpirun."""
-    kind = requested if requested is not None else os.environ.get("DMUON_COMM", "") or None
-    if kind is None:
-        return "mpi" if _dist._under_mpirun() else "nccl"
-    if kind == "c10d":
-        raise ValueError("[torch] the c10d communicator (DMUON_COMM=c10d) carries host buffers over "
-                         "gloo; CUDA parameters need nccl (torchrun) or mpi (mpirun, staged through "
-                         "pinned memory): unset DMUON_COMM or set one of those")
-    if kind not in DEVICE_COMM_KINDS:
-        raise ValueError(f"[torch] communicator '{kind}' (DMUON_COMM) is unknown for CUDA "
-                         f"parameters; choose one of {', '.join(DEVICE_COMM_KINDS)}")
-    if kind == "mpi" and not _dist._under_mpirun():
-        raise RuntimeError("[torch] the mpi communicator (DMUON_COMM=mpi) needs a job launched with "
-                           "mpirun; under torchrun use nccl (unset DMUON_COMM)")
-    return kind
-
-
-def torch_exchange(blob: bytes, index: int = 0) -> bytes:
-    """The nccl bootstrap's all-gather over torch.distributed's default process group: every
-    rank's blob, in rank order, concatenated (COLLECTIVE). With CUDA present it runs with device
-    `index` current: an nccl process group stages objects on the current device, which must be
-    this rank's own (not cuda:0 on every rank) even when the caller never called set_device."""
-    out: list[Any] = [None] * dist.get_world_size()
-    if torch.cuda.is_available():
-        with torch.cuda.device(index):
-            dist.all_gather_object(out, bytes(blob))
-    else:
-        dist.all_gather_object(out, bytes(blob))
-    return b"".join(out)
-
-
-def communicator(world: int, device: str) -> "_core.Communicator":
-    """The communicator for an engine of `world` ranks on `device`: _dist.communicator(world) for
-    the CPU; for cuda:N the single one with device copies (one rank), or (several) the nccl one
-    bootstrapped over torch.distributed on device N, or the mpi one (it stages device buffers).
-    Made once per device and process; COLLECTIVE when made."""
-    if device == "cpu":
-        return _dist.communicator(world)
-    comm = _DEVICE_COMMS.get(device)
-    if comm is None:
-        if world == 1:
-            comm = _core.make_single_communicator(device)
-        else:
-            kind = device_comm_kind()
-            if kind == "mpi":
-                comm = _dist.communicator(world)
-                if comm.backend != "mpi":
-                    raise RuntimeError(f"[torch] dmuon's communicator is '{comm.backend}' but CUDA "
-                                       f"parameters under mpirun need the mpi one: call "
-                                       f"dmuon.torch.init_distributed(comm='mpi') (or unset "
-                                       f"DMUON_COMM) before building the optimizer")
-            else:
-                if not dist.is_initialized():
-                    raise RuntimeError(f"[torch] the parameters span {world} ranks but "
-                                       f"torch.distributed is not initialised: call "
-                                       f"dmuon.torch.init_distributed() (or "
-                                       f"torch.distributed.init_process_group) first; the nccl "
-                                       f"communicator is bootstrapped over it")
-                index = int(device.split(":")[1])
-                comm = _core.make_nccl_communicator(lambda blob: torch_exchange(blob, index),
-                                                    dist.get_rank(), dist.get_world_size(), index)
-        _DEVICE_COMMS[device] = comm
-    if comm.size != world:
-        raise ValueError(f"[torch] the parameters span {world} ranks but dmuon's communicator has "
-                         f"{comm.size}; every mesh must span the whole job")
-    return comm
-
-
-def release() -> None:
-    """Drops the device communicators (at exit, after the engines, before the host one)."""
-    _DEVICE_COMMS.clear()

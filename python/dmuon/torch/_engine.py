@@ -6,7 +6,9 @@ One class over two native cores. dmuon.Optimizer (kind "distributed") runs DTens
 a dmuon communicator (init_distributed() or mpirun) as Replicate on a 1-D "world" mesh; it is
 collective. dmuon.LocalOptimizer (kind "local") runs one process, and plain tensors of a job dmuon
 has no communicator for (torchrun: each rank steps its replica alone). Either runs on the device of
-the parameters' (local) tensors, the CPU or one CUDA device (_device.py).
+the parameters' (local) tensors, the CPU or one CUDA device (_device.py), with the communicator of
+that device (_comms.py); DTensor layouts map to the engine's through _layouts.py. The engine that
+wraps it for bf16 parameters is in _master.py, ZeRO's in _zero.py; _factory.py picks one.
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from typing import Any, Iterator, Optional
 import torch
 
 from .. import _core
-from . import _device, _dist
-from ._dist import is_dtensor
+from . import _comms, _device
+from ._layouts import (as_layout, check_local_shards, engine_placement, is_dtensor, lift_to_job,
+                       local_grad, mesh_key)
 from ._options import make_group_options
 
 QK_KEYS = ("layer", "kind", "heads", "head_dim", "rope_dim", "v_dim")
@@ -87,7 +90,7 @@ def engine_kind(params: list[torch.Tensor], requested: Optional[str]) -> str:
         raise ValueError("[torch] engine='local' cannot run DTensor parameters; leave engine=None")
     if requested is not None:
         return requested
-    return "distributed" if dtensors or _dist.job_size() > 1 else "local"
+    return "distributed" if dtensors or _comms.job_size() > 1 else "local"
 
 
 class CoreDelegate:
@@ -113,21 +116,21 @@ class Engine(CoreDelegate):
         self.params: list[torch.Tensor] = [p for group in param_groups for p in group["params"]]
         self.kind = engine_kind(self.params, kind)
         distributed = self.kind == "distributed"
-        world = _dist.world_size() if distributed else 1
+        world = _comms.world_size() if distributed else 1
         inventory, groups = self._inventory(param_groups, qk_tags, world)
         self.names: list[str] = [spec.name for spec in inventory.params]
         # the parameters' device (all alike): the backend the step runs on
         self.device = _device.engine_device(self.params, self.names)
         self._state_cache: dict[int, dict[str, torch.Tensor]] = {}
-        _dist.release_at_exit(self)  # native objects released in order at exit
+        _comms.release_at_exit(self)  # native objects released in order at exit
         if not distributed:  # of Muon's engine options, the local core takes offload_state
             offload = bool((_OPTIONS.get() or {}).get("offload_state", False))
             self.core = _core.LocalOptimizer([_info(spec) for spec in inventory.params], groups,
                                              non_finite, comm_dtype, threads, offload, self.device)
             return
         inventory.validate()
-        _dist.check_local_shards(self.params, inventory, self.names)  # before any collective
-        self.comm = _device.communicator(world, self.device)
+        check_local_shards(self.params, inventory, self.names)  # before any collective
+        self.comm = _comms.communicator(world, self.device)
         options = engine_core_options(_OPTIONS.get(), self.device)
         self.core = _core.Optimizer(self.comm, inventory, groups, non_finite, comm_dtype, **options)
 
@@ -160,9 +163,9 @@ class Engine(CoreDelegate):
                 spec.expert = muon and p.ndim == 3 and bool(group.get("expert_stacks"))
                 if is_dtensor(p):
                     where = f"parameter '{spec.name}'"
-                    mesh, placements = _dist._lift(p.device_mesh, list(p.placements), world, where)
-                    spec.mesh = engine_mesh(_dist._mesh_key(mesh))
-                    spec.placements = [_dist._placement(pl, p.ndim, where) for pl in placements]
+                    mesh, placements = lift_to_job(p.device_mesh, list(p.placements), world, where)
+                    spec.mesh = engine_mesh(mesh_key(mesh))
+                    spec.placements = [engine_placement(pl, p.ndim, where) for pl in placements]
                     self.layouts.append((p.device_mesh, tuple(p.placements)))
                 else:
                     key = (("world", world),) if world > 1 else ()
@@ -187,8 +190,8 @@ class Engine(CoreDelegate):
         DTensor one. Cached: the same objects each call."""
         cached = self._state_cache.get(i)
         if cached is None:
-            cached = {key: _dist.as_layout(self.core.state(i, key), self.layouts[i], self.params[i],
-                                           key) for key in self.core.state_keys(i)}
+            cached = {key: as_layout(self.core.state(i, key), self.layouts[i], self.params[i], key)
+                      for key in self.core.state_keys(i)}
             self._state_cache[i] = cached
         return dict(cached)
 
@@ -202,7 +205,7 @@ class Engine(CoreDelegate):
         local_params, local_grads = [], []
         for i, (p, g) in enumerate(zip(params, grads)):
             if is_dtensor(p):
-                p, g = p._local_tensor, _dist.local_grad(g, self.layouts[i], self.names[i])
+                p, g = p._local_tensor, local_grad(g, self.layouts[i], self.names[i])
             local_params.append(p.detach())
             if g is not None and self.kind == "distributed":
                 g = g.detach().contiguous()  # no copy when contiguous (FSDP2's are)

@@ -1,20 +1,16 @@
-"""Data-parallel ZeRO and fp32 master weights for dmuon.torch.Muon (docs/python.md, "ZeRO",
-"reduce_grads", "Mixed precision").
+"""Data-parallel ZeRO for dmuon.torch.Muon (docs/python.md, "ZeRO", "reduce_grads").
 
-Two engines with the interface of _engine.Engine (params, names, kind, core, state(i), options(g),
-step_count, set_step_count, last_stats, step), chosen by make_engine():
-
-- ZeroEngine (`zero=True`): plain parameters replicated on every rank (a data-parallel job) are
-  sharded Shard(0) over the world INSIDE the optimizer by a native dmuon.ShardedParams: fp32 master
-  shards in one flat buffer, optimizer state only for this rank's rows, a dmuon.Optimizer over the
-  shards (the planner's usual sharded strategies), then one all-gather (direct landing) writes the
-  masters into every rank's full torch parameters (fp32 bits, or bf16 rounded to nearest even). With
-  `reduce_grads` the step reduces each rank's local .grad to the shard owners in the documented fixed
-  order (fp32 sums in rank order, one division); without it the (DDP-reduced) .grad is sliced locally.
-  Bitwise the one-process step given the same (reduced) gradients.
-- MasterEngine: bf16 parameters (plain or DTensor) on the local or distributed engine: fp32 master
-  copies (state key "master") are what the engine updates; after each step the bf16 parameter is the
-  master rounded to nearest even.
+ZeroOptions checks Muon's options zero / reduce_grads / check_replicas. ZeroEngine (`zero=True`;
+the interface of _engine.Engine: params, names, kind, core, state(i), options(g), step_count,
+set_step_count, last_stats, step; _factory.make_engine() picks it): plain parameters replicated on
+every rank (a data-parallel job) are sharded Shard(0) over the world INSIDE the optimizer by a
+native dmuon.ShardedParams: fp32 master shards in one flat buffer (state key "master", as the
+masters of _master.py), optimizer state only for this rank's rows, a dmuon.Optimizer over the
+shards (the planner's usual sharded strategies), then one all-gather (direct landing) writes the
+masters into every rank's full torch parameters (fp32 bits, or bf16 rounded to nearest even). With
+`reduce_grads` the step reduces each rank's local .grad to the shard owners in the documented fixed
+order (fp32 sums in rank order, one division); without it the (DDP-reduced) .grad is sliced locally.
+Bitwise the one-process step given the same (reduced) gradients.
 """
 from __future__ import annotations
 
@@ -24,13 +20,13 @@ from typing import Any, Optional
 import torch
 
 from .. import _core
-from . import _device, _dist
-from ._dist import as_layout, is_dtensor
-from ._engine import CoreDelegate, Engine, current_engine_options, engine_core_options, param_name
+from . import _comms, _device
+from ._engine import CoreDelegate, current_engine_options, engine_core_options, param_name
+from ._layouts import as_layout, is_dtensor
+from ._master import MASTER
 from ._options import make_group_options
 
 REDUCE_GRADS = (None, "mean", "sum")
-MASTER = "master"
 
 
 class ZeroOptions:
@@ -58,76 +54,6 @@ class ZeroOptions:
         self.zero, self.reduce_grads, self.check_replicas = zero, reduce_grads, check_replicas
 
 
-def make_engine(param_groups: list[dict], qk_tags: dict, non_finite: str, comm_dtype: str,
-                threads: int, kind: Optional[str], zero: ZeroOptions):
-    """The engine for these groups: ZeroEngine with zero=True, MasterEngine when a parameter is bf16,
-    else _engine.Engine."""
-    if zero.zero:
-        return ZeroEngine(param_groups, qk_tags, non_finite, comm_dtype, zero)
-    if any(p.dtype == torch.bfloat16 for g in param_groups for p in g["params"]):
-        return MasterEngine(param_groups, qk_tags, non_finite, comm_dtype, threads, kind)
-    return Engine(param_groups, qk_tags, non_finite, comm_dtype, threads, kind)
-
-
-# ---- mixed precision on the local / distributed engine --------------------------------------------
-
-def _master_of(p: torch.Tensor) -> torch.Tensor:
-    """An fp32 copy of bf16 parameter p (exact), plain or a DTensor with p's layout."""
-    if not is_dtensor(p):
-        return p.detach().to(torch.float32).contiguous()
-    local = p._local_tensor.detach().to(torch.float32).contiguous()
-    return _dist.wrap_local(local, p.device_mesh, p.placements, p.shape, p.stride())
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return (t._local_tensor if is_dtensor(t) else t).detach()
-
-
-class MasterEngine(CoreDelegate):
-    """bf16 parameters with fp32 masters over an Engine: the engine updates the masters (fp32 state as
-    for any parameter), then each bf16 parameter (its local shard for a DTensor) is overwritten with
-    its master rounded to nearest even. fp32 parameters of the same groups pass through."""
-
-    def __init__(self, param_groups: list[dict], qk_tags: dict, non_finite: str, comm_dtype: str,
-                 threads: int, kind: Optional[str]):
-        self.params: list[torch.Tensor] = [p for g in param_groups for p in g["params"]]
-        self.masters: list[Optional[torch.Tensor]] = []
-        groups, tags = [], {}
-        for group in param_groups:
-            inner = []
-            for p in group["params"]:
-                m = _master_of(p) if p.dtype == torch.bfloat16 else None
-                self.masters.append(m)
-                inner.append(p if m is None else m)
-                if id(p) in qk_tags:
-                    tags[id(inner[-1])] = qk_tags[id(p)]
-            groups.append(dict(group, params=inner))
-        self.engine = Engine(groups, tags, non_finite, comm_dtype, threads, kind)
-        self.kind, self.names, self.core = self.engine.kind, self.engine.names, self.engine.core
-        _dist.release_at_exit(self)
-        self._targets = [self.engine.params[i] for i in range(len(self.params))]
-
-    def state(self, i: int) -> dict[str, torch.Tensor]:
-        state = self.engine.state(i)
-        if self.masters[i] is not None:
-            state[MASTER] = self.masters[i]
-        return state
-
-    def last_stats(self) -> Optional[dict]:
-        return self.engine.last_stats()
-
-    def step(self, params: list[torch.Tensor], grads: list[Optional[torch.Tensor]],
-             qk_logits: dict[int, list[float]]) -> bool:
-        applied = self.engine.step(self._targets, grads, qk_logits)
-        if applied:
-            for p, m, g in zip(self.params, self.masters, grads):
-                if m is not None and g is not None:
-                    _local(p).copy_(_local(m))  # fp32 -> bf16: round to nearest even
-        return applied
-
-
-# ---- ZeRO -----------------------------------------------------------------------------------------
-
 class ZeroEngine(CoreDelegate):
     """ZeRO-1/2 over plain replicated parameters (see the module docstring). COLLECTIVE: construction
     and step() on every rank in the same order."""
@@ -138,7 +64,7 @@ class ZeroEngine(CoreDelegate):
                  zero: ZeroOptions):
         self.params: list[torch.Tensor] = [p for g in param_groups for p in g["params"]]
         self.reduce_grads, self.check_replicas = zero.reduce_grads, zero.check_replicas
-        _dist.release_at_exit(self)
+        _comms.release_at_exit(self)
         specs, groups, self.names = [], [], []
         for g, group in enumerate(param_groups):  # every check before any collective
             pg = _core.ParamGroup()
@@ -167,7 +93,7 @@ class ZeroEngine(CoreDelegate):
             pg.params = indices
             groups.append(pg)
         self.device = _device.engine_device(self.params, self.names)
-        world = _dist.world_size()
+        world = _comms.world_size()
         self.mesh = None
         if world > 1:
             if not torch.distributed.is_initialized():
@@ -178,7 +104,7 @@ class ZeroEngine(CoreDelegate):
             from torch.distributed.tensor import Shard
             self.mesh = init_device_mesh(self.device.split(":")[0], (world,), mesh_dim_names=("zero",))
             self._layout = (self.mesh, (Shard(0),))
-        comm = _device.communicator(world, self.device)
+        comm = _comms.communicator(world, self.device)
         mesh = _core.Mesh([("dp_shard", world)] if world > 1 else [])
         self.sp = _core.ShardedParams(comm, mesh, specs, reduce=self.reduce_grads or "mean",
                                       device=self.device)

@@ -6,10 +6,11 @@ from typing import Any, Optional
 
 import torch
 
-from . import _clip, _device, _dist, _plan, _precision
-from ._dist import is_dtensor
+from . import _clip, _comms, _device, _plan, _precision
 from ._engine import KINDS, engine_options, qk_tag
-from ._zero import ZeroOptions, make_engine
+from ._factory import make_engine
+from ._layouts import is_dtensor
+from ._zero import ZeroOptions
 from ._options import (ADAMW_DEFAULTS, MUON_DEFAULTS, MUON_ONLY, STRUCTURAL, apply_group,
                        check_group_keys)
 from ._profile import StepPhases
@@ -168,7 +169,7 @@ class Muon(torch.optim.Optimizer):
         self._engine = None
         self.engine_builds = 0  # how often the engine's inventory was built (tests, diagnostics)
         super().__init__(params, defaults)
-        _dist.release_at_exit(self)  # its state aliases engine memory: cleared at exit
+        _comms.release_at_exit(self)  # its state aliases engine memory: cleared at exit
         self._rebuild_engine()
 
     # ---- groups --------------------------------------------------------------------------------

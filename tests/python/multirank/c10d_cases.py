@@ -7,7 +7,7 @@ rank 0 per passing case; any failure aborts the job (exit code != 0).
 - timeout: rank 1 never steps; the others raise dmuon.DmuonError naming the op within
   DMUON_TIMEOUT_S (then the job ends through os._exit: communication is unusable).
 - hold: an optimizer kept alive past exit by a daemon thread is still released at exit.
-- nccl_bootstrap: the nccl communicator for CUDA parameters (dmuon/torch/_device.py), bootstrapped
+- nccl_bootstrap: the nccl communicator for CUDA parameters (dmuon/torch/_comms.py), bootstrapped
   over torch.distributed: every rank joins the one all_gather_object exchange and, on a machine
   without a GPU, every rank raises dmuon.DmuonError naming its missing device (no hang).
 - bytes (under mpirun): the same plain-tensor step on the MPI and on the c10d communicator gives
@@ -31,7 +31,7 @@ import dmuon  # noqa: E402
 import dmuon.torch as dt  # noqa: E402
 from harness import guarded, run_cases, say  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from dmuon.torch import _c10d, _dist  # noqa: E402
+from dmuon.torch import _c10d, _comms  # noqa: E402
 
 
 def done(op) -> None:
@@ -174,7 +174,7 @@ def case_timeout() -> None:
     limit = float(os.environ["DMUON_TIMEOUT_S"])
     model = nn.Sequential(nn.Linear(32, 32, bias=False), nn.Linear(32, 16, bias=False))
     opt = dt.Muon(model.parameters(), lr=0.02)
-    assert opt.engine == "distributed" and _dist._COMM.backend == "c10d"
+    assert opt.engine == "distributed" and _comms._HOST_COMM.backend == "c10d"
     for p in model.parameters():
         p.grad = torch.ones_like(p)
     opt.step()  # a normal step first
@@ -217,7 +217,7 @@ def case_bytes() -> None:
     runs = {}
     for name, comm in (("mpi", mpi), ("c10d", c10d)):
         model = copy.deepcopy(base)
-        _dist._COMM = comm  # the engine takes the job's communicator from here
+        _comms._HOST_COMM = comm  # the engine takes the job's communicator from here
         opt = dt.Muon(dt.param_groups(model, muon=dict(lr=0.02, normuon=True)), lr=0.02)
         assert opt._engine.comm.backend == name
         stats = []
@@ -239,7 +239,7 @@ def case_bytes() -> None:
         assert torch.equal(p.detach().view(torch.int32), q.detach().view(torch.int32)), n
     say(f"  bytes per step (rank 0): {runs['c10d'][1][-1]['bytes_sent']} sent, "
         f"{runs['c10d'][1][-1]['bytes_recv']} received, on {world} ranks")
-    _dist._COMM = c10d
+    _comms._HOST_COMM = c10d
 
 
 def case_hold() -> None:
@@ -249,7 +249,7 @@ def case_hold() -> None:
     import atexit
     import threading
     if os.environ.get("DMUON_TEST_NO_SHUTDOWN") == "1":
-        atexit.unregister(_dist.shutdown)
+        atexit.unregister(_comms.shutdown)
     model = nn.Linear(16, 16, bias=False)
     opt = dt.Muon(model.parameters(), lr=0.02)
     model.weight.grad = torch.ones_like(model.weight)
@@ -260,12 +260,11 @@ def case_hold() -> None:
 
 def case_nccl_bootstrap() -> None:
     from dmuon import _core
-    from dmuon.torch import _device
     if torch.cuda.is_available():
         say("SKIP nccl_bootstrap: a GPU is present (this case checks the no-device path)")
         return
     calls = []
-    real = _device.torch_exchange
+    real = _comms.torch_exchange
 
     def counting(blob: bytes, index: int = 0) -> bytes:
         calls.append(len(blob))
@@ -273,26 +272,26 @@ def case_nccl_bootstrap() -> None:
         assert len(out) == len(blob) * dist.get_world_size(), (len(out), len(blob))
         return out
 
-    _device.torch_exchange = counting
+    _comms.torch_exchange = counting
     try:
         try:
-            _device.communicator(dist.get_world_size(), "cuda:0")
+            _comms.communicator(dist.get_world_size(), "cuda:0")
         except _core.DmuonError as e:
             msg = str(e)
         else:
             raise AssertionError("the nccl communicator came up without a GPU")
     finally:
-        _device.torch_exchange = real
+        _comms.torch_exchange = real
     if _core.nccl_available():
         assert msg.startswith(f"[nccl] rank {dist.get_rank()}: no CUDA device: "), msg
         assert calls == [512], calls  # the failing rank still joined the exchange
     else:
         assert msg.startswith("[nccl] dmuon was built without"), msg
-    assert "cuda:0" not in _device._DEVICE_COMMS
+    assert "cuda:0" not in _comms._DEVICE_COMMS
 
 
 def _core_comm(kind: str):
-    return _dist._make_comm(kind)
+    return _comms.make_communicator(kind)
 
 
 def main() -> None:

@@ -413,7 +413,7 @@ def main():
     rank_, world = dt.init_distributed(master_port=int(os.environ.get("MASTER_PORT", "29511")),
                                        comm=args.comm)
     dmuon.blas_set_num_threads(1)
-    say(f"COMM {dt._dist.communicator(world).backend}")
+    say(f"COMM {dt._comms.communicator(world, 'cpu').backend}")
     cases = {
         "fsdp": lambda: case_fsdp(world), "hsdp": lambda: case_hsdp(world),
         "tp": lambda: case_tp(world), "ep": lambda: case_ep(world),
