@@ -6,7 +6,8 @@ written down once, here (docs/design.md, "Layers as folders", shows the same ord
   never one above; no two files may include each other through a cycle.
   Python: no module of the dmuon package imports another in a cycle.
 
-Run: python3 scripts/check_layers.py [--graph]   (make test runs it; exit 1 on a violation)
+Run: python3 scripts/check_layers.py [--graph] [--root DIR]   (make test runs it through
+tests/python/test_layers.py, with a negative control; exit 1 on a violation)
 """
 from __future__ import annotations
 
@@ -146,6 +147,9 @@ def cycles(graph: dict) -> list[list]:
 
 
 def main() -> int:
+    global ROOT
+    if "--root" in sys.argv:
+        ROOT = Path(sys.argv[sys.argv.index("--root") + 1]).resolve()
     problems = cpp_violations() + python_violations()
     if "--graph" in sys.argv:
         print("layers, bottom first:", " < ".join(name for name, _ in LAYERS))

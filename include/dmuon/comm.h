@@ -125,11 +125,13 @@ struct DMUON_API OutBuffer {
 using CommClock = std::chrono::steady_clock;
 using Deadline = CommClock::time_point;
 
+class Work;
 class Transport;    // what moves a communicator's data (dmuon/comm_transport.h)
 class TransportOp;  // one operation a transport posted
 namespace detail {
 class WorkImpl;  // one posted operation: its transport op and how to name it (src/comm/work_impl.h)
 struct CommRoot;  // what a root communicator and its splits share (src/comm/work_impl.h)
+bool poll_work(Work& w, std::chrono::steady_clock::time_point posted, std::chrono::milliseconds timeout);  // src/comm/poll.h
 }  // namespace detail
 
 // One validated send or recv as a transport posts it. A recv writes through buf.data (a send only reads).
@@ -166,6 +168,7 @@ class DMUON_API Work {
   std::string_view label() const;
 
  private:
+  friend bool detail::poll_work(Work&, CommClock::time_point, std::chrono::milliseconds);
   void wait_until(Deadline deadline, std::chrono::milliseconds budget);  // budget: for the message
   std::unique_ptr<detail::WorkImpl> impl_;
 };

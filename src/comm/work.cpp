@@ -4,6 +4,7 @@
 
 #include <thread>
 
+#include "comm/poll.h"
 #include "comm/work_impl.h"
 #include "dmuon/error.h"
 
@@ -123,26 +124,13 @@ void Work::wait(Deadline deadline) {
 }
 
 void Work::wait_until(Deadline deadline, std::chrono::milliseconds budget) {
-  // Spin first (small collectives finish in microseconds), then yield, then sleep with backoff:
-  // ranks are often oversubscribed on few cores, and a waiter that gives up its core lets the peer
-  // it waits for run. Open MPI progresses non-blocking collectives only inside MPI calls, so the
-  // sleep is capped to keep multi-round algorithms moving.
-  const auto start = CommClock::now();
-  auto nap = std::chrono::microseconds(20);
+  detail::PollBackoff backoff;  // spin, yield, then short sleeps (poll.h)
   while (!test()) {
-    const auto now = CommClock::now();
-    if (now >= deadline) {
+    if (CommClock::now() >= deadline) {
       impl_->on_timeout();
       detail::throw_error(detail::timeout_message(impl_->info(), std::max(budget, std::chrono::milliseconds(0))));
     }
-    const auto spent = now - start;
-    if (spent < std::chrono::microseconds(50)) continue;
-    if (spent < std::chrono::milliseconds(2)) {
-      std::this_thread::yield();
-      continue;
-    }
-    std::this_thread::sleep_for(std::min<CommClock::duration>(nap, deadline - now));
-    nap = std::min(nap * 2, std::chrono::microseconds(200));
+    backoff.idle(deadline);
   }
 }
 

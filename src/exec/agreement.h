@@ -1,4 +1,4 @@
-// Internal: the optimizer's collective agreements (construction: plan_agreement.cpp; each step:
+// Internal: the optimizer's collective agreements (construction: plan_claim.cpp, plan_agreement.cpp; each step:
 // step_agreement.cpp), built on the generic ones of comm/agreement.h. Every function here is
 // COLLECTIVE and throws the same error on every rank when the ranks disagree, before anything is
 // modified.
@@ -14,6 +14,9 @@
 #include "comm/agreement.h"
 #include "dmuon/comm.h"
 #include "dmuon/optim_options.h"
+#include "dmuon/optimizer.h"
+#include "dmuon/plan.h"
+#include "exec/param_table.h"
 
 namespace dmuon::detail {
 
@@ -27,6 +30,11 @@ struct PlanClaim {
   std::vector<std::string> entry_texts;    // per parameter, the decision in words
   std::string options_text;                // meshes and optimizer options in words
 };
+
+// This rank's claim (plan_claim.cpp): per parameter what the caller gave and what the plan decided,
+// and the options, as hashes and in words.
+PlanClaim make_plan_claim(const Plan& plan, const ParamTable& table, const OptimizerOptions& options,
+                          std::string_view backend_name);
 
 // Compares every rank's claim. The error names, in this order: a rank whose construction failed;
 // different parameter counts and the first parameter that differs, with each rank's version;

@@ -1,32 +1,25 @@
 // dmuon::Optimizer: construction (validation, plan, agreement, sub-communicators, eager state), the
-// step's validation and non-finite agreement, the local update passes and AdamW, and state access.
+// step as a sequence of its passes (each in a unit of its own: optimizer_impl.h), and state access.
 #include "dmuon/optimizer.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <utility>
 
-#include "dmuon/blas.h"
 #include "dmuon/error.h"
 #include "dmuon/update.h"
-#include "core/hash.h"
-#include "exec/agreement.h"
 #include "backend/select.h"
 #include "comm/device_check.h"
-#include "exec/executor.h"
+#include "exec/agreement.h"
+#include "exec/local_update.h"
+#include "exec/optimizer_impl.h"
 #include "exec/param_groups.h"
+#include "exec/pipeline.h"
+#include "exec/step_inputs.h"
 
 namespace dmuon {
 namespace {
 
 using detail::ParamLayout;
-
-std::string placements_text(const ParamSpec& p) {
-  std::string t;
-  for (const Placement& pl : p.placements) t += (t.empty() ? "" : ",") + to_string(pl);
-  return "(" + t + ")";
-}
 
 // pass: everything a rank can check alone, before any collective
 void validate_construction(const Optimizer::Impl& s, const Inventory& inv, const std::vector<ParamGroup>& groups,
@@ -56,6 +49,50 @@ void validate_construction(const Optimizer::Impl& s, const Inventory& inv, const
   }
 }
 
+// The planner's options: the optimizer's, the first Muon group's Newton–Schulz, and which
+// parameters carry NorMuon state (part of the byte prediction).
+PlanOptions plan_options(const Optimizer::Impl& s, const Inventory& inventory) {
+  PlanOptions po;
+  for (const ParamGroup& g : s.groups)
+    if (g.options.algorithm == Algorithm::Muon) {
+      po.ns = g.options.ns;
+      break;
+    }
+  po.comm_dtype = s.options.comm_dtype;
+  po.machine = s.options.machine;
+  po.pins = s.options.pins;
+  if (s.options.env_override) po.env_override = strategy_rules_from_env();
+  po.exact = s.options.exact;
+  po.replica = s.options.replica;
+  po.chunk_bytes = s.options.chunk_bytes;
+  po.window = s.options.window;
+  po.normuon.assign(inventory.params.size(), false);
+  for (size_t i = 0; i < inventory.params.size(); ++i) {
+    const GroupOptions& go = s.groups[static_cast<size_t>(s.table.group_of[i])].options;
+    po.normuon[i] = go.algorithm == Algorithm::Muon && go.normuon;
+  }
+  return po;
+}
+
+// The per-group and per-parameter facts a step reads (ParamTable), from the groups and the plan.
+void fill_table(Optimizer::Impl& s) {
+  detail::ParamTable& t = s.table;
+  for (const ParamGroup& g : s.groups) {
+    t.algorithm.push_back(g.options.algorithm);
+    t.normuon.push_back(g.options.algorithm == Algorithm::Muon && g.options.normuon);
+  }
+  const auto& params = s.plan.inventory().params;
+  t.param_normuon.assign(params.size(), false);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const size_t g = t.group(i);
+    t.param_normuon[i] = t.normuon[g];
+    t.names.push_back(params[i].name);
+    const PlanEntry* e = s.plan.entry_of(static_cast<int>(i));
+    DMUON_CHECK(!(e && e->strategy == Strategy::GramAllReduce && t.normuon[g]), "[optim] parameter '", params[i].name,
+                "' uses gram_allreduce, which does not support NorMuon; pin another strategy or turn NorMuon off");
+  }
+}
+
 // Writes back offloaded state (StateStore::flush) when a step throws after its first acquire.
 struct StateFlush {
   detail::StateStore* state = nullptr;
@@ -68,35 +105,6 @@ struct StateFlush {
   }
 };
 
-// The AdamW pass: the active AdamW parameters with a local shard, in order, in batches of up to
-// chunk_bytes of state (at least one parameter each); with offload, batch b + 1 is prefetched
-// while batch b updates, so at most two batches are resident.
-void run_adamw(Optimizer::Impl& s, const detail::StepInputs& in) {
-  std::vector<std::vector<size_t>> batches;
-  int64_t bytes = 0;
-  for (size_t i = 0; i < in.active.size(); ++i) {
-    if (s.algorithm[static_cast<size_t>(s.group_of[i])] != Algorithm::AdamW || !in.active[i]) continue;
-    const int64_t numel = s.routes.layouts[i].local_numel;
-    if (numel == 0) continue;
-    const int64_t b = 2 * numel * static_cast<int64_t>(sizeof(float));  // exp_avg, exp_avg_sq
-    if (batches.empty() || bytes + b > s.options.chunk_bytes) batches.emplace_back(), bytes = 0;
-    batches.back().push_back(i), bytes += b;
-  }
-  for (size_t k = 0; k < batches.size(); ++k) {
-    s.state.acquire(batches[k]);
-    if (k + 1 < batches.size()) s.state.prefetch(batches[k + 1]);
-    std::vector<detail::Backend::AdamWTensor> tensors;  // one multi-tensor call per batch
-    tensors.reserve(batches[k].size());
-    for (size_t i : batches[k]) {
-      const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[i])];
-      tensors.push_back({{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, s.state.steps(i)}, in.params[i].f32(), in.grads[i],
-                         s.state.data(i, detail::StateKey::ExpAvg), s.state.data(i, detail::StateKey::ExpAvgSq)});
-    }
-    s.backend->adamw_multi(tensors);
-    s.state.release(batches[k]);
-  }
-}
-
 // Restores the backend's thread count when a step returns or throws.
 struct ThreadRestore {
   detail::Backend* backend = nullptr;
@@ -106,68 +114,40 @@ struct ThreadRestore {
   }
 };
 
-}  // namespace
-
-namespace detail {
-
-std::chrono::milliseconds work_timeout(const Optimizer::Impl& s, const Communicator& c) {
-  return s.options.timeout.count() > 0 ? s.options.timeout : c.default_timeout();
-}
-
-void wait_work(const Optimizer::Impl& s, Work& w) { w.wait(work_timeout(s, s.comm ? *s.comm : *s.user_comm)); }
-
-void local_momentum(Optimizer::Impl& s, const StepInputs& in, std::span<const UpdateTarget> targets) {
-  std::vector<Backend::MomentumTensor> tensors;
-  tensors.reserve(targets.size());
-  for (const UpdateTarget& t : targets) {
-    const ParamLayout& L = s.routes.layouts[static_cast<size_t>(t.param)];
-    if (L.local_numel == 0) continue;
-    if (!in.active[static_cast<size_t>(t.param)]) {  // no gradient: the momentum stays, zeros travel
-      s.backend->zero(t.update, static_cast<size_t>(L.local_numel) * sizeof(float));  // stream-ordered, no host wait
-      continue;
-    }
-    const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(t.param)])];
-    tensors.push_back({{o.momentum_kind, o.momentum, o.nesterov},
-                       s.state.data(static_cast<size_t>(t.param), detail::StateKey::Momentum),
-                       in.grads[static_cast<size_t>(t.param)], t.update});
+// Optimizer::set_stream: the caller's stream waits for the step's queued work when the step ends,
+// also when it throws (its kernels may still read the gradients and write the parameters).
+struct CallerOrder {
+  detail::Backend* backend = nullptr;
+  void* stream = nullptr;
+  void order() {
+    void* st = std::exchange(stream, nullptr);
+    if (st != nullptr) backend->wait(backend->fence().event(), st);
   }
-  s.backend->momentum_multi(tensors, s.options.comm_dtype);
-}
-
-void local_apply(Optimizer::Impl& s, const StepInputs& in, std::span<const UpdateTarget> targets) {
-  std::vector<Backend::ApplyTensor> tensors;
-  tensors.reserve(targets.size());
-  for (const UpdateTarget& t : targets) {
-    const ParamLayout& L = s.routes.layouts[static_cast<size_t>(t.param)];
-    if (L.local_numel == 0) continue;
-    const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(t.param)])];
-    tensors.push_back({{o.lr, adjusted_lr(o.lr, o.lr_rule, L.rows, L.cols), o.weight_decay, o.cautious_wd},
-                       in.params[static_cast<size_t>(t.param)].f32(), t.update, L.local_numel});
-  }
-  s.backend->apply_multi(tensors);
-  for (const UpdateTarget& t : targets) {  // QK-clip after the update, on the tagged parameters
-    const ParamLayout& L = s.routes.layouts[static_cast<size_t>(t.param)];
-    const ParamSpec& p = s.plan.inventory().params[static_cast<size_t>(t.param)];
-    const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[static_cast<size_t>(t.param)])];
-    if (L.local_numel == 0 || o.qk_clip_threshold <= 0 || !p.qk) continue;
-    // QK-clip scales whole rows: each contiguous range of local rows on its own (StridedShard has several)
-    float* w = in.params[static_cast<size_t>(t.param)].f32();
-    const int64_t lc = L.box.dims[1].size();
-    int64_t pos = 0;
-    for (const Range& r : L.box.dims[0].ranges()) {
-      s.backend->qk_clip_rows(*p.qk, in.qk_logits->at(p.qk->layer), o.qk_clip_threshold, w + pos * lc, r.begin, r.end, lc);
-      pos += r.size();
+  ~CallerOrder() {
+    try {
+      order();
+    } catch (...) {  // unwinding already: the device error surfaces at the caller's next use
     }
   }
+};
+
+// The bytes every communicator of the step moved so far.
+CommCounters step_counters(const Optimizer::Impl& s) {
+  CommCounters c = s.comm->counters();
+  for (const Communicator* gc : s.group_comms)
+    c.bytes_sent += gc->counters().bytes_sent, c.bytes_recv += gc->counters().bytes_recv, c.collectives += gc->counters().collectives;
+  return c;
 }
 
-}  // namespace detail
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
 
-namespace {
 std::shared_ptr<MeshCommunicators> mesh_communicators_of(std::shared_ptr<Communicator> comm) {
   DMUON_CHECK(comm != nullptr, "[optim] the communicator is null; pass make_mpi_communicator() or make_single_communicator()");
   return std::make_shared<MeshCommunicators>(std::move(comm));
 }
+
 }  // namespace
 
 Optimizer::Optimizer(std::shared_ptr<Communicator> comm, Inventory inventory, std::vector<ParamGroup> groups,
@@ -188,92 +168,28 @@ Optimizer::Optimizer(std::shared_ptr<MeshCommunicators> comms, Inventory invento
   try {  // pass 1: local checks and the plan; an error here is shared with every rank below
     s.backend = detail::resolve_engine_device(s.options.device).backend;  // e.g. a rank without its GPU
     detail::check_comm_carries_device(*s.backend, *s.user_comm, "[optim]");
-    validate_construction(s, inventory, s.groups, s.group_of);
-    PlanOptions po;
-    for (const ParamGroup& g : s.groups)
-      if (g.options.algorithm == Algorithm::Muon) {
-        po.ns = g.options.ns;
-        break;
-      }
-    po.comm_dtype = s.options.comm_dtype;
-    po.machine = s.options.machine;
-    po.pins = s.options.pins;
-    if (s.options.env_override) po.env_override = strategy_rules_from_env();
-    po.exact = s.options.exact;
-    po.replica = s.options.replica;
-    po.chunk_bytes = s.options.chunk_bytes;
-    po.window = s.options.window;
-    po.normuon.assign(inventory.params.size(), false);  // NorMuon state bytes are part of the prediction
-    for (size_t i = 0; i < inventory.params.size(); ++i) {
-      const GroupOptions& go = s.groups[static_cast<size_t>(s.group_of[i])].options;
-      po.normuon[i] = go.algorithm == Algorithm::Muon && go.normuon;
-    }
-    s.plan = make_plan(inventory, po);
-    for (const ParamGroup& g : s.groups) {
-      s.algorithm.push_back(g.options.algorithm);
-      s.normuon.push_back(g.options.algorithm == Algorithm::Muon && g.options.normuon);
-    }
-    const auto& params = s.plan.inventory().params;
-    s.param_normuon.assign(params.size(), false);
-    for (size_t i = 0; i < params.size(); ++i) {
-      const size_t g = static_cast<size_t>(s.group_of[i]);
-      s.param_normuon[i] = s.normuon[g];
-      s.names.push_back(params[i].name);
-      const PlanEntry* e = s.plan.entry_of(static_cast<int>(i));
-      DMUON_CHECK(!(e && e->strategy == Strategy::GramAllReduce && s.normuon[g]), "[optim] parameter '", params[i].name,
-                  "' uses gram_allreduce, which does not support NorMuon; pin another strategy or turn NorMuon off");
-      detail::Fnv1a h;  // what the caller gave: the parameter and its group (not the plan's decision)
-      h.str(params[i].name);
-      h.pod(params[i].shape.ndim());
-      for (int64_t d : params[i].shape) h.pod(d);
-      h.pod(params[i].role), h.pod(params[i].expert), h.pod(params[i].mesh), h.pod(g), h.pod(s.algorithm[g]);
-      h.pod(static_cast<bool>(s.normuon[g]));
-      for (const Placement& pl : params[i].placements) h.pod(pl.kind), h.pod(pl.dim), h.pod(pl.split_factor);
-      claim.spec_hashes.push_back(h.h);
-      claim.spec_texts.push_back(detail::concat("'", params[i].name, "' ", params[i].shape.to_string(), " ",
-                                                placements_text(params[i]), " on mesh ", params[i].mesh, " ",
-                                                to_string(params[i].role), " group ", g, s.normuon[g] ? " normuon" : ""));
-      claim.entry_hashes.push_back(e ? e->hash : 0);
-      std::string owners;
-      if (e)
-        for (size_t k = 0; k < e->owner_index.size() && k < 4; ++k) owners += (k ? "," : " owners ") + std::to_string(e->owner_index[k]);
-      claim.entry_texts.push_back(detail::concat("'", params[i].name, "' ", e ? std::string(to_string(e->strategy)) : "unplanned",
-                                                 e ? " chunk " + std::to_string(e->chunk) : "", owners));
-    }
-    char hex[24];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(s.plan.fingerprint()));
-    std::string meshes;
-    for (const Mesh& m : s.plan.inventory().meshes) meshes += (meshes.empty() ? "" : " / ") + m.to_string();
-    claim.options_text = detail::concat("plan ", hex, ", meshes ", meshes, ", comm ", to_string(s.options.comm_dtype), ", chunk ",
-                                        s.options.chunk_bytes, " B, window ", s.options.window, ", backend ",
-                                        s.backend->name(), ", non_finite ",
-                                        to_string(s.options.non_finite));
-    detail::Fnv1a f;
-    f.pod(s.plan.fingerprint());
-    f.str(claim.options_text);
-    for (uint64_t x : claim.spec_hashes) f.pod(x);
-    for (uint64_t x : claim.entry_hashes) f.pod(x);
-    claim.fingerprint = f.h;
+    validate_construction(s, inventory, s.groups, s.table.group_of);
+    s.plan = make_plan(inventory, plan_options(s, inventory));
+    fill_table(s);
+    claim = detail::make_plan_claim(s.plan, s.table, s.options, s.backend->name());
   } catch (const std::exception& e) {
     claim.error = e.what();
   }
   // pass 2: agree (collective; the same error everywhere on disagreement)
-  detail::agree_on_plan(*s.user_comm, detail::work_timeout(s, *s.user_comm), claim);
+  detail::agree_on_plan(*s.user_comm, s.timeout(*s.user_comm), claim);
 
   // pass 3: communicators (collective, in plan order), routes, eager state
   s.comm = s.user_comm->split(0, s.rank, "dmuon.optimizer");
-  s.routes = detail::build_routes(s.plan, s.rank, s.param_normuon);
+  s.routes = detail::build_routes(s.plan, s.rank, s.table.param_normuon);
   const Inventory& inv = s.plan.inventory();
   for (const detail::GroupKey& k : s.routes.group_keys)  // collective on first use of a key, in plan order
     s.group_comms.push_back(&s.mesh_comms->get(inv.meshes[static_cast<size_t>(k.mesh)], k.dims));
-  s.orth.resize(s.groups.size());
-  for (size_t g = 0; g < s.groups.size(); ++g)
-    if (s.algorithm[g] == Algorithm::Muon) s.orth[g] = s.backend->make_orthogonalizer(s.groups[g].options.ns);
+  s.compute.init(*s.backend, s.groups);
   std::vector<detail::StateSpec> specs;  // eager state: everything a checkpoint holds exists from the start
   for (size_t i = 0; i < inv.params.size(); ++i) {
     const ParamLayout& L = s.routes.layouts[i];
-    s.local_shapes.push_back(L.box.shape());
-    specs.push_back({inv.params[i].name, s.algorithm[static_cast<size_t>(s.group_of[i])], static_cast<bool>(s.param_normuon[i]),
+    s.table.local_shapes.push_back(L.box.shape());
+    specs.push_back({inv.params[i].name, s.table.algorithm[s.table.group(i)], static_cast<bool>(s.table.param_normuon[i]),
                      L.box.shape(), L.v_box.shape()});
   }
   s.state.init(std::move(specs), *s.backend, s.options.offload_state);
@@ -298,82 +214,26 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
   claim.has_grad.assign(n, 0);
   claim.step_counts.resize(n);
   for (size_t i = 0; i < n; ++i) claim.step_counts[i] = s.state.steps(i);
-  std::vector<std::unique_ptr<Orthogonalizer>> fresh(s.groups.size());
+  std::vector<std::unique_ptr<Orthogonalizer>> fresh;  // groups whose Newton–Schulz options changed
   double claim_seconds = 0;
   ThreadRestore restore;  // the backend's threads as the step found them, when it returns or throws
-  // Optimizer::set_stream: the caller's stream waits for the step's queued work when the step ends,
-  // also when it throws (its kernels may still read the gradients and write the parameters).
-  struct CallerOrder {
-    detail::Backend* backend = nullptr;
-    void* stream = nullptr;
-    void order() {
-      void* st = std::exchange(stream, nullptr);
-      if (st != nullptr) backend->wait(backend->fence().event(), st);
-    }
-    ~CallerOrder() {
-      try {
-        order();
-      } catch (...) {  // unwinding already: the device error surfaces at the caller's next use
-      }
-    }
-  } caller_order{s.backend.get()};
-  try {  // pass 1: validate everything locally
-    DMUON_CHECK(params.size() == n && grads.size() == n, "[optim] step got ", params.size(), " parameters and ",
-                grads.size(), " gradients; expected ", n, " of each (one local shard per inventory parameter)");
-    for (size_t g = 0; g < s.groups.size(); ++g) {
-      const GroupOptions& o = in.options[g];
-      validate_group_options(o, g);
-      DMUON_CHECK(o.algorithm == s.algorithm[g], "[optim] group ", g, ": algorithm changed after construction; build a new optimizer");
-      if (o.algorithm != Algorithm::Muon) continue;
-      DMUON_CHECK(!o.normuon || s.normuon[g], "[optim] group ", g,
-                  ": normuon was off at construction, so its state does not exist; enable it before constructing");
-      DMUON_CHECK(o.normuon || !s.normuon[g], "[optim] group ", g, ": normuon may not be turned off after construction");
-      if (o.ns != s.orth[g]->options()) fresh[g] = s.backend->make_orthogonalizer(o.ns);
-    }
-    std::vector<std::pair<int, const std::vector<float>*>> logits;  // the layers QK-clip reads, once each
-    for (size_t i = 0; i < n; ++i) {
-      const ParamSpec& p = inv.params[i];
-      const Shape& local = s.local_shapes[i];
-      const TensorView& w = params[i];
-      const TensorView& gr = grads[i];
-      claim.has_grad[i] = gr.is_none() ? 0 : 1;
-      DMUON_CHECK(w.shape == local, "[optim] parameter '", p.name, "': this rank's shard should have shape ",
-                  local.to_string(), " (its local box ", s.routes.layouts[i].box.to_string(), "), got ", w.shape.to_string());
-      DMUON_CHECK(w.dtype == DType::F32, "[optim] parameter '", p.name, "' is ", to_string(w.dtype), "; master parameters must be fp32");
-      DMUON_CHECK(w.is_contiguous(), "[optim] parameter '", p.name, "' is not contiguous; pass a contiguous copy");
-      DMUON_CHECK(local.numel() == 0 || w.data, "[optim] parameter '", p.name, "': null data pointer");
-      DMUON_CHECK(w.device == s.backend->device(), "[optim] parameter '", p.name, "' is on ", to_string(w.device),
-                  " but the optimizer runs on ", to_string(s.backend->device()), " (option 'device' = '", s.options.device,
-                  "'); pass views of ", to_string(s.backend->device()), " memory");
-      if (gr.is_none()) continue;  // no gradient: the parameter sits this step out (agreed below)
-      DMUON_CHECK(gr.shape == local, "[optim] gradient of '", p.name, "': expected local shape ", local.to_string(), ", got ",
-                  gr.shape.to_string());
-      DMUON_CHECK(gr.dtype == DType::F32 || gr.dtype == DType::BF16, "[optim] gradient of '", p.name, "' is ",
-                  to_string(gr.dtype), "; gradients must be fp32 or bf16");
-      DMUON_CHECK(gr.is_contiguous(), "[optim] gradient of '", p.name, "' is not contiguous; pass a contiguous copy");
-      DMUON_CHECK(local.numel() == 0 || gr.data, "[optim] gradient of '", p.name, "': null data pointer");
-      DMUON_CHECK(gr.device == s.backend->device(), "[optim] gradient of '", p.name, "' is on ", to_string(gr.device),
-                  " but the optimizer runs on ", to_string(s.backend->device()), " (option 'device' = '", s.options.device,
-                  "'); pass views of ", to_string(s.backend->device()), " memory");
-      const GroupOptions& o = in.options[static_cast<size_t>(s.group_of[i])];
-      if (o.algorithm != Algorithm::Muon || o.qk_clip_threshold <= 0 || !p.qk) continue;
-      const auto it = qk_logits.find(p.qk->layer);
-      DMUON_CHECK(it != qk_logits.end(), "[optim] parameter '", p.name, "' is QK-tagged (layer ", p.qk->layer, ") and group ",
-                  s.group_of[i], " has qk_clip_threshold > 0, but no logits were given for layer ", p.qk->layer);
-      validate_qk_logits(*p.qk, it->second, p.name);
-      if (std::none_of(logits.begin(), logits.end(), [&](const auto& l) { return l.first == it->first; }))
-        logits.emplace_back(it->first, &it->second);
-    }
+  CallerOrder caller_order{s.backend.get()};
+
+  // pass 1: everything this rank checks and prepares alone
+  try {
+    const auto logits = detail::check_step_inputs(in, inv, s.table, s.routes.layouts, {s.backend->device(), s.options.device},
+                                                  claim.has_grad);
+    fresh = s.compute.refreshed(in.options);
     const auto tc = std::chrono::steady_clock::now();
     claim.fields = detail::step_fields(in.options, s.options.non_finite, logits);
-    claim_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tc).count();
+    claim_seconds = seconds_since(tc);
     if (!s.plan.entries().empty()) {  // Muon parameters: BLAS threads, compute streams
       const int threads = s.options.blas_threads > 0 ? s.options.blas_threads : (s.comm->size() > 1 ? 1 : 0);
       restore.threads = s.backend->set_threads(threads);  // also loads the BLAS: a missing one fails here
       restore.backend = s.backend.get();
       const int streams = s.options.compute_streams > 0 ? s.options.compute_streams : s.backend->threads();
-      s.step_streams = std::max(1, streams);
-      if (s.step_streams > 1) s.backend->set_threads(1);  // each stream's products on one thread
+      s.compute.set_step_streams(streams);
+      if (s.compute.step_streams() > 1) s.backend->set_threads(1);  // each stream's products on one thread
     }
     // The caller's stream: what it queued before step() (the gradients) comes first, on the device;
     // what it queues after step() returns or throws comes after the step's work (caller_order).
@@ -391,69 +251,66 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
     claim.error = e.what();
     claim.error_is_runtime = true;
   }
+
   // pass 2: one all-reduce decides for every rank: inputs rejected somewhere, ranks that disagree
   // (gradients present, step counts, hyperparameters, policies), non-finite gradients
   s.stats = StepStats{};
   const auto ta0 = std::chrono::steady_clock::now();
-  const bool apply = detail::agree_on_step(*s.comm, detail::work_timeout(s, *s.comm), claim, s.options.non_finite, s.names);
-  s.stats.agree_seconds = claim_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - ta0).count();
+  const bool apply = detail::agree_on_step(*s.comm, s.timeout(*s.comm), claim, s.options.non_finite, s.table.names);
+  s.stats.agree_seconds = claim_seconds + seconds_since(ta0);
   if (!apply) {
-    s.stats.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    s.stats.step_seconds = seconds_since(t0);
     return false;
   }
   in.active = std::move(claim.has_grad);
   std::vector<uint8_t> untouched(n);  // no gradient, and no NorMuon state that travels anyway
-  for (size_t i = 0; i < n; ++i) untouched[i] = !in.active[i] && !s.param_normuon[i];
+  for (size_t i = 0; i < n; ++i) untouched[i] = !in.active[i] && !s.table.param_normuon[i];
   s.state.set_untouched(std::move(untouched));
-  for (size_t g = 0; g < s.groups.size(); ++g)
-    if (fresh[g]) s.orth[g] = std::move(fresh[g]);
+  s.compute.adopt(std::move(fresh));
 
   // pass 3: Muon through the pipeline, AdamW locally
-  const auto counters = [&] {
-    CommCounters c = s.comm->counters();
-    for (const auto& gc : s.group_comms) c.bytes_sent += gc->counters().bytes_sent, c.bytes_recv += gc->counters().bytes_recv,
-                                         c.collectives += gc->counters().collectives;
-    return c;
-  };
-  const CommCounters before = counters();
+  const CommCounters before = step_counters(s);
   for (size_t i = 0; i < n; ++i)
     if (in.active[i]) s.state.add_step(i);
   s.state.begin_step();
   StateFlush flush{&s.state};  // offload: the home copies current when the step returns or throws
-  detail::run_pipeline(s, in);
+  detail::LocalUpdate update(*s.backend, s.state, inv, s.table, s.routes.layouts, in, s.options.comm_dtype);
+  detail::run_pipeline({.plan = s.plan, .routes = s.routes, .table = s.table, .in = in, .comm = *s.comm,
+                        .group_comms = s.group_comms, .backend = *s.backend, .state = s.state, .compute = s.compute,
+                        .update = update, .arenas = s.arenas, .stats = s.stats, .window = s.options.window,
+                        .compute_thread = s.options.compute_thread, .comm_dtype = s.options.comm_dtype,
+                        .timeout = s.timeout(*s.comm)});
   const auto ta = std::chrono::steady_clock::now();
-  run_adamw(s, in);
+  update.adamw(s.options.chunk_bytes);
+
+  // pass 4: the step's work done (or ordered before the caller's), its figures
   if (s.caller_stream != nullptr) {
     caller_order.order();  // the caller's later work follows the step's, on the device
   } else {
     try {
       s.backend->synchronize();  // the step's work is in memory when it returns (the one wait at its end)
     } catch (...) {  // a device fault of the step's work (a compute stream's included): its streams go
-      s.compute_stream.reset(), s.extra_streams.clear();
+      s.compute.drop();
       throw;
     }
   }
   // The compute stream's time not counted yet (a device backend's: device time, counted once the
   // device has done it, so a step's last chunk may count in the next step's figure).
-  if (s.compute_stream) {
-    const double busy = s.compute_stream->busy_seconds();
-    s.stats.orthogonalize_seconds += busy - s.compute_counted;
-    s.compute_counted = busy;
-  }
+  s.stats.orthogonalize_seconds += s.compute.take_busy_seconds();
   flush.state = nullptr;
   s.state.flush();
-  s.stats.update_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - ta).count();
+  s.stats.update_seconds += seconds_since(ta);
   const detail::OffloadCounters oc = s.state.offload_counters();
   s.stats.offload_bytes_in = oc.bytes_in, s.stats.offload_bytes_out = oc.bytes_out;
   s.stats.peak_state_resident_bytes = oc.peak_resident_bytes;
-  const CommCounters after = counters();
+  const CommCounters after = step_counters(s);
   s.stats.applied = true;
   s.stats.bytes_sent = after.bytes_sent - before.bytes_sent;
   s.stats.bytes_recv = after.bytes_recv - before.bytes_recv;
   s.stats.collectives = static_cast<int64_t>(after.collectives - before.collectives);
   s.stats.bytes_sent_predicted = s.predicted_sent;
   s.stats.bytes_recv_predicted = s.predicted_recv;
-  s.stats.step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s.stats.step_seconds = seconds_since(t0);
   return true;
 }
 

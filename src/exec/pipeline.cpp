@@ -10,13 +10,14 @@
 // only once the chunks before it have finished, so at most window + 1 chunks hold state at once
 // (started − scattered ≤ window, scattered − finished ≤ 1), prefetch included; this delays
 // scatters, never gathers, so the posting order stays the same.
+#include "exec/pipeline.h"
+
 #include <algorithm>
 #include <chrono>
 #include <string>
-#include <thread>
 
-#include "backend/select.h"
-#include "exec/executor.h"
+#include "comm/poll.h"
+#include "exec/gram_allreduce.h"
 
 namespace dmuon::detail {
 namespace {
@@ -39,27 +40,28 @@ struct ChunkRun {
 
 class Pipeline {
  public:
-  Pipeline(Optimizer::Impl& s, const StepInputs& in) : s_(s), in_(in), plan_(s.plan) {}
+  explicit Pipeline(const PipelineContext& ctx) : x_(ctx), in_(ctx.in), plan_(ctx.plan) {}
 
   void run() {
-    const auto& chunks = s_.routes.chunks;
+    const auto& chunks = x_.routes.chunks;
     const int n = static_cast<int>(chunks.size());
-    const int window = std::max(1, s_.options.window);
+    const int window = std::max(1, x_.window);
     std::vector<std::unique_ptr<ChunkRun>> runs(static_cast<size_t>(n));
-    Stream& worker = compute_stream();
+    Stream& worker = x_.compute.pipeline_stream(x_.compute_thread);
     // Declared after `runs`, so on an error it goes first: the streams are dropped (their
     // destructors drain their jobs, wait for their device work and join their workers) while the
     // chunks their jobs use are still alive.
     struct DropOnError {
-      Optimizer::Impl& s;
+      ComputeStreams& compute;
       bool ok = false;
       ~DropOnError() {
-        if (!ok) s.compute_stream.reset(), s.extra_streams.clear();
+        if (!ok) compute.drop();
       }
-    } drop{s_};
+    } drop{x_.compute};
     int started = 0, assembled = 0, scattered = 0, finished = 0;
     int resident = 0;  // offload: chunks whose state was prefetched or acquired
-    const bool offload = s_.state.offload();
+    const bool offload = x_.state.offload();
+    PollBackoff backoff;
     auto last = Clock::now();
     while (finished < n) {
       bool progress = false;
@@ -71,17 +73,17 @@ class Pipeline {
       }
       // offload: the next chunk's copy-in, while at most `window` chunks hold state
       if (offload && resident == started && resident < n && started - finished <= window) {
-        s_.state.prefetch(chunks[static_cast<size_t>(resident)].params);
+        x_.state.prefetch(chunks[static_cast<size_t>(resident)].params);
         ++resident;
       }
       // pass 2: gathers complete in chunk order -> assemble -> compute
       if (assembled < started) {
         ChunkRun& c = *runs[static_cast<size_t>(assembled)];
-        if (ready(c.gather, c.gather_posted)) {
+        if (poll_works(c.gather, c.gather_posted, x_.timeout)) {
           Fence unpacked;
           timed([&] {
-            s_.backend->pack(c.r->unpack_gather, c.bases);
-            unpacked = s_.backend->fence();  // the compute stream reads the units after this point
+            x_.backend.pack(c.r->unpack_gather, c.bases);
+            unpacked = x_.backend.fence();  // the compute stream reads the units after this point
           });
           ChunkRun* cp = &c;
           // On the device, the job's stream waits for the unpack (not the host), and the scatter's
@@ -90,7 +92,7 @@ class Pipeline {
           worker.submit(
               [this, cp] {
                 compute_chunk(*cp);
-                cp->results = s_.backend->fence();
+                cp->results = x_.backend.fence();
               },
               unpacked);
           c.computed = worker.record();
@@ -109,7 +111,7 @@ class Pipeline {
       // pass 4: completed scatters -> update local shards
       if (finished < scattered) {
         ChunkRun& c = *runs[static_cast<size_t>(finished)];
-        if (ready(c.scatter, c.scatter_posted)) {
+        if (poll_works(c.scatter, c.scatter_posted, x_.timeout)) {
           finish(c);
           release(runs[static_cast<size_t>(finished)]);
           ++finished, progress = true;
@@ -122,74 +124,48 @@ class Pipeline {
       const bool in_flight = started > finished && (assembled < started || scattered > finished);
       const bool computing = worker.busy();
       if (in_flight) {
-        s_.stats.comm_seconds += dt;
+        x_.stats.comm_seconds += dt;
         if (computing) hidden_ += dt;
       }
-      if (!progress) {
+      if (progress) {
+        backoff.progressed();
+      } else if (in_flight || computing) {
         const auto t = Clock::now();
-        if (in_flight || computing) std::this_thread::sleep_for(std::chrono::microseconds(100));
-        if (in_flight) s_.stats.comm_wait_seconds += seconds_since(t);
+        backoff.idle();
+        if (in_flight) x_.stats.comm_wait_seconds += seconds_since(t);
       }
     }
     worker.rethrow();
     drop.ok = true;  // every job ran; each chunk's scatter was queued after its results (a fence)
-    s_.stats.overlap = s_.stats.comm_seconds > 0 ? hidden_ / s_.stats.comm_seconds : 0;
-    s_.stats.chunks = n;
+    x_.stats.overlap = x_.stats.comm_seconds > 0 ? hidden_ / x_.stats.comm_seconds : 0;
+    x_.stats.chunks = n;
   }
 
  private:
-  // The optimizer's compute stream, made on the first step (or again after a failed one).
-  Stream& compute_stream() {
-    if (!s_.compute_stream || s_.compute_threaded != s_.options.compute_thread) {
-      s_.compute_stream.reset();
-      // Queued on a thread of its own. A stream that is not threaded runs its jobs on the caller's
-      // thread, whose per-thread device resources (scratch, cuBLAS handle and workspace) another
-      // optimizer's stream on that thread may use next: its jobs end complete.
-      s_.compute_stream =
-          s_.backend->make_stream(s_.options.compute_thread, s_.options.compute_thread ? JobEnd::Queued : JobEnd::Complete);
-      s_.compute_threaded = s_.options.compute_thread;
-      s_.compute_counted = 0;
-    }
-    return *s_.compute_stream;
-  }
-
   int param_of(int entry) const { return plan_.entries()[static_cast<size_t>(entry)].param; }
+
+  // A gram_allreduce entry of a chunk, blocking, on this thread (gram_allreduce.h).
+  void gram(int entry, float* update) {
+    const PlanEntry& e = plan_.entries()[static_cast<size_t>(entry)];
+    const GroupKey key{e.mesh, e.group_dims};
+    size_t gi = 0;
+    while (!(x_.routes.group_keys[gi] == key)) ++gi;
+    const size_t p = static_cast<size_t>(e.param);
+    run_gram(x_.backend, *x_.group_comms[gi], x_.routes.layouts[p], x_.table.names[p], in_.options_of(x_.table, p).ns, update,
+             x_.comm_dtype, x_.timeout);
+  }
 
   template <class F>
   void timed(F&& f) {
     const auto t0 = Clock::now();
     f();
-    s_.stats.pack_seconds += seconds_since(t0);
-  }
-
-  // Every work of the list complete; the deadline counts from when they were posted.
-  bool ready(std::vector<Work>& ws, Clock::time_point posted) {
-    bool all = true;
-    for (Work& w : ws) {
-      if (w.completed() || w.test()) continue;
-      const auto limit = work_timeout(s_, *s_.comm);
-      if (Clock::now() - posted > limit) w.wait(limit);  // throws the comm's timeout error (or completes)
-      all = all && w.completed();
-    }
-    return all;
-  }
-
-  // An arena from the pool (or a new one from the backend) with at least `bytes`.
-  Buffer take_arena(int64_t bytes) {
-    auto& pool = s_.arenas;
-    for (size_t i = 0; i < pool.size(); ++i)
-      if (pool[i].bytes() >= static_cast<size_t>(bytes)) {
-        Buffer b = std::move(pool[i]);
-        pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(i));
-        return b;
-      }
-    return s_.backend->allocate(static_cast<size_t>(bytes), step_memory(*s_.backend));
+    x_.stats.pack_seconds += seconds_since(t0);
   }
 
   void release(std::unique_ptr<ChunkRun>& c) {
     live_ -= static_cast<uint64_t>(c->r->arena_bytes);
     c->gather.clear(), c->scatter.clear();
-    if (c->arena.data()) s_.arenas.push_back(std::move(c->arena));
+    x_.arenas.give(std::move(c->arena));
     c.reset();
   }
 
@@ -198,14 +174,14 @@ class Pipeline {
   // wrote the arena): on the device where they can (nccl), else the host waits for it here.
   void order_posts(size_t messages, const std::vector<GroupCall>& calls) {
     if (messages == 0 && calls.empty()) return;
-    const Fence packed = s_.backend->fence();
+    const Fence packed = x_.backend.fence();
     if (packed.empty()) return;  // the cpu backend: the pack is done
-    if (messages) s_.comm->order_after(packed.event());
+    if (messages) x_.comm.order_after(packed.event());
     std::vector<int> seen;
     for (const GroupCall& g : calls) {
       if (std::find(seen.begin(), seen.end(), g.comm) != seen.end()) continue;
       seen.push_back(g.comm);
-      s_.group_comms[static_cast<size_t>(g.comm)]->order_after(packed.event());
+      x_.group_comms[static_cast<size_t>(g.comm)]->order_after(packed.event());
     }
   }
 
@@ -213,7 +189,7 @@ class Pipeline {
   void post_messages(ChunkRun& c, const std::vector<Message>& sends, const std::vector<Message>& recvs,
                      const std::string& label, std::vector<Work>& out) {
     if (sends.empty() && recvs.empty()) return;
-    Communicator& comm = *s_.comm;
+    Communicator& comm = x_.comm;
     comm.group_begin();
     for (const Message& m : sends)
       (void)comm.send(InBuffer(c.bases[0] + m.offset, CommType::U8, static_cast<size_t>(m.bytes)), m.peer, label);
@@ -224,7 +200,7 @@ class Pipeline {
 
   void post_calls(ChunkRun& c, const std::vector<GroupCall>& calls, const std::string& label, std::vector<Work>& out) {
     for (const GroupCall& g : calls) {
-      Communicator& comm = *s_.group_comms[static_cast<size_t>(g.comm)];
+      Communicator& comm = *x_.group_comms[static_cast<size_t>(g.comm)];
       const InBuffer send(c.bases[0] + g.send_offset, g.type, static_cast<size_t>(g.send_count));
       const OutBuffer recv(c.bases[0] + g.recv_offset, g.type, static_cast<size_t>(g.recv_count));
       if (g.channel == Channel::AllGather) out.push_back(comm.all_gather_v(send, recv, g.counts, label + " all-gather"));
@@ -237,33 +213,33 @@ class Pipeline {
     const auto t0 = Clock::now();
     auto c = std::make_unique<ChunkRun>();
     c->index = index;
-    c->r = &s_.routes.chunks[static_cast<size_t>(index)];
+    c->r = &x_.routes.chunks[static_cast<size_t>(index)];
     const ChunkRoutes& r = *c->r;
-    c->arena = take_arena(r.arena_bytes);
+    c->arena = x_.arenas.take(x_.backend, static_cast<size_t>(r.arena_bytes));
     live_ += static_cast<uint64_t>(r.arena_bytes);
-    s_.stats.peak_buffer_bytes = std::max(s_.stats.peak_buffer_bytes, live_);
-    s_.state.acquire(r.params);  // released when the chunk finishes (offload plugs in here)
+    x_.stats.peak_buffer_bytes = std::max(x_.stats.peak_buffer_bytes, live_);
+    x_.state.acquire(r.params);  // released when the chunk finishes (offload plugs in here)
     c->bases.push_back(static_cast<std::byte*>(c->arena.data()));
     for (int p : r.state_params)
-      c->bases.push_back(reinterpret_cast<std::byte*>(s_.state.data(static_cast<size_t>(p), StateKey::NormuonV)));
+      c->bases.push_back(reinterpret_cast<std::byte*>(x_.state.data(static_cast<size_t>(p), StateKey::NormuonV)));
     std::vector<UpdateTarget> targets;  // the chunk's momentum in one multi-tensor call
     targets.reserve(r.entries.size());
     for (size_t k = 0; k < r.entries.size(); ++k) targets.push_back({param_of(r.entries[k]), c->f32(r.update_offset[k])});
-    local_momentum(s_, in_, targets);
+    x_.update.momentum(targets);
     for (int e : r.gram_entries) {  // blocking; before this chunk's collectives (fixed order)
       if (!in_.active[static_cast<size_t>(param_of(e))]) continue;  // skipped alike on every rank (agreed)
       float* u = c->f32(r.update_offset[static_cast<size_t>(e - r.entries.front())]);
-      run_gram(s_, in_, e, u);
+      gram(e, u);
       const UpdateTarget one{param_of(e), u};
-      local_apply(s_, in_, std::span<const UpdateTarget>(&one, 1));
+      x_.update.apply(std::span<const UpdateTarget>(&one, 1));
     }
-    s_.backend->pack(r.pack_gather, c->bases);
+    x_.backend.pack(r.pack_gather, c->bases);
     order_posts(r.gather_send.size() + r.gather_recv.size(), r.gather_calls);  // the communicators read the arena
     const std::string label = "chunk " + std::to_string(index) + " gather";
     post_messages(*c, r.gather_send, r.gather_recv, label, c->gather);
     post_calls(*c, r.gather_calls, label, c->gather);
     c->gather_posted = Clock::now();
-    s_.stats.pack_seconds += seconds_since(t0);
+    x_.stats.pack_seconds += seconds_since(t0);
     return c;
   }
 
@@ -273,29 +249,29 @@ class Pipeline {
     jobs.reserve(c.r->compute.size());
     for (const ComputeUnit& u : c.r->compute) {
       if (!in_.active[static_cast<size_t>(u.param)]) continue;  // no gradient anywhere: zeros travel, nothing computed
-      const ParamLayout& L = s_.routes.layouts[static_cast<size_t>(u.param)];
+      const ParamLayout& L = x_.routes.layouts[static_cast<size_t>(u.param)];
       jobs.push_back({u.param, c.f32(u.full_offset), u.v_offset >= 0 ? c.f32(u.v_offset) : nullptr, 1, L.rows, L.cols});
     }
-    compute_units(s_, in_, jobs);
+    x_.compute.compute(jobs, x_.table.group_of, in_.options, x_.comm_dtype);
   }
 
   // pass: own results out of the full units, pack and post the scatter
   void post_scatter(ChunkRun& c) {
     const auto t0 = Clock::now();
-    s_.backend->wait(c.results.event());  // the compute stream's results, on the device (no host wait)
-    s_.backend->pack(c.r->pack_scatter, c.bases);
+    x_.backend.wait(c.results.event());  // the compute stream's results, on the device (no host wait)
+    x_.backend.pack(c.r->pack_scatter, c.bases);
     order_posts(c.r->scatter_send.size() + c.r->scatter_recv.size(), c.r->scatter_calls);  // they read the arena
     const std::string label = "chunk " + std::to_string(c.index) + " scatter";
     post_messages(c, c.r->scatter_send, c.r->scatter_recv, label, c.scatter);
     post_calls(c, c.r->scatter_calls, label, c.scatter);
     c.scatter_posted = Clock::now();
-    s_.stats.pack_seconds += seconds_since(t0);
+    x_.stats.pack_seconds += seconds_since(t0);
   }
 
   // pass: results into local update buffers, then the update on local shards
   void finish(ChunkRun& c) {
     const ChunkRoutes& r = *c.r;
-    timed([&] { s_.backend->pack(r.unpack_scatter, c.bases); });
+    timed([&] { x_.backend.pack(r.unpack_scatter, c.bases); });
     const auto t1 = Clock::now();
     std::vector<UpdateTarget> targets;  // the chunk's updates in one multi-tensor call
     targets.reserve(r.entries.size());
@@ -305,14 +281,14 @@ class Pipeline {
       if (!in_.active[static_cast<size_t>(param_of(e))]) continue;
       targets.push_back({param_of(e), c.f32(r.update_offset[k])});
     }
-    local_apply(s_, in_, targets);
-    s_.stats.update_seconds += seconds_since(t1);
-    s_.state.release(r.params);
-    s_.stats.bytes_sent_state += r.state_sent;
-    s_.stats.bytes_recv_state += r.state_recv;
+    x_.update.apply(targets);
+    x_.stats.update_seconds += seconds_since(t1);
+    x_.state.release(r.params);
+    x_.stats.bytes_sent_state += r.state_sent;
+    x_.stats.bytes_recv_state += r.state_recv;
   }
 
-  Optimizer::Impl& s_;
+  const PipelineContext& x_;
   const StepInputs& in_;
   const Plan& plan_;
   uint64_t live_ = 0;
@@ -321,8 +297,8 @@ class Pipeline {
 
 }  // namespace
 
-void run_pipeline(Optimizer::Impl& s, const StepInputs& in) {
-  Pipeline p(s, in);
+void run_pipeline(const PipelineContext& ctx) {
+  Pipeline p(ctx);
   p.run();
 }
 

@@ -11,8 +11,8 @@
 // rank (a2a 0, a2a 1, gather 0, a2a 2, gather 1, ...), whatever the completion order.
 #include <chrono>
 #include <stdexcept>
-#include <thread>
 
+#include "comm/poll.h"
 #include "dmuon/error.h"
 #include "sharded_params_impl.h"
 
@@ -213,21 +213,15 @@ void ShardedParams::wait_reduce_grads() {
     detail::throw_error(detail::concat("[fsdp] rank ", m.world_rank, ": reduce_grads bucket ", k, " of ", K, ", ", what,
                                        " failed: ", e.what()));
   };
-  const auto check_deadline = [&](Work& w, Clock::time_point posted, size_t k, const char* what) {
-    if (Clock::now() - posted <= m.timeout) return;
+  // One poll of a stage's Work against its deadline (comm/poll.h), its failure named for the stage.
+  const auto poll = [&](Work& w, Clock::time_point posted, size_t k, const char* what) {
     try {
-      w.wait(posted + m.timeout);  // past: throws the communicator's timeout error, or completes
+      return detail::poll_work(w, posted, m.timeout);
     } catch (const Error& e) {
+      if (Clock::now() - posted <= m.timeout) rethrow(e, k, what);
       detail::throw_error(detail::concat("[fsdp] rank ", m.world_rank, ": reduce_grads bucket ", k, " of ", K, ", ", what,
                                          " timed out: not complete ", seconds(Clock::now() - posted), " s after it was posted (timeout ",
                                          m.timeout.count(), " ms): ", e.what()));
-    }
-  };
-  const auto test = [&](Work& w, size_t k, const char* what) {
-    try {
-      return w.completed() || w.test();
-    } catch (const Error& e) {
-      rethrow(e, k, what);
     }
     return false;
   };
@@ -255,7 +249,7 @@ void ShardedParams::wait_reduce_grads() {
   // One shard rank: the shard stage was local (the packed send buffer is the only block).
   if (!m.shard_comm)
     for (size_t k = 0; k < K; ++k) shard_summed(k);
-  int idle = 0;
+  detail::PollBackoff backoff;
   while (done < K) {
     bool progressed = false;
     // Time attribution for the interval since the last tick (state at its start).
@@ -274,11 +268,8 @@ void ShardedParams::wait_reduce_grads() {
     }
     for (size_t k = 0; k < K; ++k)
       if (stage[k] == Stage::ShardPosted) {
-        if (test(m.shard_works[k], k, "shard stage (all_to_all_v over the shard group)")) {
+        if (poll(m.shard_works[k], m.posted_at, k, "shard stage (all_to_all_v over the shard group)"))
           shard_summed(k), progressed = true;
-        } else {
-          check_deadline(m.shard_works[k], m.posted_at, k, "shard stage (all_to_all_v over the shard group)");
-        }
       }
     while (next < seq.size()) {  // post the replicate-group sequence as far as it is ready
       const auto [gather, k] = seq[next];
@@ -304,7 +295,7 @@ void ShardedParams::wait_reduce_grads() {
     }
     for (size_t k = 0; k < K; ++k) {
       if (stage[k] == Stage::RepPosted) {
-        if (test(rep[k], k, "replicate stage (all_to_all_v over the replicate group)")) {
+        if (poll(rep[k], rep_posted[k], k, "replicate stage (all_to_all_v over the replicate group)")) {
           const Bucket& b = m.buckets[k];
           const int64_t mine = b.rep_counts[static_cast<size_t>(m.r)];
           auto* total = reinterpret_cast<float*>(ws + b.gathered_at - aligned_bytes(mine, 4));
@@ -313,25 +304,16 @@ void ShardedParams::wait_reduce_grads() {
           divide(*m.backend, total, mine, d);
           sum_s += seconds(Clock::now() - t0);
           stage[k] = Stage::RepDone, progressed = true;
-        } else {
-          check_deadline(rep[k], rep_posted[k], k, "replicate stage (all_to_all_v over the replicate group)");
         }
       } else if (stage[k] == Stage::GatherPosted) {
-        if (test(rep[k], k, "replicate gather (all_gather_v over the replicate group)")) {
+        if (poll(rep[k], rep_posted[k], k, "replicate gather (all_gather_v over the replicate group)")) {
           finish(k, reinterpret_cast<float*>(ws + m.buckets[k].gathered_at));
           progressed = true;
-        } else {
-          check_deadline(rep[k], rep_posted[k], k, "replicate gather (all_gather_v over the replicate group)");
         }
       }
     }
-    if (progressed) {
-      idle = 0;
-    } else if (++idle > 64) {  // as Work::wait: spin a little, then leave the core to peers
-      std::this_thread::sleep_for(std::chrono::microseconds(idle > 256 ? 200 : 20));
-    } else {
-      std::this_thread::yield();
-    }
+    if (progressed) backoff.progressed();
+    else backoff.idle();
   }
   m.shard_works.clear();
   m.stats.sum_seconds += sum_s;

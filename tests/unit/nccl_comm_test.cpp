@@ -250,7 +250,7 @@ TEST_F(NcclDevice, EveryOperationAtWorldSizeOne) {
 #if DMUON_TEST_CUDA_EMU
 extern "C" bool ncclEmuConnections(int* peers, int* collectives);
 
-// Eager connection (nccl_communicator.cpp, connect_eagerly): construction runs an all-reduce and a
+// Eager connection (nccl_transport.cpp, connect_eagerly): construction runs an all-reduce and a
 // send / receive with every peer before any operation, on the world communicator and on a split,
 // so a first step finds them connected; DMUON_NCCL_CONNECT=lazy (the negative control) leaves both
 // to first use. The emulated NCCL counts what was posted on the communicator a thread made last.

@@ -159,7 +159,7 @@ struct ThreadLt {
       OnDevice& r = devices[d];
       if (r.handle == nullptr && r.workspace == nullptr) continue;
       if (cudaSetDevice(static_cast<int>(d)) != cudaSuccess) continue;
-      if (r.legacy) (void)cudaStreamSynchronize(nullptr);  // as ThreadResources (cuda_backend.cpp)
+      if (r.legacy) (void)cudaStreamSynchronize(nullptr);  // as ThreadResources (thread_resources.cpp)
       if (r.handle != nullptr) (void)lt().destroy(r.handle);
       if (r.workspace != nullptr) (void)cudaFree(r.workspace);
     }

@@ -1,11 +1,10 @@
 // Internal: cuBLAS, loaded at run time (cublas_loader.h).
 #include "backend/cuda/cublas_loader.h"
 
-#include <dlfcn.h>
-
 #include <cstdlib>
 
 #include "core/dl_symbol.h"
+#include "core/library_loader.h"
 #include "dmuon/error.h"
 
 namespace dmuon::detail {
@@ -34,19 +33,11 @@ void open_cublas_family(const char* env, const char* soname, const char* what, c
   if (!wheel.empty()) wheel = concat(wheel, "/", soname);
   const char* user = std::getenv(env);
   const char* candidates[] = {user, soname, wheel.empty() ? nullptr : wheel.c_str()};
-  std::string tried;
-  for (const char* name : candidates) {
-    if (name == nullptr || *name == '\0') continue;
-    void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) {
-      tried += concat(tried.empty() ? "" : ", ", name, " (", dlerror(), ")");
-      continue;
-    }
-    if (bind(h, name)) return;
-    tried += concat(tried.empty() ? "" : ", ", name, " (", missing, ")");
-    dlclose(h);
-  }
-  throw_error(concat("[cuda] could not load ", what, "; tried ", tried,
+  const OpenedLibrary lib = open_first_library(candidates, RTLD_NOW | RTLD_LOCAL, [&](void* h, const char* name) {
+    return bind(h, name) ? std::string() : std::string(missing);
+  });
+  if (lib.handle != nullptr) return;
+  throw_error(concat("[cuda] could not load ", what, "; tried ", lib.tried(),
                      ". pip install nvidia-cublas (scripts/requirements.txt) or set ", env));
 }
 

@@ -1,4 +1,5 @@
-// Internal: the cuda backend (cuda_backend.cpp): make_cuda_backend (backend.h) and a device probe.
+// Internal: the cuda backend (cuda_backend.cpp and the files it names): make_cuda_backend (backend.h),
+// a device probe and the switches of tests.
 #pragma once
 
 #include <cstddef>

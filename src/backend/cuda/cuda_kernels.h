@@ -1,5 +1,5 @@
 // Internal: the cuda backend's kernels (cuda_kernels.cu, compiled by nvcc with -fmad=false), behind
-// a plain launcher interface so that the host side (cuda_backend.cpp) is ordinary C++. The launchers
+// a plain launcher interface so that the host side (cuda_*.cpp) is ordinary C++. The launchers
 // are defined in launchers.cuh, the kernels in the .cuh files device_code.cuh lists. Each launcher
 // enqueues on `stream` and returns the launch's error; none synchronizes. Numerics are exactly those
 // of the cpu kernels (src/kernels/cpu, update.h): scalars arrive already rounded to fp32 as the cpu

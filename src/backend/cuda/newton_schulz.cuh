@@ -1,5 +1,5 @@
 // Internal: Newton–Schulz's element-wise device code (device_code.cuh) around the GEMMs of
-// cuda_backend.cpp: X₀'s normalization from the device's Σ x², the polynomial of the Gram form, the
+// cuda_ns.cpp: X₀'s normalization from the device's Σ x², the polynomial of the Gram form, the
 // mirror of a symmetric product's lower block triangle, and the Gram path's trace and scaled add.
 // The includer provides DMUON_GRID_LOOP and the CUDA intrinsics used here (__fmul_rn, __fadd_rn,
 // __dadd_rn, __dmul_rn, __ddiv_rn, __dsqrt_rn, __double2float_rn).

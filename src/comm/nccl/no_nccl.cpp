@@ -1,5 +1,6 @@
-// Built instead of nccl_communicator.cpp when the build has no CUDA or no NCCL headers, so callers
-// need no #ifdef: every way to make an nccl communicator throws dmuon::Error naming the cause.
+// Built instead of nccl_loader.cpp, nccl_transport.cpp and nccl_bootstrap.cpp when the build has no
+// CUDA or no NCCL headers, so callers need no #ifdef: every way to make an nccl communicator throws
+// dmuon::Error naming the cause.
 #include "comm/nccl/nccl_args.h"
 #include "dmuon/comm_nccl.h"
 #include "dmuon/error.h"

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "core/dl_symbol.h"
+#include "core/library_loader.h"
 #include "dmuon/error.h"
 
 #if DMUON_HAVE_DNNL_HEADERS
@@ -92,34 +93,36 @@ DnnlApi load() {
   DnnlApi api;
   const char* user = std::getenv("DMUON_DNNL_LIBRARY");
   const char* name = (user != nullptr && *user != '\0') ? user : "libdnnl.so.2";
-  void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-  if (h == nullptr) {
-    api.info.error = detail::concat("could not load ", name, " (", dlerror(),
-                                    "); install oneDNN 2.x (apt-get install libdnnl2) or set "
-                                    "DMUON_DNNL_LIBRARY");
+  const char* candidates[] = {name};
+  const detail::OpenedLibrary lib =
+      detail::open_first_library(candidates, RTLD_NOW | RTLD_LOCAL, [&api](void* h, const char*) {
+        const bool ok = detail::bind_symbol(h, "dnnl_engine_create", api.engine_create) &&
+                        detail::bind_symbol(h, "dnnl_stream_create", api.stream_create) &&
+                        detail::bind_symbol(h, "dnnl_stream_destroy", api.stream_destroy) &&
+                        detail::bind_symbol(h, "dnnl_stream_wait", api.stream_wait) &&
+                        detail::bind_symbol(h, "dnnl_memory_desc_init_by_strides", api.memory_desc_init_by_strides) &&
+                        detail::bind_symbol(h, "dnnl_matmul_desc_init", api.matmul_desc_init) &&
+                        detail::bind_symbol(h, "dnnl_primitive_desc_create", api.primitive_desc_create) &&
+                        detail::bind_symbol(h, "dnnl_primitive_desc_query", api.primitive_desc_query) &&
+                        detail::bind_symbol(h, "dnnl_primitive_desc_destroy", api.primitive_desc_destroy) &&
+                        detail::bind_symbol(h, "dnnl_primitive_create", api.primitive_create) &&
+                        detail::bind_symbol(h, "dnnl_primitive_destroy", api.primitive_destroy) &&
+                        detail::bind_symbol(h, "dnnl_primitive_execute", api.primitive_execute) &&
+                        detail::bind_symbol(h, "dnnl_memory_create", api.memory_create) &&
+                        detail::bind_symbol(h, "dnnl_memory_set_data_handle", api.memory_set_data_handle) &&
+                        detail::bind_symbol(h, "dnnl_memory_destroy", api.memory_destroy) &&
+                        detail::bind_symbol(h, "dnnl_version", api.version);
+        return ok ? std::string() : std::string("lacks the oneDNN 2.x C API (dnnl_matmul_desc_init)");
+      });
+  if (lib.handle == nullptr) {
+    const detail::LibraryAttempt& f = lib.failures.front();  // the one candidate
+    api.info.error = f.opened ? detail::concat(name, " ", f.why, "; install Debian's libdnnl2 (oneDNN 2.x)")
+                              : detail::concat("could not load ", name, " (", f.why,
+                                               "); install oneDNN 2.x (apt-get install libdnnl2) or set "
+                                               "DMUON_DNNL_LIBRARY");
     return api;
   }
-  bool ok = detail::bind_symbol(h, "dnnl_engine_create", api.engine_create) &&
-            detail::bind_symbol(h, "dnnl_stream_create", api.stream_create) &&
-            detail::bind_symbol(h, "dnnl_stream_destroy", api.stream_destroy) &&
-            detail::bind_symbol(h, "dnnl_stream_wait", api.stream_wait) &&
-            detail::bind_symbol(h, "dnnl_memory_desc_init_by_strides", api.memory_desc_init_by_strides) &&
-            detail::bind_symbol(h, "dnnl_matmul_desc_init", api.matmul_desc_init) &&
-            detail::bind_symbol(h, "dnnl_primitive_desc_create", api.primitive_desc_create) &&
-            detail::bind_symbol(h, "dnnl_primitive_desc_query", api.primitive_desc_query) &&
-            detail::bind_symbol(h, "dnnl_primitive_desc_destroy", api.primitive_desc_destroy) &&
-            detail::bind_symbol(h, "dnnl_primitive_create", api.primitive_create) &&
-            detail::bind_symbol(h, "dnnl_primitive_destroy", api.primitive_destroy) &&
-            detail::bind_symbol(h, "dnnl_primitive_execute", api.primitive_execute) &&
-            detail::bind_symbol(h, "dnnl_memory_create", api.memory_create) &&
-            detail::bind_symbol(h, "dnnl_memory_set_data_handle", api.memory_set_data_handle) &&
-            detail::bind_symbol(h, "dnnl_memory_destroy", api.memory_destroy) && detail::bind_symbol(h, "dnnl_version", api.version);
-  if (!ok) {
-    api.info.error = detail::concat(name, " lacks the oneDNN 2.x C API (dnnl_matmul_desc_init); "
-                                          "install Debian's libdnnl2 (oneDNN 2.x)");
-    dlclose(h);
-    return api;
-  }
+  void* h = lib.handle;
   // dlsym on a handle searches its dependencies: the OpenMP runtime oneDNN was built with.
   if (!detail::bind_symbol(h, "omp_set_num_threads", api.omp_set_num_threads) ||
       !detail::bind_symbol(h, "omp_get_max_threads", api.omp_get_max_threads))

@@ -12,6 +12,7 @@
 
 #include "core/cpu_features.h"
 #include "core/dl_symbol.h"
+#include "core/library_loader.h"
 #include "dmuon/blas.h"
 #include "dmuon/error.h"
 
@@ -20,41 +21,35 @@ namespace {
 
 BlasApi load() {
   detail::prepare_blas_environment();  // in case the load-time constructor did not run (static link)
-  std::string tried;
   const char* user = std::getenv("DMUON_BLAS_LIBRARY");
   const char* candidates[] = {user, "libopenblas.so.0", "libopenblas.so", "libcblas.so.3"};
-  for (const char* name : candidates) {
-    if (name == nullptr || *name == '\0') continue;
-    void* handle = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
-      tried += detail::concat(tried.empty() ? "" : ", ", name, " (", dlerror(), ")");
-      continue;
-    }
-    BlasApi api;
-    (void)detail::bind_symbol(handle, "cblas_sgemm", api.sgemm);
-    (void)detail::bind_symbol(handle, "cblas_ssyrk", api.ssyrk);
-    if (api.sgemm == nullptr || api.ssyrk == nullptr) {
-      tried += detail::concat(tried.empty() ? "" : ", ", name, " (no cblas_sgemm/cblas_ssyrk)");
-      dlclose(handle);
-      continue;
-    }
-    (void)detail::bind_symbol(handle, "cblas_ssymm", api.ssymm);
-    (void)detail::bind_symbol(handle, "openblas_set_num_threads", api.set_num_threads);
-    (void)detail::bind_symbol(handle, "openblas_get_num_threads", api.get_num_threads);
-    (void)detail::bind_symbol(handle, "openblas_get_corename", api.get_corename);
-    (void)detail::bind_symbol(handle, "openblas_get_config", api.get_config);
-    api.library = name;
-    // dmuon's products (products.h) split the work over threads themselves, in pieces that do not
-    // depend on the thread count; OpenBLAS's own threads would split it differently per count.
-    if (api.get_num_threads != nullptr && api.set_num_threads != nullptr) {
-      api.default_threads = std::max(1, api.get_num_threads());
-      api.set_num_threads(1);
-    }
-    return api;
+  BlasApi api;
+  const detail::OpenedLibrary lib =
+      detail::open_first_library(candidates, RTLD_NOW | RTLD_LOCAL, [&api](void* handle, const char* name) {
+        api = BlasApi{};
+        (void)detail::bind_symbol(handle, "cblas_sgemm", api.sgemm);
+        (void)detail::bind_symbol(handle, "cblas_ssyrk", api.ssyrk);
+        if (api.sgemm == nullptr || api.ssyrk == nullptr) return std::string("no cblas_sgemm/cblas_ssyrk");
+        api.library = name;  // the candidate itself: $DMUON_BLAS_LIBRARY or a literal, both outlive the api
+        return std::string();
+      });
+  if (lib.handle == nullptr)
+    detail::throw_error(detail::concat("[blas] could not load a CBLAS library; tried ", lib.tried(),
+                                       ". Install OpenBLAS (apt-get install libopenblas0) or set "
+                                       "DMUON_BLAS_LIBRARY to a library exporting cblas_sgemm"));
+  void* handle = lib.handle;
+  (void)detail::bind_symbol(handle, "cblas_ssymm", api.ssymm);
+  (void)detail::bind_symbol(handle, "openblas_set_num_threads", api.set_num_threads);
+  (void)detail::bind_symbol(handle, "openblas_get_num_threads", api.get_num_threads);
+  (void)detail::bind_symbol(handle, "openblas_get_corename", api.get_corename);
+  (void)detail::bind_symbol(handle, "openblas_get_config", api.get_config);
+  // dmuon's products (products.h) split the work over threads themselves, in pieces that do not
+  // depend on the thread count; OpenBLAS's own threads would split it differently per count.
+  if (api.get_num_threads != nullptr && api.set_num_threads != nullptr) {
+    api.default_threads = std::max(1, api.get_num_threads());
+    api.set_num_threads(1);
   }
-  detail::throw_error(detail::concat("[blas] could not load a CBLAS library; tried ", tried,
-                                     ". Install OpenBLAS (apt-get install libopenblas0) or set "
-                                     "DMUON_BLAS_LIBRARY to a library exporting cblas_sgemm"));
+  return api;
 }
 
 }  // namespace

@@ -1,117 +1,36 @@
-// The nccl communicator (dmuon/comm_nccl.h): an Transport over NCCL under the Communicator
-// base (validation, byte counters, groups, deadlines and error wording shared with every backend).
-// libnccl is dlopen'd (nccl_loader.h); cudart is the static one libdmuon already links.
-//
-// Every NCCL communicator is non-blocking (config.blocking = 0): init, split and group ends may
-// return ncclInProgress and are polled with ncclCommGetAsyncError under a deadline, so a missing
-// rank is a timeout error and never a hang inside NCCL. An operation is: host buffers uploaded to
-// device scratch, ncclGroupStart / the NCCL calls / ncclGroupEnd on the communicator's stream,
-// device results of host receive buffers downloaded to pinned bounce buffers, then a CUDA event.
-// Its test() polls ncclCommGetAsyncError (an asynchronous NCCL error fails the wait) and the event,
-// and on completion copies bounce buffers into the host receive buffers. A timeout (Work's deadline)
-// calls on_timeout(), which aborts every NCCL communicator of the root and its splits.
-#include <cuda_runtime_api.h>
-#include <dlfcn.h>
+// The nccl transport (nccl_transport.h). An operation is: host buffers uploaded to device scratch,
+// ncclGroupStart / the NCCL calls / ncclGroupEnd on the communicator's stream, device results of
+// host receive buffers downloaded to pinned bounce buffers, then a CUDA event. Its test() polls
+// ncclCommGetAsyncError (an asynchronous NCCL error fails the wait) and the event, and on
+// completion copies bounce buffers into the host receive buffers. A timeout (Work's deadline) calls
+// on_timeout(), which aborts every NCCL communicator of the root and its splits.
+#include "comm/nccl/nccl_transport.h"
 
-#include <atomic>
+#include <cuda_runtime_api.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
-#include <mutex>
-#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
-#include "comm/nccl/nccl_args.h"
-#include "core/dl_symbol.h"
-#include "comm/nccl/nccl_loader.h"
-#include "comm/nccl/nccl_probe.h"
-#include "comm/work_impl.h"
-#include "dmuon/comm_transport.h"
-#include "dmuon/comm_nccl.h"
+#include "backend/cuda/device_guard.h"
 #include "dmuon/error.h"
 
 namespace dmuon {
-namespace detail {
-
-NcclApi load_nccl(const char* only) {
-  std::string tried;
-  std::string wheel = DMUON_NCCL_WHEEL_DIR;
-  if (!wheel.empty()) wheel += "/libnccl.so.2";
-  std::vector<const char*> candidates;
-  if (only != nullptr) {
-    candidates.push_back(only);
-  } else {
-    candidates = {"libnccl.so.2", wheel.empty() ? nullptr : wheel.c_str(), "libnccl.so"};
-  }
-  for (const char* name : candidates) {
-    if (name == nullptr || *name == '\0') continue;
-    void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) {
-      const char* why = dlerror();
-      tried += concat(tried.empty() ? "" : ", ", name, " (", why ? why : "not found", ")");
-      continue;
-    }
-    NcclApi api;
-    std::string missing;
-    auto sym = [&](auto& fn, const char* symbol) {
-      if (!bind_symbol(h, symbol, fn)) missing += concat(missing.empty() ? "" : " ", symbol);
-    };
-    sym(api.get_version, "ncclGetVersion");
-    sym(api.get_unique_id, "ncclGetUniqueId");
-    sym(api.comm_init_rank_config, "ncclCommInitRankConfig");
-    sym(api.comm_split, "ncclCommSplit");
-    sym(api.comm_finalize, "ncclCommFinalize");
-    sym(api.comm_destroy, "ncclCommDestroy");
-    sym(api.comm_abort, "ncclCommAbort");
-    sym(api.comm_get_async_error, "ncclCommGetAsyncError");
-    sym(api.get_error_string, "ncclGetErrorString");
-    sym(api.get_last_error, "ncclGetLastError");
-    sym(api.group_start, "ncclGroupStart");
-    sym(api.group_end, "ncclGroupEnd");
-    sym(api.send, "ncclSend");
-    sym(api.recv, "ncclRecv");
-    sym(api.all_reduce, "ncclAllReduce");
-    sym(api.broadcast, "ncclBroadcast");
-    sym(api.reduce, "ncclReduce");
-    sym(api.all_gather, "ncclAllGather");
-    sym(api.reduce_scatter, "ncclReduceScatter");
-    if (!missing.empty()) {
-      tried += concat(tried.empty() ? "" : ", ", name, " (lacks ", missing, "; NCCL 2.18 or newer is needed)");
-      dlclose(h);
-      continue;
-    }
-    if (api.get_version(&api.version) != ncclSuccess) api.version = 0;
-    api.library = name;
-    return api;
-  }
-  throw_error(concat("[nccl] could not load libnccl; tried ", tried.empty() ? std::string("nothing") : tried,
-                     ". pip install nvidia-nccl-cu13 (scripts/requirements.txt) or set DMUON_NCCL_LIBRARY to the "
-                     "path of libnccl.so.2"));
-}
-
-const NcclApi& nccl_api() {
-  static std::mutex mu;
-  static std::optional<NcclApi> api;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!api) {
-    const char* user = std::getenv("DMUON_NCCL_LIBRARY");
-    api = load_nccl(user != nullptr && *user != '\0' ? user : nullptr);
-  }
-  return *api;
-}
-
-}  // namespace detail
-
 namespace {
 
 using detail::concat;
+using detail::DeviceGuard;
 using detail::NcclApi;
+using detail::NcclShared;
 using detail::throw_error;
 
+// The transport's CUDA errors: std::runtime_error "<what>: <runtime's text>" (the Communicator words
+// the operation's error around it); not the backend's detail::check_cuda.
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(concat(what, ": ", cudaGetErrorString(e)));
 }
@@ -136,66 +55,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   }
   return ncclSum;
 }
-
-// Makes `device` current for a scope, restoring the caller's device after.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() {
-    int now = -1;
-    if (previous_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;
-};
-
-// The NCCL communicators of one root and its splits: aborted together on a timeout.
-struct NcclShared {
-  const NcclApi* api = nullptr;
-  int device = 0;
-  int world_rank = 0;
-  std::chrono::milliseconds timeout{0};
-  std::mutex mu;
-  std::vector<ncclComm_t> comms;
-  std::atomic<bool> aborted{false};  // written under mu, read without it by the waits
-
-  void abort_all() {
-    std::lock_guard<std::mutex> lock(mu);
-    if (aborted) return;
-    aborted = true;
-    for (ncclComm_t c : comms) (void)api->comm_abort(c);
-  }
-  void forget(ncclComm_t c) {
-    std::lock_guard<std::mutex> lock(mu);
-    std::erase(comms, c);
-  }
-
-  std::string error_text(ncclComm_t comm, ncclResult_t r) const {
-    const char* last = comm != nullptr ? api->get_last_error(comm) : nullptr;
-    return concat(api->get_error_string(r), last != nullptr && *last != '\0' ? concat(" (", last, ")") : std::string());
-  }
-  void check(ncclComm_t comm, ncclResult_t r, const char* what) const {
-    if (r != ncclSuccess && r != ncclInProgress) throw std::runtime_error(concat(what, ": ", error_text(comm, r)));
-  }
-  // Polls a non-blocking communicator until its pending call finished; false on timeout.
-  bool settle(ncclComm_t comm, const char* what, std::chrono::milliseconds budget) const {
-    const auto deadline = std::chrono::steady_clock::now() + budget;
-    for (;;) {
-      ncclResult_t state = ncclSuccess;
-      check(comm, api->comm_get_async_error(comm, &state), "ncclCommGetAsyncError");
-      if (state == ncclSuccess) return true;
-      if (state != ncclInProgress) throw std::runtime_error(concat(what, ": ", error_text(comm, state)));
-      if (std::chrono::steady_clock::now() >= deadline) return false;
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  }
-};
 
 // Device memory and pinned memory of one operation.
 struct Scratch {
@@ -434,9 +293,7 @@ class NcclTransport final : public Transport {
       std::lock_guard<std::mutex> lock(shared_->mu);
       shared_->comms.push_back(sub);
     }
-    auto t = std::make_shared<NcclTransport>(shared_, sub, new_rank, new_size);
-    t->connect_eagerly(name);
-    return t;
+    return detail::make_nccl_transport(shared_, sub, new_rank, new_size, name);
   }
 
   void on_timeout() override { shared_->abort_all(); }
@@ -578,134 +435,14 @@ class NcclTransport final : public Transport {
 
 }  // namespace
 
-namespace {
-
-// The number of visible devices; throws dmuon::Error naming the runtime's reason when there is none.
-int require_devices(int rank) {
-  int devices = 0;
-  const cudaError_t probe = cudaGetDeviceCount(&devices);
-  if (probe != cudaSuccess || devices == 0) {
-    (void)cudaGetLastError();
-    throw_error(concat("[nccl] rank ", rank, ": no CUDA device: ",
-                       probe != cudaSuccess ? cudaGetErrorString(probe) : "the runtime sees 0 devices",
-                       "; the nccl communicator needs one GPU per rank (ranks sharing a GPU: use the mpi "
-                       "communicator, which stages device buffers through pinned memory)"));
-  }
-  return devices;
-}
-
-}  // namespace
-
 namespace detail {
-std::string nccl_probe(const char* only) {
-  const NcclApi api = load_nccl(only);
-  return concat(api.library, " (NCCL ", api.version / 10000, ".", api.version / 100 % 100, ".", api.version % 100, ")");
+
+std::shared_ptr<Transport> make_nccl_transport(std::shared_ptr<NcclShared> shared, ncclComm_t comm, int rank, int size,
+                                               const std::string& name) {
+  auto t = std::make_shared<NcclTransport>(std::move(shared), comm, rank, size);
+  t->connect_eagerly(name);
+  return t;
 }
+
 }  // namespace detail
-
-// What each rank contributes to the bootstrap exchange: whether its local preparation (device,
-// libnccl, rank 0's unique id) worked, why not, and rank 0's id. A rank that failed still joins the
-// exchange, so every rank learns of the failure and throws instead of waiting on a peer that left.
-struct NcclHello {
-  char ok = 0;
-  char reason[383] = {};
-  ncclUniqueId id{};
-};
-static_assert(sizeof(NcclHello) == 512, "the bootstrap blob's size is part of the exchange (and its tests)");
-
-std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, CommExchange exchange, int device,
-                                                     std::string name) {
-  detail::check_nccl_args(rank, size, exchange);
-  const detail::NcclApi* api_ptr = nullptr;
-  NcclHello hello;
-  std::exception_ptr failure;
-  try {
-    const int devices = require_devices(rank);
-    if (device < 0) {
-      if (cudaGetDevice(&device) != cudaSuccess) device = 0;
-    }
-    DMUON_CHECK(device < devices, "[nccl] rank ", rank, ": device ", device, " does not exist (", devices,
-                " visible)");
-    api_ptr = &detail::nccl_api();
-    if (rank == 0) {
-      const ncclResult_t r = api_ptr->get_unique_id(&hello.id);
-      DMUON_CHECK_RUNTIME(r == ncclSuccess, "[nccl] rank 0: ncclGetUniqueId failed: ", api_ptr->get_error_string(r));
-    }
-    hello.ok = 1;
-  } catch (const std::exception& e) {
-    failure = std::current_exception();
-    std::strncpy(hello.reason, e.what(), sizeof(hello.reason) - 1);
-  }
-  const auto* mine = reinterpret_cast<const std::byte*>(&hello);
-  const std::vector<std::byte> all = exchange(std::span<const std::byte>(mine, sizeof(hello)));
-  if (failure) std::rethrow_exception(failure);
-  DMUON_CHECK(all.size() == sizeof(hello) * static_cast<size_t>(size), "[nccl] make_nccl_communicator: the exchange "
-              "returned ", all.size(), " bytes; expected ", size, " blobs of ", sizeof(hello), " bytes");
-  for (int r = 0; r < size; ++r) {
-    NcclHello peer;
-    std::memcpy(&peer, all.data() + static_cast<size_t>(r) * sizeof(peer), sizeof(peer));
-    peer.reason[sizeof(peer.reason) - 1] = '\0';
-    DMUON_CHECK_RUNTIME(peer.ok == 1, "[nccl] rank ", rank, ": rank ", r, " of ", size,
-                        " could not prepare its nccl communicator '", name, "', so no rank makes one: ", peer.reason);
-    if (r == 0) hello.id = peer.id;  // rank 0's
-  }
-  const detail::NcclApi& api = *api_ptr;
-  const ncclUniqueId id = hello.id;
-
-  auto shared = std::make_shared<NcclShared>();
-  shared->api = &api;
-  shared->device = device;
-  shared->world_rank = rank;
-  shared->timeout = detail::default_timeout_from_env();
-  ncclComm_t comm = nullptr;
-  {
-    DeviceGuard g(device);
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    const ncclResult_t r = api.comm_init_rank_config(&comm, size, id, rank, &config);
-    if (r != ncclSuccess && r != ncclInProgress)
-      throw_error(concat("[nccl] rank ", rank, ": ncclCommInitRankConfig failed: ", api.get_error_string(r)));
-    bool ok = false;
-    try {
-      ok = shared->settle(comm, "ncclCommInitRankConfig", shared->timeout);
-    } catch (const std::exception& e) {
-      (void)api.comm_abort(comm);
-      throw_error(concat("[nccl] rank ", rank, ": ", e.what()));
-    }
-    if (!ok) {
-      (void)api.comm_abort(comm);
-      throw_error(concat("[nccl] rank ", rank, ": ncclCommInitRankConfig timed out after ",
-                         static_cast<double>(shared->timeout.count()) / 1000.0, " s on communicator '", name,
-                         "' (rank ", rank, " of ", size, "); a peer died or did not create it; NCCL aborted"));
-    }
-  }
-  shared->comms.push_back(comm);
-  auto transport = std::make_shared<NcclTransport>(shared, comm, rank, size);
-  transport->connect_eagerly(name);
-  return make_communicator(std::move(transport), rank, size, std::move(name), rank);
-}
-
-std::unique_ptr<Communicator> make_nccl_communicator() {
-  (void)require_devices(0);  // before MPI: a machine without a GPU fails here, naming the cause
-  if (!mpi_available()) {  // a world of one rank
-    return make_nccl_communicator(0, 1, [](std::span<const std::byte> b) { return std::vector<std::byte>(b.begin(), b.end()); });
-  }
-  std::shared_ptr<Communicator> world = make_mpi_communicator();
-  const int rank = world->rank(), size = world->size();
-  const int devices = require_devices(rank);
-  int local = rank;
-  if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK"); env != nullptr && *env != '\0') local = std::atoi(env);
-  const int device = local % devices;
-  CommExchange exchange = [world](std::span<const std::byte> mine) {
-    std::vector<std::byte> all(mine.size() * static_cast<size_t>(world->size()));
-    world->all_gather(InBuffer(mine.data(), CommType::U8, mine.size()), OutBuffer(all.data(), CommType::U8, all.size()),
-                      "nccl bootstrap")
-        .wait();
-    return all;
-  };
-  return make_nccl_communicator(rank, size, std::move(exchange), device, "world");
-}
-
-bool nccl_available() { return true; }
-
 }  // namespace dmuon

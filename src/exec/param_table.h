@@ -1,0 +1,27 @@
+// Internal: what an optimizer's construction fixed about its parameters and groups (read-only
+// during a step): each parameter's group, each group's algorithm and NorMuon switch, and what a
+// step checks the caller's buffers against.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "dmuon/tensor.h"
+#include "dmuon/update.h"
+
+namespace dmuon::detail {
+
+struct ParamTable {
+  std::vector<int> group_of;          // per parameter
+  std::vector<Algorithm> algorithm;   // per group
+  std::vector<bool> normuon;          // per group: Muon with NorMuon
+  std::vector<bool> param_normuon;    // per parameter: its group's
+  std::vector<std::string> names;     // per parameter (error messages)
+  std::vector<Shape> local_shapes;    // per parameter: this rank's box's shape
+
+  size_t group(size_t param) const { return static_cast<size_t>(group_of[param]); }
+  size_t size() const { return group_of.size(); }
+};
+
+}  // namespace dmuon::detail

@@ -1,0 +1,72 @@
+// Internal: a step's local checks (step_inputs.h check_step_inputs).
+#include <algorithm>
+
+#include "dmuon/error.h"
+#include "dmuon/qk_clip.h"
+#include "exec/step_inputs.h"
+
+namespace dmuon::detail {
+namespace {
+
+void check_groups(const StepInputs& in, const ParamTable& table) {
+  for (size_t g = 0; g < in.options.size(); ++g) {
+    const GroupOptions& o = in.options[g];
+    validate_group_options(o, g);
+    DMUON_CHECK(o.algorithm == table.algorithm[g], "[optim] group ", g, ": algorithm changed after construction; build a new optimizer");
+    if (o.algorithm != Algorithm::Muon) continue;
+    DMUON_CHECK(!o.normuon || table.normuon[g], "[optim] group ", g,
+                ": normuon was off at construction, so its state does not exist; enable it before constructing");
+    DMUON_CHECK(o.normuon || !table.normuon[g], "[optim] group ", g, ": normuon may not be turned off after construction");
+  }
+}
+
+void check_device(const TensorView& t, const char* what, const std::string& name, const StepDevice& d) {
+  DMUON_CHECK(t.device == d.device, "[optim] ", what, "'", name, "' is on ", to_string(t.device), " but the optimizer runs on ",
+              to_string(d.device), " (option 'device' = '", d.option, "'); pass views of ", to_string(d.device), " memory");
+}
+
+}  // namespace
+
+std::vector<std::pair<int, const std::vector<float>*>> check_step_inputs(const StepInputs& in, const Inventory& inventory,
+                                                                         const ParamTable& table,
+                                                                         std::span<const ParamLayout> layouts,
+                                                                         const StepDevice& device,
+                                                                         std::vector<uint8_t>& has_grad) {
+  const size_t n = inventory.params.size();
+  DMUON_CHECK(in.params.size() == n && in.grads.size() == n, "[optim] step got ", in.params.size(), " parameters and ",
+              in.grads.size(), " gradients; expected ", n, " of each (one local shard per inventory parameter)");
+  check_groups(in, table);
+  std::vector<std::pair<int, const std::vector<float>*>> logits;  // the layers QK-clip reads, once each
+  for (size_t i = 0; i < n; ++i) {
+    const ParamSpec& p = inventory.params[i];
+    const Shape& local = table.local_shapes[i];
+    const TensorView& w = in.params[i];
+    const TensorView& gr = in.grads[i];
+    has_grad[i] = gr.is_none() ? 0 : 1;
+    DMUON_CHECK(w.shape == local, "[optim] parameter '", p.name, "': this rank's shard should have shape ", local.to_string(),
+                " (its local box ", layouts[i].box.to_string(), "), got ", w.shape.to_string());
+    DMUON_CHECK(w.dtype == DType::F32, "[optim] parameter '", p.name, "' is ", to_string(w.dtype), "; master parameters must be fp32");
+    DMUON_CHECK(w.is_contiguous(), "[optim] parameter '", p.name, "' is not contiguous; pass a contiguous copy");
+    DMUON_CHECK(local.numel() == 0 || w.data, "[optim] parameter '", p.name, "': null data pointer");
+    check_device(w, "parameter ", p.name, device);
+    if (gr.is_none()) continue;  // no gradient: the parameter sits this step out (agreed)
+    DMUON_CHECK(gr.shape == local, "[optim] gradient of '", p.name, "': expected local shape ", local.to_string(), ", got ",
+                gr.shape.to_string());
+    DMUON_CHECK(gr.dtype == DType::F32 || gr.dtype == DType::BF16, "[optim] gradient of '", p.name, "' is ", to_string(gr.dtype),
+                "; gradients must be fp32 or bf16");
+    DMUON_CHECK(gr.is_contiguous(), "[optim] gradient of '", p.name, "' is not contiguous; pass a contiguous copy");
+    DMUON_CHECK(local.numel() == 0 || gr.data, "[optim] gradient of '", p.name, "': null data pointer");
+    check_device(gr, "gradient of ", p.name, device);
+    const GroupOptions& o = in.options_of(table, i);
+    if (o.algorithm != Algorithm::Muon || o.qk_clip_threshold <= 0 || !p.qk) continue;
+    const auto it = in.qk_logits->find(p.qk->layer);
+    DMUON_CHECK(it != in.qk_logits->end(), "[optim] parameter '", p.name, "' is QK-tagged (layer ", p.qk->layer, ") and group ",
+                table.group_of[i], " has qk_clip_threshold > 0, but no logits were given for layer ", p.qk->layer);
+    validate_qk_logits(*p.qk, it->second, p.name);
+    if (std::none_of(logits.begin(), logits.end(), [&](const auto& l) { return l.first == it->first; }))
+      logits.emplace_back(it->first, &it->second);
+  }
+  return logits;
+}
+
+}  // namespace dmuon::detail
