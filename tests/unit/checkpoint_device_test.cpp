@@ -209,8 +209,13 @@ TEST(CheckpointDevice, FailedLoadLeavesDeviceMemoryUnchanged) {
 TEST(CheckpointDeviceDeathTest, HostPathFaultsOnDeviceMemory) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto fb = std::make_shared<test::FakeDeviceBackend>();
-  TempDir dir;
   detail::Buffer d = fb->allocate(64, detail::MemoryKind::Device);
+  // The death statements first: a threadsafe death test re-runs this test in a child up to the
+  // statement, and a child that dies leaves behind whatever it made (the temporary directory).
+  EXPECT_DEATH(detail::crc32_update(0, d.data(), 64), "");
+  std::vector<uint8_t> staging(64, 1);
+  EXPECT_DEATH(std::memcpy(d.data(), staging.data(), staging.size()), "");
+  TempDir dir;
   const detail::SafetensorsTensor t{"x", DType::F32, Shape({16}), d.data()};
   const std::string path = dir.path() + "/x.safetensors";
   // The save wrote the view's bytes (the kernel refuses to read PROT_NONE memory: EFAULT) and
@@ -221,9 +226,6 @@ TEST(CheckpointDeviceDeathTest, HostPathFaultsOnDeviceMemory) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("Bad address"), std::string::npos) << e.what();
   }
-  EXPECT_DEATH(detail::crc32_update(0, d.data(), 64), "");
-  std::vector<uint8_t> staging(64, 1);
-  EXPECT_DEATH(std::memcpy(d.data(), staging.data(), staging.size()), "");
   // The same tensor with its device copy writes.
   std::function<void(void*, const void*, size_t)> copy = [&](void* a, const void* b, size_t n) { fb->copy(a, b, n); };
   detail::SafetensorsTensor staged = t;
