@@ -170,7 +170,13 @@ class ZeroEngine(CoreDelegate):
             # The masters the step wrote are read on this thread's stream, after the step's tail
             # (the step queued it there); unshard_into completes before it returns.
             t0 = time.perf_counter()
-            self.sp.unshard_into([p.detach() for p in params])
+            targets = [p.detach() for p in params]
+            shadows = [t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
+                       for t in targets]
+            self.sp.unshard_into(shadows)  # a non-contiguous parameter through a contiguous copy
+            for t, shadow in zip(targets, shadows):
+                if shadow is not t:
+                    t.copy_(shadow)
             stats["unshard_seconds"] = time.perf_counter() - t0
         self._stats = stats
         return applied
