@@ -22,12 +22,11 @@ def checked_param_list(params: Any) -> Any:
     if isinstance(params, torch.Tensor):
         return params
     params = list(params)
-    offending = [f"param group {i}: {', '.join(hints)}"
+    offending = [f"param group {i}: unknown keys {', '.join(hints)}"
                  for i, group in enumerate(params) if isinstance(group, dict)
                  for hints in [unknown_key_hints(group)] if hints]
     if offending:
-        raise ValueError(f"[torch] unknown group keys in {len(offending)} param group(s): "
-                         f"{'; '.join(offending)}. dmuon's group keys are {known_keys()}")
+        raise ValueError(f"[torch] {'; '.join(offending)}; dmuon's group keys are {known_keys()}")
     return params
 
 
