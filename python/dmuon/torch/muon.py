@@ -17,6 +17,7 @@ from ._options import (ADAMW_DEFAULTS, MUON_DEFAULTS, MUON_ONLY, STRUCTURAL, app
 from ._profile import StepPhases
 
 _GRAD_DTYPES = (torch.float32, torch.bfloat16)
+_LR_RULES = (None, "original", "match_rms_adamw", "none")  # adjust_lr_fn: torch's two, and "none"
 
 
 def _copy_into(bound: torch.Tensor, value: torch.Tensor) -> None:
@@ -123,6 +124,9 @@ class Muon(torch.optim.Optimizer):
         if isinstance(lr, torch.Tensor) and lr.numel() != 1:  # torch's check and wording
             raise ValueError(f"[torch] Tensor lr must be 1-element (got shape {tuple(lr.shape)}); "
                              f"pass a float or a 1-element tensor")
+        if adjust_lr_fn not in _LR_RULES:  # torch's wording (code matches on it), dmuon's rules
+            raise ValueError(f"[torch] Adjust learning rate function {adjust_lr_fn} is not "
+                             f"supported; use one of {_LR_RULES}")
         self._zero = ZeroOptions(zero, reduce_grads, check_replicas, engine)  # docs/python.md, ZeRO
         if non_finite not in ("raise", "skip"):
             raise ValueError(f"[torch] non_finite={non_finite!r}; use 'raise' or 'skip'")
