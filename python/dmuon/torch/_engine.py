@@ -192,6 +192,7 @@ class Engine(CoreDelegate):
         if cached is None:
             cached = {key: as_layout(self.core.state(i, key), self.layouts[i], self.params[i], key)
                       for key in self.core.state_keys(i)}
+            _comms.track_engine_tensors(cached.values())  # emptied at exit (_comms)
             self._state_cache[i] = cached
         return dict(cached)
 

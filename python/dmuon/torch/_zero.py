@@ -122,6 +122,7 @@ class ZeroEngine(CoreDelegate):
             self.sp.param(i).copy_(p.detach()[begin:end])
         self.masters = [self.sp.param(i) for i in range(len(self.params))]
         self.grad_shards = list(self.sp.grads())
+        _comms.track_engine_tensors(self.masters + self.grad_shards)  # emptied at exit (_comms)
         self._state_cache: dict[int, dict[str, torch.Tensor]] = {}
         self._stats: dict = {}
 
@@ -137,6 +138,7 @@ class ZeroEngine(CoreDelegate):
             cached = {key: as_layout(self.core.state(i, key), layout, p, key)
                       for key in self.core.state_keys(i)}
             cached[MASTER] = as_layout(self.masters[i], layout, p, MASTER)
+            _comms.track_engine_tensors(cached.values())  # emptied at exit (_comms)
             self._state_cache[i] = cached
         return dict(cached)
 
