@@ -77,6 +77,21 @@ def test_copy_keeps_options_and_the_state_of_parameters_without_grad():
     assert c.param_groups[0]["eps_mode"] == "add" and c._adamw_defaults["lr"] == 0.5
     assert "differentiable" not in c.defaults  # the base class's __setstate__ adds it
     assert {k for k in vars(opt) if not k.startswith("_")} == {k for k in vars(c) if not k.startswith("_")}
+    opt.state["note"] = 1  # an entry not keyed by a parameter (as torch's hook tests add) is kept
+    assert copy.deepcopy(opt).state["note"] == 1
+
+
+def test_non_contiguous_bf16_parameter_steps_as_the_contiguous_one():
+    base = torch.randn(6, 8).bfloat16()
+    w = torch.nn.Parameter(base.t())
+    c = torch.nn.Parameter(base.t().contiguous())
+    initial = c.detach().clone()
+    ow, oc = dt.Muon([w], lr=0.05), dt.Muon([c], lr=0.05)
+    for s in range(2):
+        g = torch.randn(8, 6).bfloat16()
+        w.grad, c.grad = g.clone(), g.clone()
+        ow.step(), oc.step()
+    assert torch.equal(w, c) and not w.is_contiguous() and not torch.equal(c, initial)
 
 
 def test_load_state_dict_hook_order():

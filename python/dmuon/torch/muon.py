@@ -519,6 +519,9 @@ class Muon(torch.optim.Optimizer):
         self._rebuild_engine()
         self.engine_builds = builds
         self._load_entries([saved.get(p, {}) for p in self._engine.params], fresh=True)
+        for key, value in saved.items():  # entries not keyed by a parameter (hooks may add them)
+            if not isinstance(key, torch.Tensor):
+                self.state[key] = value
 
     @property
     def engine(self) -> str:
