@@ -284,13 +284,14 @@ def _release_engines() -> None:
 
 # Tensor objects made over engine memory (state tensors, ZeRO's masters and gradient shards; weakly
 # held): release_engine_memory() empties the live ones at exit.
-_ENGINE_TENSORS: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
+# Keyed by id: a WeakSet would compare two tensors with == (elementwise) on a hash match.
+_ENGINE_TENSORS: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
 
 
 def track_engine_tensors(tensors: Any) -> None:
     """Registers tensor objects (plain or DTensors) that alias an engine's native memory."""
     for t in tensors:
-        _ENGINE_TENSORS.add(t)
+        _ENGINE_TENSORS[id(t)] = t
 
 
 def release_engine_memory() -> None:
@@ -301,7 +302,7 @@ def release_engine_memory() -> None:
     its communicator past the module's teardown (nanobind's leak report). A view a caller made of
     such a tensor is a tensor of its own, not reached here."""
     with torch.no_grad():
-        for t in list(_ENGINE_TENSORS):
+        for t in list(_ENGINE_TENSORS.values()):
             local = getattr(t, "_local_tensor", t)  # a DTensor's local tensor is the alias...
             for alias in (local, local._base):  # ...or a view of it (DTensor.from_local's)
                 if alias is not None:
