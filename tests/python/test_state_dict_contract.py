@@ -264,8 +264,8 @@ def test_another_optimizers_state_dict_is_named():
     adamw.step()
     target = dt.Muon([dict(params=params((6, 6)), algorithm="adamw")])
     before = {k: v.clone() for k, v in target.state[group_params(target)[0]].items()}
-    with pytest.raises(ValueError, match=r"torch.optim.Adam / AdamW.*not dmuon.torch.Muon's or "
-                                         r"torch.optim.Muon's.*load it into the optimizer that saved it"):
+    with pytest.raises(ValueError, match=r"not dmuon.torch.Muon's or torch.optim.Muon's.*"
+                                         r"torch.optim.Adam / AdamW.*load it into the optimizer that saved it"):
         target.load_state_dict(adamw.state_dict())
     assert all(torch.equal(target.state[group_params(target)[0]][k], v) for k, v in before.items())
     nanochat = {"state": {0: {"momentum_buffer": torch.zeros(6, 6)}},

@@ -40,12 +40,16 @@ def kind_of(state_dict: Any) -> str:
     foreign = keys - TORCH_MUON_KEYS - GENERIC_KEYS
     if not foreign and "algorithm" not in keys and state_keys <= TORCH_MUON_STATE:
         return "torch_muon"
-    what = next((name for key, name in _FOREIGN if key in keys),
-                f"another optimizer (group keys {sorted(foreign)}, state keys {sorted(state_keys)})"
-                if foreign or state_keys - TORCH_MUON_STATE else
-                "a mix of dmuon groups (with 'algorithm') and groups without")
-    raise ValueError(f"[torch] this state dict is {what}'s, not dmuon.torch.Muon's or "
-                     f"torch.optim.Muon's (the two dmuon loads); dmuon does not convert its state: "
+    name = next((name for key, name in _FOREIGN if key in keys), None)
+    if name is not None:
+        what = f"it looks like a state dict of {name}"
+    elif foreign or state_keys - TORCH_MUON_STATE:
+        what = (f"it is another optimizer's (group keys {sorted(foreign)}, state keys "
+                f"{sorted(state_keys)})")
+    else:
+        what = "its groups mix dmuon's (with 'algorithm') and groups without"
+    raise ValueError(f"[torch] this state dict is not dmuon.torch.Muon's or torch.optim.Muon's (the "
+                     f"two dmuon loads): {what}. dmuon does not convert other optimizers' state: "
                      f"load it into the optimizer that saved it, or start dmuon's state fresh "
                      f"(load the model's weights only)")
 
