@@ -16,9 +16,11 @@ per-process caches of communicators, and the order in which dmuon's native objec
 - Caches: one host communicator per process (made by init_distributed() or by the first engine of
   several ranks) and one device communicator per device name; communicator(world, device) returns
   them, made on first use.
-- Shutdown: engines and optimizers register with release_at_exit(); at exit shutdown() releases in
-  order engines first, then the device communicators, then the host one, then the process group
-  dmuon initialised (MPI finalizes after them), so a job ends without nanobind's leak report.
+- Shutdown: engines and optimizers register with release_at_exit(), the tensor objects made over
+  engine memory with track_engine_tensors(); at exit shutdown() empties those tensors (a kept
+  state_dict() result holds them), then releases in order engines first, then the device
+  communicators, then the host one, then the process group dmuon initialised (MPI finalizes after
+  them), so a job ends without nanobind's leak report.
 """
 from __future__ import annotations
 
@@ -274,9 +276,37 @@ def _release_engines() -> None:
     for o in live:
         if isinstance(o, torch.optim.Optimizer):
             o.state.clear()
+    release_engine_memory()
     for o in live:
         for attr in ("_state_cache", "core", "sp", "comm", "engine", "_dist_options"):
             o.__dict__.pop(attr, None)
+
+
+# Tensor objects made over engine memory (state tensors, ZeRO's masters and gradient shards; weakly
+# held): release_engine_memory() empties the live ones at exit.
+# Keyed by id: a WeakSet would compare two tensors with == (elementwise) on a hash match.
+_ENGINE_TENSORS: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+
+
+def track_engine_tensors(tensors: Any) -> None:
+    """Registers tensor objects (plain or DTensors) that alias an engine's native memory."""
+    for t in tensors:
+        _ENGINE_TENSORS[id(t)] = t
+
+
+def release_engine_memory() -> None:
+    """Empties every live tensor object that aliases engine memory (track_engine_tensors): each
+    keeps its native owner alive, and references outside dmuon outlive the optimizer (a
+    `state_dict()` result holds the same tensor objects, DTensors included, also after the
+    optimizer itself is gone), so at exit they would keep the engine, its sharded parameters and
+    its communicator past the module's teardown (nanobind's leak report). A view a caller made of
+    such a tensor is a tensor of its own, not reached here."""
+    with torch.no_grad():
+        for t in list(_ENGINE_TENSORS.values()):
+            local = getattr(t, "_local_tensor", t)  # a DTensor's local tensor is the alias...
+            for alias in (local, local._base):  # ...or a view of it (DTensor.from_local's)
+                if alias is not None:
+                    alias.set_()
 
 
 def shutdown() -> None:

@@ -192,6 +192,7 @@ class Engine(CoreDelegate):
         if cached is None:
             cached = {key: as_layout(self.core.state(i, key), self.layouts[i], self.params[i], key)
                       for key in self.core.state_keys(i)}
+            _comms.track_engine_tensors(cached.values())  # emptied at exit (_comms)
             self._state_cache[i] = cached
         return dict(cached)
 
@@ -202,17 +203,32 @@ class Engine(CoreDelegate):
              qk_logits: dict[int, list[float]]) -> bool:
         # detach(): the engine writes the parameters in place, outside autograd; the views share
         # storage (zero-copy).
-        local_params, local_grads = [], []
+        local_params, local_grads, shadowed = [], [], []
         for i, (p, g) in enumerate(zip(params, grads)):
             if is_dtensor(p):
                 p, g = p._local_tensor, local_grad(g, self.layouts[i], self.names[i])
-            local_params.append(p.detach())
-            if g is not None and self.kind == "distributed":
+            p = p.detach()
+            if not p.is_contiguous() and g is not None:  # the engine works on a contiguous copy
+                shadow = shadow_of(p)
+                shadowed.append((p, shadow))
+                p = shadow
+            local_params.append(p)
+            if g is not None and (self.kind == "distributed" or not g.is_contiguous()):
                 g = g.detach().contiguous()  # no copy when contiguous (FSDP2's are)
             local_grads.append(g)  # None: the engine leaves the parameter untouched
         # Ordered with the caller's current stream on the device (None on the CPU): _device.caller_stream.
         self.core.set_stream(_device.caller_stream(self.device))
-        return self.core.step(_device.engine_arrays(local_params), _device.engine_arrays(local_grads), qk_logits)
+        applied = self.core.step(_device.engine_arrays(local_params),
+                                 _device.engine_arrays(local_grads), qk_logits)
+        for p, shadow in shadowed:  # exact copies both ways: bitwise the contiguous step
+            p.copy_(shadow)
+        return applied
+
+
+def shadow_of(p: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of non-contiguous parameter p that a step updates in place and that is
+    then copied back into p (made at each step: p may have been written between steps)."""
+    return p.contiguous()
 
 
 def _info(spec: "_core.ParamSpec") -> "_core.ParamInfo":

@@ -92,10 +92,21 @@ KEY_HINTS: dict[str, str] = {
 def check_unknown_keys(group: dict, index: int) -> None:
     """ValueError naming every key no algorithm knows (silently ignoring one, e.g. nanochat's
     `beta2`, would quietly leave NorMuon off), with dmuon's key for it."""
+    hints = unknown_key_hints(group)
+    if hints:
+        raise ValueError(f"[torch] param group {index}: unknown keys {', '.join(hints)}; dmuon's "
+                         f"group keys are {known_keys()}")
+
+
+def known_keys() -> list[str]:
+    """The group keys dmuon knows, sorted (without `params`)."""
+    return sorted((GENERIC_KEYS | set(MUON_DEFAULTS) | set(ADAMW_DEFAULTS)) - {"params"})
+
+
+def unknown_key_hints(group: dict) -> list[str]:
+    """The group's keys no algorithm knows, each with dmuon's key for it where there is one."""
     known = GENERIC_KEYS | set(MUON_DEFAULTS) | set(ADAMW_DEFAULTS)
     unknown = sorted(k for k in group if k not in known)
-    if not unknown:
-        return
     hints = []
     for key in unknown:
         hint = KEY_HINTS.get(key)
@@ -103,8 +114,7 @@ def check_unknown_keys(group: dict, index: int) -> None:
             close = difflib.get_close_matches(key, sorted(known - {"params"}), n=1, cutoff=0.6)
             hint = close[0] if close else None
         hints.append(f"{key!r} (use {hint})" if hint else f"{key!r}")
-    raise ValueError(f"[torch] param group {index}: unknown keys {', '.join(hints)}; dmuon's group keys "
-                     f"are {sorted(known - {'params'})}")
+    return hints
 
 
 def check_group_keys(group: dict, index: int) -> str:

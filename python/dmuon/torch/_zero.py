@@ -122,6 +122,7 @@ class ZeroEngine(CoreDelegate):
             self.sp.param(i).copy_(p.detach()[begin:end])
         self.masters = [self.sp.param(i) for i in range(len(self.params))]
         self.grad_shards = list(self.sp.grads())
+        _comms.track_engine_tensors(self.masters + self.grad_shards)  # emptied at exit (_comms)
         self._state_cache: dict[int, dict[str, torch.Tensor]] = {}
         self._stats: dict = {}
 
@@ -137,6 +138,7 @@ class ZeroEngine(CoreDelegate):
             cached = {key: as_layout(self.core.state(i, key), layout, p, key)
                       for key in self.core.state_keys(i)}
             cached[MASTER] = as_layout(self.masters[i], layout, p, MASTER)
+            _comms.track_engine_tensors(cached.values())  # emptied at exit (_comms)
             self._state_cache[i] = cached
         return dict(cached)
 
@@ -170,7 +172,13 @@ class ZeroEngine(CoreDelegate):
             # The masters the step wrote are read on this thread's stream, after the step's tail
             # (the step queued it there); unshard_into completes before it returns.
             t0 = time.perf_counter()
-            self.sp.unshard_into([p.detach() for p in params])
+            targets = [p.detach() for p in params]
+            shadows = [t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
+                       for t in targets]
+            self.sp.unshard_into(shadows)  # a non-contiguous parameter through a contiguous copy
+            for t, shadow in zip(targets, shadows):
+                if shadow is not t:
+                    t.copy_(shadow)
             stats["unshard_seconds"] = time.perf_counter() - t0
         self._stats = stats
         return applied

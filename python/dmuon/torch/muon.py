@@ -1,12 +1,13 @@
 """dmuon.torch.Muon: a torch.optim.Optimizer whose step runs in dmuon's native engine, with the
 numerics of torch.optim.Muon (Muon groups) and torch.optim.AdamW (AdamW groups). See docs/python.md.
 """
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
 
-from . import _clip, _comms, _device, _plan, _precision
+from . import _clip, _comms, _device, _group_checks, _plan, _precision, _state_dict
 from ._engine import KINDS, engine_options, qk_tag
 from ._factory import make_engine
 from ._layouts import is_dtensor
@@ -16,6 +17,7 @@ from ._options import (ADAMW_DEFAULTS, MUON_DEFAULTS, MUON_ONLY, STRUCTURAL, app
 from ._profile import StepPhases
 
 _GRAD_DTYPES = (torch.float32, torch.bfloat16)
+_LR_RULES = (None, "original", "match_rms_adamw", "none")  # adjust_lr_fn: torch's two, and "none"
 
 
 def _copy_into(bound: torch.Tensor, value: torch.Tensor) -> None:
@@ -33,6 +35,10 @@ def _copy_into(bound: torch.Tensor, value: torch.Tensor) -> None:
         local = distribute_tensor(value, bound.device_mesh, bound.placements,
                                   src_data_rank=None)._local_tensor
     bound._local_tensor.copy_(local)
+
+
+def _device_zero(tensor: torch.Tensor) -> None:
+    (tensor._local_tensor if is_dtensor(tensor) else tensor).zero_()
 
 
 class Muon(torch.optim.Optimizer):
@@ -115,6 +121,12 @@ class Muon(torch.optim.Optimizer):
         reduce_grads: Optional[str] = None,
         check_replicas: bool = False,
     ) -> None:
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:  # torch's check and wording
+            raise ValueError(f"[torch] Tensor lr must be 1-element (got shape {tuple(lr.shape)}); "
+                             f"pass a float or a 1-element tensor")
+        if adjust_lr_fn not in _LR_RULES:  # torch's wording (code matches on it), dmuon's rules
+            raise ValueError(f"[torch] Adjust learning rate function {adjust_lr_fn} is not "
+                             f"supported; use one of {_LR_RULES}")
         self._zero = ZeroOptions(zero, reduce_grads, check_replicas, engine)  # docs/python.md, ZeRO
         if non_finite not in ("raise", "skip"):
             raise ValueError(f"[torch] non_finite={non_finite!r}; use 'raise' or 'skip'")
@@ -122,9 +134,9 @@ class Muon(torch.optim.Optimizer):
             raise ValueError(f"[torch] comm_dtype={comm_dtype!r}; use 'fp32' or 'bf16'")
         # The distributed engine's options (docs/python.md): checked here for both engines; the
         # local engine (one process) ignores them.
-        self._dist_options = _plan.check_dist_options(
-            window=window, chunk_bytes=chunk_bytes, replica=replica, timeout_s=timeout_s,
-            allow_inexact=allow_inexact, machine=machine)
+        self._dist_args = dict(window=window, chunk_bytes=chunk_bytes, replica=replica,
+                               timeout_s=timeout_s, allow_inexact=allow_inexact, machine=machine)
+        self._dist_options = _plan.check_dist_options(**self._dist_args)
         self._strategy = _plan.check_strategy(strategy)
         if not isinstance(none_grad, bool):
             raise ValueError(f"[torch] none_grad={none_grad!r}; use True (free each .grad once the "
@@ -168,6 +180,7 @@ class Muon(torch.optim.Optimizer):
         self._qk_layout = dict(qk_layout or {})
         self._engine = None
         self.engine_builds = 0  # how often the engine's inventory was built (tests, diagnostics)
+        params = _group_checks.checked_param_list(params)  # every group's unknown keys named at once
         super().__init__(params, defaults)
         _comms.release_at_exit(self)  # its state aliases engine memory: cleared at exit
         self._rebuild_engine()
@@ -209,10 +222,14 @@ class Muon(torch.optim.Optimizer):
             raise TypeError("optimizer parameters need to be organized in ordered collections, "
                             "but the ordering of tensors in sets will change between runs. "
                             "Please use a list instead.")
-        raw = list(raw)
+        raw = _group_checks.without_duplicates(list(raw))  # torch's warning; each kept once
         group["params"] = raw  # a generator is consumed once: the base class gets the list
+        lr = group.get("lr")
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError(f"[torch] param group {index}: Tensor lr must be 1-element (got shape "
+                             f"{tuple(lr.shape)}); pass a float or a 1-element tensor")
         params = [p[1] if isinstance(p, tuple) and len(p) == 2 else p for p in raw]
-        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        owner = {id(p): k for k, g in enumerate(self.param_groups) for p in g["params"]}
         expert = bool(group.get("expert_stacks", self.defaults.get("expert_stacks", False)))
         for j, p in enumerate(params):
             name = f" '{raw[j][0]}'" if isinstance(raw[j], tuple) else ""
@@ -223,14 +240,12 @@ class Muon(torch.optim.Optimizer):
                 raise TypeError(f"[torch] {where} is {p.dtype}; dmuon takes fp32 parameters, or "
                                 f"bf16 ones with fp32 masters (gradients may be fp32 or bf16)")
             _device.check_tensor_device(p, where)
-            local = p._local_tensor if is_dtensor(p) else p
-            if not local.is_contiguous():
-                raise ValueError(f"[torch] {where} (shape {tuple(p.shape)}) is not contiguous; "
-                                 f"make it contiguous before building the optimizer")
-            if id(p) in seen:
-                raise ValueError(f"[torch] {where} (shape {tuple(p.shape)}) appears in more than "
-                                 f"one parameter group (or twice in one); put it in exactly one")
-            seen.add(id(p))
+            # Non-contiguous plain parameters are stepped through a contiguous shadow
+            # (_engine.Engine.step); a DTensor's local shard must be contiguous (_layouts).
+            if id(p) in owner:  # the base class's wording, which code matches on
+                raise ValueError(f"[torch] some parameters appear in more than one parameter group: "
+                                 f"{where} (shape {tuple(p.shape)}) is already in param group "
+                                 f"{owner[id(p)]}; put each parameter in exactly one group")
             if algorithm == "muon":
                 if p.ndim == 3 and not expert:
                     raise ValueError(f"[torch] {where} has shape {tuple(p.shape)} (3-D) in a Muon "
@@ -403,54 +418,110 @@ class Muon(torch.optim.Optimizer):
     # ---- state dict ----------------------------------------------------------------------------
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """As torch.optim.Optimizer.load_state_dict; the loaded values are copied into the
-        engine's state tensors (which stay the ones in self.state, same data_ptr). Raises
-        ValueError before changing anything when groups, algorithms or state shapes differ."""
-        engine = self._engine
-        saved_groups = state_dict.get("param_groups", [])
-        if len(saved_groups) != len(self.param_groups):
-            raise ValueError(f"[torch] loaded state dict has {len(saved_groups)} parameter groups, "
-                             f"this optimizer has {len(self.param_groups)}")
-        for g, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
-            for key in STRUCTURAL:
-                if saved.get(key, MUON_DEFAULTS.get(key)) != group.get(key, MUON_DEFAULTS.get(key)):
-                    raise ValueError(f"[torch] param group {g}: loaded {key}={saved.get(key)!r} "
-                                     f"but this optimizer has {group.get(key)!r}")
-        saved_state = state_dict.get("state", {})
-        # As the base class: saved parameters map to ours by position in the groups (their keys are
-        # indices, or FQNs in DCP's get_optimizer_state_dict / set_optimizer_state_dict).
-        saved_keys = [k for saved in saved_groups for k in saved.get("params", [])]
-        if len(saved_keys) != len(engine.params):
-            raise ValueError(f"[torch] loaded state dict has {len(saved_keys)} parameters, this "
-                             f"optimizer has {len(engine.params)}")
-        for i, p in enumerate(engine.params):
-            entry = saved_state.get(saved_keys[i])
-            if entry is None:
-                raise ValueError(f"[torch] loaded state dict has no state for parameter "
-                                 f"{saved_keys[i]!r} ('{engine.names[i]}')")
-            for key, tensor in engine.state(i).items():
-                value = entry.get(key)
-                if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(tensor.shape):
-                    raise ValueError(f"[torch] loaded state of '{engine.names[i]}' lacks "
-                                     f"'{key}' of shape {tuple(tensor.shape)}")
-        super().load_state_dict(state_dict)
-        for group, built in zip(self.param_groups, self._built_strategy):
+        """As torch.optim.Optimizer.load_state_dict, in its order: the load_state_dict pre-hooks
+        (a returned dict replaces the input), the checks (ValueError before anything changes when
+        groups, algorithms or state shapes differ, or the dict is another optimizer's), the values
+        copied into the engine's state tensors (which stay the ones in self.state, same data_ptr),
+        then the post-hooks (they see the loaded state; a value they replace in self.state is
+        copied into the engine). Loads dmuon's dicts and torch.optim.Muon's (docs/python.md)."""
+        state_dict = dict(state_dict)  # as the base class: hooks may edit the (shallow) copy
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        kind = _state_dict.kind_of(state_dict)
+        if kind == "torch_muon":
+            if len(state_dict["param_groups"]) != len(self.param_groups):
+                raise ValueError(f"[torch] loaded torch.optim.Muon state dict has "
+                                 f"{len(state_dict['param_groups'])} parameter groups, this "
+                                 f"optimizer has {len(self.param_groups)}")
+            state_dict = _state_dict.from_torch_muon(state_dict, self.param_groups)
+        entries = _state_dict.check(state_dict, self.param_groups, self._engine,
+                                    fresh_ok=kind == "torch_muon")
+        groups = _state_dict.loaded_groups(state_dict, self.param_groups)
+        for group, built in zip(groups, self._built_strategy):
             if group.get("strategy") != built:  # the plan was made with these; a checkpoint keeps it
                 group["strategy"] = built
-        for i, p in enumerate(engine.params):
-            bound, loaded = engine.state(i), self.state[p]
-            # the values as saved: the base class cast them to the parameter's dtype (bf16 masters!)
-            original = saved_state[saved_keys[i]]
+        self.param_groups = groups
+        self._load_entries(entries, fresh=kind == "torch_muon")
+        self._built = [{k: g.get(k) for k in STRUCTURAL} for g in self.param_groups]
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)
+        self._adopt_replaced_state()
+
+    def _load_entries(self, entries: list[dict], fresh: bool = False) -> None:
+        """Copies saved per-parameter state (engine order) into the engine's state tensors and
+        step counts; self.state[p] is the engine's state again. `fresh`: what an entry lacks
+        starts from zero (torch.optim.Muon's dicts)."""
+        engine = self._engine
+        for i, (p, entry) in enumerate(zip(engine.params, entries)):
+            bound = engine.state(i)
             for key, tensor in bound.items():
-                if original[key] is not tensor:
-                    _copy_into(tensor, original[key])
-            step = loaded.get("step", 0)
-            count = int(step.item() if isinstance(step, torch.Tensor) else step)
+                value = entry.get(key)
+                if value is None and fresh:
+                    _device_zero(tensor)
+                elif value is not tensor:  # the values as saved (bf16 masters kept fp32)
+                    _copy_into(tensor, value)
+            count = _state_dict.step_count(entry) or 0
             engine.set_step_count(i, count)
             bound["step"] = self._step_tensors[i]
             bound["step"].fill_(float(count))
             self.state[p] = bound
-        self._built = [{k: g.get(k) for k in STRUCTURAL} for g in self.param_groups]
+
+    def _adopt_replaced_state(self) -> None:
+        """A state value replaced in self.state (by a load_state_dict post-hook) is copied into
+        the engine's tensor, which takes its place again; the step count likewise."""
+        engine = self._engine
+        for i, p in enumerate(engine.params):
+            current = self.state.get(p, {})
+            bound = engine.state(i)
+            for key, tensor in bound.items():
+                value = current.get(key)
+                if value is not None and value is not tensor:
+                    _copy_into(tensor, value)
+            step = current.get("step")
+            if step is not None and step is not self._step_tensors[i]:
+                count = _state_dict.step_count(current)
+                engine.set_step_count(i, count)
+                self._step_tensors[i].fill_(float(count))
+            bound["step"] = self._step_tensors[i]
+            self.state[p] = bound
+
+    # ---- copy and pickle -----------------------------------------------------------------------
+
+    # What a copy rebuilds its engine from: the constructor's checked options (not the engine).
+    _CONFIG = ("_zero", "_dist_args", "_strategy", "_none_grad", "_clip_config", "_comm_dtype",
+               "_threads", "_offload_state", "_engine_kind", "_adamw_defaults", "_non_finite",
+               "_qk_layout", "engine_builds")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The base class's (defaults, state, param_groups) and the constructor's options; the
+        engine is not pickled: __setstate__ builds a new one (copy.deepcopy and pickle)."""
+        state = super().__getstate__()
+        state.update({key: self.__dict__[key] for key in self._CONFIG})
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy (copy.deepcopy) or an unpickled optimizer: its own engine, built from its groups
+        (as the constructor does), with the saved state loaded: its next step equals the
+        original's. In a job of several ranks building the engine is collective: every rank copies
+        (or unpickles) at the same point (docs/python.md)."""
+        saved = state.get("state", {})
+        had_differentiable = "differentiable" in state.get("defaults", {})
+        super().__setstate__(dict(state, state={}))
+        self.state = defaultdict(dict)
+        if not had_differentiable:  # the base class adds it; dmuon's groups have no such key
+            self.defaults.pop("differentiable", None)
+        builds = self.engine_builds
+        self._dist_options = _plan.check_dist_options(**self._dist_args)
+        self._clip_masks, self._last_phases, self._engine = {}, None, None
+        _comms.release_at_exit(self)
+        self._rebuild_engine()
+        self.engine_builds = builds
+        self._load_entries([saved.get(p, {}) for p in self._engine.params], fresh=True)
+        for key, value in saved.items():  # entries not keyed by a parameter (hooks may add them)
+            if not isinstance(key, torch.Tensor):
+                self.state[key] = value
 
     @property
     def engine(self) -> str:

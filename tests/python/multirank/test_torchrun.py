@@ -22,7 +22,7 @@ HERE = Path(__file__).parent
 DIST_CASES = HERE / "dist_cases.py"
 C10D_CASES = HERE / "c10d_cases.py"
 ZERO_CASES = HERE / "zero_cases.py"
-ZERO = ["bitwise", "reduce_float", "bf16", "state_dict"]
+ZERO = ["bitwise", "reduce_float", "bf16", "state_dict", "state_dict_kept_at_exit"]
 
 pytest.importorskip("torch.distributed.run")
 

@@ -32,7 +32,7 @@ def launch(ranks: int, cases: list[str], cwd: Path) -> str:
 CASES = {
     4: ["bitwise", "reduce_float", "state_dict", "fsdp_bf16", "dcp_save"],
     2: ["bitwise", "reduce_int", "reduce_float", "bf16", "state_dict", "bad_options", "fsdp_mp",
-        "fsdp_bf16", "dcp_load_from4", "bf16_replicated"],
+        "fsdp_bf16", "dcp_load_from4", "bf16_replicated", "state_dict_kept_at_exit"],
     3: ["bitwise", "reduce_float", "bf16", "add_group"],
 }
 

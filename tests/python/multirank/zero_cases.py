@@ -503,6 +503,23 @@ def case_dcp_load(world, ckpt, saved_world):
     compare(model, opt, ref, "dcp_load")
 
 
+KEPT = []  # what case_state_dict_kept_at_exit leaves referenced when the job ends
+
+
+def case_state_dict_kept_at_exit(world):
+    """A state_dict() result still referenced at exit (its DTensors alias the engine's memory: the
+    engine, its sharded parameters and its communicator) must not outlive dmuon's release at exit:
+    test_zero.py's launch asserts that nanobind reports no leak."""
+    torch.manual_seed(6)
+    for keep_optimizer in (True, False):  # with the optimizer kept too, and with it gone
+        opt = run_zero(Net(), None, 1, False, "mean", "kept")
+        kept = opt.state_dict()
+        p = next(iter(opt.state))
+        buffer = kept["state"][0]["momentum_buffer"]
+        assert buffer is opt.state[p]["momentum_buffer"] and isinstance(buffer, DTensor)  # the alias
+        KEPT.extend([kept, opt] if keep_optimizer else [kept])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", required=True)
@@ -514,6 +531,7 @@ def main():
              "reduce_float": case_reduce_float, "bf16": case_bf16, "state_dict": case_state_dict,
              "bad_options": case_bad_options, "bf16_replicated": case_bf16_replicated,
              "add_group": case_add_group, "fsdp_mp": case_fsdp_mp,
+             "state_dict_kept_at_exit": case_state_dict_kept_at_exit,
              "fsdp_bf16": lambda w: case_fsdp_bf16(w, args.ckpt),
              "dcp_save": lambda w: case_dcp_save(w, args.ckpt + "_zero_dcp"),
              "dcp_load_from4": lambda w: case_dcp_load(w, args.ckpt.replace(f"np{w}", "np4") + "_zero_dcp", 4)}
