@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .. import _core
-from . import _precision
+from . import _foreign, _precision
 
 # Keller Jordan's quintic coefficients, torch.optim.Muon's default.
 JORDAN = (3.4445, -4.7750, 2.0315)
@@ -93,7 +93,7 @@ def check_unknown_keys(group: dict, index: int) -> None:
     """ValueError naming every key no algorithm knows (silently ignoring one, e.g. nanochat's
     `beta2`, would quietly leave NorMuon off), with dmuon's key for it."""
     known = GENERIC_KEYS | set(MUON_DEFAULTS) | set(ADAMW_DEFAULTS)
-    unknown = sorted(k for k in group if k not in known)
+    unknown = sorted(k for k in group if k not in known | _foreign.declared(group, index, known))
     if not unknown:
         return
     hints = []
@@ -145,6 +145,7 @@ def _ns_options(group: dict, ns: "_core.NsOptions", index: int) -> None:
 def apply_group(options: "_core.GroupOptions", group: dict, index: int) -> None:
     """Writes the hyperparameters of torch param group `group` into the engine's GroupOptions.
     Enum names and ranges are checked by the engine (ValueError naming the group and field)."""
+    _foreign.sync(group)  # aliased foreign keys (docs/migration.md) are the source of their values
     options.lr = _scalar(group["lr"])
     options.weight_decay = _scalar(group["weight_decay"])
     if group.get("algorithm", "muon") == "adamw":
