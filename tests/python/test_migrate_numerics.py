@@ -30,13 +30,14 @@ def peer_case(peer, params):
         return dt.from_nanochat([group], **flags), "momentum"
     if peer == "motif":
         return dt.from_motif([dict(params=params, use_muon=True)], lr=0.02), "momentum"
-    if peer == "dion":
-        return dt.from_dion([dict(params=params)], adjust_lr="rms_norm"), "mu"
+    if peer.startswith("dion"):
+        cautious = peer == "dion_cautious"
+        return dt.from_dion([dict(params=params, cautious_wd=cautious)], adjust_lr="rms_norm"), "mu"
     return dt.from_torch_muon(params), "momentum"
 
 
 CONFIGS = {"nanochat": NANOCHAT, "nanochat_approx": NANOCHAT_APPROX, "motif": MOTIF, "dion": DION,
-           "torch": TORCH}
+           "dion_cautious": dict(DION, cautious=True), "torch": TORCH}
 
 
 def run(peer, cfg):
@@ -64,7 +65,7 @@ def run(peer, cfg):
 TOL = 1e-4  # fp32 against float64 over 4 steps, in units of lr_adj (measured: < 7e-6)
 
 
-@pytest.mark.parametrize("peer", ["nanochat", "nanochat_approx", "motif", "dion", "torch"])
+@pytest.mark.parametrize("peer", list(CONFIGS))
 def test_translated_group_takes_the_peers_steps(peer):
     if peer == "nanochat" and not B_KEYS:
         pytest.skip("this dmuon build lacks muon_eq / muon_plus / decay_lr (issue 31 B); the merge "
@@ -79,6 +80,7 @@ CONTROLS = {
                         dict(momentum="heavy_ball"), dict(scale=1.02)],
     "motif": [dict(coefficients=JORDAN), dict(momentum="ema"), dict(lr_ratio=TORCH["lr_ratio"])],
     "dion": [dict(nesterov=True), dict(coefficients=YOU), dict(decay_adjusted=True), dict(scale=1.0)],
+    "dion_cautious": [dict(cautious=False), dict(decay_adjusted=True)],
     "torch": [dict(nesterov=False), dict(coefficients=YOU), dict(lr_ratio=MOTIF["lr_ratio"]),
               dict(scale=1.01)],
 }
