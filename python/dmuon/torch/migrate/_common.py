@@ -122,7 +122,10 @@ class GroupTranslation:
                 continue
             if key in KEPT_KEYS:
                 self.out[key] = value
-            elif key in DMUON_KEYS or key == FOREIGN_KEY:
+            elif key == FOREIGN_KEY:
+                raise self.fail(f"has {FOREIGN_KEY!r}: it is a dmuon group already; give the "
+                                f"{self.peer} groups, not translated ones")
+            elif key in DMUON_KEYS:
                 raise self.fail(f"key {key!r} is not read by {self.peer} but is a dmuon key (dmuon "
                                 f"would act on it); remove it, or set it on the dmuon group after "
                                 f"translating if you mean dmuon's {key!r}")
