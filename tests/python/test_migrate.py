@@ -93,6 +93,9 @@ def test_nanochat_refuses_what_it_cannot_map():
         dt.from_nanochat([dict(groups[0], kind="lion")], **NO_B)
     with pytest.raises(ValueError, match=r"key 'nesterov' is not read by nanochat but is a dmuon key"):
         dt.from_nanochat([groups[0], dict(groups[1], nesterov=False)], **NO_B)
+    translated = dt.from_nanochat(groups, **NO_B)["params"]
+    with pytest.raises(ValueError, match=r"group 0: has 'foreign_keys': it is a dmuon group already"):
+        dt.from_nanochat(translated, **NO_B)
     with pytest.raises(ValueError, match=r"decay_lr='x'"):
         dt.from_nanochat(groups, decay_lr="x")
 

@@ -67,6 +67,9 @@ class GroupTranslation:
 
     def __init__(self, peer: str, index: int, group: dict, defaults: dict):
         self.peer, self.index, self.source, self.defaults = peer, index, group, defaults
+        if FOREIGN_KEY in group:
+            raise self.fail(f"has {FOREIGN_KEY!r}: it is a dmuon group already; give the {peer} "
+                            f"groups, not translated ones")
         params = group["params"]
         self.out: dict[str, Any] = {"params": params if isinstance(params, torch.Tensor)
                                     else list(params)}
@@ -122,9 +125,6 @@ class GroupTranslation:
                 continue
             if key in KEPT_KEYS:
                 self.out[key] = value
-            elif key == FOREIGN_KEY:
-                raise self.fail(f"has {FOREIGN_KEY!r}: it is a dmuon group already; give the "
-                                f"{self.peer} groups, not translated ones")
             elif key in DMUON_KEYS:
                 raise self.fail(f"key {key!r} is not read by {self.peer} but is a dmuon key (dmuon "
                                 f"would act on it); remove it, or set it on the dmuon group after "
