@@ -6,5 +6,7 @@ from .groups import classify, param_groups
 from ._plan import Plan
 from ._precision import DmuonPerformanceWarning
 from .muon import Muon
+from .migrate import from_dion, from_motif, from_nanochat, from_torch_muon
 
-__all__ = ["DmuonPerformanceWarning", "Muon", "Plan", "classify", "init_distributed", "param_groups"]
+__all__ = ["DmuonPerformanceWarning", "Muon", "Plan", "classify", "from_dion", "from_motif",
+           "from_nanochat", "from_torch_muon", "init_distributed", "param_groups"]

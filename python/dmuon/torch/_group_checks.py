@@ -24,7 +24,7 @@ def checked_param_list(params: Any) -> Any:
     params = list(params)
     offending = [f"param group {i}: unknown keys {', '.join(hints)}"
                  for i, group in enumerate(params) if isinstance(group, dict)
-                 for hints in [unknown_key_hints(group)] if hints]
+                 for hints in [unknown_key_hints(group, i)] if hints]
     if offending:
         raise ValueError(f"[torch] {'; '.join(offending)}; dmuon's group keys are {known_keys()}")
     return params

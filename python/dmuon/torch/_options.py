@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .. import _core
-from . import _precision
+from . import _foreign, _precision
 
 # Keller Jordan's quintic coefficients, torch.optim.Muon's default.
 JORDAN = (3.4445, -4.7750, 2.0315)
@@ -92,7 +92,7 @@ KEY_HINTS: dict[str, str] = {
 def check_unknown_keys(group: dict, index: int) -> None:
     """ValueError naming every key no algorithm knows (silently ignoring one, e.g. nanochat's
     `beta2`, would quietly leave NorMuon off), with dmuon's key for it."""
-    hints = unknown_key_hints(group)
+    hints = unknown_key_hints(group, index)
     if hints:
         raise ValueError(f"[torch] param group {index}: unknown keys {', '.join(hints)}; dmuon's "
                          f"group keys are {known_keys()}")
@@ -103,10 +103,11 @@ def known_keys() -> list[str]:
     return sorted((GENERIC_KEYS | set(MUON_DEFAULTS) | set(ADAMW_DEFAULTS)) - {"params"})
 
 
-def unknown_key_hints(group: dict) -> list[str]:
-    """The group's keys no algorithm knows, each with dmuon's key for it where there is one."""
+def unknown_key_hints(group: dict, index: int) -> list[str]:
+    """The group's keys no algorithm knows and the group does not declare foreign (`foreign_keys`),
+    each with dmuon's key for it where there is one."""
     known = GENERIC_KEYS | set(MUON_DEFAULTS) | set(ADAMW_DEFAULTS)
-    unknown = sorted(k for k in group if k not in known)
+    unknown = sorted(k for k in group if k not in known | _foreign.declared(group, index, known))
     hints = []
     for key in unknown:
         hint = KEY_HINTS.get(key)
@@ -155,6 +156,7 @@ def _ns_options(group: dict, ns: "_core.NsOptions", index: int) -> None:
 def apply_group(options: "_core.GroupOptions", group: dict, index: int) -> None:
     """Writes the hyperparameters of torch param group `group` into the engine's GroupOptions.
     Enum names and ranges are checked by the engine (ValueError naming the group and field)."""
+    _foreign.sync(group)  # aliased foreign keys (docs/migration.md) are the source of their values
     options.lr = _scalar(group["lr"])
     options.weight_decay = _scalar(group["weight_decay"])
     if group.get("algorithm", "muon") == "adamw":
