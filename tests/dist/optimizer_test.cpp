@@ -47,10 +47,10 @@ Outcome run_and_compare(const RunConfig& c, bool negative_control = false) {
   const bool bf16 = c.comm_dtype == DType::BF16;
   // gram_allreduce has no NorMuon, and forms its products in fp32 whatever matmul_dtype says.
   const bool normuon = c.strategy != "gram_allreduce", bf16_products = normuon;
-  Optimizer opt(shared_comm(), inv, test_groups(n, normuon, bf16_products), options_for(c));
+  Optimizer opt(shared_comm(), inv, test_groups(n, normuon, bf16_products, c.nanochat), options_for(c));
   std::vector<ParamInfo> infos;
   for (const ParamSpec& p : inv.params) infos.push_back({p.name, p.shape, p.expert, p.qk});
-  LocalOptimizer ref(infos, test_groups(n, normuon, bf16_products),
+  LocalOptimizer ref(infos, test_groups(n, normuon, bf16_products, c.nanochat),
                      LocalOptimizerOptions{NonFinitePolicy::Raise, c.comm_dtype});
   const int r = comm().rank();
   std::vector<std::vector<float>> full_w(n), full_g(n), loc_w(n), loc_g(n);
@@ -158,10 +158,13 @@ std::vector<std::string> parallels() {
 
 const char* kStrategies[] = {"auto", "local", "owner_a2a", "allgather", "agrs", "expert_local", "expert_subgroup"};
 
+// Parameter: comm dtype fp32 / bf16, each without and with nanochat's options on two groups (MuonEq,
+// Muon+, adjusted-lr decay: test_groups).
 class OptimizerBitwise : public ::testing::TestWithParam<int> {};
 
 TEST_P(OptimizerBitwise, MatchesLocalOptimizerAndPlanBytes) {
-  const DType dt = GetParam() == 0 ? DType::F32 : DType::BF16;
+  const DType dt = GetParam() % 2 == 0 ? DType::F32 : DType::BF16;
+  const bool nanochat = GetParam() >= 2;
   int runs = 0;
   for (const std::string& par : parallels()) {
     try {
@@ -170,22 +173,26 @@ TEST_P(OptimizerBitwise, MatchesLocalOptimizerAndPlanBytes) {
       continue;  // a recipe this world size cannot place
     }
     for (const char* s : kStrategies) {
-      SCOPED_TRACE(par + " strategy " + s + " comm " + std::string(to_string(dt)));
-      const Outcome o = run_and_compare({par, s, dt});
+      SCOPED_TRACE(par + " strategy " + s + " comm " + std::string(to_string(dt)) + (nanochat ? " nanochat" : ""));
+      RunConfig c{par, s, dt};
+      c.nanochat = nanochat;
+      const Outcome o = run_and_compare(c);
       EXPECT_EQ(o.diffs, 0) << o.detail;
       EXPECT_TRUE(o.bytes_ok) << o.detail;
       ++runs;
     }
     if (par.find("dp_replicate") != std::string::npos) {  // HSDP: owners spread over replicas
       SCOPED_TRACE(par + " owner_a2a replica split");
-      const Outcome o = run_and_compare({par, "owner_a2a", dt, ReplicaMode::Split});
+      RunConfig c{par, "owner_a2a", dt, ReplicaMode::Split};
+      c.nanochat = nanochat;
+      const Outcome o = run_and_compare(c);
       EXPECT_EQ(o.diffs, 0) << o.detail;
       EXPECT_TRUE(o.bytes_ok) << o.detail;
     }
   }
   EXPECT_GT(runs, 0);
 }
-INSTANTIATE_TEST_SUITE_P(CommDtype, OptimizerBitwise, ::testing::Values(0, 1));
+INSTANTIATE_TEST_SUITE_P(CommDtype, OptimizerBitwise, ::testing::Values(0, 1, 2, 3));
 
 // Parameters whose gradient is absent on every rank sit the step out (values, state, step count),
 // bitwise as LocalOptimizer does: a Muon matrix, a NorMuon one (owner_a2a moves its state), an
@@ -232,6 +239,30 @@ TEST(OptimizerGram, WithinTolerance) {
   const Outcome o = run_and_compare({"dp_shard=" + std::to_string(comm().size()), "gram_allreduce", DType::F32});
   EXPECT_LT(o.max_rel, 1e-4) << o.detail;
   EXPECT_TRUE(o.bytes_ok) << o.detail;
+}
+
+// gram_allreduce orthogonalizes matrices that stay sharded: it refuses MuonEq and Muon+ at
+// construction, on every rank alike, naming the parameter and the option (negative control: the
+// same groups without them construct).
+TEST(OptimizerGram, RefusesMuonEqAndMuonPlus) {
+  const std::string par = "dp_shard=" + std::to_string(comm().size());
+  const Inventory inv = make_inventory(par);
+  const size_t n = inv.params.size();
+  const OptimizerOptions o = options_for({par, "gram_allreduce", DType::F32});
+  EXPECT_NO_THROW(Optimizer(shared_comm(), inv, test_groups(n, false, false, false), o));
+  for (const char* which : {"muon_eq", "muon_plus"}) {
+    std::vector<ParamGroup> groups = test_groups(n, false, false, true);
+    if (std::string(which) == "muon_plus")
+      for (ParamGroup& g : groups) g.options.ns.muon_eq = false;
+    std::string msg;
+    try {
+      Optimizer opt(shared_comm(), inv, groups, o);
+    } catch (const std::invalid_argument& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find(std::string("uses gram_allreduce, which does not support ") + which), std::string::npos) << msg;
+    EXPECT_TRUE(same_everywhere(msg)) << msg;
+  }
 }
 
 // ---- safety -----------------------------------------------------------------------------------
