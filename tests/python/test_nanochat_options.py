@@ -181,3 +181,17 @@ def test_keys_changed_between_steps_take_effect():
     assert rel_change_error(got, ps) < TOL
     assert rel_change_error(got, reference()) > 10 * TOL
     assert math.isfinite(rel_change_error(got, ps))
+
+
+def test_the_orthogonalizer_binding_carries_both_flags():
+    # dmuon.NsOptions exposes muon_eq / muon_plus and dmuon.Orthogonalizer honours them: Muon+ gives
+    # |U|_F = sqrt(min(m, n)) (fp32 rounding), without it Polar Express leaves the norm elsewhere.
+    x = torch.randn(24, 40, generator=torch.Generator().manual_seed(3))
+    for plus in (True, False):
+        o = dmuon.NsOptions()
+        o.schedule, o.steps, o.muon_eq, o.muon_plus = "polar_express", 5, True, plus
+        assert (o.muon_eq, o.muon_plus) == (True, plus)
+        out = torch.empty_like(x)
+        dmuon.Orthogonalizer(o).run(x, out)
+        err = abs(out.double().norm().item() / math.sqrt(24) - 1)
+        assert (err < 1e-6) if plus else (err > 1e-4)
