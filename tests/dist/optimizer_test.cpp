@@ -411,28 +411,30 @@ TEST(OptimizerComms, SharesMeshCommunicators) {
 TEST(OptimizerBitwise, ComputeStreamsDoNotChangeAnyBit) {
   Inventory inv = make_inventory("dp_shard=" + std::to_string(comm().size()));
   const size_t n = inv.params.size();
-  std::vector<std::vector<float>> first;
-  for (int streams : {1, 3, 2, 0}) {
-    OptimizerOptions o = options_for({"", "auto", DType::F32});
-    o.compute_streams = streams;
-    Optimizer opt(shared_comm(), inv, test_groups(n), o);
-    EXPECT_EQ(opt.compute_streams(), streams);
-    LocalShards x(opt, n);
-    for (size_t i = 0; i < n; ++i)
-      for (size_t j = 0; j < x.w[i].size(); ++j) x.w[i][j] = value(static_cast<int>(i), static_cast<int64_t>(j) + 1000 * comm().rank(), 9, false);
-    for (int t = 0; t < 2; ++t) {
+  for (bool nanochat : {false, true}) {  // also with MuonEq and Muon+ (their own row-parallel loops)
+    std::vector<std::vector<float>> first;
+    for (int streams : {1, 3, 2, 0}) {
+      OptimizerOptions o = options_for({"", "auto", DType::F32});
+      o.compute_streams = streams;
+      Optimizer opt(shared_comm(), inv, test_groups(n, true, true, nanochat), o);
+      EXPECT_EQ(opt.compute_streams(), streams);
+      LocalShards x(opt, n);
       for (size_t i = 0; i < n; ++i)
-        for (size_t j = 0; j < x.g[i].size(); ++j) x.g[i][j] = value(static_cast<int>(i), static_cast<int64_t>(j) + 1000 * comm().rank(), t, false);
-      ASSERT_TRUE(opt.step(x.lw, x.lg, {{0, {50.0f, 3.0f}}}));
-    }
-    std::vector<std::vector<float>> got = x.w;
-    for (size_t i = 0; i < n; ++i)
-      for (const std::string& k : opt.state_keys(i)) {
-        const TensorView v = opt.state(i, k);
-        got.emplace_back(v.f32(), v.f32() + v.numel());
+        for (size_t j = 0; j < x.w[i].size(); ++j) x.w[i][j] = value(static_cast<int>(i), static_cast<int64_t>(j) + 1000 * comm().rank(), 9, false);
+      for (int t = 0; t < 2; ++t) {
+        for (size_t i = 0; i < n; ++i)
+          for (size_t j = 0; j < x.g[i].size(); ++j) x.g[i][j] = value(static_cast<int>(i), static_cast<int64_t>(j) + 1000 * comm().rank(), t, false);
+        ASSERT_TRUE(opt.step(x.lw, x.lg, {{0, {50.0f, 3.0f}}}));
       }
-    if (first.empty()) first = got;
-    EXPECT_EQ(got, first) << "compute_streams " << streams;
+      std::vector<std::vector<float>> got = x.w;
+      for (size_t i = 0; i < n; ++i)
+        for (const std::string& k : opt.state_keys(i)) {
+          const TensorView v = opt.state(i, k);
+          got.emplace_back(v.f32(), v.f32() + v.numel());
+        }
+      if (first.empty()) first = got;
+      EXPECT_EQ(got, first) << "compute_streams " << streams << (nanochat ? " nanochat" : "");
+    }
   }
 }
 
