@@ -264,6 +264,24 @@ TEST(OptimizerGram, RefusesMuonEqAndMuonPlus) {
     EXPECT_NE(msg.find(std::string("uses gram_allreduce, which does not support ") + which), std::string::npos) << msg;
     EXPECT_TRUE(same_everywhere(msg)) << msg;
   }
+  // Turned on between steps (every option is read at every step): the step refuses, on every rank,
+  // before anything changes; turned off again, it steps.
+  Optimizer opt(shared_comm(), inv, test_groups(n, false, false, false), o);
+  LocalShards x(opt, n);
+  const std::vector<std::vector<float>> before = x.w;
+  for (size_t g = 0; g + 1 < opt.groups().size(); ++g) opt.options(g).ns.muon_plus = true;  // the Muon groups
+  std::string msg;
+  try {
+    opt.step(x.lw, x.lg, {{0, {50.0f, 3.0f}}});
+  } catch (const std::invalid_argument& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("uses gram_allreduce, which does not support muon_plus"), std::string::npos) << msg;
+  EXPECT_TRUE(same_everywhere(msg)) << msg;
+  EXPECT_EQ(x.w, before);
+  for (size_t g = 0; g + 1 < opt.groups().size(); ++g) opt.options(g).ns.muon_plus = false;
+  EXPECT_TRUE(opt.step(x.lw, x.lg, {{0, {50.0f, 3.0f}}}));
+  EXPECT_NE(x.w, before);
 }
 
 // ---- safety -----------------------------------------------------------------------------------
