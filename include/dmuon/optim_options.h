@@ -24,7 +24,7 @@ DMUON_API NonFinitePolicy parse_non_finite_policy(std::string_view name);  // th
 struct GroupOptions {
   Algorithm algorithm = Algorithm::Muon;
   double lr = 1e-3;            // ≥ 0, finite
-  double weight_decay = 0.1;   // ≥ 0; decoupled: p ← p·(1 − lr·wd), always with the UNADJUSTED lr
+  double weight_decay = 0.1;   // ≥ 0; decoupled: p ← p·(1 − lr·wd), lr per decay_lr (Muon groups)
 
   // Muon
   double momentum = 0.95;      // μ in [0, 1)
@@ -32,9 +32,12 @@ struct GroupOptions {
   MomentumKind momentum_kind = MomentumKind::Ema;
   LrRule lr_rule = LrRule::Original;
   bool cautious_wd = false;    // decay only where U·p ≥ 0 (nanochat); see update.h
+  DecayLr decay_lr = DecayLr::Unadjusted;  // the decay's lr: the group's lr, or (nanochat) the adjusted
+                                           // lr, for plain and cautious decay alike; see update.h
   bool normuon = false;        // NorMuon variance reduction after orthogonalization
   double normuon_beta2 = 0.95; // in [0, 1)
-  NsOptions ns;                // orthogonalization schedule, steps, method, normalization
+  NsOptions ns;                // orthogonalization schedule, steps, method, normalization, and
+                               // nanochat's MuonEq / Muon+ scalings (ns.muon_eq, ns.muon_plus)
   double qk_clip_threshold = 0;  // τ > 0 enables QK-clip on QK-tagged parameters; 0 = off
 
   // AdamW

@@ -76,6 +76,17 @@ struct NsOptions {
   // iterates on X·Xᵀ, which squares the condition number, and bf16 operands then lose the small
   // singular values (measured: σ off by 0.5 on a rank-20 200×500 input, 0.015 with symmetric).
   DType matmul_dtype = DType::F32;
+  // nanochat's two scalings around the polar iteration (off by default), per matrix (each matrix of a
+  // batch on its own):
+  // - muon_eq, MuonEq row equilibration before the normalization: target = ‖X‖_F / sqrt(m), row i
+  //   scaled by target / max(‖X_i‖₂, 1e-6) (the rows get the RMS row norm; better conditioned input);
+  // - muon_plus, Muon+ renormalization after the last step: X scaled by sqrt(min(m, n)) /
+  //   max(‖X‖_F, 1e-6) (the norm of an exactly semi-orthogonal matrix, whatever NS converged to).
+  // Norms are summed in double in a fixed order, each scale rounded once to fp32 and applied as one
+  // fp32 product per element, so the determinism contract above holds with them. Not combinable with
+  // bf16_rounding (std::invalid_argument). An all-zero matrix still gives zeros.
+  bool muon_eq = false;
+  bool muon_plus = false;
   // Every field compared (an Orthogonalizer is rebuilt when its options differ from a group's).
   friend bool operator==(const NsOptions&, const NsOptions&) = default;
 };
@@ -154,6 +165,8 @@ class DMUON_API Orthogonalizer {
   void run(const TensorView& in, const TensorView& out);
 
  private:
+  // Normalization and Newton–Schulz of one non-empty matrix (`in` may equal `out`).
+  void polar(const float* in, float* out, int64_t m, int64_t n);
   struct Workspace;
   NsOptions options_;
   std::vector<Coefficients> coefficients_;

@@ -44,6 +44,13 @@ enum class LrRule { Original, MatchRmsAdamw, None };
 DMUON_API std::string_view to_string(LrRule r);
 DMUON_API LrRule parse_lr_rule(std::string_view name);  // throws std::invalid_argument
 
+// Which lr the weight decay uses: "unadjusted" (dmuon's default: the group's lr, so the LR rule
+// never scales the decay and cautious and plain decay agree where the mask is 1) or "adjusted" (the
+// lr after the LR rule, as nanochat's muon_step_fused does: p ← p − lr_adj·U − lr_adj·wd·p·mask).
+enum class DecayLr { Unadjusted, Adjusted };
+DMUON_API std::string_view to_string(DecayLr d);
+DMUON_API DecayLr parse_decay_lr(std::string_view name);  // throws std::invalid_argument
+
 // ---- momentum --------------------------------------------------------------------------------
 
 struct MomentumOptions {
@@ -80,11 +87,16 @@ DMUON_API MatrixDims matrix_dims(const Shape& global_shape, bool expert_stack);
 // ---- weight decay + update -------------------------------------------------------------------
 
 struct ApplyOptions {
-  double lr = 0;           // UNADJUSTED lr: used for the decay
+  double lr = 0;           // UNADJUSTED lr: used for the decay unless decay_lr is Adjusted
   double adjusted_lr = 0;  // lr after the LR rule: used for the update U
   double weight_decay = 0;
   bool cautious = false;
+  DecayLr decay_lr = DecayLr::Unadjusted;  // which of the two lrs the decay uses
 };
+
+// The lr the decay uses: `lr` (Unadjusted) or `adjusted_lr` (Adjusted). Below, "lr·wd" is
+// decay_lr_value(o)·wd (every backend computes its scalars through this).
+DMUON_API double decay_lr_value(const ApplyOptions& options);
 
 // Applies the orthogonalized update U to the parameter p (n elements, in place on `param`; `update`
 // is only read and must not overlap `param`).
@@ -92,8 +104,9 @@ struct ApplyOptions {
 //   cautious:  mask = (U·p ≥ 0) with the fp32 product and p before this step (so U = 0 or p = 0
 //              keeps the decay, and a product that underflows to −0 counts as ≥ 0);
 //              p ← p − (adjusted_lr·U + mask·(lr·wd)·p)  (nanochat's expression; nanochat uses the
-//              adjusted lr in both terms, dmuon uses the UNADJUSTED lr for the decay so that cautious
-//              and plain decay agree where the mask is 1 and the LR rule never scales the decay).
+//              adjusted lr in both terms, dmuon by default the UNADJUSTED lr for the decay so that
+//              cautious and plain decay agree where the mask is 1 and the LR rule never scales the
+//              decay; decay_lr = Adjusted gives nanochat's convention, for plain decay too).
 DMUON_API void apply_update(const ApplyOptions& options, float* param, const float* update, int64_t n);
 
 // ---- NorMuon ---------------------------------------------------------------------------------

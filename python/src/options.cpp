@@ -51,6 +51,8 @@ void init_options(nb::module_& m) {
       .def_rw("pe_safety", &NsOptions::pe_safety)
       .def_rw("pe_cushion", &NsOptions::pe_cushion)
       .def_rw("bf16_rounding", &NsOptions::bf16_rounding)
+      .def_rw("muon_eq", &NsOptions::muon_eq)
+      .def_rw("muon_plus", &NsOptions::muon_plus)
       .def_prop_rw(
           "matmul_dtype", [](const NsOptions& o) { return std::string(to_string(o.matmul_dtype)); },
           [](NsOptions& o, const std::string& v) { o.matmul_dtype = parse_dtype(v, "ns_matmul_dtype"); })
@@ -76,6 +78,7 @@ void init_options(nb::module_& m) {
   enum_property(g, "algorithm", &GroupOptions::algorithm, parse_algorithm);
   enum_property(g, "momentum_kind", &GroupOptions::momentum_kind, parse_momentum_kind);
   enum_property(g, "lr_rule", &GroupOptions::lr_rule, parse_lr_rule);
+  enum_property(g, "decay_lr", &GroupOptions::decay_lr, parse_decay_lr);
   g.def_rw("lr", &GroupOptions::lr)
       .def_rw("weight_decay", &GroupOptions::weight_decay)
       .def_rw("momentum", &GroupOptions::momentum)

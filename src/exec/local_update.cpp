@@ -31,7 +31,7 @@ void LocalUpdate::apply(std::span<const UpdateTarget> targets) {
     const ParamLayout& L = layouts_[static_cast<size_t>(t.param)];
     if (L.local_numel == 0) continue;
     const GroupOptions& o = options(t.param);
-    tensors.push_back({{o.lr, adjusted_lr(o.lr, o.lr_rule, L.rows, L.cols), o.weight_decay, o.cautious_wd},
+    tensors.push_back({{o.lr, adjusted_lr(o.lr, o.lr_rule, L.rows, L.cols), o.weight_decay, o.cautious_wd, o.decay_lr},
                        in_.params[static_cast<size_t>(t.param)].f32(), t.update, L.local_numel});
   }
   backend_.apply_multi(tensors);

@@ -37,6 +37,8 @@ constexpr std::pair<MomentumKind, std::string_view> kMomentumKinds[] = {
     {MomentumKind::Ema, "ema"}, {MomentumKind::HeavyBall, "heavy_ball"}};
 constexpr std::pair<LrRule, std::string_view> kLrRules[] = {
     {LrRule::Original, "original"}, {LrRule::MatchRmsAdamw, "match_rms_adamw"}, {LrRule::None, "none"}};
+constexpr std::pair<DecayLr, std::string_view> kDecayLrs[] = {{DecayLr::Unadjusted, "unadjusted"},
+                                                              {DecayLr::Adjusted, "adjusted"}};
 constexpr std::pair<NonFinitePolicy, std::string_view> kPolicies[] = {
     {NonFinitePolicy::Raise, "raise"}, {NonFinitePolicy::Skip, "skip"}};
 
@@ -50,6 +52,8 @@ MomentumKind parse_momentum_kind(std::string_view n) {
 }
 std::string_view to_string(LrRule r) { return name_of(kLrRules, r); }
 LrRule parse_lr_rule(std::string_view n) { return parse_name(kLrRules, n, "lr rule"); }
+std::string_view to_string(DecayLr d) { return name_of(kDecayLrs, d); }
+DecayLr parse_decay_lr(std::string_view n) { return parse_name(kDecayLrs, n, "decay_lr"); }
 std::string_view to_string(NonFinitePolicy p) { return name_of(kPolicies, p); }
 NonFinitePolicy parse_non_finite_policy(std::string_view n) {
   return parse_name(kPolicies, n, "non-finite policy");
@@ -76,6 +80,8 @@ void validate_group_options(const GroupOptions& o, size_t g) {
   in_unit(o.normuon_beta2, "normuon_beta2");
   DMUON_CHECK(to_string(o.momentum_kind) != "?", "[optim] group ", g, ": invalid momentum_kind");
   DMUON_CHECK(to_string(o.lr_rule) != "?", "[optim] group ", g, ": invalid lr_rule");
+  DMUON_CHECK(to_string(o.decay_lr) != "?", "[optim] group ", g, ": invalid decay_lr ", static_cast<int>(o.decay_lr),
+              "; use unadjusted or adjusted");
   DMUON_CHECK(std::isfinite(o.qk_clip_threshold) && o.qk_clip_threshold >= 0, "[optim] group ", g,
               ": qk_clip_threshold ", o.qk_clip_threshold, " must be finite and >= 0 (0 = off)");
   try {

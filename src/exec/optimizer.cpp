@@ -83,13 +83,23 @@ void fill_table(Optimizer::Impl& s) {
   }
   const auto& params = s.plan.inventory().params;
   t.param_normuon.assign(params.size(), false);
+  t.gram_param.assign(s.groups.size(), -1);
   for (size_t i = 0; i < params.size(); ++i) {
     const size_t g = t.group(i);
     t.param_normuon[i] = t.normuon[g];
     t.names.push_back(params[i].name);
     const PlanEntry* e = s.plan.entry_of(static_cast<int>(i));
+    if (e && e->strategy == Strategy::GramAllReduce && t.gram_param[g] < 0) t.gram_param[g] = static_cast<int>(i);
     DMUON_CHECK(!(e && e->strategy == Strategy::GramAllReduce && t.normuon[g]), "[optim] parameter '", params[i].name,
                 "' uses gram_allreduce, which does not support NorMuon; pin another strategy or turn NorMuon off");
+    // gram_allreduce orthogonalizes a matrix that stays sharded along its long dim: MuonEq's row norms
+    // and Muon+'s Frobenius norm would need reductions of their own (design.md, MuonEq and Muon+).
+    const NsOptions& ns = s.groups[g].options.ns;
+    DMUON_CHECK(!(e && e->strategy == Strategy::GramAllReduce && s.groups[g].options.algorithm == Algorithm::Muon &&
+                  (ns.muon_eq || ns.muon_plus)),
+                "[optim] parameter '", params[i].name, "' uses gram_allreduce, which does not support ",
+                ns.muon_eq ? "muon_eq" : "muon_plus", "; pin another strategy or turn ", ns.muon_eq ? "muon_eq" : "muon_plus",
+                " off");
   }
 }
 

@@ -1,6 +1,6 @@
 // Internal: what an optimizer's construction fixed about its parameters and groups (read-only
-// during a step): each parameter's group, each group's algorithm and NorMuon switch, and what a
-// step checks the caller's buffers against.
+// during a step): each parameter's group, each group's algorithm and NorMuon switch, whether it has
+// a gram_allreduce parameter, and what a step checks the caller's buffers against.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +17,7 @@ struct ParamTable {
   std::vector<Algorithm> algorithm;   // per group
   std::vector<bool> normuon;          // per group: Muon with NorMuon
   std::vector<bool> param_normuon;    // per parameter: its group's
+  std::vector<int> gram_param;        // per group: a parameter on gram_allreduce (no MuonEq / Muon+), or -1
   std::vector<std::string> names;     // per parameter (error messages)
   std::vector<Shape> local_shapes;    // per parameter: this rank's box's shape
 

@@ -117,6 +117,7 @@ std::vector<std::pair<std::string, std::string>> step_fields(const std::vector<G
     add("momentum", num(o.momentum)), add("nesterov", o.nesterov ? "true" : "false");
     add("momentum_kind", std::string(to_string(o.momentum_kind))), add("lr_rule", std::string(to_string(o.lr_rule)));
     add("cautious_wd", o.cautious_wd ? "true" : "false"), add("normuon", o.normuon ? "true" : "false");
+    add("decay_lr", std::string(to_string(o.decay_lr)));
     add("normuon_beta2", num(o.normuon_beta2)), add("qk_clip_threshold", num(o.qk_clip_threshold));
     const NsOptions& ns = o.ns;
     add("ns.schedule", std::string(to_string(ns.schedule))), add("ns.steps", std::to_string(ns.steps));
@@ -128,6 +129,7 @@ std::vector<std::pair<std::string, std::string>> step_fields(const std::vector<G
     add("ns.custom", custom);
     add("ns.bf16_rounding", ns.bf16_rounding ? "true" : "false");
     add("ns.matmul_dtype", std::string(to_string(ns.matmul_dtype)));
+    add("ns.muon_eq", ns.muon_eq ? "true" : "false"), add("ns.muon_plus", ns.muon_plus ? "true" : "false");
   }
   for (const auto& [layer, values] : logits) {
     std::string v;

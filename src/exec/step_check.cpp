@@ -1,5 +1,6 @@
 // Internal: a step's local checks (step_inputs.h check_step_inputs).
 #include <algorithm>
+#include <string>
 
 #include "dmuon/error.h"
 #include "dmuon/qk_clip.h"
@@ -17,6 +18,11 @@ void check_groups(const StepInputs& in, const ParamTable& table) {
     DMUON_CHECK(!o.normuon || table.normuon[g], "[optim] group ", g,
                 ": normuon was off at construction, so its state does not exist; enable it before constructing");
     DMUON_CHECK(o.normuon || !table.normuon[g], "[optim] group ", g, ": normuon may not be turned off after construction");
+    // MuonEq / Muon+ turned on after construction: gram_allreduce cannot run them (optimizer.cpp)
+    const char* scaling = o.ns.muon_eq ? "muon_eq" : o.ns.muon_plus ? "muon_plus" : nullptr;
+    DMUON_CHECK(scaling == nullptr || table.gram_param[g] < 0, "[optim] group ", g, ": parameter '",
+                table.gram_param[g] < 0 ? std::string() : table.names[static_cast<size_t>(table.gram_param[g])],
+                "' uses gram_allreduce, which does not support ", scaling, "; pin another strategy or turn ", scaling, " off");
   }
 }
 

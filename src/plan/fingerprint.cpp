@@ -45,7 +45,7 @@ uint64_t plan_fingerprint(const Inventory& inv, const PlanOptions& o, const std:
   const NsOptions& ns = o.ns;
   hs.pod(ns.schedule), hs.pod(ns.steps), hs.pod(ns.method), hs.pod(ns.scale), hs.pod(ns.eps), hs.pod(ns.eps_mode);
   hs.pod(ns.pe_l0), hs.pod(ns.pe_safety), hs.pod(ns.pe_cushion), hs.pod(ns.bf16_rounding);
-  hs.pod(ns.matmul_dtype);
+  hs.pod(ns.matmul_dtype), hs.pod(ns.muon_eq), hs.pod(ns.muon_plus);
   for (const Coefficients& c : ns.custom) hs.pod(c.a), hs.pod(c.b), hs.pod(c.c);
   hs.pod(o.comm_dtype), hs.pod(o.chunk_bytes), hs.pod(o.window);
   hs.pod(o.normuon.size());

@@ -56,7 +56,11 @@ ModelDesc test_model(bool extra = false, int64_t w57_rows = 5) {
 }
 
 // bf16_products: the plain group's Newton–Schulz reads bf16 operands (whichever path this CPU runs).
-std::vector<ParamGroup> test_groups(size_t nparams, bool normuon = true, bool bf16_products = true) {
+// nanochat: nanochat's options on two groups: the NorMuon group (cautious decay) with MuonEq, Muon+
+// and the decay on the adjusted lr, as nanochat's muon_step_fused; the QK group with MuonEq, Muon+
+// and the adjusted-lr decay on plain decoupled decay (cpu backend only; not with gram_allreduce).
+std::vector<ParamGroup> test_groups(size_t nparams, bool normuon = true, bool bf16_products = true,
+                                    bool nanochat = false) {
   ParamGroup plain, nor, qk, adam;
   plain.options.lr = 0.02, plain.options.weight_decay = 0.1;
   if (bf16_products) plain.options.ns.matmul_dtype = DType::BF16;
@@ -64,6 +68,8 @@ std::vector<ParamGroup> test_groups(size_t nparams, bool normuon = true, bool bf
   nor.options.momentum_kind = MomentumKind::HeavyBall, nor.options.lr_rule = LrRule::MatchRmsAdamw;
   nor.options.ns.schedule = Schedule::PolarExpress;
   qk.options.lr = 0.05, qk.options.qk_clip_threshold = 10.0;
+  for (ParamGroup* g : {&nor, &qk})
+    if (nanochat) g->options.ns.muon_eq = true, g->options.ns.muon_plus = true, g->options.decay_lr = DecayLr::Adjusted;
   adam.options.algorithm = Algorithm::AdamW, adam.options.lr = 0.01;
   plain.params = {0, 2};
   nor.params = {1, 3, 6};
@@ -101,6 +107,7 @@ struct RunConfig {
   DType comm_dtype = DType::F32;
   ReplicaMode replica = ReplicaMode::Auto;
   std::vector<size_t> no_grad;  // parameters without a gradient at step 1, on every rank (and in the reference)
+  bool nanochat = false;        // test_groups' nanochat options (MuonEq, Muon+, adjusted-lr decay)
 };
 
 Inventory make_inventory(const std::string& parallel, bool extra = false, int64_t w57_rows = 5) {

@@ -47,10 +47,10 @@ Outcome run_and_compare(const RunConfig& c, bool negative_control = false) {
   const bool bf16 = c.comm_dtype == DType::BF16;
   // gram_allreduce has no NorMuon, and forms its products in fp32 whatever matmul_dtype says.
   const bool normuon = c.strategy != "gram_allreduce", bf16_products = normuon;
-  Optimizer opt(shared_comm(), inv, test_groups(n, normuon, bf16_products), options_for(c));
+  Optimizer opt(shared_comm(), inv, test_groups(n, normuon, bf16_products, c.nanochat), options_for(c));
   std::vector<ParamInfo> infos;
   for (const ParamSpec& p : inv.params) infos.push_back({p.name, p.shape, p.expert, p.qk});
-  LocalOptimizer ref(infos, test_groups(n, normuon, bf16_products),
+  LocalOptimizer ref(infos, test_groups(n, normuon, bf16_products, c.nanochat),
                      LocalOptimizerOptions{NonFinitePolicy::Raise, c.comm_dtype});
   const int r = comm().rank();
   std::vector<std::vector<float>> full_w(n), full_g(n), loc_w(n), loc_g(n);
@@ -158,10 +158,13 @@ std::vector<std::string> parallels() {
 
 const char* kStrategies[] = {"auto", "local", "owner_a2a", "allgather", "agrs", "expert_local", "expert_subgroup"};
 
+// Parameter: comm dtype fp32 / bf16, each without and with nanochat's options on two groups (MuonEq,
+// Muon+, adjusted-lr decay: test_groups).
 class OptimizerBitwise : public ::testing::TestWithParam<int> {};
 
 TEST_P(OptimizerBitwise, MatchesLocalOptimizerAndPlanBytes) {
-  const DType dt = GetParam() == 0 ? DType::F32 : DType::BF16;
+  const DType dt = GetParam() % 2 == 0 ? DType::F32 : DType::BF16;
+  const bool nanochat = GetParam() >= 2;
   int runs = 0;
   for (const std::string& par : parallels()) {
     try {
@@ -170,22 +173,26 @@ TEST_P(OptimizerBitwise, MatchesLocalOptimizerAndPlanBytes) {
       continue;  // a recipe this world size cannot place
     }
     for (const char* s : kStrategies) {
-      SCOPED_TRACE(par + " strategy " + s + " comm " + std::string(to_string(dt)));
-      const Outcome o = run_and_compare({par, s, dt});
+      SCOPED_TRACE(par + " strategy " + s + " comm " + std::string(to_string(dt)) + (nanochat ? " nanochat" : ""));
+      RunConfig c{par, s, dt};
+      c.nanochat = nanochat;
+      const Outcome o = run_and_compare(c);
       EXPECT_EQ(o.diffs, 0) << o.detail;
       EXPECT_TRUE(o.bytes_ok) << o.detail;
       ++runs;
     }
     if (par.find("dp_replicate") != std::string::npos) {  // HSDP: owners spread over replicas
       SCOPED_TRACE(par + " owner_a2a replica split");
-      const Outcome o = run_and_compare({par, "owner_a2a", dt, ReplicaMode::Split});
+      RunConfig c{par, "owner_a2a", dt, ReplicaMode::Split};
+      c.nanochat = nanochat;
+      const Outcome o = run_and_compare(c);
       EXPECT_EQ(o.diffs, 0) << o.detail;
       EXPECT_TRUE(o.bytes_ok) << o.detail;
     }
   }
   EXPECT_GT(runs, 0);
 }
-INSTANTIATE_TEST_SUITE_P(CommDtype, OptimizerBitwise, ::testing::Values(0, 1));
+INSTANTIATE_TEST_SUITE_P(CommDtype, OptimizerBitwise, ::testing::Values(0, 1, 2, 3));
 
 // Parameters whose gradient is absent on every rank sit the step out (values, state, step count),
 // bitwise as LocalOptimizer does: a Muon matrix, a NorMuon one (owner_a2a moves its state), an
@@ -232,6 +239,49 @@ TEST(OptimizerGram, WithinTolerance) {
   const Outcome o = run_and_compare({"dp_shard=" + std::to_string(comm().size()), "gram_allreduce", DType::F32});
   EXPECT_LT(o.max_rel, 1e-4) << o.detail;
   EXPECT_TRUE(o.bytes_ok) << o.detail;
+}
+
+// gram_allreduce orthogonalizes matrices that stay sharded: it refuses MuonEq and Muon+ at
+// construction, on every rank alike, naming the parameter and the option (negative control: the
+// same groups without them construct).
+TEST(OptimizerGram, RefusesMuonEqAndMuonPlus) {
+  if (comm().size() < 2) GTEST_SKIP() << "one rank: nothing is sharded, the plan has no gram_allreduce entry";
+  const std::string par = "dp_shard=" + std::to_string(comm().size());
+  const Inventory inv = make_inventory(par);
+  const size_t n = inv.params.size();
+  const OptimizerOptions o = options_for({par, "gram_allreduce", DType::F32});
+  EXPECT_NO_THROW(Optimizer(shared_comm(), inv, test_groups(n, false, false, false), o));
+  for (const char* which : {"muon_eq", "muon_plus"}) {
+    std::vector<ParamGroup> groups = test_groups(n, false, false, true);
+    if (std::string(which) == "muon_plus")
+      for (ParamGroup& g : groups) g.options.ns.muon_eq = false;
+    std::string msg;
+    try {
+      Optimizer opt(shared_comm(), inv, groups, o);
+    } catch (const std::invalid_argument& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find(std::string("uses gram_allreduce, which does not support ") + which), std::string::npos) << msg;
+    EXPECT_TRUE(same_everywhere(msg)) << msg;
+  }
+  // Turned on between steps (every option is read at every step): the step refuses, on every rank,
+  // before anything changes; turned off again, it steps.
+  Optimizer opt(shared_comm(), inv, test_groups(n, false, false, false), o);
+  LocalShards x(opt, n);
+  const std::vector<std::vector<float>> before = x.w;
+  for (size_t g = 0; g + 1 < opt.groups().size(); ++g) opt.options(g).ns.muon_plus = true;  // the Muon groups
+  std::string msg;
+  try {
+    opt.step(x.lw, x.lg, {{0, {50.0f, 3.0f}}});
+  } catch (const std::invalid_argument& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("uses gram_allreduce, which does not support muon_plus"), std::string::npos) << msg;
+  EXPECT_TRUE(same_everywhere(msg)) << msg;
+  EXPECT_EQ(x.w, before);
+  for (size_t g = 0; g + 1 < opt.groups().size(); ++g) opt.options(g).ns.muon_plus = false;
+  EXPECT_TRUE(opt.step(x.lw, x.lg, {{0, {50.0f, 3.0f}}}));
+  EXPECT_NE(x.w, before);
 }
 
 // ---- safety -----------------------------------------------------------------------------------
@@ -379,28 +429,30 @@ TEST(OptimizerComms, SharesMeshCommunicators) {
 TEST(OptimizerBitwise, ComputeStreamsDoNotChangeAnyBit) {
   Inventory inv = make_inventory("dp_shard=" + std::to_string(comm().size()));
   const size_t n = inv.params.size();
-  std::vector<std::vector<float>> first;
-  for (int streams : {1, 3, 2, 0}) {
-    OptimizerOptions o = options_for({"", "auto", DType::F32});
-    o.compute_streams = streams;
-    Optimizer opt(shared_comm(), inv, test_groups(n), o);
-    EXPECT_EQ(opt.compute_streams(), streams);
-    LocalShards x(opt, n);
-    for (size_t i = 0; i < n; ++i)
-      for (size_t j = 0; j < x.w[i].size(); ++j) x.w[i][j] = value(static_cast<int>(i), static_cast<int64_t>(j) + 1000 * comm().rank(), 9, false);
-    for (int t = 0; t < 2; ++t) {
+  for (bool nanochat : {false, true}) {  // also with MuonEq and Muon+ (their own row-parallel loops)
+    std::vector<std::vector<float>> first;
+    for (int streams : {1, 3, 2, 0}) {
+      OptimizerOptions o = options_for({"", "auto", DType::F32});
+      o.compute_streams = streams;
+      Optimizer opt(shared_comm(), inv, test_groups(n, true, true, nanochat), o);
+      EXPECT_EQ(opt.compute_streams(), streams);
+      LocalShards x(opt, n);
       for (size_t i = 0; i < n; ++i)
-        for (size_t j = 0; j < x.g[i].size(); ++j) x.g[i][j] = value(static_cast<int>(i), static_cast<int64_t>(j) + 1000 * comm().rank(), t, false);
-      ASSERT_TRUE(opt.step(x.lw, x.lg, {{0, {50.0f, 3.0f}}}));
-    }
-    std::vector<std::vector<float>> got = x.w;
-    for (size_t i = 0; i < n; ++i)
-      for (const std::string& k : opt.state_keys(i)) {
-        const TensorView v = opt.state(i, k);
-        got.emplace_back(v.f32(), v.f32() + v.numel());
+        for (size_t j = 0; j < x.w[i].size(); ++j) x.w[i][j] = value(static_cast<int>(i), static_cast<int64_t>(j) + 1000 * comm().rank(), 9, false);
+      for (int t = 0; t < 2; ++t) {
+        for (size_t i = 0; i < n; ++i)
+          for (size_t j = 0; j < x.g[i].size(); ++j) x.g[i][j] = value(static_cast<int>(i), static_cast<int64_t>(j) + 1000 * comm().rank(), t, false);
+        ASSERT_TRUE(opt.step(x.lw, x.lg, {{0, {50.0f, 3.0f}}}));
       }
-    if (first.empty()) first = got;
-    EXPECT_EQ(got, first) << "compute_streams " << streams;
+      std::vector<std::vector<float>> got = x.w;
+      for (size_t i = 0; i < n; ++i)
+        for (const std::string& k : opt.state_keys(i)) {
+          const TensorView v = opt.state(i, k);
+          got.emplace_back(v.f32(), v.f32() + v.numel());
+        }
+      if (first.empty()) first = got;
+      EXPECT_EQ(got, first) << "compute_streams " << streams << (nanochat ? " nanochat" : "");
+    }
   }
 }
 

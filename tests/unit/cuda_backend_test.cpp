@@ -201,15 +201,17 @@ TEST(CudaBackend, ApplyUpdateAndAdamWAreBitwiseTheCpuKernels) {
   auto cuda = make_cuda_backend(0);
   auto cpu = make_cpu_backend();
   const int64_t n = 65537;
-  for (bool cautious : {false, true}) {
-    std::vector<float> p = randn(n, 4), u = randn(n, 5);
-    for (int64_t i = 0; i < n; i += 97) u[static_cast<size_t>(i)] = 0.0f, p[static_cast<size_t>(i + 1)] = -0.0f;
-    const ApplyOptions o{0.02, 0.02 * 3.3, 0.1, cautious};
-    Buffer dp = put(*cuda, p), du = put(*cuda, u);
-    cpu->apply_update(o, p.data(), u.data(), n);
-    cuda->apply_update(o, dp.as<float>(), du.as<float>(), n);
-    expect_bitwise(p, get<float>(dp), cautious ? "cautious" : "decoupled");
-  }
+  for (DecayLr decay_lr : {DecayLr::Unadjusted, DecayLr::Adjusted})
+    for (bool cautious : {false, true}) {
+      std::vector<float> p = randn(n, 4), u = randn(n, 5);
+      for (int64_t i = 0; i < n; i += 97) u[static_cast<size_t>(i)] = 0.0f, p[static_cast<size_t>(i + 1)] = -0.0f;
+      const ApplyOptions o{0.02, 0.02 * 3.3, 0.1, cautious, decay_lr};
+      Buffer dp = put(*cuda, p), du = put(*cuda, u);
+      cpu->apply_update(o, p.data(), u.data(), n);
+      cuda->apply_update(o, dp.as<float>(), du.as<float>(), n);
+      expect_bitwise(p, get<float>(dp), std::string(cautious ? "cautious" : "decoupled") + ", decay_lr " +
+                                            std::string(to_string(decay_lr)));
+    }
   for (bool bf16 : {false, true})
     for (int64_t step : {1, 7}) {
       AdamWOptions o;
@@ -491,6 +493,26 @@ std::vector<double> singular_values(const std::vector<float>& x, int m, int n) {
                            superb.data()),
             0);
   return s;
+}
+
+// MuonEq and Muon+ run on the cpu backend only: the cuda backend refuses them when it makes the
+// Orthogonalizer (at the optimizer's construction), naming the option; the same options without
+// them are accepted (negative control).
+TEST(CudaBackend, RefusesMuonEqAndMuonPlusByName) {
+  REQUIRE_CUDA();
+  auto cuda = make_cuda_backend(0);
+  for (const char* which : {"muon_eq", "muon_plus"}) {
+    NsOptions o;
+    o.schedule = Schedule::PolarExpress;
+    EXPECT_NO_THROW(cuda->make_orthogonalizer(o));
+    (std::string(which) == "muon_eq" ? o.muon_eq : o.muon_plus) = true;
+    try {
+      cuda->make_orthogonalizer(o);
+      ADD_FAILURE() << which << " accepted on the cuda backend";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("[cuda] ") + which), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(CudaBackend, NewtonSchulzMatchesTheCpuAndTheSvdOracle) {

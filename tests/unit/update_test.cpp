@@ -203,6 +203,37 @@ TEST(Apply, DecayUsesUnadjustedLr) {
   EXPECT_EQ(p[0], 1.5f);
 }
 
+TEST(Apply, AdjustedDecayLrMatchesHandComputedUpdate) {
+  // decay_lr = adjusted (nanochat): the decay uses the adjusted lr, for plain and cautious decay.
+  // Values chosen so every scalar and product is exact in fp32: lr 0.25, lr_adj 0.5, wd 0.5.
+  using dmuon::DecayLr;
+  const double lr = 0.25, lr_adj = 0.5, wd = 0.5;
+  // U = 0: p·(1 − lr_adj·wd) = 2·0.75 = 1.5 (unadjusted: 2·(1 − 0.125) = 1.75, the negative control)
+  for (bool cautious : {false, true}) {
+    std::vector<float> p{2.0f}, u{0.0f};
+    dmuon::apply_update({lr, lr_adj, wd, cautious, DecayLr::Adjusted}, p.data(), u.data(), 1);
+    EXPECT_EQ(p[0], 1.5f) << "cautious " << cautious;
+    p = {2.0f};
+    dmuon::apply_update({lr, lr_adj, wd, cautious, DecayLr::Unadjusted}, p.data(), u.data(), 1);
+    EXPECT_EQ(p[0], 1.75f) << "cautious " << cautious;
+  }
+  // U ≠ 0, p = [2, 2], U = [1, −1]: plain p − lr_adj·wd·p − lr_adj·U = [2 − 0.5 − 0.5, 2 − 0.5 + 0.5];
+  // cautious: element 1 has U·p < 0, so no decay there: [1, 2.5].
+  std::vector<float> p{2.0f, 2.0f}, u{1.0f, -1.0f};
+  dmuon::apply_update({lr, lr_adj, wd, false, DecayLr::Adjusted}, p.data(), u.data(), 2);
+  EXPECT_EQ(p, (std::vector<float>{1.0f, 2.0f}));
+  p = {2.0f, 2.0f};
+  dmuon::apply_update({lr, lr_adj, wd, true, DecayLr::Adjusted}, p.data(), u.data(), 2);
+  EXPECT_EQ(p, (std::vector<float>{1.0f, 2.5f}));
+  EXPECT_EQ(dmuon::decay_lr_value({lr, lr_adj, wd, false, DecayLr::Adjusted}), lr_adj);
+  EXPECT_EQ(dmuon::decay_lr_value({lr, lr_adj, wd, false, DecayLr::Unadjusted}), lr);
+  EXPECT_EQ(dmuon::parse_decay_lr("adjusted"), DecayLr::Adjusted);
+  EXPECT_EQ(dmuon::to_string(DecayLr::Unadjusted), "unadjusted");
+  dmuon::test::expect_invalid([] { (void)dmuon::parse_decay_lr("scaled"); }, "decay_lr 'scaled'", "[optim]");
+  EXPECT_THROW(dmuon::apply_update({lr, lr_adj, wd, false, static_cast<DecayLr>(7)}, p.data(), u.data(), 2),
+               std::invalid_argument);
+}
+
 TEST(Apply, CautiousMaskSignEdgeCases) {
   const float tiny = 1e-30f;  // tiny·(−tiny) underflows to −0, which counts as ≥ 0
   struct Case { float p, u; bool decays; };

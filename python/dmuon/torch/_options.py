@@ -35,6 +35,10 @@ MUON_DEFAULTS: dict[str, Any] = {
                                   # fastest of this machine (bf16 where native or on CUDA, else fp32)
     "momentum_kind": "ema",       # "ema" (torch lerp) or "heavy_ball" (buf = mu * buf + g)
     "cautious_wd": False,
+    "decay_lr": "unadjusted",     # the weight decay's lr: "unadjusted" (the group's lr) or "adjusted"
+                                  # (after adjust_lr_fn's shape rule, as nanochat)
+    "muon_eq": False,             # MuonEq row equilibration before Newton-Schulz (nanochat)
+    "muon_plus": False,           # Muon+ renormalization after it: |U|_F = sqrt(min(m, n)) (nanochat)
     "normuon": False,
     "normuon_beta2": 0.95,
     "qk_clip_threshold": 0.0,     # tau > 0 enables QK-clip on parameters tagged by qk_layout
@@ -83,6 +87,11 @@ KEY_HINTS: dict[str, str] = {
     "adjust_lr": "adjust_lr_fn",
     "cautious_weight_decay": "cautious_wd",
     "qk_clip_tau": "qk_clip_threshold",
+    "muoneq": "muon_eq",
+    "row_equilibration": "muon_eq",
+    "muonplus": "muon_plus",
+    "renormalize": "muon_plus",
+    "adjusted_decay": "decay_lr='adjusted'",
     "pin": "strategy",
     "clip_config": "the constructor's clip_config=dict(q_proj=..., k_proj=..., head_dim=...)",
     "none_grad": "the constructor's none_grad=True",
@@ -134,6 +143,17 @@ def check_group_keys(group: dict, index: int) -> str:
     return algorithm
 
 
+DECAY_LRS = ("unadjusted", "adjusted")
+
+
+def _flag(group: dict, key: str, index: int) -> bool:
+    """A boolean key: True or False only (a typo such as "false" must not turn an option on)."""
+    value = group[key]
+    if not isinstance(value, bool):
+        raise ValueError(f"[torch] param group {index}: {key}={value!r}; use True or False")
+    return value
+
+
 def _ns_options(group: dict, ns: "_core.NsOptions", index: int) -> None:
     schedule = group["ns_schedule"]
     coefficients = tuple(float(c) for c in group["ns_coefficients"])
@@ -150,6 +170,8 @@ def _ns_options(group: dict, ns: "_core.NsOptions", index: int) -> None:
     ns.eps = float(group["eps"])
     ns.eps_mode = group["eps_mode"]
     ns.bf16_rounding = bool(group["ns_bf16"])
+    ns.muon_eq = _flag(group, "muon_eq", index)
+    ns.muon_plus = _flag(group, "muon_plus", index)
     ns.matmul_dtype = _precision.matmul_dtype(group)
 
 
@@ -170,6 +192,11 @@ def apply_group(options: "_core.GroupOptions", group: dict, index: int) -> None:
     rule = group["adjust_lr_fn"]
     options.lr_rule = "original" if rule is None else rule
     options.cautious_wd = bool(group["cautious_wd"])
+    decay_lr = group["decay_lr"]
+    if decay_lr not in DECAY_LRS:
+        raise ValueError(f"[torch] param group {index}: decay_lr={decay_lr!r}; use 'unadjusted' (the "
+                         f"group's lr) or 'adjusted' (the lr after adjust_lr_fn, as nanochat)")
+    options.decay_lr = decay_lr
     options.normuon_beta2 = _scalar(group["normuon_beta2"])
     options.qk_clip_threshold = _scalar(group["qk_clip_threshold"])
     ns = options.ns  # a copy: write it back whole

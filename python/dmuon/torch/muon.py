@@ -98,6 +98,9 @@ class Muon(torch.optim.Optimizer):
         ns_matmul_dtype: str = "auto",
         momentum_kind: str = "ema",
         cautious_wd: bool = False,
+        decay_lr: str = "unadjusted",
+        muon_eq: bool = False,
+        muon_plus: bool = False,
         normuon: bool = False,
         normuon_beta2: float = 0.95,
         qk_clip_threshold: float = 0.0,
@@ -168,7 +171,8 @@ class Muon(torch.optim.Optimizer):
                         ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, ns_schedule=ns_schedule,
                         ns_method=ns_method, ns_scale=ns_scale, eps_mode=eps_mode, ns_bf16=ns_bf16,
                         ns_matmul_dtype=ns_matmul_dtype,
-                        momentum_kind=momentum_kind, cautious_wd=cautious_wd, normuon=normuon,
+                        momentum_kind=momentum_kind, cautious_wd=cautious_wd, decay_lr=decay_lr,
+                        muon_eq=muon_eq, muon_plus=muon_plus, normuon=normuon,
                         normuon_beta2=normuon_beta2, qk_clip_threshold=qk_clip_threshold,
                         algorithm="muon")
         self._adamw_defaults = dict(ADAMW_DEFAULTS, **(adamw_defaults or {}))

@@ -207,8 +207,9 @@ class CudaBackend final : public Backend {
       cuda::ApplyItem it{};
       it.p = t.param, it.u = t.update, it.n = t.n, it.block0 = blocks, it.cautious = t.o.cautious;
       // as apply_update's scalars: cautious (adjusted lr, lr·wd), decoupled (1 − lr·wd, −adjusted lr)
-      it.a = cpu::to_scalar(t.o.cautious ? t.o.adjusted_lr : 1.0 - t.o.lr * t.o.weight_decay);
-      it.b = cpu::to_scalar(t.o.cautious ? t.o.lr * t.o.weight_decay : -t.o.adjusted_lr);
+      const double lr_wd = decay_lr_value(t.o) * t.o.weight_decay;  // decay_lr: unadjusted or adjusted lr
+      it.a = cpu::to_scalar(t.o.cautious ? t.o.adjusted_lr : 1.0 - lr_wd);
+      it.b = cpu::to_scalar(t.o.cautious ? lr_wd : -t.o.adjusted_lr);
       items.push_back(it);
       blocks += cuda::multi_tensor_blocks(t.n);
     }
@@ -339,6 +340,9 @@ class CudaBackend final : public Backend {
     DMUON_CHECK(!o.bf16_rounding,
                 "[cuda] bf16_rounding (torch's bf16 emulation) is not implemented on the cuda backend; use "
                 "matmul_dtype bf16 or the cpu backend");
+    DMUON_CHECK(!o.muon_eq && !o.muon_plus, "[cuda] ", o.muon_eq ? "muon_eq" : "muon_plus",
+                " (nanochat's ", o.muon_eq ? "MuonEq row equilibration" : "Muon+ renormalization",
+                ") is not implemented on the cuda backend; turn it off or use the cpu backend");
     return std::make_unique<Orthogonalizer>(o);
   }
 

@@ -18,6 +18,7 @@ namespace dmuon::cpu {
 struct NsScratch {
   std::vector<float> x, x2;                        // m×n ping-pong buffers (x2: widened bf16 products)
   std::vector<float> r, s, z, q, t;                // s×s Gram-side buffers
+  std::vector<double> row_sq;                      // MuonEq: m row sums of squares
   std::vector<BFloat16> xb, xb2;                   // oneDNN bf16 products: m×n operands
   std::vector<BFloat16> rb, zb;                    // oneDNN bf16 products: s×s operands
   std::unique_ptr<Bf16Matmul> matmul;              // created on first oneDNN use
@@ -60,6 +61,23 @@ void newton_schulz_bf16(const float* in, float* out, int64_t m, int64_t n, const
 void newton_schulz_bf16_products(const float* in, float inv, float* out, int64_t m, int64_t n,
                                  const std::vector<Coefficients>& coefficients, bool plain,
                                  int threads, NsScratch& scratch);
+
+// ‖x‖_F over `count` values, summed in double in a fixed order (reproducible on every thread count).
+double frobenius_norm(const float* x, int64_t count);
+
+// The clamps of nanochat's MuonEq and Muon+ (a row, or a matrix, with a smaller norm is scaled as if
+// its norm were this; an all-zero one stays zero).
+inline constexpr double kMuonEqMinRowNorm = 1e-6;
+inline constexpr double kMuonPlusMinNorm = 1e-6;
+
+// MuonEq row equilibration (NsOptions::muon_eq) of the m×n matrix `in` into `out` (may equal `in`):
+// target = ‖X‖_F / sqrt(m), row i scaled by fp32(target / max(‖X_i‖₂, 1e-6)); norms in double.
+// `row_sq` is scratch (m values).
+void muon_eq_rows(const float* in, float* out, int64_t m, int64_t n, std::vector<double>& row_sq);
+
+// Muon+ renormalization (NsOptions::muon_plus), in place: X scaled by
+// fp32(sqrt(min(m, n)) / max(‖X‖_F, 1e-6)), so ‖X‖_F = sqrt(min(m, n)) up to fp32 rounding.
+void muon_plus(float* x, int64_t m, int64_t n);
 
 // Gram Newton–Schulz (restart after kGramRestartStep). x0 (normalized) is overwritten.
 void gram_newton_schulz(float* x0, float* out, int64_t m, int64_t n,

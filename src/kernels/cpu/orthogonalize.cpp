@@ -1,5 +1,5 @@
-// Orthogonalizer: validation, Frobenius normalization, buffer placement and batching around the
-// Newton–Schulz kernels in newton_schulz.cpp and gram_ns.cpp.
+// Orthogonalizer: validation, MuonEq (equilibrate.cpp), Frobenius normalization, buffer placement
+// and batching around the Newton–Schulz kernels in newton_schulz.cpp and gram_ns.cpp, then Muon+.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -19,16 +19,6 @@ namespace dmuon {
 struct Orthogonalizer::Workspace : cpu::NsScratch {};
 
 namespace {
-
-// ‖x‖_F in double with a fixed summation order (8 interleaved partial sums), so it is reproducible.
-double frobenius_norm(const float* x, int64_t count) {
-  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= count; i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(x[i + k]) * x[i + k];
-  for (; i < count; ++i) acc[0] += static_cast<double>(x[i]) * x[i];
-  return std::sqrt(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
-}
 
 bool overlaps(const void* a, const void* b, size_t bytes) {
   const auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
@@ -87,8 +77,17 @@ void Orthogonalizer::run(const float* in, float* out, int64_t m, int64_t n) {
     if (options_.matmul_dtype == DType::BF16) ws_->bf16_path = cpu::require_bf16_products("Orthogonalizer").path;
   }
   if (options_.bf16_rounding) return cpu::newton_schulz_bf16(in, out, m, n, options_, coefficients_, *ws_);
+  if (options_.muon_eq) {  // equilibrated into `out`, which then serves as the input (in place from here)
+    cpu::muon_eq_rows(in, out, m, n, ws_->row_sq);
+    in = out;
+  }
+  polar(in, out, m, n);
+  if (options_.muon_plus) cpu::muon_plus(out, m, n);
+}
 
-  const double norm = frobenius_norm(in, m * n);
+void Orthogonalizer::polar(const float* in, float* out, int64_t m, int64_t n) {
+  const size_t bytes = static_cast<size_t>(m * n) * sizeof(float);
+  const double norm = cpu::frobenius_norm(in, m * n);
   const double scaled = norm * options_.scale;
   const double denom = options_.eps_mode == EpsMode::Add ? scaled + options_.eps
                                                          : std::max(scaled, double(options_.eps));

@@ -62,6 +62,10 @@ std::vector<Coefficients> make_schedule(const NsOptions& o) {
   DMUON_CHECK(std::isfinite(o.scale) && o.scale > 0,
               "[orth] scale (normalization s in |G|_F*s) must be finite and > 0, got ", o.scale);
   DMUON_CHECK(std::isfinite(o.eps) && o.eps >= 0, "[orth] eps must be finite and >= 0, got ", o.eps);
+  DMUON_CHECK(!(o.bf16_rounding && (o.muon_eq || o.muon_plus)), "[orth] ", o.muon_eq ? "muon_eq" : "muon_plus",
+              " is not combined with bf16_rounding (the emulation of torch.optim.Muon's bf16 iteration, which has "
+              "neither); turn bf16_rounding off (matmul_dtype bf16 gives bf16 products) or turn ",
+              o.muon_eq ? "muon_eq" : "muon_plus", " off");
   std::vector<Coefficients> out;
   switch (o.schedule) {
     case Schedule::Jordan:

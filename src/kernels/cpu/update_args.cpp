@@ -30,6 +30,8 @@ void check_apply_args(const ApplyOptions& o, const float* param, const float* up
               " must be finite and >= 0");
   DMUON_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "[update] weight_decay ", o.weight_decay,
               " must be finite and >= 0");
+  DMUON_CHECK(o.decay_lr == DecayLr::Unadjusted || o.decay_lr == DecayLr::Adjusted, "[update] invalid decay_lr ",
+              static_cast<int>(o.decay_lr), "; use unadjusted or adjusted");
   check_buffer(param, n, "update", "param");
   check_buffer(update, n, "update", "update");
   DMUON_CHECK(n == 0 || disjoint(update, param, n), "[update] update overlaps the parameter; give a separate buffer");

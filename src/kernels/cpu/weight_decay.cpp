@@ -50,15 +50,18 @@ MatrixDims matrix_dims(const Shape& shape, bool expert_stack) {
   return {};
 }
 
+double decay_lr_value(const ApplyOptions& o) {
+  return o.decay_lr == DecayLr::Adjusted ? o.adjusted_lr : o.lr;
+}
+
 void apply_update(const ApplyOptions& o, float* param, const float* update, int64_t n) {
   cpu::check_apply_args(o, param, update, n);
   if (n == 0) return;
+  const double lr_wd = decay_lr_value(o) * o.weight_decay;
   if (o.cautious) {
-    cautious_loop(param, update, n, cpu::to_scalar(o.adjusted_lr),
-                  cpu::to_scalar(o.lr * o.weight_decay));
+    cautious_loop(param, update, n, cpu::to_scalar(o.adjusted_lr), cpu::to_scalar(lr_wd));
   } else {
-    decoupled_loop(param, update, n, cpu::to_scalar(1.0 - o.lr * o.weight_decay),
-                   cpu::to_scalar(-o.adjusted_lr));
+    decoupled_loop(param, update, n, cpu::to_scalar(1.0 - lr_wd), cpu::to_scalar(-o.adjusted_lr));
   }
 }
 
