@@ -13,9 +13,6 @@ import copy
 import functools
 import io
 import pickle
-import sys
-import types
-import unittest
 
 import pytest
 import torch
@@ -25,10 +22,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 import dmuon.torch as dt
 
-try:  # torch's test helpers import expecttest for their TestCase base class; nothing here uses it
-    import expecttest  # noqa: F401
-except ImportError:
-    sys.modules["expecttest"] = types.SimpleNamespace(TestCase=unittest.TestCase)
+# torch's test helpers import expecttest (pinned in scripts/requirements.txt, installed by make setup)
 from torch.testing._internal.common_optimizers import OptimizerErrorEnum, optim_db  # noqa: E402
 
 DEVICE, DTYPE = "cpu", torch.float32
