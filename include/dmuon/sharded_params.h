@@ -162,10 +162,9 @@ class DMUON_API ShardedParams {
   // unshard_into: COLLECTIVE, blocking. Writes the masters into full[i] in place: fp32 their bits,
   // bf16 each master rounded to nearest even once. This rank's rows are converted locally, every
   // peer's rows arrive by direct landing (one grouped send/recv exchange over the shard group, each
-  // parameter in its target's dtype) while parameters × (S − 1) ≤ unshard_direct_max_messages, else
-  // by one all_gather_v of the fp32 masters into a temporary buffer, converted into the targets
-  // (the same bits). Uses none of the internal full buffers; not while an unshard or a reduction is
-  // in flight (std::logic_error).
+  // parameter in its target's dtype; parameters × (S − 1) receives whatever
+  // unshard_direct_max_messages says). Uses none of the internal full buffers; not while an unshard
+  // or a reduction is in flight (std::logic_error).
   void unshard_into(std::span<const TensorView> full);
   // reduce_grads_from_async: as reduce_grads_async(), reading the caller's full gradients full[i]
   // (fp32 or bf16, converted to reduce_dtype as the Numerics say; bf16 -> fp32 is exact) instead of

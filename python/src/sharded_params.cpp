@@ -53,10 +53,9 @@ void init_sharded_params(nb::module_& m) {
           "__init__",
           [](ShardedParams* self, std::shared_ptr<Communicator> comm, const Mesh& mesh, std::vector<ParamSpec> params,
              const std::string& reduce, const std::string& reduce_dtype, double grad_divisor, int64_t bucket_bytes,
-             double timeout_s, const std::string& device, int64_t unshard_direct_max_messages) {
+             double timeout_s, const std::string& device) {
             ShardedParamsOptions o;
             o.device = device;
-            o.unshard_direct_max_messages = unshard_direct_max_messages;
             o.reduce = parse_reduce(reduce);
             o.reduce_dtype = parse_dtype(reduce_dtype, "reduce_dtype");
             o.grad_divisor = grad_divisor;
@@ -69,9 +68,7 @@ void init_sharded_params(nb::module_& m) {
           nb::arg("comm"), nb::arg("mesh"), nb::arg("params"), nb::arg("reduce") = "mean",
           nb::arg("reduce_dtype") = "fp32", nb::arg("grad_divisor") = 0.0, nb::arg("bucket_bytes") = int64_t{16} << 20,
           nb::arg("timeout_s") = 0.0, nb::arg("device") = "cpu",
-          nb::arg("unshard_direct_max_messages") = ShardedParamsOptions{}.unshard_direct_max_messages,
-          "COLLECTIVE. unshard_direct_max_messages: unshard by direct landing (grouped send/recv) while a rank "
-          "receives at most this many messages (parameters x (S - 1)), else one all_gather_v (0: always). device: 'cpu', 'cuda' or 'cuda:N' (masters, gradients and the caller's full tensors live "
+          "COLLECTIVE. device: 'cpu', 'cuda' or 'cuda:N' (masters, gradients and the caller's full tensors live "
           "there; the communicator must take its buffers). mesh: dp_shard=S (or dp_replicate=R,dp_shard=S; no dims on one rank). params: name, "
           "shape, role, expert, qk (placements empty, set here). Masters start at zero.")
       .def_prop_ro("size", &ShardedParams::size)

@@ -143,38 +143,6 @@ void ShardedParams::unshard_into(std::span<const TensorView> full) {
                m.count(i, m.s), full[i].dtype);
   }
   if (m.shard_comm == nullptr) return;  // one shard rank: the local shard is the full tensor
-  if (!m.unshard_direct) {
-    // Many messages (unshard_direct_max_messages): one all_gather_v of the fp32 masters (the flat
-    // buffer is this rank's block, as unshard_async's) into a receive buffer, then every peer's rows
-    // converted into the targets: fp32 bits, bf16 rounded to nearest even once (the same bits as
-    // rounding on the owner).
-    const size_t S = static_cast<size_t>(m.S), me = static_cast<size_t>(m.s);
-    int64_t total = 0;
-    for (size_t j = 0; j < S; ++j) total += m.ag_counts[j];
-    AlignedBuffer recv(static_cast<size_t>(total) * 4, false, m.device_memory);
-    Work work = m.shard_comm->all_gather_v(InBuffer(m.flat_params.data(), CommType::F32, static_cast<size_t>(m.ag_counts[me])),
-                                           OutBuffer(recv.data(), CommType::F32, static_cast<size_t>(total)), m.ag_counts,
-                                           m.ag_displs, "fsdp unshard_into");
-    try {
-      work.wait(m.timeout);
-    } catch (const Error& e) {
-      detail::throw_error(detail::concat("[fsdp] rank ", m.world_rank, ": unshard_into (all_gather_v over the shard group) failed: ",
-                                         e.what()));
-    }
-    const float* got = recv.as<float>();
-    for (size_t i = 0; i < n; ++i) {
-      const size_t es = dtype_size(full[i].dtype);
-      for (int j = 0; j < m.S; ++j) {
-        const int64_t c = m.count(i, j);
-        if (c == 0 || j == m.s) continue;  // this rank's rows: converted above
-        const size_t js = static_cast<size_t>(j);
-        convert_in(*m.backend, got + m.ag_displs[js] + m.ag_param_off[js * n + i],
-                   static_cast<std::byte*>(full[i].data) + static_cast<size_t>(m.row_begin(i, j) * m.row_elems[i]) * es, c,
-                   full[i].dtype);
-      }
-    }
-    return;
-  }
   // Send buffer: fp32 targets send the masters themselves; bf16 ones a rounded copy (regions at the
   // masters' element offsets, so one buffer of flat_elems bf16 serves every parameter).
   bool any_bf16 = false;

@@ -268,14 +268,10 @@ TEST(ShardedParams, ReduceGradsIsBitwiseTheDocumentedOrder) {
 // unshard_into: the caller's full tensors (fp32 and bf16 mixed, new pointers each call) get the
 // masters' bits / their bf16 rounding (RNE), bitwise; nothing else is touched (the internal state
 // stays sharded); bad views throw std::invalid_argument naming the parameter before communicating.
-// Both paths: direct landing, then one all_gather_v (unshard_direct_max_messages = 0).
 TEST(ShardedParams, UnshardIntoCallerTensors) {
-  for (const std::string& ms : meshes())
-  for (int64_t direct_max : {int64_t{4096}, int64_t{0}}) {
-    SCOPED_TRACE("mesh '" + ms + "' direct_max " + std::to_string(direct_max));
-    ShardedParamsOptions o;
-    o.unshard_direct_max_messages = direct_max;
-    ShardedParams sp(mesh_comms(), Mesh::parse(ms), model(), o);
+  for (const std::string& ms : meshes()) {
+    SCOPED_TRACE("mesh '" + ms + "'");
+    ShardedParams sp(mesh_comms(), Mesh::parse(ms), model());
     fill_params(sp);
     for (int round = 0; round < 2; ++round) {
       std::vector<std::vector<float>> f32(sp.size());

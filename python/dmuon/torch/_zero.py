@@ -6,8 +6,8 @@ set_step_count, last_stats, step; _factory.make_engine() picks it): plain parame
 every rank (a data-parallel job) are sharded Shard(0) over the world INSIDE the optimizer by a
 native dmuon.ShardedParams: fp32 master shards in one flat buffer (state key "master", as the
 masters of _master.py), optimizer state only for this rank's rows, a dmuon.Optimizer over the
-shards (the planner's usual sharded strategies), then one all-gather (direct landing; over c10d
-one all_gather_v, fewer Python calls) writes the masters into every rank's full torch parameters (fp32 bits, or bf16 rounded to nearest even). With
+shards (the planner's usual sharded strategies), then one all-gather (direct landing) writes the
+masters into every rank's full torch parameters (fp32 bits, or bf16 rounded to nearest even). With
 `reduce_grads` the step reduces each rank's local .grad to the shard owners in the documented fixed
 order (fp32 sums in rank order, one division); without it the (DDP-reduced) .grad is sliced locally.
 Bitwise the one-process step given the same (reduced) gradients.
@@ -106,12 +106,8 @@ class ZeroEngine(CoreDelegate):
             self._layout = (self.mesh, (Shard(0),))
         comm = _comms.communicator(world, self.device)
         mesh = _core.Mesh([("dp_shard", world)] if world > 1 else [])
-        # Over c10d every send / recv is a Python call into gloo (~0.3 ms each on a loaded CPU, the
-        # GIL held): unshard by one all_gather_v instead of parameters x (S - 1) direct landings.
-        # The same bits either way (docs/fsdp.md).
-        unshard = dict(unshard_direct_max_messages=0) if comm.backend == "c10d" else {}
         self.sp = _core.ShardedParams(comm, mesh, specs, reduce=self.reduce_grads or "mean",
-                                      device=self.device, **unshard)
+                                      device=self.device)
         # the distributed engine's options of the constructor (window, chunk_bytes, strategy pins,
         # replica, machine, timeout_s, exact), as for _engine.Engine; the device's cost model by
         # default; the optimizer runs on the masters' device
