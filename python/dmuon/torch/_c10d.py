@@ -10,11 +10,12 @@ each addition): uneven all-gather and reduce-scatter go through `all_to_all_sing
 sizes, bf16 / uint8 / uint64-max/min all-reduces through an all-gather. fp32 / int32 / int64 sums
 and max / min use gloo's all_reduce. Point-to-point uses isend / irecv (self-sends are local copies
 matched in order); gloo's send/recv Works never report completion without a wait(), so a small
-daemon thread waits for each batch. Buffers arrive as 1-D tensors aliasing the engine's memory.
+daemon thread waits for each batch (threads kept for reuse, _Waiters). Buffers arrive as 1-D tensors aliasing the engine's memory.
 """
 from __future__ import annotations
 
 import inspect
+import queue
 import threading
 from collections import deque
 from typing import Any, Callable, Optional
@@ -121,6 +122,41 @@ class _Match:
         self.buf, self.done, self.error = buf, False, None
 
 
+class _Waiters:
+    """Daemon threads that wait batches of gloo send / recv Works, one batch per thread at a time
+    (a batch never waits behind another), kept idle for the next batch: starting a thread per batch
+    cost ~4 ms on a loaded CPU (the new thread must be scheduled before start() returns), twice per
+    optimizer step on two ranks."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._idle: list = []  # the queues of idle threads
+
+    def submit(self, op: "_P2pOp", works: list) -> None:
+        with self._lock:
+            q = self._idle.pop() if self._idle else None
+        if q is None:
+            q = queue.SimpleQueue()
+            threading.Thread(target=self._run, args=(q,), daemon=True, name="dmuon-c10d-p2p").start()
+        q.put((op, works))
+
+    def _run(self, q: "queue.SimpleQueue") -> None:
+        while True:
+            op, works = q.get()
+            error = None
+            try:
+                for w in works:
+                    w.wait()
+            except BaseException as e:  # reported by test() on the driving thread
+                error = e
+            with self._lock:  # idle before the batch reports done: the next batch reuses it
+                self._idle.append(q)
+            op._waited(error)
+
+
+_WAITERS = _Waiters()
+
+
 class _P2pOp:
     """A p2p batch: remote sends / recvs waited by a daemon thread (gloo's send/recv Works complete
     only inside wait()), self ones matched locally."""
@@ -130,15 +166,10 @@ class _P2pOp:
         self._matches, self._keep, self._error = matches, keep, None
         self._thread_done = not works
         if works:
-            threading.Thread(target=self._wait, args=(works,), daemon=True,
-                             name="dmuon-c10d-p2p").start()
+            _WAITERS.submit(self, works)
 
-    def _wait(self, works: list) -> None:
-        try:
-            for w in works:
-                w.wait()
-        except BaseException as e:  # reported by test() on the driving thread
-            self._error = e
+    def _waited(self, error: Optional[BaseException]) -> None:
+        self._error = error
         self._thread_done = True
 
     def test(self) -> bool:
