@@ -47,11 +47,12 @@ class Pipeline {
     const int n = static_cast<int>(chunks.size());
     const int window = std::max(1, x_.window);
     std::vector<std::unique_ptr<ChunkRun>> runs(static_cast<size_t>(n));
-    // One chunk on the cpu backend: nothing to overlap (its gather precedes and its scatter follows
+    // One chunk on a host backend: nothing to overlap (its gather precedes and its scatter follows
     // the compute), so it runs on this thread; a worker thread would only add the hand-off and this
-    // thread's idle polls, which take cycles from the compute on a rank with one core.
-    const bool one_cpu_chunk = n == 1 && x_.backend.name() == "cpu";
-    Stream& worker = x_.compute.pipeline_stream(x_.compute_thread && !one_cpu_chunk);
+    // thread's idle polls, which take cycles from the compute on a rank with one core. (A device
+    // backend's worker only queues work, so it keeps its thread.)
+    const bool one_host_chunk = n == 1 && !x_.backend.capabilities().device_memory;
+    Stream& worker = x_.compute.pipeline_stream(x_.compute_thread && !one_host_chunk);
     // Declared after `runs`, so on an error it goes first: the streams are dropped (their
     // destructors drain their jobs, wait for their device work and join their workers) while the
     // chunks their jobs use are still alive.

@@ -208,8 +208,10 @@ class Engine(CoreDelegate):
             if is_dtensor(p):
                 p, g = p._local_tensor, local_grad(g, self.layouts[i], self.names[i])
             p = p.detach()
-            if not p.is_contiguous() and g is not None:  # the engine works on a contiguous copy
-                shadow = shadow_of(p)
+            if not p.is_contiguous() and g is not None:
+                # The engine steps a contiguous copy, copied back after the step; made at each step
+                # (p may have been written between steps). Contiguous parameters stay zero-copy.
+                shadow = p.contiguous()
                 shadowed.append((p, shadow))
                 p = shadow
             local_params.append(p)
@@ -223,12 +225,6 @@ class Engine(CoreDelegate):
         for p, shadow in shadowed:  # exact copies both ways: bitwise the contiguous step
             p.copy_(shadow)
         return applied
-
-
-def shadow_of(p: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy of non-contiguous parameter p that a step updates in place and that is
-    then copied back into p (made at each step: p may have been written between steps)."""
-    return p.contiguous()
 
 
 def _info(spec: "_core.ParamSpec") -> "_core.ParamInfo":
