@@ -293,6 +293,30 @@ cudaError_t normuon(float* u, int64_t rows, int64_t cols, float* v_mean, float* 
   return done();
 }
 
+cudaError_t muon_eq(const float* in, float* out, int64_t rows, int64_t cols, double* row_sq, double* target,
+                    double min_row_norm, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return done();
+  if (!ranges({{in, f32(rows * cols)}, {out, f32(rows * cols)}, {row_sq, sizeof(double) * static_cast<size_t>(rows), 8},
+               {target, sizeof(double), 8}},
+              "muon_eq"))
+    return illegal();
+  queue(stream, "muon_eq",
+        [=] { return cuda_host::muon_eq(in, out, rows, cols, row_sq, target, min_row_norm, stream); });
+  return done();
+}
+
+cudaError_t muon_plus(float* x, int64_t rows, int64_t cols, double* partials, double* norm2, double min_norm,
+                      cudaStream_t stream) {
+  const int64_t n = rows * cols;
+  if (n <= 0) return done();
+  const int64_t blocks = std::min<int64_t>(cuda_host::blocks_for(n), kSumSquaresBlocks);
+  if (!ranges({{x, f32(n)}, {partials, sizeof(double) * static_cast<size_t>(blocks), 8}, {norm2, sizeof(double), 8}},
+              "muon_plus"))
+    return illegal();
+  queue(stream, "muon_plus", [=] { return cuda_host::muon_plus(x, rows, cols, partials, norm2, min_norm, stream); });
+  return done();
+}
+
 cudaError_t scale(const float* in, float* out, int64_t n, float inv, cudaStream_t stream) {
   if (n <= 0) return done();
   if (!ranges({{in, f32(n)}, {out, f32(n)}}, "scale")) return illegal();

@@ -2,8 +2,9 @@
 // the ranks sharing one GPU through pinned staging, against LocalOptimizer on the same GPU in each
 // process (the single-process run): parameters and every state tensor BITWISE equal on each rank's
 // local box, for every mesh of shard_parallels() × strategy (auto, owner_a2a, allgather, agrs) ×
-// comm dtype; measured bytes equal the plan's prediction. Skipped without a device; on every CI
-// run it runs on the CUDA host emulation (tests/cuda_emu: cuda_engine_emu_np*).
+// comm dtype, and with nanochat's MuonEq / Muon+ / adjusted decay (fp32 comm); measured bytes equal
+// the plan's prediction. Skipped without a device; on every CI run it runs on the CUDA host emulation
+// (tests/cuda_emu: cuda_engine_emu_np*).
 //   mpirun -n 2 --oversubscribe build/bin/cuda_engine_test
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -78,7 +79,7 @@ int64_t run_and_compare(const RunConfig& c, std::string& detail, bool& bytes_ok)
   // The NorMuon group (the expert stack among its parameters) on bf16 products too: its 3 experts
   // are one batch of Newton–Schulz products in one process and other batches distributed, so the
   // batched products' layout invariance (batched_gemm.h) is part of the bitwise comparison.
-  std::vector<ParamGroup> groups = test_groups(n, normuon, bf16_products);
+  std::vector<ParamGroup> groups = test_groups(n, normuon, bf16_products, c.nanochat);
   if (bf16_products) groups[1].options.ns.matmul_dtype = DType::BF16;
   Optimizer opt(shared_comm(), inv, groups, oo);
   std::vector<ParamInfo> infos;
@@ -157,13 +158,19 @@ TEST(CudaEngineDist, BitwiseEqualsOneProcessOnTheSameGpu) {
   if (test::expected_backend() != "mpi") GTEST_SKIP() << "needs the mpi communicator (staging device buffers)";
   for (const std::string& parallel : shard_parallels())
     for (const char* strategy : {"auto", "owner_a2a", "allgather", "agrs"})
-      for (DType c : {DType::F32, DType::BF16}) {
-        std::string detail;
-        bool bytes_ok = true;
-        const int64_t d = run_and_compare({parallel, strategy, c}, detail, bytes_ok);
-        EXPECT_EQ(d, 0) << parallel << " " << strategy << " comm " << to_string(c) << ": " << detail;
-        EXPECT_TRUE(bytes_ok) << parallel << " " << strategy << " comm " << to_string(c) << ": " << detail;
-      }
+      for (DType c : {DType::F32, DType::BF16})
+        for (const bool nanochat : {false, true}) {  // nanochat: MuonEq, Muon+ and adjusted decay on two groups
+          if (nanochat && (c == DType::BF16 || std::string(strategy) == "allgather")) continue;
+          RunConfig config{parallel, strategy, c};
+          config.nanochat = nanochat;
+          const std::string what =
+              parallel + " " + strategy + " comm " + std::string(to_string(c)) + (nanochat ? " nanochat" : "");
+          std::string detail;
+          bool bytes_ok = true;
+          const int64_t d = run_and_compare(config, detail, bytes_ok);
+          EXPECT_EQ(d, 0) << what << ": " << detail;
+          EXPECT_TRUE(bytes_ok) << what << ": " << detail;
+        }
 }
 
 }  // namespace

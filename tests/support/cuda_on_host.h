@@ -119,7 +119,8 @@ namespace detail {
 inline bool uses_barriers(const char* name) {
   static const char* const kBarrierKernels[] = {"sum_squares_partial_kernel", "sum_partials_kernel",
                                                 "normuon_row_mean_square_kernel", "normuon_norm_kernel",
-                                                "normuon_ratio_kernel"};
+                                                "normuon_ratio_kernel", "muon_eq_row_sq_kernel",
+                                                "muon_eq_target_kernel"};
   for (const char* k : kBarrierKernels)
     if (std::strcmp(k, name) == 0) return true;
   return false;

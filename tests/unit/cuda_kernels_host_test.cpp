@@ -30,6 +30,7 @@
 #include "dmuon/bf16.h"
 #include "dmuon/update.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/ns_kernels.h"
 #include "kernels/cpu/update_args.h"
 #include "../support/cuda_on_host.h"
 
@@ -328,6 +329,71 @@ TEST(CudaKernelsOnHost, NormuonLauncherIsTheCpuKernelsBits) {
     expect_bitwise(v, v_want, (what + " state").c_str());
     if (len > 0) expect_bitwise(mean, mean_want, (what + " mean squares").c_str());
   }
+}
+
+// MuonEq through its launcher (row sums tiled through shared memory in the cpu's 8-lane order, the
+// rows added in order, the scaling): bitwise cpu::muon_eq_rows, for widths below, at and past a
+// multiple of 8 and of the 32-column tile, several row tiles, a single row or column, a zero row (its
+// norm clamped) and an all-zero matrix (zeros), out of place and in place. Negative control: the
+// same sums in one sequential pass per row (the order a naive kernel would use) differ somewhere.
+TEST(CudaKernelsOnHost, MuonEqLauncherIsTheCpuKernelsBits) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{70, 33}, {33, 70}, {64, 64}, {1, 5}, {5, 1},
+                                                           {1030, 40}, {45, 2000}, {3, 8}, {7, 39}};
+  bool order_shows = false;
+  for (const auto& [rows, cols] : shapes)
+    for (const int variant : {0, 1, 2}) {  // 0: Gaussian, 1: row 0 zero, 2: all zero
+      const std::string what = std::to_string(rows) + "x" + std::to_string(cols) + " variant " + std::to_string(variant);
+      std::vector<float> x = normal(static_cast<size_t>(rows * cols), static_cast<unsigned>(rows * 5 + cols + variant));
+      for (int64_t j = 0; j < cols; ++j) x[static_cast<size_t>(j)] *= variant == 0 ? 1000.0f : 0.0f;
+      if (variant == 2) std::fill(x.begin(), x.end(), 0.0f);
+      std::vector<float> want(x.size());
+      std::vector<double> scratch;
+      cpu::muon_eq_rows(x.data(), want.data(), rows, cols, scratch);
+      std::vector<double> row_sq(static_cast<size_t>(rows), -1.0);
+      double target = -1;
+      std::vector<float> got(x.size(), -1.0f);
+      ASSERT_EQ(muon_eq(x.data(), got.data(), rows, cols, row_sq.data(), &target, cpu::kMuonEqMinRowNorm, nullptr), cudaSuccess);
+      expect_bitwise(got, want, (what + " out of place").c_str());
+      std::vector<float> in_place = x;
+      ASSERT_EQ(muon_eq(in_place.data(), in_place.data(), rows, cols, row_sq.data(), &target, cpu::kMuonEqMinRowNorm, nullptr),
+                cudaSuccess);
+      expect_bitwise(in_place, want, (what + " in place").c_str());
+      for (int64_t r = 0; r < rows && variant == 0; ++r) {
+        double sequential = 0;
+        for (int64_t j = 0; j < cols; ++j) sequential += double(x[r * cols + j]) * x[r * cols + j];
+        order_shows |= sequential != row_sq[static_cast<size_t>(r)];
+      }
+    }
+  EXPECT_TRUE(order_shows) << "no row sum differs from a sequential one: the order check above proves nothing";
+}
+
+// Muon+ through its launcher: Σ x² by sum_squares's fixed tree, then x · fp32(sqrt(min(m, n)) /
+// max(sqrt(Σ), 1e-6)); within an ulp or two of cpu::muon_plus (whose Σ runs in another order); an
+// all-zero matrix stays zero; a matrix with an empty side is untouched.
+TEST(CudaKernelsOnHost, MuonPlusIsItsFormula) {
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{70, 33}, {33, 700}, {1, 5}, {300, 300}}) {
+    const std::string what = std::to_string(rows) + "x" + std::to_string(cols);
+    const std::vector<float> x = normal(static_cast<size_t>(rows * cols), static_cast<unsigned>(rows + 11 * cols));
+    std::vector<double> partials(kSumSquaresBlocks, -1.0);
+    double norm2 = -1;
+    ASSERT_EQ(sum_squares(x.data(), rows * cols, partials.data(), &norm2, nullptr), cudaSuccess);
+    const double norm = std::max(std::sqrt(norm2), cpu::kMuonPlusMinNorm);
+    const float s = static_cast<float>(std::sqrt(static_cast<double>(std::min(rows, cols))) / norm);
+    std::vector<float> want(x.size()), cpu_x = x, got = x;
+    for (size_t i = 0; i < x.size(); ++i) want[i] = x[i] * s;
+    ASSERT_EQ(muon_plus(got.data(), rows, cols, partials.data(), &norm2, cpu::kMuonPlusMinNorm, nullptr), cudaSuccess);
+    expect_bitwise(got, want, (what + " formula").c_str());
+    cpu::muon_plus(cpu_x.data(), rows, cols);
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(got[i], cpu_x[i], 4e-7 * std::fabs(cpu_x[i])) << what << " vs cpu at " << i;
+  }
+  std::vector<float> zeros(40, 0.0f);
+  std::vector<double> partials(kSumSquaresBlocks);
+  double norm2 = -1;
+  ASSERT_EQ(muon_plus(zeros.data(), 5, 8, partials.data(), &norm2, cpu::kMuonPlusMinNorm, nullptr), cudaSuccess);
+  for (float v : zeros) ASSERT_EQ(v, 0.0f) << "an all-zero matrix must stay zero";
+  norm2 = -1;
+  ASSERT_EQ(muon_plus(zeros.data(), 0, 8, partials.data(), &norm2, cpu::kMuonPlusMinNorm, nullptr), cudaSuccess);
+  EXPECT_EQ(norm2, -1) << "an empty matrix launches nothing";
 }
 
 // X₀'s normalization from the device's Σ x²: in · fp32(1 / denom), denom = sqrt(Σ)·scale + eps or

@@ -340,9 +340,6 @@ class CudaBackend final : public Backend {
     DMUON_CHECK(!o.bf16_rounding,
                 "[cuda] bf16_rounding (torch's bf16 emulation) is not implemented on the cuda backend; use "
                 "matmul_dtype bf16 or the cpu backend");
-    DMUON_CHECK(!o.muon_eq && !o.muon_plus, "[cuda] ", o.muon_eq ? "muon_eq" : "muon_plus",
-                " (nanochat's ", o.muon_eq ? "MuonEq row equilibration" : "Muon+ renormalization",
-                ") is not implemented on the cuda backend; turn it off or use the cpu backend");
     return std::make_unique<Orthogonalizer>(o);
   }
 

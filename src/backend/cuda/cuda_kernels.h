@@ -50,6 +50,16 @@ cudaError_t normalize(const float* in, float* out, int64_t n, const double* norm
 // w = fp32(1 − β₂). Device scratch: NormuonScratch (device_scratch.h).
 cudaError_t normuon(float* u, int64_t rows, int64_t cols, float* v_mean, float* v, float w, NormuonScratch sc,
                     cudaStream_t s);
+// MuonEq row equilibration (NsOptions::muon_eq) of the row-major rows × cols matrix `in` into `out`
+// (may equal `in`), bitwise cpu::muon_eq_rows: row_sq (rows doubles) and target (one double) are
+// device scratch.
+cudaError_t muon_eq(const float* in, float* out, int64_t rows, int64_t cols, double* row_sq, double* target,
+                    double min_row_norm, cudaStream_t s);
+// Muon+ renormalization (NsOptions::muon_plus) in place: x · fp32(sqrt(min(rows, cols)) /
+// max(sqrt(Σ x²), min_norm)), Σ x² as sum_squares (its fixed tree, so not the cpu's bits; the same on
+// every run and for every batch); partials / norm2 as sum_squares'.
+cudaError_t muon_plus(float* x, int64_t rows, int64_t cols, double* partials, double* norm2, double min_norm,
+                      cudaStream_t s);
 // out = in · inv (each product rounded once).
 cudaError_t scale(const float* in, float* out, int64_t n, float inv, cudaStream_t s);
 // `batch` s×s matrices `stride` elements apart (g, g2, z alike): z = b·g + c·g2 (each product

@@ -21,6 +21,7 @@
 #include "backend/cuda/thread_resources.h"
 #include "dmuon/error.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/ns_kernels.h"
 
 namespace dmuon::detail {
 namespace {
@@ -144,13 +145,14 @@ class CudaNs {
   // slot starts at the first one's 256-byte alignment (fp32 and bf16 alike).
   struct NsPointers {
     double *norm2 = nullptr, *partials = nullptr;
+    double *row_sq = nullptr, *eq_target = nullptr;  // MuonEq's, used by one matrix after another
     cuda::NormuonScratch nm{};
     float *x0 = nullptr, *x1 = nullptr, *g = nullptr, *g2 = nullptr, *z = nullptr;
     uint16_t *xb = nullptr, *gb = nullptr, *zb = nullptr;
     int64_t sx = 0, sg = 0;
   };
   // Lays the pieces out from `base` (256-byte aligned; base null: only measures) and returns the
-  // bytes: the norm and its partial sums, NorMuon's step (len floats) and scalars (used by one
+  // bytes: the norm and its partial sums, MuonEq's row sums and target, NorMuon's step (len floats) and scalars (used by one
   // matrix after another, stream-ordered), the ping-pong X slabs, the G, G², Z slabs, and the bf16
   // operand copies.
   static size_t ns_layout(int64_t m, int64_t n, bool bf16, int64_t len, int64_t batch, std::byte* base, NsPointers& p) {
@@ -165,6 +167,8 @@ class CudaNs {
     };
     p.norm2 = reinterpret_cast<double*>(take(sizeof(double)));
     p.partials = reinterpret_cast<double*>(take(cuda::kSumSquaresBlocks * sizeof(double)));
+    p.row_sq = reinterpret_cast<double*>(take(static_cast<size_t>(m) * sizeof(double)));
+    p.eq_target = reinterpret_cast<double*>(take(sizeof(double)));
     p.nm.norm = reinterpret_cast<double*>(take(sizeof(double)));
     p.nm.ratio = reinterpret_cast<float*>(take(sizeof(float)));
     p.nm.step = reinterpret_cast<float*>(take(static_cast<size_t>(len) * sizeof(float)));
@@ -255,11 +259,13 @@ class CudaNs {
   }
 
   // Newton–Schulz on the row-major m×n device matrices `mats`, as the cpu Orthogonalizer::run, into
-  // the slab it returns (w.x0 or w.x1, matrices w.sx apart): X₀ = x / (‖x‖·scale + eps) (or max), per
-  // step G = X·Xᵀ (wide) / XᵀX (tall), Z = aI + bG + cG², X ← Z·X / X·Z. Row-major X is column-major Xᵀ
-  // (ld n) for cuBLAS. G and G² are formed on their block triangle (gram_product, square_product)
-  // unless the method is plain; method gram runs as symmetric here. Each product is one batched call
-  // over the part.
+  // the slab it returns (w.x0 or w.x1, matrices w.sx apart): MuonEq's row equilibration when on
+  // (bitwise the cpu's), X₀ = x / (‖x‖·scale + eps) (or max), per step G = X·Xᵀ (wide) / XᵀX (tall),
+  // Z = aI + bG + cG², X ← Z·X / X·Z, then Muon+'s renormalization when on. Row-major X is
+  // column-major Xᵀ (ld n) for cuBLAS. G and G² are formed on their block triangle (gram_product,
+  // square_product) unless the method is plain; method gram runs as symmetric here. Each product is
+  // one batched call over the part; the scalings and the norm run per matrix (its own bits whatever
+  // the batch).
   const float* orthogonalize(Orthogonalizer& orth, std::span<const Matrix> mats, int64_t m, int64_t n, NsWork& w) {
     const NsOptions& o = orth.options();
     const bool bf16 = o.matmul_dtype == DType::BF16;
@@ -268,6 +274,11 @@ class CudaNs {
     // all-zero x gives +0 throughout, which the products keep exactly (the cpu returns zeros too).
     for (int64_t i = 0; i < b; ++i) {
       const float* x = mats[static_cast<size_t>(i)].x;
+      if (o.muon_eq) {  // equilibrated into X₀'s slot, normalized there in place
+        check_cuda(cuda::muon_eq(x, w.x0 + i * w.sx, m, n, w.row_sq, w.eq_target, cpu::kMuonEqMinRowNorm, tl_stream),
+                   "muon_eq");
+        x = w.x0 + i * w.sx;
+      }
       check_cuda(cuda::sum_squares(x, m * n, w.partials, w.norm2, tl_stream), "ns norm");
       check_cuda(cuda::normalize(x, w.x0 + i * w.sx, m * n, w.norm2, static_cast<double>(o.scale), static_cast<double>(o.eps),
                                  o.eps_mode == EpsMode::Add, tl_stream),
@@ -294,6 +305,10 @@ class CudaNs {
       else bgemm(false, false, n, m, n, za, n, w.sg, xa, n, w.sx, other, n, w.sx, bf16, b);
       std::swap(cur, other);
     }
+    if (o.muon_plus)
+      for (int64_t i = 0; i < b; ++i)
+        check_cuda(cuda::muon_plus(cur + i * w.sx, m, n, w.partials, w.norm2, cpu::kMuonPlusMinNorm, tl_stream),
+                   "muon_plus");
     return cur;
   }
 

@@ -22,6 +22,7 @@ namespace {
 #include "backend/cuda/reductions.cuh"   // Σ x²
 #include "backend/cuda/normuon.cuh"      // NorMuon
 #include "backend/cuda/newton_schulz.cuh"  // normalization, polynomial, mirror, trace
+#include "backend/cuda/scalings.cuh"     // MuonEq, Muon+
 #include "backend/cuda/batch_probe.cuh"  // the batched GEMM probe
 #include "backend/cuda/fsdp_reduce.cuh"  // FSDP's ordered sum
 

@@ -86,6 +86,25 @@ cudaError_t normuon(float* u, int64_t rows, int64_t cols, float* v_mean, float* 
   DMUON_LAUNCH(normuon_scale_kernel, blocks_for(rows * cols), kThreads, s)(u, rows, cols, sc.step, sc.ratio, per_row);
   return done();
 }
+cudaError_t muon_eq(const float* in, float* out, int64_t rows, int64_t cols, double* row_sq, double* target,
+                    double min_row_norm, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return done();
+  const int64_t tiles = (rows + kRowTile - 1) / kRowTile;
+  const unsigned grid = static_cast<unsigned>(tiles < 8192 ? tiles : 8192);
+  DMUON_LAUNCH(muon_eq_row_sq_kernel, grid, dim3(kRowTile, kRowWarps), s)(in, rows, cols, row_sq);
+  DMUON_LAUNCH(muon_eq_target_kernel, 1u, kThreads, s)(row_sq, rows, target);
+  DMUON_LAUNCH(muon_eq_scale_kernel, blocks_for(rows * cols), kThreads, s)(in, out, rows, cols, row_sq, target,
+                                                                             min_row_norm);
+  return done();
+}
+cudaError_t muon_plus(float* x, int64_t rows, int64_t cols, double* partials, double* norm2, double min_norm,
+                      cudaStream_t s) {
+  const int64_t n = rows * cols;
+  if (n <= 0) return done();
+  sum_squares(x, n, partials, norm2, s);
+  DMUON_LAUNCH(muon_plus_kernel, blocks_for(n), kThreads, s)(x, n, norm2, rows < cols ? rows : cols, min_norm);
+  return done();
+}
 cudaError_t scale(const float* in, float* out, int64_t n, float inv, cudaStream_t s) {
   if (n > 0) DMUON_LAUNCH(scale_kernel, blocks_for(n), kThreads, s)(in, out, n, inv);
   return done();
