@@ -8,7 +8,9 @@ weights, same data, interleaved step by step; under torchrun (gloo):
   OPENBLAS_NUM_THREADS=1 PYTHONPATH=build/python-stage python3 -m torch.distributed.run --standalone \
       --nproc-per-node 2 bench/nanochat_zero.py --steps 10
 
-Each step's optimizer time is the slowest rank's (barrier before, max after); medians after
+dmuon runs twice, on two copies of the model: with its default Newton-Schulz method (symmetric) and
+with ns_method="gram" (Gram Newton-Schulz), both fp32 products. Each step's optimizer time is the
+slowest rank's (barrier before, max after); medians after
 --warmup (--control: the reference's momentum made wrong on purpose, a negative control for the
 loss comparison). Prints one JSON object on rank 0: medians, dmuon's phases (last_step_stats), the
 reference's phases, the losses' largest relative difference, the CPU model. Without the engine keys
@@ -217,13 +219,21 @@ def main():
                     decay_adjusted=has_key("decay_lr"))
     torch.manual_seed(0)
     base = GPT(512, 256, 4, 4)
-    models = {"dmuon": base, "nanochat_zero2": copy.deepcopy(base)}
+    # dmuon twice: its default method (symmetric: SYRK products) and Gram Newton-Schulz (fewer
+    # flops on the 4:1 MLP matrices, symmetric on the square ones), both fp32 products
+    models = {"dmuon": base, "dmuon_gram": copy.deepcopy(base), "nanochat_zero2": copy.deepcopy(base)}
     flags = dict(muon_eq=features["muon_eq"], muon_plus=features["muon_plus"],
                  decay_lr="adjusted" if features["decay_adjusted"] else "unadjusted")
-    opts = {"dmuon": dt.Muon(**dt.from_nanochat(models["dmuon"].nanochat_groups(), **flags),
-                             zero=True, reduce_grads="mean", ns_matmul_dtype="fp32"),
-            "nanochat_zero2": ZeroMuonAdamW(models["nanochat_zero2"].nanochat_groups(),
-                                            dict(features, control=args.control))}
+    opts = {}
+    for name, method in (("dmuon", None), ("dmuon_gram", "gram")):
+        kwargs = dt.from_nanochat(models[name].nanochat_groups(), **flags)
+        if method is not None:
+            for group in kwargs["params"]:
+                if group.get("algorithm", "muon") == "muon":
+                    group["ns_method"] = method
+        opts[name] = dt.Muon(**kwargs, zero=True, reduce_grads="mean", ns_matmul_dtype="fp32")
+    opts["nanochat_zero2"] = ZeroMuonAdamW(models["nanochat_zero2"].nanochat_groups(),
+                                           dict(features, control=args.control))
     gen = torch.Generator().manual_seed(100 + rank)
     times = {k: [] for k in opts}
     losses = {k: [] for k in opts}
@@ -240,25 +250,34 @@ def main():
             losses[name].append(mean.item() / world)
             if it >= args.warmup:
                 times[name].append(seconds)
-        phases = dict(dmuon=opts["dmuon"].last_step_stats, nanochat_zero2=opts["nanochat_zero2"].phases)
-    pdiff = max((a - b).abs().max().item() for a, b in
-                zip(models["dmuon"].parameters(), models["nanochat_zero2"].parameters()))
+        phases = dict(dmuon=opts["dmuon"].last_step_stats, dmuon_gram=opts["dmuon_gram"].last_step_stats,
+                      nanochat_zero2=opts["nanochat_zero2"].phases)
+    def pdiff(name):
+        return max((a - b).abs().max().item() for a, b in
+                   zip(models[name].parameters(), models["nanochat_zero2"].parameters()))
+    pdiffs = {name: pdiff(name) for name in ("dmuon", "dmuon_gram")}
     if rank == 0:
         med = {k: statistics.median(v) for k, v in times.items()}
-        rel = max(abs(a - b) / abs(b) for a, b in zip(losses["dmuon"], losses["nanochat_zero2"]))
+        def rel(name):
+            return max(abs(a - b) / abs(b) for a, b in zip(losses[name], losses["nanochat_zero2"]))
         cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                     if line.startswith("model name")), "unknown")
         keep = ("step_seconds", "orthogonalize_seconds", "update_seconds", "comm_wait_seconds",
                 "comm_seconds", "agree_seconds", "python_step_seconds", "collect_grads_seconds",
-                "engine_call_seconds", "write_back_seconds", "bytes_sent", "bytes_recv", "engine")
+                "engine_call_seconds", "write_back_seconds", "reduce_seconds", "unshard_seconds",
+                "bytes_sent", "bytes_recv", "engine")
         print(json.dumps(dict(
             world=world, steps=args.steps, cpu_model=cpu, nanochat_features=features,
-            dmuon_step_median_s=med["dmuon"], nanochat_zero2_step_median_s=med["nanochat_zero2"],
+            dmuon_step_median_s=med["dmuon"], dmuon_gram_step_median_s=med["dmuon_gram"],
+            nanochat_zero2_step_median_s=med["nanochat_zero2"],
             speedup=med["nanochat_zero2"] / med["dmuon"],
+            speedup_gram=med["nanochat_zero2"] / med["dmuon_gram"],
             dmuon_phases_last_step={k: phases["dmuon"].get(k) for k in keep},
+            dmuon_gram_phases_last_step={k: phases["dmuon_gram"].get(k) for k in keep},
             nanochat_zero2_phases_last_step=phases["nanochat_zero2"],
             loss_first=losses["dmuon"][0], loss_last=losses["dmuon"][-1],
-            loss_max_rel_diff=rel, param_max_abs_diff=pdiff), indent=1))
+            loss_max_rel_diff=rel("dmuon"), loss_max_rel_diff_gram=rel("dmuon_gram"),
+            param_max_abs_diff=pdiffs["dmuon"], param_max_abs_diff_gram=pdiffs["dmuon_gram"]), indent=1))
 
 
 if __name__ == "__main__":
