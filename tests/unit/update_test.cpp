@@ -3,8 +3,11 @@
 // fixes the fp32 rounding, a float reference spelled out op by op (exact). Run: build/bin/update_test
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <tuple>
 #include <vector>
@@ -253,6 +256,40 @@ TEST(Apply, CautiousMaskSignEdgeCases) {
       EXPECT_NE(p[0], other) << "mask had no effect for p " << c.p << " u " << c.u;
     }
   }
+}
+
+// The cautious mask over a long vector (the vectorized body and its remainder, not only the scalar
+// tail the single-element cases above run): random signs and magnitudes with zeros, −0, values whose
+// product underflows, denormals and infinities spread through it, bitwise the conditional formula
+// (decay = (u·p >= 0) ? lr·wd·p : +0), NaN where the formula gives NaN.
+TEST(Apply, CautiousMaskIsTheConditionalFormulaOnLongVectors) {
+  const int64_t n = 1037;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  const float specials[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-40f, -1e-40f,
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  std::vector<float> p(n), u(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = i % 13 == 0 ? specials[(i / 13) % 8] : normal(rng);
+    u[i] = i % 17 == 0 ? specials[(i / 17) % 8] : normal(rng);
+  }
+  const double lr = 0.02, lr_adj = 0.04, wd = 0.1;
+  std::vector<float> got = p;
+  dmuon::apply_update({lr, lr_adj, wd, true}, got.data(), u.data(), n);
+  const float lr_wd = static_cast<float>(lr * wd), step_lr = static_cast<float>(lr_adj);
+  int kept = 0, dropped = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool keep = u[i] * p[i] >= 0.0f;
+    (keep ? kept : dropped) += 1;
+    const float want = p[i] - (step_lr * u[i] + (keep ? lr_wd * p[i] : 0.0f));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got[i])) << i;
+    } else {
+      EXPECT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want)) << i << ": p " << p[i] << " u " << u[i];
+    }
+  }
+  EXPECT_GT(kept, 100);
+  EXPECT_GT(dropped, 100);  // both sides of the mask are exercised
 }
 
 TEST(Apply, RejectsBadArguments) {

@@ -1,6 +1,8 @@
 // LR rules on the global matrix shape, and the final parameter update with decoupled or cautious
 // weight decay.
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <functional>
 
 #include "dmuon/update.h"
@@ -20,8 +22,12 @@ DMUON_SIMD_CLONES void decoupled_loop(float* p, const float* u, int64_t n, float
 DMUON_SIMD_CLONES void cautious_loop(float* p, const float* u, int64_t n, float lr_adj, float lr_wd) {
   for (int64_t i = 0; i < n; ++i) {
     const float x = p[i];
-    const bool keep_decay = u[i] * x >= 0.0f;  // the fp32 product, as nanochat's (g * p) >= 0
-    const float decay = keep_decay ? lr_wd * x : 0.0f;
+    // keep the decay where the fp32 product u·x >= 0 (nanochat's (g * p) >= 0), else +0: lr_wd·x
+    // formed on every element and masked by its bits. A product under the condition stays a branch
+    // (the compiler may not speculate a product that could trap), and that branch mispredicts on
+    // random signs: 40x slower on 1.6M elements, measured. Same bits as the conditional form.
+    const uint32_t keep = 0u - static_cast<uint32_t>(u[i] * x >= 0.0f);
+    const float decay = std::bit_cast<float>(std::bit_cast<uint32_t>(lr_wd * x) & keep);
     const float step = lr_adj * u[i];
     p[i] = x - (step + decay);
   }
