@@ -2,7 +2,7 @@
 per rank) with nanochat's param groups: dmuon.torch.Muon(**from_nanochat(groups), zero=True,
 reduce_grads="mean") against a nanochat-style ZeRO-2 MuonAdamW (written here in nanochat's shape:
 stacked same-shape matrices reduce-scattered to owners, fp32 Polar Express + NorMuon + cautious decay
-at the owner, all-gather; AdamW reduce-scattered by rows, small tensors all-reduced). Same initial
+on the owner's stack (batched products, as nanochat's muon_step_fused), all-gather; AdamW reduce-scattered by rows, small tensors all-reduced). Same initial
 weights, same data, interleaved step by step; under torchrun (gloo):
 
   OPENBLAS_NUM_THREADS=1 PYTHONPATH=build/python-stage python3 -m torch.distributed.run --standalone \
@@ -12,7 +12,8 @@ dmuon runs twice, on two copies of the model: with its default Newton-Schulz met
 with ns_method="gram" (Gram Newton-Schulz), both fp32 products. Each step's optimizer time is the
 slowest rank's (barrier before, max after); medians after
 --warmup (--control: the reference's momentum made wrong on purpose, a negative control for the
-loss comparison). Prints one JSON object on rank 0: medians, dmuon's phases (last_step_stats), the
+loss comparison; --compile-reference: the reference's updates under torch.compile, as nanochat's, with
+--warmup 5 so that compilation stays out of the medians: the figures of docs/migration.md). Prints one JSON object on rank 0: medians, dmuon's phases (last_step_stats), the
 reference's phases, the losses' largest relative difference, the CPU model. Without the engine keys
 muon_eq / muon_plus / decay_lr both sides run nanochat's update without MuonEq, Muon+ and with the
 unadjusted decay (reported as "nanochat_features")."""
@@ -164,14 +165,15 @@ class ZeroMuonAdamW(torch.optim.Optimizer):
                 grads.div_(W)
                 owned = range(r * chunk, min(len(ps), (r + 1) * chunk))
                 upd = torch.zeros(chunk, *ps[0].shape)
-                for j, i in enumerate(owned):
-                    st = self.state[ps[i]]
+                if len(owned):  # nanochat's shape: the owned matrices as one stack [k, m, n]
+                    st = self.state[ps[owned[0]]]  # the stack's state, kept on its first matrix
+                    m, n = ps[0].shape
                     if not st:
-                        red = (ps[i].size(0), 1) if ps[i].size(0) >= ps[i].size(1) else (1, ps[i].size(1))
-                        st.update(buf=torch.zeros_like(ps[i]), v=torch.zeros(red))
-                    q = ps[i].detach().clone()
-                    self._muon(grads[j], q, st, group)
-                    upd[j] = q
+                        st.update(buf=torch.zeros(len(owned), m, n),
+                                  v=torch.zeros(len(owned), *((m, 1) if m >= n else (1, n))))
+                    q = torch.stack([ps[i].detach() for i in owned])
+                    self._muon(grads[:len(owned)], q, st, group)
+                    upd[:len(owned)] = q
                 full = torch.empty(chunk * W, *ps[0].shape)
                 gathers.append((dist.all_gather_into_tensor(full, upd, async_op=True), full, ps))
             else:
@@ -211,6 +213,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--compile-reference", action="store_true",
+                    help="torch.compile the reference's Muon and AdamW updates, as nanochat compiles its "
+                         "muon_step_fused / adamw_step_fused (inductor on the CPU: a C++ compiler, minutes)")
     ap.add_argument("--control", action="store_true",
                     help="negative control: the reference uses heavy-ball momentum (losses differ)")
     args = ap.parse_args()
@@ -234,6 +239,10 @@ def main():
         opts[name] = dt.Muon(**kwargs, zero=True, reduce_grads="mean", ns_matmul_dtype="fp32")
     opts["nanochat_zero2"] = ZeroMuonAdamW(models["nanochat_zero2"].nanochat_groups(),
                                            dict(features, control=args.control))
+    if args.compile_reference:
+        ref = opts["nanochat_zero2"]
+        ref._muon = torch.compile(ref._muon, dynamic=False)
+        ref._adamw = torch.compile(ref._adamw, dynamic=False)
     gen = torch.Generator().manual_seed(100 + rank)
     times = {k: [] for k in opts}
     losses = {k: [] for k in opts}
@@ -268,6 +277,7 @@ def main():
                 "bytes_sent", "bytes_recv", "engine")
         print(json.dumps(dict(
             world=world, steps=args.steps, cpu_model=cpu, nanochat_features=features,
+            reference_compiled=args.compile_reference,
             dmuon_step_median_s=med["dmuon"], dmuon_gram_step_median_s=med["dmuon_gram"],
             nanochat_zero2_step_median_s=med["nanochat_zero2"],
             speedup=med["nanochat_zero2"] / med["dmuon"],
