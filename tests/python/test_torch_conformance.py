@@ -320,44 +320,26 @@ def copy_steps_as_the_original(info, how):
                 assert torch.equal(c.state[q][key], value), key
 
 
-def test_step_post_hook(info):
-    data = 2
+def step_hook(info, register, start, after_two):
+    """torch's test_step_post_hook / test_step_pre_hook (CHECKS below): a hook runs at each step until
+    removed."""
+    data = start
 
-    def post_hook(opt, args, kwargs):
+    def hook(opt, args, kwargs):
         nonlocal data
         data += 2
 
     params = [torch.tensor([[1.0, 1.0]])]
     for optim_input in inputs(info):
         optimizer = info.optim_cls(params, **optim_input.kwargs)
-        data = 2
-        handle = optimizer.register_step_post_hook(post_hook)
+        data = start
+        handle = getattr(optimizer, register)(hook)
         optimizer.step()
         optimizer.step()
-        assert data == 6
+        assert data == after_two
         handle.remove()
         optimizer.step()
-        assert data == 6
-
-
-def test_step_pre_hook(info):
-    data = 5
-
-    def pre_hook(opt, args, kwargs):
-        nonlocal data
-        data += 2
-
-    params = [torch.tensor([[1.0, 1.0]])]
-    for optim_input in inputs(info):
-        optimizer = info.optim_cls(params, **optim_input.kwargs)
-        data = 5
-        handle = optimizer.register_step_pre_hook(pre_hook)
-        optimizer.step()
-        optimizer.step()
-        assert data == 9
-        handle.remove()
-        optimizer.step()
-        assert data == 9
+        assert data == after_two
 
 
 def test_step_all_hooks(info):
@@ -573,6 +555,8 @@ CHECKS.update({
     f"forloop_goes_right_direction[contiguous={c},with_lrsched={s}]":
         functools.partial(forloop_goes_right_direction, contiguous=c, with_lrsched=s)
     for c in (True, False) for s in (True, False)})
+CHECKS.update({"step_post_hook": functools.partial(step_hook, register="register_step_post_hook", start=2, after_two=6),
+               "step_pre_hook": functools.partial(step_hook, register="register_step_pre_hook", start=5, after_two=9)})
 CHECKS.update({f"copy_steps_as_the_original[{how}]":
                functools.partial(copy_steps_as_the_original, how=how) for how in ("deepcopy", "pickle")})
 for _name in [n for n in globals() if n.startswith("test_")]:

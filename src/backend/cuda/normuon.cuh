@@ -27,6 +27,17 @@ __global__ void normuon_column_mean_square_kernel(const float* u, int64_t rows, 
 // kRowTile neighbouring floats: coalesced), and thread (t, 0) adds row t's kRowTile values in
 // column order: the cpu's sequential sum, read without a stride of `cols` between threads.
 constexpr int kRowTile = 32, kRowWarps = 8;
+// Stages the tile of rows [r0, r0 + kRowTile) × columns [c0, c0 + kRowTile) of the row-major
+// rows × cols matrix x in shared memory (zeros outside it), row by row: thread (tx, ty) reads
+// column c0 + tx of rows ty, ty + kRowWarps, ... (a warp reads kRowTile neighbouring floats). The
+// caller synchronizes after it. Shared with MuonEq's row sums (scalings.cuh).
+__device__ __forceinline__ void stage_row_tile(float (*tile)[kRowTile + 1], const float* x, int64_t rows, int64_t cols,
+                                               int64_t r0, int64_t c0, int tx, int ty) {
+  for (int j = ty; j < kRowTile; j += kRowWarps) {
+    const int64_t r = r0 + j, c = c0 + tx;
+    tile[j][tx] = r < rows && c < cols ? x[r * cols + c] : 0.0f;
+  }
+}
 __global__ void normuon_row_mean_square_kernel(const float* u, int64_t rows, int64_t cols, float* v_mean) {
   __shared__ float tile[kRowTile][kRowTile + 1];  // +1: the column reads hit distinct banks
   const int tx = static_cast<int>(threadIdx.x), ty = static_cast<int>(threadIdx.y);
@@ -34,10 +45,7 @@ __global__ void normuon_row_mean_square_kernel(const float* u, int64_t rows, int
        r0 += static_cast<int64_t>(gridDim.x) * kRowTile) {  // (uniform per block: no divergent __syncthreads)
     double sum = 0;
     for (int64_t c0 = 0; c0 < cols; c0 += kRowTile) {
-      for (int j = ty; j < kRowTile; j += kRowWarps) {
-        const int64_t r = r0 + j, c = c0 + tx;
-        tile[j][tx] = r < rows && c < cols ? u[r * cols + c] : 0.0f;
-      }
+      stage_row_tile(tile, u, rows, cols, r0, c0, tx, ty);
       __syncthreads();
       if (ty == 0) {
         const int64_t n = cols - c0 < kRowTile ? cols - c0 : kRowTile;

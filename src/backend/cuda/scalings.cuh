@@ -3,14 +3,14 @@
 // cpu's (its row sums in the cpu's order: 8 interleaved partial sums per row, combined pairwise, rows
 // added in order), and Muon+'s renormalization after the last step, from the device's Σ x² (the fixed
 // tree of reductions.cuh: deterministic, not the cpu's order). tests/unit/cuda_kernels_host_test.cpp
-// runs them on the host. The includer provides kThreads, kRowTile / kRowWarps (normuon.cuh),
+// runs them on the host. The includer provides kThreads, kRowTile / kRowWarps / stage_row_tile (normuon.cuh),
 // DMUON_GRID_LOOP and the CUDA intrinsics used here (__fmul_rn, __dadd_rn, __dmul_rn, __ddiv_rn,
 // __dsqrt_rn, __double2float_rn).
 #pragma once
 
 // MuonEq pass 1: row r's Σ x² in double, in the cpu's order: column c goes to partial sum c % 8 while
 // c < cols − cols % 8, the rest to partial sum 0, the eight combined ((0+1)+(2+3))+((4+5)+(6+7)).
-// Tiled through shared memory as normuon_row_mean_square_kernel: thread (t, 0) walks row t's columns
+// Tiled through shared memory (stage_row_tile) as NorMuon's row kernel: thread (t, 0) walks row t's columns
 // in order (x² of a float is exact in double, so a fused multiply-add would give the same bits).
 __global__ void muon_eq_row_sq_kernel(const float* x, int64_t rows, int64_t cols, double* row_sq) {
   __shared__ float tile[kRowTile][kRowTile + 1];  // +1: the column reads hit distinct banks
@@ -20,10 +20,7 @@ __global__ void muon_eq_row_sq_kernel(const float* x, int64_t rows, int64_t cols
        r0 += static_cast<int64_t>(gridDim.x) * kRowTile) {  // (uniform per block: no divergent __syncthreads)
     double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int64_t c0 = 0; c0 < cols; c0 += kRowTile) {
-      for (int j = ty; j < kRowTile; j += kRowWarps) {
-        const int64_t r = r0 + j, c = c0 + tx;
-        tile[j][tx] = r < rows && c < cols ? x[r * cols + c] : 0.0f;
-      }
+      stage_row_tile(tile, x, rows, cols, r0, c0, tx, ty);
       __syncthreads();
       if (ty == 0) {
         const int64_t n = cols - c0 < kRowTile ? cols - c0 : kRowTile;
