@@ -1,7 +1,7 @@
-# dmuon: the human entry point.
+# meshmuon: the human entry point.
 #   make test   set up what is missing, build, run every test (README's test command; CI runs it)
-#   make build  build everything; the CLI lands at build/bin/dmuon
-#   make demo   the main job: a 10.7M-parameter char GPT, FSDP2 on 4 CPU ranks (torchrun), dmuon vs AdamW vs torch.optim.Muon
+#   make build  build everything; the CLI lands at build/bin/meshmuon
+#   make demo   the main job: a 10.7M-parameter char GPT, FSDP2 on 4 CPU ranks (torchrun), meshmuon vs AdamW vs torch.optim.Muon
 #   make bench  the orthogonalization benchmark on 1024x4096 (all methods, SGEMM baseline)
 #   make train-cpp  the C++ trainer (examples/train_cpp): char MLP LM, FSDP on 2 CPU ranks, ~1 min
 BUILD ?= build
@@ -27,7 +27,7 @@ configure: setup
 
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
-	@echo "built: $(BUILD)/bin/dmuon"
+	@echo "built: $(BUILD)/bin/meshmuon"
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure --timeout 600
@@ -40,9 +40,9 @@ demo: build
 	@$(PYTHON) examples/train_gpt/train.py $(DEMO_ARGS)
 
 bench: build
-	@$(BUILD)/bin/dmuon bench ns --shape 1024x4096 --schedule polar_express --steps 5 --compare
+	@$(BUILD)/bin/meshmuon bench ns --shape 1024x4096 --schedule polar_express --steps 5 --compare
 
-# The C++ trainer (examples/train_cpp): dmuon::ShardedParams (FSDP) + dmuon::Optimizer on 2 CPU ranks,
+# The C++ trainer (examples/train_cpp): meshmuon::ShardedParams (FSDP) + meshmuon::Optimizer on 2 CPU ranks,
 # 800 steps, checkpointing every 200 into $(BUILD)/train_cpp_ckpt (TRAIN_CPP_ARGS=--resume continues from it).
 TRAIN_CPP_NP ?= 2
 TRAIN_CPP_ARGS ?=

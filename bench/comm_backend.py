@@ -1,7 +1,7 @@
-"""The engine's communicator backends compared in ONE mpirun job: dmuon.torch.Muon stepping GPT-2
+"""The engine's communicator backends compared in ONE mpirun job: meshmuon.torch.Muon stepping GPT-2
 124M's Muon matrices (12 layers x attn.c_attn 2304x768, attn.c_proj 768x768, mlp.c_fc 3072x768,
 mlp.c_proj 768x3072: 84.9M parameters, plain replicated tensors, the distributed engine) once on
-dmuon's MPI communicator and once on the c10d one (torch.distributed gloo, dmuon/torch/_c10d.py),
+meshmuon's MPI communicator and once on the c10d one (torch.distributed gloo, meshmuon/torch/_c10d.py),
 steps ALTERNATING between the two so that load from other processes hits both alike:
 
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --oversubscribe \
@@ -26,10 +26,10 @@ import torch.nn as nn
 
 torch.set_num_threads(1)
 
-import dmuon  # noqa: E402
-import dmuon.torch as dt  # noqa: E402
+import meshmuon  # noqa: E402
+import meshmuon.torch as dt  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from dmuon.torch import _comms  # noqa: E402
+from meshmuon.torch import _comms  # noqa: E402
 
 
 def gpt2_muon_matrices(layers: int, d: int = 768) -> nn.Module:
@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--json", default="", help="also write the result here (rank 0)")
     args = ap.parse_args()
     rank, world = dt.init_distributed(master_port=int(os.environ.get("MASTER_PORT", "29533")))
-    dmuon.blas_set_num_threads(1)
+    meshmuon.blas_set_num_threads(1)
     comms = {"mpi": _comms.make_communicator("mpi"), "c10d": _comms.make_communicator("c10d")}
     torch.manual_seed(0)
     base = gpt2_muon_matrices(args.layers)

@@ -1,5 +1,5 @@
 """The optimizer step of a nanochat-shaped model (4 layers, d 256, 4 heads, vocab 512, seq 128, batch 8
-per rank) with nanochat's param groups: dmuon.torch.Muon(**from_nanochat(groups), zero=True,
+per rank) with nanochat's param groups: meshmuon.torch.Muon(**from_nanochat(groups), zero=True,
 reduce_grads="mean") against a nanochat-style ZeRO-2 MuonAdamW (written here in nanochat's shape:
 stacked same-shape matrices reduce-scattered to owners, fp32 Polar Express + NorMuon + cautious decay
 on the owner's stack (batched products, as nanochat's muon_step_fused), all-gather; AdamW reduce-scattered by rows, small tensors all-reduced). Same initial
@@ -8,12 +8,12 @@ weights, same data, interleaved step by step; under torchrun (gloo):
   OPENBLAS_NUM_THREADS=1 PYTHONPATH=build/python-stage python3 -m torch.distributed.run --standalone \
       --nproc-per-node 2 bench/nanochat_zero.py --steps 10
 
-dmuon runs twice, on two copies of the model: with its default Newton-Schulz method (symmetric) and
+meshmuon runs twice, on two copies of the model: with its default Newton-Schulz method (symmetric) and
 with ns_method="gram" (Gram Newton-Schulz), both fp32 products. Each step's optimizer time is the
 slowest rank's (barrier before, max after); medians after
 --warmup (--control: the reference's momentum made wrong on purpose, a negative control for the
 loss comparison; --compile-reference: the reference's updates under torch.compile, as nanochat's, with
---warmup 5 so that compilation stays out of the medians: the figures of docs/migration.md). Prints one JSON object on rank 0: medians, dmuon's phases (last_step_stats), the
+--warmup 5 so that compilation stays out of the medians: the figures of docs/migration.md). Prints one JSON object on rank 0: medians, meshmuon's phases (last_step_stats), the
 reference's phases, the losses' largest relative difference, the CPU model. Without the engine keys
 muon_eq / muon_plus / decay_lr both sides run nanochat's update without MuonEq, Muon+ and with the
 unadjusted decay (reported as "nanochat_features")."""
@@ -32,8 +32,8 @@ import torch.nn.functional as F
 
 torch.set_num_threads(1)
 
-import dmuon.torch as dt  # noqa: E402
-from dmuon.torch.migrate._common import has_key  # noqa: E402
+import meshmuon.torch as dt  # noqa: E402
+from meshmuon.torch.migrate._common import has_key  # noqa: E402
 
 PE = [(8.156554524902461, -22.48329292557795, 15.878769915207462),
       (4.042929935166739, -2.808917465908714, 0.5000178451051316),
@@ -224,13 +224,13 @@ def main():
                     decay_adjusted=has_key("decay_lr"))
     torch.manual_seed(0)
     base = GPT(512, 256, 4, 4)
-    # dmuon twice: its default method (symmetric: SYRK products) and Gram Newton-Schulz (fewer
+    # meshmuon twice: its default method (symmetric: SYRK products) and Gram Newton-Schulz (fewer
     # flops on the 4:1 MLP matrices, symmetric on the square ones), both fp32 products
-    models = {"dmuon": base, "dmuon_gram": copy.deepcopy(base), "nanochat_zero2": copy.deepcopy(base)}
+    models = {"meshmuon": base, "meshmuon_gram": copy.deepcopy(base), "nanochat_zero2": copy.deepcopy(base)}
     flags = dict(muon_eq=features["muon_eq"], muon_plus=features["muon_plus"],
                  decay_lr="adjusted" if features["decay_adjusted"] else "unadjusted")
     opts = {}
-    for name, method in (("dmuon", None), ("dmuon_gram", "gram")):
+    for name, method in (("meshmuon", None), ("meshmuon_gram", "gram")):
         kwargs = dt.from_nanochat(models[name].nanochat_groups(), **flags)
         if method is not None:
             for group in kwargs["params"]:
@@ -259,12 +259,12 @@ def main():
             losses[name].append(mean.item() / world)
             if it >= args.warmup:
                 times[name].append(seconds)
-        phases = dict(dmuon=opts["dmuon"].last_step_stats, dmuon_gram=opts["dmuon_gram"].last_step_stats,
+        phases = dict(meshmuon=opts["meshmuon"].last_step_stats, meshmuon_gram=opts["meshmuon_gram"].last_step_stats,
                       nanochat_zero2=opts["nanochat_zero2"].phases)
     def pdiff(name):
         return max((a - b).abs().max().item() for a, b in
                    zip(models[name].parameters(), models["nanochat_zero2"].parameters()))
-    pdiffs = {name: pdiff(name) for name in ("dmuon", "dmuon_gram")}
+    pdiffs = {name: pdiff(name) for name in ("meshmuon", "meshmuon_gram")}
     if rank == 0:
         med = {k: statistics.median(v) for k, v in times.items()}
         def rel(name):
@@ -278,16 +278,16 @@ def main():
         print(json.dumps(dict(
             world=world, steps=args.steps, cpu_model=cpu, nanochat_features=features,
             reference_compiled=args.compile_reference,
-            dmuon_step_median_s=med["dmuon"], dmuon_gram_step_median_s=med["dmuon_gram"],
+            meshmuon_step_median_s=med["meshmuon"], meshmuon_gram_step_median_s=med["meshmuon_gram"],
             nanochat_zero2_step_median_s=med["nanochat_zero2"],
-            speedup=med["nanochat_zero2"] / med["dmuon"],
-            speedup_gram=med["nanochat_zero2"] / med["dmuon_gram"],
-            dmuon_phases_last_step={k: phases["dmuon"].get(k) for k in keep},
-            dmuon_gram_phases_last_step={k: phases["dmuon_gram"].get(k) for k in keep},
+            speedup=med["nanochat_zero2"] / med["meshmuon"],
+            speedup_gram=med["nanochat_zero2"] / med["meshmuon_gram"],
+            meshmuon_phases_last_step={k: phases["meshmuon"].get(k) for k in keep},
+            meshmuon_gram_phases_last_step={k: phases["meshmuon_gram"].get(k) for k in keep},
             nanochat_zero2_phases_last_step=phases["nanochat_zero2"],
-            loss_first=losses["dmuon"][0], loss_last=losses["dmuon"][-1],
-            loss_max_rel_diff=rel("dmuon"), loss_max_rel_diff_gram=rel("dmuon_gram"),
-            param_max_abs_diff=pdiffs["dmuon"], param_max_abs_diff_gram=pdiffs["dmuon_gram"]), indent=1))
+            loss_first=losses["meshmuon"][0], loss_last=losses["meshmuon"][-1],
+            loss_max_rel_diff=rel("meshmuon"), loss_max_rel_diff_gram=rel("meshmuon_gram"),
+            param_max_abs_diff=pdiffs["meshmuon"], param_max_abs_diff_gram=pdiffs["meshmuon_gram"]), indent=1))
 
 
 if __name__ == "__main__":

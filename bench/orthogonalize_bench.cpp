@@ -1,12 +1,12 @@
 // Micro-benchmarks of the orthogonalization kernels and the BLAS calls under them (SGEMM vs SSYRK vs
 // SSYMM at the sizes Newton–Schulz uses). Not tests. Run:
-//   build/bin/dmuon_bench --benchmark_filter='Blas|Orthogonalize' --benchmark_counters_tabular=true
+//   build/bin/meshmuon_bench --benchmark_filter='Blas|Orthogonalize' --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 
 #include <random>
 #include <vector>
 
-#include "dmuon/orthogonalize.h"
+#include "meshmuon/orthogonalize.h"
 #include "kernels/cpu/products.h"
 #include "kernels/cpu/ns_kernels.h"
 
@@ -31,14 +31,14 @@ void BM_BlasGramSgemm(benchmark::State& state) {
   const int s = static_cast<int>(state.range(0)), l = static_cast<int>(state.range(1));
   const auto x = random_matrix(int64_t(s) * l, 1);
   std::vector<float> g(size_t(s) * s);
-  for (auto _ : state) dmuon::cpu::sgemm(false, true, s, s, l, 1.0f, x.data(), l, x.data(), l, 0.0f, g.data(), s);
+  for (auto _ : state) meshmuon::cpu::sgemm(false, true, s, s, l, 1.0f, x.data(), l, x.data(), l, 0.0f, g.data(), s);
   set_rate(state, 2.0 * s * s * l);
 }
 void BM_BlasGramSsyrk(benchmark::State& state) {
   const int s = static_cast<int>(state.range(0)), l = static_cast<int>(state.range(1));
   const auto x = random_matrix(int64_t(s) * l, 1);
   std::vector<float> g(size_t(s) * s);
-  for (auto _ : state) dmuon::cpu::ssyrk_lower(false, s, l, 1.0f, x.data(), l, 0.0f, g.data(), s);
+  for (auto _ : state) meshmuon::cpu::ssyrk_lower(false, s, l, 1.0f, x.data(), l, 0.0f, g.data(), s);
   set_rate(state, 1.0 * s * s * l);  // useful flops: the time is what matters
 }
 
@@ -47,14 +47,14 @@ void BM_BlasApplySgemm(benchmark::State& state) {
   const int s = static_cast<int>(state.range(0)), l = static_cast<int>(state.range(1));
   const auto z = random_matrix(int64_t(s) * s, 2), x = random_matrix(int64_t(s) * l, 3);
   std::vector<float> y(size_t(s) * l);
-  for (auto _ : state) dmuon::cpu::sgemm(false, false, s, l, s, 1.0f, z.data(), s, x.data(), l, 0.0f, y.data(), l);
+  for (auto _ : state) meshmuon::cpu::sgemm(false, false, s, l, s, 1.0f, z.data(), s, x.data(), l, 0.0f, y.data(), l);
   set_rate(state, 2.0 * s * s * l);
 }
 void BM_BlasApplySsymm(benchmark::State& state) {
   const int s = static_cast<int>(state.range(0)), l = static_cast<int>(state.range(1));
   const auto z = random_matrix(int64_t(s) * s, 2), x = random_matrix(int64_t(s) * l, 3);
   std::vector<float> y(size_t(s) * l);
-  for (auto _ : state) dmuon::cpu::ssymm_lower(true, s, l, 1.0f, z.data(), s, x.data(), l, 0.0f, y.data(), l);
+  for (auto _ : state) meshmuon::cpu::ssymm_lower(true, s, l, 1.0f, z.data(), s, x.data(), l, 0.0f, y.data(), l);
   set_rate(state, 2.0 * s * s * l);
 }
 
@@ -63,7 +63,7 @@ void BM_Symmetrize(benchmark::State& state) {
   const int s = static_cast<int>(state.range(0));
   auto a = random_matrix(int64_t(s) * s, 4);
   for (auto _ : state) {
-    dmuon::cpu::symmetrize_lower(a.data(), s);
+    meshmuon::cpu::symmetrize_lower(a.data(), s);
     benchmark::ClobberMemory();
   }
 }
@@ -71,15 +71,15 @@ void BM_Symmetrize(benchmark::State& state) {
 // Whole orthogonalization: range(2) = method (0 plain, 1 symmetric, 2 gram).
 void BM_Orthogonalize(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1);
-  dmuon::NsOptions o;
-  o.schedule = dmuon::Schedule::PolarExpress;
-  o.method = static_cast<dmuon::NsMethod>(state.range(2));
-  dmuon::Orthogonalizer orth(o);
+  meshmuon::NsOptions o;
+  o.schedule = meshmuon::Schedule::PolarExpress;
+  o.method = static_cast<meshmuon::NsMethod>(state.range(2));
+  meshmuon::Orthogonalizer orth(o);
   const auto g = random_matrix(m * n, 5);
   std::vector<float> out(g.size());
   for (auto _ : state) orth.run(g.data(), out.data(), m, n);
-  set_rate(state, dmuon::ns_flops(m, n, o));
-  state.SetLabel(std::string(dmuon::to_string(o.method)));
+  set_rate(state, meshmuon::ns_flops(m, n, o));
+  state.SetLabel(std::string(meshmuon::to_string(o.method)));
 }
 
 void blas_sizes(benchmark::internal::Benchmark* b) {

@@ -1,4 +1,4 @@
-"""dmuon beside its peers: one Muon step of the hidden matrices of a GPT (default 4 layers, d 768:
+"""meshmuon beside its peers: one Muon step of the hidden matrices of a GPT (default 4 layers, d 768:
 per layer q, k, v, o [d, d], MLP fc [4d, d] and proj [d, 4d]) over N ranks (gloo, CPU), every
 optimizer from the same initial weights and the same gradients.
 
@@ -8,7 +8,7 @@ optimizer from the same initial weights and the same gradients.
     python bench/peers.py --help
 
 Contestants (those whose package is not importable are listed with the reason and skipped):
-  dmuon fp32 / dmuon bf16   dmuon.torch.Muon on the FSDP2 (`fully_shard`) DTensors, Newton-Schulz
+  meshmuon fp32 / meshmuon bf16   meshmuon.torch.Muon on the FSDP2 (`fully_shard`) DTensors, Newton-Schulz
                             products from fp32 / bf16 operands (ns_matmul_dtype)
   torch.optim.Muon          PyTorch's own, per rank on the full matrices: each step all-gathers the
                             gradients (DTensor.full_tensor()), steps a full replica on every rank
@@ -57,8 +57,8 @@ def parse_args(argv=None):
                    help="layers whose matrices are checked against the float64 reference "
                         "(every shape is in each layer; float64 Newton-Schulz is slow)")
     p.add_argument("--only", default="",
-                   help="comma-separated contestants to run (default all): dmuon_fp32, "
-                        "dmuon_bf16, dmuon_gram, torch_muon, muon_fsdp2, muon_kj")
+                   help="comma-separated contestants to run (default all): meshmuon_fp32, "
+                        "meshmuon_bf16, meshmuon_gram, torch_muon, muon_fsdp2, muon_kj")
     p.add_argument("--json", default="", help="also write the results to this file (rank 0)")
     args = p.parse_args(argv)
     if args.warmup < 1 or args.steps < 1:
@@ -138,8 +138,8 @@ def main(argv=None) -> int:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor, Shard
 
-    import dmuon
-    import dmuon.torch as dt
+    import meshmuon
+    import meshmuon.torch as dt
 
     rank, world = dt.init_distributed()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
@@ -192,17 +192,17 @@ def main(argv=None) -> int:
     def want(key):
         return not only or key in only
 
-    for key, dtype, method in (("dmuon_fp32", "fp32", "symmetric"), ("dmuon_bf16", "bf16", "symmetric"),
-                               ("dmuon_gram", "fp32", "gram")):
+    for key, dtype, method in (("meshmuon_fp32", "fp32", "symmetric"), ("meshmuon_bf16", "bf16", "symmetric"),
+                               ("meshmuon_gram", "fp32", "gram")):
         if want(key):
             m = fsdp_model()
             params = list(m.parameters())
             opt = dt.Muon(params, lr=LR, weight_decay=0.0, momentum=MOMENTUM,
                           ns_matmul_dtype=dtype, ns_method=method)
-            label = f"dmuon {dtype}" + (" gram" if method == "gram" else "")
+            label = f"meshmuon {dtype}" + (" gram" if method == "gram" else "")
             contestants.append(dict(key=key, label=label,
-                                    version=importlib.metadata.version("dmuon")
-                                    if _has_dist("dmuon") else getattr(dmuon, "__version__", "?"),
+                                    version=importlib.metadata.version("meshmuon")
+                                    if _has_dist("meshmuon") else getattr(meshmuon, "__version__", "?"),
                                     layout="FSDP2 shards", params=params, step=opt.step))
     if want("torch_muon"):
         m = fsdp_model()
@@ -299,15 +299,15 @@ def main(argv=None) -> int:
 
     if rank == 0:
         cpu = cpu_description()
-        base = next((r["median_ms"] for r in results if r["key"] == "dmuon_fp32"), math.nan)
+        base = next((r["median_ms"] for r in results if r["key"] == "meshmuon_fp32"), math.nan)
         n_params = sum(a * b for _, (a, b), _ in mats)
         print(f"[peers] {len(mats)} matrices ({n_params / 1e6:.1f}M parameters: {args.layers} "
               f"layers, d {args.d}), {world} ranks x {torch.get_num_threads()} threads, gloo | CPU "
               f"{cpu['model']}, {cpu['cores']} cores, avx512_bf16 "
               f"{'yes: bf16 products native' if cpu['avx512_bf16'] else 'no: bf16 emulated'} | "
-              f"torch {torch.__version__}, BLAS {dmuon.blas_info().get('corename', '?')}")
+              f"torch {torch.__version__}, BLAS {meshmuon.blas_info().get('corename', '?')}")
         head = (f"{'optimizer':<27} {'version':<12} {'layout':<40} {'step ms':>9} "
-                f"{'min-max ms':>13} {'vs dmuon fp32':>13} {'max rel diff':>12}")
+                f"{'min-max ms':>13} {'vs meshmuon fp32':>13} {'max rel diff':>12}")
         print(head)
         print("-" * len(head))
         for r in results:

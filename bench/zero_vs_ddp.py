@@ -1,4 +1,4 @@
-"""DDP + per-rank torch.optim.Muon / torch.optim.AdamW vs dmuon ZeRO (zero=True, reduce_grads="mean",
+"""DDP + per-rank torch.optim.Muon / torch.optim.AdamW vs meshmuon ZeRO (zero=True, reduce_grads="mean",
 no DDP) on the same small GPT-like model, the same initial weights and the same data, in one launch:
 
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --oversubscribe --bind-to none \
@@ -8,7 +8,7 @@ The two configurations run interleaved, step by step (so both see the same load 
 machine). Per configuration: the whole training step (forward, backward, gradient reduction, optimizer step,
 parameter all-gather for ZeRO) timed on every rank after a barrier, the slowest rank per step, the
 median over the steps after --warmup; bytes per rank and step (DDP: a ring all-reduce of the fp32
-gradients, 2(N-1)/N of them, computed, gloo does not count; dmuon: the reduction's and the optimizer
+gradients, 2(N-1)/N of them, computed, gloo does not count; meshmuon: the reduction's and the optimizer
 step's bytes as measured by its communicators, the unshard's (N-1)/N of the fp32 parameters computed);
 optimizer state bytes per rank; the global mean loss per step and the largest relative difference
 between the two runs. Prints one JSON object on rank 0.
@@ -28,8 +28,8 @@ import torch.nn.functional as F
 
 torch.set_num_threads(1)
 
-import dmuon  # noqa: E402
-import dmuon.torch as dt  # noqa: E402
+import meshmuon  # noqa: E402
+import meshmuon.torch as dt  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
@@ -84,7 +84,7 @@ def batch(step, rank, args):
 
 def state_bytes(opts, masters=False):
     """This rank's optimizer state bytes (local shards), without the fp32 masters; with
-    masters=True, only the masters (dmuon's "master" key)."""
+    masters=True, only the masters (meshmuon's "master" key)."""
     total = 0
     for opt in opts:
         for st in opt.state.values():
@@ -97,7 +97,7 @@ def state_bytes(opts, masters=False):
 
 class Setup:
     """One configuration: "ddp" (DDP + per-rank torch.optim.Muon for the Muon matrices and
-    torch.optim.AdamW for the rest) or "zero" (dmuon.torch.Muon(zero=True, reduce_grads="mean"),
+    torch.optim.AdamW for the rest) or "zero" (meshmuon.torch.Muon(zero=True, reduce_grads="mean"),
     no DDP), on its own copy of the initial weights."""
 
     def __init__(self, kind, init, args, rank, world):
@@ -178,7 +178,7 @@ def main():
     ap.add_argument("--adamw-lr", type=float, default=3e-3)
     args = ap.parse_args()
     rank, world = dt.init_distributed(master_port=int(os.environ.get("MASTER_PORT", "29513")))
-    dmuon.blas_set_num_threads(1)
+    meshmuon.blas_set_num_threads(1)
     torch.manual_seed(0)
     init = GPT(args.vocab, args.d, args.layers, args.heads, args.seq).state_dict()
     results = {"world": world, "config": vars(args)}

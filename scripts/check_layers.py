@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""The include / import graph of src/, include/dmuon/ and python/dmuon against the layer order
+"""The include / import graph of src/, include/meshmuon/ and python/meshmuon against the layer order
 written down once, here (docs/design.md, "Layers as folders", shows the same order):
 
   C++ (bottom first): a file may include headers of its own layer and of the layers below it,
   never one above; no two files may include each other through a cycle.
-  Python: no module of the dmuon package imports another in a cycle.
+  Python: no module of the meshmuon package imports another in a cycle.
 
 Run: python3 scripts/check_layers.py [--graph] [--root DIR]   (make test runs it through
 tests/python/test_layers.py, with a negative control; exit 1 on a violation)
@@ -43,7 +43,7 @@ def layer_of_src(path: Path) -> str | None:
     rel = path.relative_to(ROOT)
     if rel.parts[0] == "src" and len(rel.parts) > 2:
         return rel.parts[1]
-    if rel.parts[:2] == ("include", "dmuon"):
+    if rel.parts[:2] == ("include", "meshmuon"):
         return HEADER_LAYER.get(rel.name)
     return None
 
@@ -57,12 +57,12 @@ def resolve(inc: str, where: Path) -> Path | None:
 
 
 def cpp_violations() -> list[str]:
-    files = [p for d in ("src", "include/dmuon") for p in (ROOT / d).rglob("*")
+    files = [p for d in ("src", "include/meshmuon") for p in (ROOT / d).rglob("*")
              if p.suffix in (".h", ".cpp", ".cuh", ".cu")]
     problems, graph = [], defaultdict(set)
     for f in files:
         mine = layer_of_src(f)
-        if mine is None and f.parent.name == "dmuon":
+        if mine is None and f.parent.name == "meshmuon":
             problems.append(f"{f.relative_to(ROOT)}: a public header of no layer (add it to LAYERS in {Path(__file__).name})")
             continue
         for inc in INCLUDE.findall(f.read_text(errors="replace")):
@@ -80,7 +80,7 @@ def cpp_violations() -> list[str]:
 
 
 def python_violations() -> list[str]:
-    pkg = ROOT / "python" / "dmuon"
+    pkg = ROOT / "python" / "meshmuon"
     modules = {}
     for p in pkg.rglob("*.py"):
         rel = p.relative_to(pkg.parent).with_suffix("")

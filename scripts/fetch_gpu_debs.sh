@@ -14,11 +14,11 @@ set -euo pipefail
 DEST=${1:-shared/debs}
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOTS=(
-  libopenblas-dev libopenblas0-pthread libopenblas-pthread-dev   # BLAS (dlopen'd by dmuon)
+  libopenblas-dev libopenblas0-pthread libopenblas-pthread-dev   # BLAS (dlopen'd by meshmuon)
   liblapacke-dev liblapacke liblapack3 libblas3                  # LAPACKE: the tests' SVD oracle
   libgtest-dev libgmock-dev                                      # GoogleTest
   libopenmpi-dev openmpi-bin                                     # mpi communicator (optional there)
-  libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev       # build dependencies of dmuon
+  libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev       # build dependencies of meshmuon
 )
 # The C runtime, the compiler toolchain and other base packages the GPU machine has already: never
 # unpacked over it (libgfortran5, which OpenBLAS needs, is kept).

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# dmuon's GPU check: ONE command on a GPU machine (no package registry, ~15 minutes of machine time
+# meshmuon's GPU check: ONE command on a GPU machine (no package registry, ~15 minutes of machine time
 # in all) that gives every answer within ~6 minutes, writing each result where it comes back as
 # soon as it exists. Stages, in order of value, each with its own time limit; a stage that fails or
 # runs out does not stop the later ones:
 #   versions -> debs -> configure -> build (the GPU-relevant targets and the Python extension, one
 #   build) -> cuda kernels (cuda_backend_test) -> bench ns --device cuda (4096², 2048×8192, a batch)
-#   -> engines on cuda (LocalOptimizer / Optimizer GPU cases) -> dmuon.torch on CUDA tensors +
+#   -> engines on cuda (LocalOptimizer / Optimizer GPU cases) -> meshmuon.torch on CUDA tensors +
 #   compare-torch --device cuda -> nccl at world size 1 -> two ranks sharing the GPU through MPI
 #   staging (bitwise vs one rank, bytes == plan; bench step np 1 and 2) -> ShardedParams /
 #   checkpoint GPU cases.
@@ -24,7 +24,7 @@
 #   without a GPU first (scripts/rehearse_gpu_check.sh): only the rows that need the device fail.
 # Environment:
 #   BUDGET=540            seconds for the whole check (stages get what is left of it, minus a margin)
-#   DEBS=shared/debs WHEELS=shared/wheels PREFIX=/tmp/dmuon-gpu-prefix BUILD=build-gpu JOBS=$(nproc)
+#   DEBS=shared/debs WHEELS=shared/wheels PREFIX=/tmp/meshmuon-gpu-prefix BUILD=build-gpu JOBS=$(nproc)
 #   GPU_CHECK_MPI=ON      OFF: no mpi communicator (skips the two-rank stage)
 #   CUDA_ARCH=90          CMAKE_CUDA_ARCHITECTURES (90: H100 / H200)
 #   LIMIT_SCALE=1         multiplies every stage's time limit (the rehearsal on 2 cores uses more)
@@ -34,7 +34,7 @@ set -uo pipefail
 BUDGET=${BUDGET:-540}
 DEBS=${DEBS:-shared/debs}
 WHEELS=${WHEELS:-shared/wheels}
-PREFIX=${PREFIX:-/tmp/dmuon-gpu-prefix}
+PREFIX=${PREFIX:-/tmp/meshmuon-gpu-prefix}
 BUILD=${BUILD:-build-gpu}
 JOBS=${JOBS:-$(nproc)}
 GPU_CHECK_MPI=${GPU_CHECK_MPI:-ON}
@@ -45,7 +45,7 @@ LOGDIR=${LOGDIR:-$BUILD/gpu_check_logs}
 START=$(date +%s)
 status=0
 
-[[ -f CMakeLists.txt && -d src/backend ]] || { echo "gpu_check: run from the dmuon repository root" >&2; exit 2; }
+[[ -f CMakeLists.txt && -d src/backend ]] || { echo "gpu_check: run from the meshmuon repository root" >&2; exit 2; }
 mkdir -p "$LOGDIR"
 ROOT=$(pwd)
 SUMMARY="$LOGDIR/summary.txt"
@@ -193,20 +193,20 @@ fi
 publish_logs
 
 # ---- 3. one build: the GPU-relevant targets, the CLI and the Python extension ----
-MPI_ARGS=(-DDMUON_WITH_MPI=OFF)
+MPI_ARGS=(-DMESHMUON_WITH_MPI=OFF)
 if [[ "$GPU_CHECK_MPI" == ON ]]; then
-  MPI_ARGS=(-DDMUON_WITH_MPI=ON -DMPI_C_COMPILER="$PREFIX/usr/bin/mpicc" -DMPIEXEC_EXECUTABLE="$PREFIX/usr/bin/mpiexec"
+  MPI_ARGS=(-DMESHMUON_WITH_MPI=ON -DMPI_C_COMPILER="$PREFIX/usr/bin/mpicc" -DMPIEXEC_EXECUTABLE="$PREFIX/usr/bin/mpiexec"
             -DMPI_C_HEADER_DIR="$LIBDIR/openmpi/include" -DMPI_C_LIB_NAMES=mpi
             -DMPI_mpi_LIBRARY="$LIBDIR/openmpi/lib/libmpi.so")
 fi
 GEN=Ninja
 command -v ninja >/dev/null 2>&1 || GEN="Unix Makefiles"
-run configure 90 cmake -S . -B "$BUILD" -G "$GEN" -DCMAKE_BUILD_TYPE=Release -DDMUON_WITH_CUDA=ON \
-  -DCMAKE_CUDA_COMPILER="${NVCC:-nvcc}" -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" -DDMUON_CUBLAS_INCLUDE_DIR="$CUBLAS_INC" \
-  -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DDMUON_BUILD_BENCH=OFF -DDMUON_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v "$PY")" \
-  -DDMUON_BUILD_EXAMPLES=OFF "${MPI_ARGS[@]}"
+run configure 90 cmake -S . -B "$BUILD" -G "$GEN" -DCMAKE_BUILD_TYPE=Release -DMESHMUON_WITH_CUDA=ON \
+  -DCMAKE_CUDA_COMPILER="${NVCC:-nvcc}" -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" -DMESHMUON_CUBLAS_INCLUDE_DIR="$CUBLAS_INC" \
+  -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DMESHMUON_BUILD_BENCH=OFF -DMESHMUON_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v "$PY")" \
+  -DMESHMUON_BUILD_EXAMPLES=OFF "${MPI_ARGS[@]}"
 verdict configure "sm_$CUDA_ARCH, mpi $GPU_CHECK_MPI, $(grep -m1 -o 'nccl communicator[^(]*' "$LOG" | tr -s ' ')"
-TARGETS=(dmuon_cli _core cuda_backend_test device_engine_test sharded_params_device_test checkpoint_device_test nccl_comm_test)
+TARGETS=(meshmuon_cli _core cuda_backend_test device_engine_test sharded_params_device_test checkpoint_device_test nccl_comm_test)
 [[ "$GPU_CHECK_MPI" == ON ]] && TARGETS+=(comm_staging_test cuda_engine_test)
 run build 300 cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"
 verdict build "${#TARGETS[@]} targets"
@@ -222,11 +222,11 @@ publish_logs
 
 # ---- 5. the headline rate: the cuda backend's NS vs cuBLAS GEMMs of the same dtype, same run ----
 for shape in 4096x4096 2048x8192; do
-  run "bench_ns_cuda_$shape" 45 "$BIN/dmuon" bench ns --device cuda --shape "$shape" --schedule polar_express --steps 5 \
+  run "bench_ns_cuda_$shape" 45 "$BIN/meshmuon" bench ns --device cuda --shape "$shape" --schedule polar_express --steps 5 \
     --matmul-dtype both --repeats 10 --warmup 2
   verdict "bench ns cuda $shape" "$(awk '$1=="bf16"{printf "bf16 %s TFLOP/s, cuBLAS %s, %s", $4, $5, $6} $1=="fp32"{printf "; fp32 %s, %s", $4, $6}' "$LOG")"
 done
-run bench_ns_cuda_batch 45 "$BIN/dmuon" bench ns --device cuda --shape 768x3072 --schedule polar_express --steps 5 \
+run bench_ns_cuda_batch 45 "$BIN/meshmuon" bench ns --device cuda --shape 768x3072 --schedule polar_express --steps 5 \
   --matmul-dtype bf16 --batch 12 --repeats 10 --warmup 2
 (( RC == 0 )) && ! grep -q "bitwise equal: yes" "$LOG" && RC=3
 verdict "bench ns cuda 768x3072 x12" "$(grep -m1 'batch 12' "$LOG" | tr -s ' ' | cut -c1-100)"
@@ -236,13 +236,13 @@ publish_logs
 gtest "engines on cuda" 90 "$BIN/device_engine_test" 'Cuda*'
 publish_logs
 
-# ---- 7. dmuon.torch on CUDA tensors (the package staged by the same build) and compare-torch ----
+# ---- 7. meshmuon.torch on CUDA tensors (the package staged by the same build) and compare-torch ----
 run pytest_cuda 150 bash -c "cd /tmp && '$PY' -m pytest -q -rs -p no:cacheprovider '$ROOT/tests/python/test_device.py' \
   '$ROOT/tests/python/test_bench.py' '$ROOT/tests/python/test_nccl.py'"
 skipped=$(grep -c '^SKIPPED' "$LOG")
 (( RC == 0 && skipped > 1 )) && RC=3  # the no-device check skips on a GPU machine
 verdict "pytest (cuda)" "$(tail -1 "$LOG" | cut -c1-80)"
-run compare_torch_cuda 90 bash -c "cd /tmp && '$PY' -m dmuon.bench compare-torch --device cuda --repeat 3"
+run compare_torch_cuda 90 bash -c "cd /tmp && '$PY' -m meshmuon.bench compare-torch --device cuda --repeat 3"
 verdict "compare-torch cuda (GPT-2 small)" "$(grep -E 'torch.optim.Muon|bf16 ' "$LOG" | tr -s ' ' | cut -c1-120 | paste -sd'|')"
 publish_logs
 
@@ -262,9 +262,9 @@ if [[ "$GPU_CHECK_MPI" == ON ]]; then
   run engine_np2 90 "$MPIRUN" -n 2 --oversubscribe --bind-to none "${MPIX[@]}" "$BIN/cuda_engine_test" --gtest_color=no
   (( RC == 0 )) && grep -q '^\[  SKIPPED \]' "$LOG" && RC=3
   verdict "engine np 2 bitwise vs np 1 (one GPU)" "$(grep -m1 PASSED "$LOG")"
-  run bench_step_np1 45 "$BIN/dmuon" bench step --model gpt2-124m --backend single --device cuda --steps 3
+  run bench_step_np1 45 "$BIN/meshmuon" bench step --model gpt2-124m --backend single --device cuda --steps 3
   verdict "bench step cuda (1 rank)" "$(awk '$1=="auto"{printf "auto %s s/step", $2}' "$LOG")"
-  run bench_step_np2 60 "$MPIRUN" -n 2 --oversubscribe --bind-to none "${MPIX[@]}" "$BIN/dmuon" bench step \
+  run bench_step_np2 60 "$MPIRUN" -n 2 --oversubscribe --bind-to none "${MPIX[@]}" "$BIN/meshmuon" bench step \
     --model gpt2-124m --parallel dp_shard=2 --device cuda --compare --steps 3
   verdict "bench step cuda (np 2, one GPU)" "$(awk '$1=="auto"||$1=="allgather"{printf "%s %s s ", $1, $2}' "$LOG")"
 else

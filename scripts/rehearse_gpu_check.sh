@@ -15,7 +15,7 @@
 #        gpu_check.sh applies, e.g. JOBS=2 BUILD=/tmp/gpu-rehearsal)
 set -euo pipefail
 [[ $(id -u) == 0 ]] || { echo "rehearse_gpu_check: needs root (a mount namespace)" >&2; exit 2; }
-[[ -f scripts/gpu_check.sh ]] || { echo "rehearse_gpu_check: run from the dmuon repository root" >&2; exit 2; }
+[[ -f scripts/gpu_check.sh ]] || { echo "rehearse_gpu_check: run from the meshmuon repository root" >&2; exit 2; }
 export BUILD=${BUILD:-/tmp/gpu-rehearsal} PREFIX=${PREFIX:-/tmp/gpu-rehearsal-prefix}
 export LIMIT_SCALE=${LIMIT_SCALE:-6} BUDGET=${BUDGET:-3600}
 exec unshare -m bash -c '

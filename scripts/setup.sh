@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what dmuon needs and is missing: Debian packages through apt-get, PyPI packages through
+# Installs what meshmuon needs and is missing: Debian packages through apt-get, PyPI packages through
 # pip (pinned). Idempotent and fast when everything is present. Run by `make setup` / `make test`.
 set -euo pipefail
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs dmuon's Python suite under another PyTorch release, in a virtual environment of its own (the
+# Runs meshmuon's Python suite under another PyTorch release, in a virtual environment of its own (the
 # GPU machines of this project have torch 2.11; `make test` runs 2.13). From PyPI this installs
 # torch's CUDA build with its nvidia-* wheels (about 3 GB); the suite runs on the CPU.
 #
@@ -9,7 +9,7 @@
 set -euo pipefail
 version=${1:?usage: test_torch_version.sh TORCH_VERSION [pytest args...]}
 shift
-[[ -f pyproject.toml && -d python/dmuon ]] || { echo "test_torch_version: run from the dmuon repository root" >&2; exit 2; }
+[[ -f pyproject.toml && -d python/meshmuon ]] || { echo "test_torch_version: run from the meshmuon repository root" >&2; exit 2; }
 VENV=${VENV:-/opt/venv-torch${version//./}}
 PY=${PYTHON:-python3}
 if [[ ! -x "$VENV/bin/python" ]]; then

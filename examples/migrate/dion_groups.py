@@ -3,16 +3,16 @@
 `initial_lr`. Only the optimizer line changes:
 
     opt = dion.Muon(param_groups, lr=0.02, mu=0.95, nesterov=True, adjust_lr="rms_norm")      # Dion
-    opt = dmuon.torch.Muon(**dmuon.torch.from_dion(param_groups, lr=0.02, mu=0.95, nesterov=True,
-                                                   adjust_lr="rms_norm"))                    # dmuon
+    opt = meshmuon.torch.Muon(**meshmuon.torch.from_dion(param_groups, lr=0.02, mu=0.95, nesterov=True,
+                                                   adjust_lr="rms_norm"))                    # meshmuon
 
-(Dion's default adjust_lr="spectral_norm", lr·sqrt(A/B), is refused for wide matrices: dmuon's rule
+(Dion's default adjust_lr="spectral_norm", lr·sqrt(A/B), is refused for wide matrices: meshmuon's rule
 clamps at lr; see docs/migration.md.) Run: PYTHONPATH=build/python-stage python3
 examples/migrate/dion_groups.py"""
 import torch
 import torch.nn.functional as F
 
-import dmuon.torch as dt
+import meshmuon.torch as dt
 
 DIM, CLASSES, STEPS = 32, 10, 30
 
@@ -48,7 +48,7 @@ def main():
     print(f"dion_groups: loss {first:.3f} -> {last:.3f} over {STEPS} steps")
     assert last < 0.5 * first, f"loss did not decrease enough: {first:.3f} -> {last:.3f}"
     muon, adamw = opt.param_groups
-    # Dion's keys are live aliases: dmuon ran with the values the loop wrote
+    # Dion's keys are live aliases: meshmuon ran with the values the loop wrote
     assert muon["momentum"] == muon["mu"] == 0.95 and muon["momentum_kind"] == "heavy_ball"
     assert muon["adjust_lr_fn"] == "match_rms_adamw" and muon["eps"] == muon["epsilon"] == 1e-8
     assert adamw["betas"] == (adamw["beta1"], adamw["beta2"]) == (0.9, 0.99)

@@ -3,8 +3,8 @@
 `expert_keys`, `none_grad`, and a loop that reads `group['use_muon']`. Only the optimizer line changes:
 
     optim = optimizer.Muon(params, lr=0.02, weight_decay=0.01, expert_keys=["experts"])   # Motif
-    optim = dmuon.torch.Muon(**dmuon.torch.from_motif(params, lr=0.02, weight_decay=0.01,
-                                                      expert_keys=["experts"]))      # dmuon
+    optim = meshmuon.torch.Muon(**meshmuon.torch.from_motif(params, lr=0.02, weight_decay=0.01,
+                                                      expert_keys=["experts"]))      # meshmuon
 
 Run: PYTHONPATH=build/python-stage python3 examples/migrate/motif_groups.py"""
 import math
@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-import dmuon.torch as dt
+import meshmuon.torch as dt
 
 VOCAB, DIM, EXPERTS, STEPS = 48, 32, 4, 30
 

@@ -3,11 +3,11 @@
 (from `initial_lr`), `momentum` and `weight_decay`. Only the line that builds the optimizer changes:
 
     optimizer = MuonAdamW(param_groups)                               # nanochat
-    optimizer = dmuon.torch.Muon(**dmuon.torch.from_nanochat(param_groups))   # dmuon
+    optimizer = meshmuon.torch.Muon(**meshmuon.torch.from_nanochat(param_groups))   # meshmuon
 
 The model, groups and loop below are written in nanochat's shape for this example (a tiny GPT on
 CPU). Run: PYTHONPATH=build/python-stage python3 examples/migrate/nanochat_loop.py [--approximate]
---approximate: for a dmuon build without the group keys muon_eq / muon_plus / decay_lr (nanochat's
+--approximate: for a meshmuon build without the group keys muon_eq / muon_plus / decay_lr (nanochat's
 MuonEq, Muon+ and weight decay with the adjusted lr); the update then differs from nanochat's."""
 import argparse
 import math
@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-import dmuon.torch as dt
+import meshmuon.torch as dt
 
 VOCAB, DIM, HEADS, LAYERS, SEQ, BATCH = 64, 32, 4, 2, 16, 8
 NUM_ITERATIONS, WARMUP_STEPS, WARMDOWN_RATIO, FINAL_LR_FRAC = 40, 4, 0.4, 0.0
@@ -139,7 +139,7 @@ def main():
     assert last < 0.5 * first, f"loss did not decrease enough: {first:.3f} -> {last:.3f}"
     kinds = [g["kind"] for g in optimizer.param_groups]
     assert kinds == ["adamw"] * 4 + ["muon"] * (len(kinds) - 4), kinds
-    for group in optimizer.param_groups:  # the schedule's last writes are what dmuon holds
+    for group in optimizer.param_groups:  # the schedule's last writes are what meshmuon holds
         assert group["lr"] == group["initial_lr"] * get_lr_multiplier(NUM_ITERATIONS - 1)
         if group["kind"] == "muon":
             assert group["momentum"] == get_muon_momentum(NUM_ITERATIONS - 1)

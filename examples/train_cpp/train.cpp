@@ -1,5 +1,5 @@
-// train_cpp: a character-level MLP language model trained with dmuon's native FSDP/HSDP parameter
-// group (dmuon::ShardedParams) and dmuon::Optimizer (Muon for the hidden matrices, AdamW for the
+// train_cpp: a character-level MLP language model trained with meshmuon's native FSDP/HSDP parameter
+// group (meshmuon::ShardedParams) and meshmuon::Optimizer (Muon for the hidden matrices, AdamW for the
 // rest), with reshardable checkpoints. See README.md.
 //
 // One step: unshard -> forward/backward of this rank's G/N micro-batches on the full parameters,
@@ -21,13 +21,13 @@
 #include <string>
 #include <vector>
 
-#include "dmuon/checkpoint.h"
-#include "dmuon/comm.h"
-#include "dmuon/error.h"
-#include "dmuon/mesh.h"
-#include "dmuon/mesh_comms.h"
-#include "dmuon/optimizer.h"
-#include "dmuon/sharded_params.h"
+#include "meshmuon/checkpoint.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/error.h"
+#include "meshmuon/mesh.h"
+#include "meshmuon/mesh_comms.h"
+#include "meshmuon/optimizer.h"
+#include "meshmuon/sharded_params.h"
 #include "model.h"
 
 #ifndef TRAIN_CPP_DEFAULT_DATA
@@ -128,7 +128,7 @@ uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
 
 int run(int argc, char** argv) {
   Args a;
-  CLI::App app{"train_cpp: a char-level MLP LM trained with dmuon::ShardedParams (FSDP/HSDP) + dmuon::Optimizer"};
+  CLI::App app{"train_cpp: a char-level MLP LM trained with meshmuon::ShardedParams (FSDP/HSDP) + meshmuon::Optimizer"};
   app.add_option("--steps", a.steps, "train until this global step")->capture_default_str();
   app.add_option("--mesh", a.mesh, "dp_shard=S or dp_replicate=R,dp_shard=S (default dp_shard=<world size>)");
   app.add_option("--lr", a.lr, "Muon learning rate (w1, w2)")->capture_default_str();
@@ -157,7 +157,7 @@ int run(int argc, char** argv) {
     return app.exit(e);
   }
 
-  auto world = std::shared_ptr<dmuon::Communicator>(dmuon::make_mpi_communicator());
+  auto world = std::shared_ptr<meshmuon::Communicator>(meshmuon::make_mpi_communicator());
   const int rank = world->rank(), nranks = world->size();
   auto say = [&](const char* fmt, auto... xs) {
     if (rank == 0) {
@@ -177,45 +177,45 @@ int run(int argc, char** argv) {
   const Corpus corpus = load_corpus(a.data);
   const ModelConfig cfg{static_cast<int>(corpus.vocab.size()), a.context, a.dim, a.hidden};
   const auto defs = param_defs(cfg);
-  const dmuon::Mesh mesh = dmuon::Mesh::parse(a.mesh.empty() ? "dp_shard=" + std::to_string(nranks) : a.mesh);
+  const meshmuon::Mesh mesh = meshmuon::Mesh::parse(a.mesh.empty() ? "dp_shard=" + std::to_string(nranks) : a.mesh);
   if (mesh.size() != nranks)
     throw std::invalid_argument("--mesh " + mesh.to_string() + " has " + std::to_string(mesh.size()) +
                                 " ranks, the job " + std::to_string(nranks));
 
-  std::vector<dmuon::ParamSpec> specs;
+  std::vector<meshmuon::ParamSpec> specs;
   for (const auto& d : defs) {
-    dmuon::ParamSpec p;
+    meshmuon::ParamSpec p;
     p.name = d.name;
-    p.shape = dmuon::Shape(std::span<const int64_t>(d.shape));
-    p.role = d.muon ? dmuon::Role::Muon : dmuon::Role::AdamW;
+    p.shape = meshmuon::Shape(std::span<const int64_t>(d.shape));
+    p.role = d.muon ? meshmuon::Role::Muon : meshmuon::Role::AdamW;
     specs.push_back(std::move(p));
   }
-  auto comms = std::make_shared<dmuon::MeshCommunicators>(world);
-  dmuon::ShardedParamsOptions spo;
+  auto comms = std::make_shared<meshmuon::MeshCommunicators>(world);
+  meshmuon::ShardedParamsOptions spo;
   spo.grad_divisor = G;  // the sum over all G micro-batches of their mean-loss gradients, / G
-  dmuon::ShardedParams sp(comms, mesh, specs, spo);
+  meshmuon::ShardedParams sp(comms, mesh, specs, spo);
 
   // Muon for the hidden matrices, AdamW for embedding, biases, norm gain and LM head.
-  dmuon::ParamGroup muon, adamw;
-  muon.options.algorithm = dmuon::Algorithm::Muon;
+  meshmuon::ParamGroup muon, adamw;
+  muon.options.algorithm = meshmuon::Algorithm::Muon;
   muon.options.lr = a.lr;
   muon.options.weight_decay = a.wd;
-  adamw.options.algorithm = dmuon::Algorithm::AdamW;
+  adamw.options.algorithm = meshmuon::Algorithm::AdamW;
   adamw.options.lr = a.adamw_lr;
   adamw.options.weight_decay = a.wd;
   adamw.options.beta1 = 0.9;
   adamw.options.beta2 = 0.95;
   for (size_t i = 0; i < defs.size(); ++i) (defs[i].muon ? muon : adamw).params.push_back(i);
-  dmuon::OptimizerOptions oo;
+  meshmuon::OptimizerOptions oo;
   oo.blas_threads = 1;  // the same BLAS thread count at every world size (bitwise results)
-  dmuon::Optimizer opt(comms, sp.inventory(), {muon, adamw}, oo);
+  meshmuon::Optimizer opt(comms, sp.inventory(), {muon, adamw}, oo);
 
   // Initialization: full tensors from the seed on every rank, this rank's rows copied in.
   {
     const auto full = init_params(cfg, a.seed);
     for (size_t i = 0; i < defs.size(); ++i) {
-      const dmuon::Box box = sp.local_box(i);
-      const dmuon::TensorView v = sp.param(i);
+      const meshmuon::Box box = sp.local_box(i);
+      const meshmuon::TensorView v = sp.param(i);
       const int64_t row = defs[i].numel() / defs[i].shape[0];
       const auto& rows = box.dims[0];
       float* dst = v.f32();
@@ -228,7 +228,7 @@ int run(int argc, char** argv) {
   namespace fs = std::filesystem;
   if (a.resume && fs::exists(fs::path(a.ckpt_dir) / "index.json")) {
     const auto t0 = Clock::now();
-    const dmuon::CheckpointInfo info = dmuon::load_checkpoint(a.ckpt_dir, sp, &opt);
+    const meshmuon::CheckpointInfo info = meshmuon::load_checkpoint(a.ckpt_dir, sp, &opt);
     start = info.step;
     for (const auto& [k, want] : std::map<std::string, std::string>{{"micro_batches", std::to_string(G)},
                                                                      {"batch", std::to_string(a.batch)},
@@ -277,7 +277,7 @@ int run(int argc, char** argv) {
       sum += static_cast<float>(model.forward_backward(pp.data(), nullptr, ctx.data(), tgt.data(), a.batch));
     }
     sp.reshard();
-    world->all_reduce(dmuon::OutBuffer(&sum, dmuon::CommType::F32, 1), dmuon::ReduceOp::Sum, "eval loss").wait();
+    world->all_reduce(meshmuon::OutBuffer(&sum, meshmuon::CommType::F32, 1), meshmuon::ReduceOp::Sum, "eval loss").wait();
     return sum / a.eval_batches;
   };
 
@@ -315,7 +315,7 @@ int run(int argc, char** argv) {
     sp.reduce_grads();  // fixed-order sum over ranks, / G
     opt.step(sp.params(), sp.grads());
     sp.reshard();
-    world->all_reduce(dmuon::OutBuffer(&loss_sum, dmuon::CommType::F32, 1), dmuon::ReduceOp::Sum, "loss").wait();
+    world->all_reduce(meshmuon::OutBuffer(&loss_sum, meshmuon::CommType::F32, 1), meshmuon::ReduceOp::Sum, "loss").wait();
     const double t_total = seconds_since(t_step);
 
     acc.steps++;
@@ -342,7 +342,7 @@ int run(int argc, char** argv) {
     }
     if (!a.ckpt_dir.empty() && ((a.ckpt_every > 0 && step % a.ckpt_every == 0) || last)) {
       const auto t0 = Clock::now();
-      dmuon::CheckpointSaveOptions so;
+      meshmuon::CheckpointSaveOptions so;
       so.metadata = {{"trainer", "train_cpp"},
                      {"micro_batches", std::to_string(G)},
                      {"batch", std::to_string(a.batch)},
@@ -350,7 +350,7 @@ int run(int argc, char** argv) {
                      {"deterministic", a.deterministic ? "1" : "0"},
                      {"model", "vocab=" + std::to_string(cfg.vocab) + ",context=" + std::to_string(cfg.context) +
                                    ",dim=" + std::to_string(cfg.dim) + ",hidden=" + std::to_string(cfg.hidden)}};
-      dmuon::save_checkpoint(a.ckpt_dir, sp, &opt, step, so);
+      meshmuon::save_checkpoint(a.ckpt_dir, sp, &opt, step, so);
       say("checkpoint: step %lld saved to %s (%.2f s)\n", static_cast<long long>(step), a.ckpt_dir.c_str(),
           seconds_since(t0));
     }
@@ -360,7 +360,7 @@ int run(int argc, char** argv) {
   sp.unshard();
   uint64_t h = 0xCBF29CE484222325ull;
   for (size_t i = 0; i < defs.size(); ++i) {
-    const dmuon::TensorView v = sp.full_param(i);
+    const meshmuon::TensorView v = sp.full_param(i);
     h = fnv1a(h, v.data, v.nbytes());
   }
   sp.reshard();
@@ -376,6 +376,6 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_cpp: error: %s\n", e.what());
     std::fflush(stderr);
-    dmuon::abort_all(1);  // other ranks may be inside a collective: end the whole job
+    meshmuon::abort_all(1);  // other ranks may be inside a collective: end the whole job
   }
 }

@@ -1,5 +1,5 @@
-"""Process setup for the demo: relaunch under torchrun (the default; dmuon's engine then runs on
-the job's torch.distributed process group through its c10d communicator) or mpirun (dmuon's MPI
+"""Process setup for the demo: relaunch under torchrun (the default; meshmuon's engine then runs on
+the job's torch.distributed process group through its c10d communicator) or mpirun (meshmuon's MPI
 communicator) when started as a plain `python train.py`, and initialise the torch process group
 (gloo, CPU) from the launcher's environment inside each rank."""
 from __future__ import annotations
@@ -39,7 +39,7 @@ def relaunch(launcher: str, ranks: int, argv: list[str]) -> int:
 def relaunch_under_torchrun(ranks: int, argv: list[str]) -> int:
     """Runs `python -m torch.distributed.run --standalone --nproc-per-node ranks <this script>
     argv` and returns its exit code: a one-machine job with a free rendezvous port of its own (so
-    concurrent demos do not collide), ranks' output unbuffered. No MPI involved: dmuon's engine uses
+    concurrent demos do not collide), ranks' output unbuffered. No MPI involved: meshmuon's engine uses
     the c10d communicator over torch's process group."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, set here to keep its notice quiet

@@ -166,7 +166,7 @@ class GPT(nn.Module):
         return logits, loss, max_logits
 
     def qk_layout(self) -> dict:
-        """QK-clip tags for dmuon.torch.Muon(qk_layout=...): wq rows are query heads, wk rows key
+        """QK-clip tags for meshmuon.torch.Muon(qk_layout=...): wq rows are query heads, wk rows key
         heads (MHA: as many key heads as query heads), each head a block of head_dim rows."""
         hd = self.cfg.d_model // self.cfg.n_head
         layout = {}

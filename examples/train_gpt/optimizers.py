@@ -1,4 +1,4 @@
-"""The optimizers the demo compares: torch.optim.AdamW (the baseline) and dmuon.torch.Muon (Muon on
+"""The optimizers the demo compares: torch.optim.AdamW (the baseline) and meshmuon.torch.Muon (Muon on
 matrices and expert stacks, AdamW on embeddings, the LM head, norms and the router), both built on
 the FSDP2 model, and torch_muon, the reference: PyTorch's own torch.optim.Muon on the 2-D hidden
 matrices + torch.optim.AdamW on the rest, built on an unsharded model in one process (torch.optim.Muon
@@ -13,8 +13,8 @@ from typing import Optional
 import torch
 
 
-class DmuonUnavailable(RuntimeError):
-    """dmuon.torch is missing or cannot drive FSDP2 DTensors yet; the message says what to do."""
+class MeshmuonUnavailable(RuntimeError):
+    """meshmuon.torch is missing or cannot drive FSDP2 DTensors yet; the message says what to do."""
 
 
 def adamw_groups(model, lr: float, weight_decay: float):
@@ -30,19 +30,19 @@ def build_adamw(model, args) -> torch.optim.Optimizer:
                              lr=args.adamw_lr, betas=(0.9, 0.95), eps=1e-8, foreach=True)
 
 
-def build_dmuon(model, args) -> torch.optim.Optimizer:
-    """dmuon.torch.Muon with groups from dmuon.torch.param_groups, on the FSDP2 DTensors (the
+def build_meshmuon(model, args) -> torch.optim.Optimizer:
+    """meshmuon.torch.Muon with groups from meshmuon.torch.param_groups, on the FSDP2 DTensors (the
     distributed engine; its MPI communicator comes up on first use under mpirun). Raises
-    DmuonUnavailable when the package is not installed or cannot drive these parameters."""
+    MeshmuonUnavailable when the package is not installed or cannot drive these parameters."""
     try:
-        import dmuon.torch as dtorch
+        import meshmuon.torch as dtorch
     except ImportError as e:
-        raise DmuonUnavailable(
-            f"the dmuon Python package is not importable ({e}); install it with "
+        raise MeshmuonUnavailable(
+            f"the meshmuon Python package is not importable ({e}); install it with "
             f"`pip install --no-build-isolation .` from the repository root, or run "
             f"--optimizers adamw") from e
     if args.strategy != "auto":
-        os.environ["DMUON_STRATEGY"] = args.strategy  # the engine's documented override
+        os.environ["MESHMUON_STRATEGY"] = args.strategy  # the engine's documented override
     groups = dtorch.param_groups(
         model,
         muon=dict(lr=args.muon_lr, weight_decay=args.weight_decay),
@@ -57,8 +57,8 @@ def build_dmuon(model, args) -> torch.optim.Optimizer:
     try:
         return dtorch.Muon(groups, **kwargs)
     except (NotImplementedError, RuntimeError) as e:
-        raise DmuonUnavailable(
-            f"dmuon.torch.Muon cannot drive these FSDP2 DTensors ({e}); run --optimizers adamw") from e
+        raise MeshmuonUnavailable(
+            f"meshmuon.torch.Muon cannot drive these FSDP2 DTensors ({e}); run --optimizers adamw") from e
 
 
 def _router_to_adamw(groups):
@@ -76,7 +76,7 @@ def _router_to_adamw(groups):
 
 
 # torch.optim.Muon takes one (a, b, c) triple for all Newton-Schulz iterations: "jordan" is its
-# default; dmuon's other schedules (you, polar_express) vary per iteration and have no equivalent.
+# default; meshmuon's other schedules (you, polar_express) vary per iteration and have no equivalent.
 TORCH_MUON_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
@@ -103,7 +103,7 @@ class MuonWithAdamW:
 
 def torch_muon_split(model) -> tuple[list, list]:
     """(Muon, AdamW) parameters: the 2-D weights inside the transformer blocks but the MoE router
-    go to Muon, as dmuon's groups in this demo; embedding, LM head and norms go to AdamW."""
+    go to Muon, as meshmuon's groups in this demo; embedding, LM head and norms go to AdamW."""
     muon, adamw = [], []
     for name, p in model.named_parameters():
         hidden = name.startswith("blocks.") and p.ndim == 2 and not name.endswith("router.weight")
@@ -112,9 +112,9 @@ def torch_muon_split(model) -> tuple[list, list]:
 
 
 def torch_bf16_slowdown() -> float:
-    """torch's bf16 matmul time over its fp32 one on this CPU (dmuon's probe; 1.0 without dmuon)."""
+    """torch's bf16 matmul time over its fp32 one on this CPU (meshmuon's probe; 1.0 without meshmuon)."""
     try:
-        from dmuon.torch._precision import torch_bf16_slowdown as probe
+        from meshmuon.torch._precision import torch_bf16_slowdown as probe
     except ImportError:
         return 1.0
     return probe()
@@ -149,7 +149,7 @@ def torch_muon_ns(args) -> str:
 def build_torch_muon(model, args) -> MuonWithAdamW:
     """torch.optim.Muon (lr --muon-lr, momentum 0.95 Nesterov, 5 Newton-Schulz steps with its
     default coefficients, in bf16 or, where this CPU's bf16 matmul is slow, fp32 (torch_muon_ns),
-    adjust_lr_fn default = dmuon's default) + torch.optim.AdamW with dmuon's AdamW-group
+    adjust_lr_fn default = meshmuon's default) + torch.optim.AdamW with meshmuon's AdamW-group
     hyperparameters, on an unsharded model (one process)."""
     if any(p.ndim > 2 for p in model.parameters()):
         raise ValueError("[demo] torch_muon: torch.optim.Muon takes 2-D parameters only; run it "
@@ -171,15 +171,15 @@ def build_torch_muon(model, args) -> MuonWithAdamW:
 def build(name: str, model, args):
     if name == "adamw":
         return build_adamw(model, args)
-    if name == "dmuon":
-        return build_dmuon(model, args)
+    if name == "meshmuon":
+        return build_meshmuon(model, args)
     if name == "torch_muon":
         return build_torch_muon(model, args)
-    raise ValueError(f"[demo] unknown optimizer {name!r}; use dmuon, adamw or torch_muon")
+    raise ValueError(f"[demo] unknown optimizer {name!r}; use meshmuon, adamw or torch_muon")
 
 
 def ns_precision(opt) -> str:
-    """dmuon's Newton-Schulz products as they ran (its last_step_stats): 'fp32' or 'bf16 <kind>'."""
+    """meshmuon's Newton-Schulz products as they ran (its last_step_stats): 'fp32' or 'bf16 <kind>'."""
     products = opt.last_step_stats.get("bf16_products", "unused")
     return "fp32" if products == "unused" else f"bf16 {products}"
 
@@ -194,11 +194,11 @@ def set_lr_scale(opt, scale: float) -> None:
 
 def timed_step(opt, qk_logits: Optional[dict]) -> tuple[float, float]:
     """Runs opt.step() and returns (comm_ms, compute_ms). torch's AdamW on FSDP2 shards is local,
-    and torch_muon runs in one process: all of it is compute. dmuon reports its own phases in
-    `last_step_stats` (seconds, fields of dmuon::StepStats): the communication is the time the step
+    and torch_muon runs in one process: all of it is compute. meshmuon reports its own phases in
+    `last_step_stats` (seconds, fields of meshmuon::StepStats): the communication is the time the step
     waited for collectives (comm_wait_seconds), the rest of the step is compute."""
     start = time.perf_counter()
-    if qk_logits is not None:  # dmuon with QK-clip: {layer: global per-head max logits}
+    if qk_logits is not None:  # meshmuon with QK-clip: {layer: global per-head max logits}
         opt.step(qk_logits=qk_logits)
     else:
         opt.step()

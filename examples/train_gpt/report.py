@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-ORDER = ("dmuon", "adamw", "torch_muon")
-COLORS = {"dmuon": "tab:red", "adamw": "tab:blue", "torch_muon": "tab:green"}
+ORDER = ("meshmuon", "adamw", "torch_muon")
+COLORS = {"meshmuon": "tab:red", "adamw": "tab:blue", "torch_muon": "tab:green"}
 
 
 def _procs(summary: dict, run: dict) -> str:
@@ -35,13 +35,13 @@ def table(summary: dict) -> str:
                      f"{median:>7.1f} {run['optimizer_comm_ms']:>8.1f} "
                      f"{run['optimizer_compute_ms']:>10.1f} {run['wall_seconds']:>7.1f} "
                      f"{_procs(summary, run):>11}  {run.get('ns_precision', '-')}")
-    d = summary.get("dmuon")
+    d = summary.get("meshmuon")
     for other in ("adamw", "torch_muon"):
         o = summary.get(other)
         if d and o:
-            lines.append(f"dmuon vs {other} at {summary['steps']} steps: final loss "
+            lines.append(f"meshmuon vs {other} at {summary['steps']} steps: final loss "
                          f"{d['final_loss']:.4f} vs {o['final_loss']:.4f} "
-                         f"({'dmuon lower' if d['final_loss'] < o['final_loss'] else other + ' lower'}"
+                         f"({'meshmuon lower' if d['final_loss'] < o['final_loss'] else other + ' lower'}"
                          f"), val loss {d['val_loss']:.4f} vs {o['val_loss']:.4f}, optimizer step "
                          f"{d['optimizer_step_ms']:.1f} vs {o['optimizer_step_ms']:.1f} ms")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Train a small character-level GPT with FSDP2 over CPU ranks, once per optimizer: dmuon (Muon +
+"""Train a small character-level GPT with FSDP2 over CPU ranks, once per optimizer: meshmuon (Muon +
 AdamW groups), torch.optim.AdamW, and the reference torch.optim.Muon + AdamW (one process,
 unsharded), same model, data order, seed and steps; print progress and a comparison table, write
 demo-out/summary.json and demo-out/loss.png.
@@ -42,8 +42,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     run = p.add_argument_group("run")
-    run.add_argument("--optimizers", default="dmuon,adamw,torch_muon",
-                     help="comma-separated runs, in order: dmuon, adamw (the baseline), torch_muon "
+    run.add_argument("--optimizers", default="meshmuon,adamw,torch_muon",
+                     help="comma-separated runs, in order: meshmuon, adamw (the baseline), torch_muon "
                           "(the reference: torch.optim.Muon + AdamW, unsharded, in one process: "
                           "rank 0 while the other ranks wait)")
     run.add_argument("--steps", type=int, default=120, help="optimizer steps per run")
@@ -60,8 +60,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     run.add_argument("--log-every", type=int, default=10, help="progress line every N steps")
     run.add_argument("--out", default="demo-out", help="folder for summary.json and loss.png")
     run.add_argument("--launcher", choices=launch.LAUNCHERS, default="torchrun",
-                     help="how a plain `python train.py` relaunches itself: torchrun (dmuon on torch's "
-                          "process group, c10d) or mpirun (dmuon's MPI communicator)")
+                     help="how a plain `python train.py` relaunches itself: torchrun (meshmuon on torch's "
+                          "process group, c10d) or mpirun (meshmuon's MPI communicator)")
     run.add_argument("--no-launch", action="store_true",
                      help="do not relaunch under mpirun (one process, or already launched)")
     model = p.add_argument_group("model (a preset, then the fields given override it)")
@@ -76,12 +76,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                        help="E > 0: the middle block's MLP becomes E top-1 experts (3-D params)")
     model.add_argument("--tie-embeddings", action="store_true", help="LM head shares the embedding")
     opt = p.add_argument_group("optimization")
-    opt.add_argument("--muon-lr", type=float, default=0.02, help="dmuon: lr of Muon matrices")
+    opt.add_argument("--muon-lr", type=float, default=0.02, help="meshmuon: lr of Muon matrices")
     opt.add_argument("--adamw-lr", type=float, default=5e-4,
                      help="lr of the AdamW baseline (the best of examples/train_gpt/sweep_adamw.py "
                           "on the 10m preset at 120 steps)")
     opt.add_argument("--muon-adamw-lr", type=float, default=2e-3,
-                     help="lr of the AdamW group of dmuon and torch_muon (embeddings, LM head, "
+                     help="lr of the AdamW group of meshmuon and torch_muon (embeddings, LM head, "
                           "norms, router)")
     opt.add_argument("--weight-decay", type=float, default=0.0, help="decoupled weight decay")
     opt.add_argument("--lr-schedule", choices=("constant", "cosine", "wsd"), default="wsd",
@@ -91,17 +91,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="linear warmup steps (-1: 10%% of --steps)")
     opt.add_argument("--schedule", default="polar_express",
                      choices=("jordan", "you", "polar_express"),
-                     help="dmuon: Newton-Schulz coefficient schedule")
+                     help="meshmuon: Newton-Schulz coefficient schedule")
     opt.add_argument("--ns-matmul-dtype", default="auto", choices=("auto", "fp32", "bf16"),
-                     help="dmuon: Newton-Schulz products from fp32 or bf16 operands (fp32 "
+                     help="meshmuon: Newton-Schulz products from fp32 or bf16 operands (fp32 "
                           "accumulation), or auto: bf16 where this CPU multiplies bf16 natively, "
                           "fp32 elsewhere")
     opt.add_argument("--strategy", default="auto",
-                     help="dmuon: distribution strategy for every matrix (auto = cost model; "
+                     help="meshmuon: distribution strategy for every matrix (auto = cost model; "
                           "local, owner_a2a, allgather, agrs, gram_allreduce, ...; sets "
-                          "DMUON_STRATEGY)")
+                          "MESHMUON_STRATEGY)")
     opt.add_argument("--qk-clip", type=float, default=100.0,
-                     help="dmuon: QK-clip threshold tau on the per-head max logits, as Kimi K2 "
+                     help="meshmuon: QK-clip threshold tau on the per-head max logits, as Kimi K2 "
                           "(0 = off)")
     args = p.parse_args(argv)
     n_layer, n_head, d_model, seq_len, batch = PRESETS[args.preset]
@@ -110,9 +110,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.optimizers = [o.strip() for o in args.optimizers.split(",") if o.strip()]
-    bad = [o for o in args.optimizers if o not in ("dmuon", "adamw", "torch_muon")]
+    bad = [o for o in args.optimizers if o not in ("meshmuon", "adamw", "torch_muon")]
     if bad or not args.optimizers:
-        p.error(f"--optimizers: unknown {bad}; use dmuon, adamw, torch_muon or a list of them")
+        p.error(f"--optimizers: unknown {bad}; use meshmuon, adamw, torch_muon or a list of them")
     if "torch_muon" in args.optimizers and args.moe_experts:
         p.error("--optimizers torch_muon: torch.optim.Muon takes 2-D parameters only; drop it or "
                 "--moe-experts")
@@ -175,7 +175,7 @@ def evaluate(model, data: CharData, args, rank: int, world: int, batches: int = 
 
 
 def train_one(name: str, args, data: CharData, mesh, rank: int, world: int) -> Optional[dict]:
-    """One run. dmuon and adamw: every rank trains its share of the FSDP2 model. torch_muon (solo):
+    """One run. meshmuon and adamw: every rank trains its share of the FSDP2 model. torch_muon (solo):
     rank 0 trains the unsharded model on the whole global batch (--torch-muon-threads threads)
     while the other ranks wait at a barrier (they return None)."""
     solo = name == "torch_muon"
@@ -211,7 +211,7 @@ def _train(name: str, args, data: CharData, mesh, rank: int, world: int,
            solo: bool = False) -> dict:
     model, params = build_model(args, data.vocab_size, mesh)
     opt = optimizers.build(name, model, args)
-    wants_logits = name == "dmuon" and args.qk_clip > 0
+    wants_logits = name == "meshmuon" and args.qk_clip > 0
     tokens_per_step = args.batch_size * args.seq_len
     hist = dict(step=[], loss=[], seconds=[])
     window = dict(comm=0.0, compute=0.0, steps=0, start=time.perf_counter())
@@ -255,7 +255,7 @@ def _train(name: str, args, data: CharData, mesh, rank: int, world: int,
     wall = time.perf_counter() - start
     val_loss = evaluate(model, data, args, rank, world, solo=solo)
     last = hist["loss"][-min(10, len(hist["loss"])):]
-    extra = dict(ns_precision=optimizers.ns_precision(opt)) if name == "dmuon" else {}
+    extra = dict(ns_precision=optimizers.ns_precision(opt)) if name == "meshmuon" else {}
     return dict(
         **extra,
         final_loss=sum(last) / len(last), last_step_loss=hist["loss"][-1], val_loss=val_loss,
@@ -267,19 +267,19 @@ def _train(name: str, args, data: CharData, mesh, rank: int, world: int,
         history=hist)
 
 
-def check_dmuon(args, data, mesh, world: int) -> str:
-    """Builds the dmuon optimizer once on the sharded model before anything trains, so a dmuon that
+def check_meshmuon(args, data, mesh, world: int) -> str:
+    """Builds the meshmuon optimizer once on the sharded model before anything trains, so a meshmuon that
     cannot run fails in seconds, on every rank alike. Returns '' or the reason."""
     reason = ""
     try:
         model, _ = build_model(args, data.vocab_size, mesh)
-        optimizers.build("dmuon", model, args)
-    except optimizers.DmuonUnavailable as e:
+        optimizers.build("meshmuon", model, args)
+    except optimizers.MeshmuonUnavailable as e:
         reason = str(e)
     flag = torch.tensor([1.0 if reason else 0.0])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     if flag.item() and not reason:
-        reason = "dmuon could not be built on another rank (see its message)"
+        reason = "meshmuon could not be built on another rank (see its message)"
     return reason
 
 
@@ -293,11 +293,11 @@ def main(argv=None) -> int:
     try:
         data = CharData(DEFAULT_TEXT)
         mesh = init_device_mesh("cpu", (world,))
-        if "dmuon" in args.optimizers:
-            reason = check_dmuon(args, data, mesh, world)
+        if "meshmuon" in args.optimizers:
+            reason = check_meshmuon(args, data, mesh, world)
             if reason:
                 if rank == 0:
-                    print(f"[demo] dmuon run not possible: {reason}", file=sys.stderr, flush=True)
+                    print(f"[demo] meshmuon run not possible: {reason}", file=sys.stderr, flush=True)
                 return 3
         if rank == 0:
             print(f"[demo] {world} ranks x {torch.get_num_threads()} threads | text "
@@ -321,7 +321,7 @@ def main(argv=None) -> int:
                                             qk_clip=args.qk_clip,
                                             torch_muon_ns_coefficients=list(
                                                 optimizers.TORCH_MUON_COEFFICIENTS)),
-                       dmuon=None, adamw=None, torch_muon=None)
+                       meshmuon=None, adamw=None, torch_muon=None)
         for name in args.optimizers:
             run = train_one(name, args, data, mesh, rank, world)
             if run is not None:  # None: a rank that waited during the one-process torch_muon run

@@ -1,4 +1,4 @@
-// Shared declarations of the `dmuon._core` binding files: one init_<area>(m) per file, called from
+// Shared declarations of the `meshmuon._core` binding files: one init_<area>(m) per file, called from
 // module.cpp, the DLPack -> TensorView conversion every binding uses, and the methods both engines
 // (LocalOptimizer, Optimizer) bind alike.
 #pragma once
@@ -15,14 +15,14 @@
 #include <string>
 #include <vector>
 
-#include "dmuon/tensor.h"
+#include "meshmuon/tensor.h"
 
-namespace dmuon {
+namespace meshmuon {
 struct StepStats;         // optimizer.h
 struct OptimizerOptions;  // optimizer.h
 }
 
-namespace dmuon::python {
+namespace meshmuon::python {
 
 namespace nb = nanobind;
 
@@ -82,7 +82,7 @@ void bind_engine_methods(nb::class_<Engine>& cls, const char* step_doc, const ch
           nb::arg("stream").none(),
           "The caller's CUDA stream the steps order themselves with on the device (a cudaStream_t as "
           "an int, e.g. torch.cuda.current_stream().cuda_stream; 1 = cudaStreamLegacy for the legacy "
-          "default stream, whose handle is 0). None: none, step() waits on the host (dmuon/optimizer.h "
+          "default stream, whose handle is 0). None: none, step() waits on the host (meshmuon/optimizer.h "
           "Optimizer::set_stream).")
       .def(
           "stream", [](const Engine& e) -> std::optional<uintptr_t> {
@@ -93,12 +93,12 @@ void bind_engine_methods(nb::class_<Engine>& cls, const char* step_doc, const ch
           "The stream set by set_stream, or None.");
 }
 
-// dmuon::StepStats as a dict (both engines' last_stats(); optimizer.cpp).
+// meshmuon::StepStats as a dict (both engines' last_stats(); optimizer.cpp).
 nb::dict stats_dict(const StepStats& s);
 
-// The dmuon.Optimizer options as its bindings take them (dmuon.Optimizer() and
+// The meshmuon.Optimizer options as its bindings take them (meshmuon.Optimizer() and
 // ShardedParams.make_optimizer): names, strings and seconds checked and converted here, once.
-// `machine`: a profile name ("h100", "cpu") or a dmuon.MachineProfile.
+// `machine`: a profile name ("h100", "cpu") or a meshmuon.MachineProfile.
 struct PyOptimizerArgs {
   std::string non_finite = "raise", comm_dtype = "fp32";
   int window = 2;
@@ -120,6 +120,6 @@ void init_orthogonalize(nb::module_& m);
 void init_local_optimizer(nb::module_& m);
 void init_optimizer(nb::module_& m);
 void init_comm(nb::module_& m);
-void init_sharded_params(nb::module_& m);  // after init_optimizer: returns dmuon.Optimizer
+void init_sharded_params(nb::module_& m);  // after init_optimizer: returns meshmuon.Optimizer
 
-}  // namespace dmuon::python
+}  // namespace meshmuon::python

@@ -1,15 +1,15 @@
-// BLAS introspection and threads: dmuon.blas_info(), blas_set_num_threads(), blas_get_num_threads();
-// the CPU's bf16 support: dmuon.cpu_info().
+// BLAS introspection and threads: meshmuon.blas_info(), blas_set_num_threads(), blas_get_num_threads();
+// the CPU's bf16 support: meshmuon.cpu_info().
 #include <nanobind/stl/string.h>
 
 #include "bindings.h"
 #include "core/cpu_features.h"
-#include "dmuon/blas.h"
-#include "dmuon/error.h"
-#include "dmuon/orthogonalize.h"
+#include "meshmuon/blas.h"
+#include "meshmuon/error.h"
+#include "meshmuon/orthogonalize.h"
 #include "kernels/cpu/bf16_products.h"
 
-namespace dmuon::python {
+namespace meshmuon::python {
 
 void init_blas(nb::module_& m) {
   m.def(
@@ -26,7 +26,7 @@ void init_blas(nb::module_& m) {
         d["threads"] = i.threads;
         return d;
       },
-      "The BLAS dmuon computes with: library, corename, config, coretype_env, recommended, core_ok "
+      "The BLAS meshmuon computes with: library, corename, config, coretype_env, recommended, core_ok "
       "(False when OpenBLAS runs a slower core than recommended), threads. Loads it if needed.");
   m.def(
       "cpu_info",
@@ -47,10 +47,10 @@ void init_blas(nb::module_& m) {
         return d;
       },
       "This CPU and its bf16 products: model, avx512_bf16, amx_bf16 (the hardware), bf16_native "
-      "(bf16 products run on bf16 instructions), bf16_products ('native', 'widened': dmuon's, at the "
+      "(bf16 products run on bf16 instructions), bf16_products ('native', 'widened': meshmuon's, at the "
       "fp32 rate, or 'onednn_emulated'), bf16_kernel, bf16_reason, bf16_forced "
-      "(DMUON_BF16_PRODUCTS), bf16_error (non-empty: they cannot run), auto_matmul_dtype (what "
-      "ns_matmul_dtype='auto' picks). As `dmuon info`.");
+      "(MESHMUON_BF16_PRODUCTS), bf16_error (non-empty: they cannot run), auto_matmul_dtype (what "
+      "ns_matmul_dtype='auto' picks). As `meshmuon info`.");
   m.def(
       "measure_bf16_cost",
       [](int size, int repeats) {
@@ -73,15 +73,15 @@ void init_blas(nb::module_& m) {
       "_set_bf16_products_for_tests",
       [](const std::string& path) {
         if (path.empty() || path == "auto") return cpu::set_bf16_product_path_for_tests(std::nullopt);
-        DMUON_CHECK(path == "onednn" || path == "widened", "[orth] path must be auto, onednn or widened, got '", path, "'");
+        MESHMUON_CHECK(path == "onednn" || path == "widened", "[orth] path must be auto, onednn or widened, got '", path, "'");
         cpu::set_bf16_product_path_for_tests(path == "onednn" ? cpu::Bf16ProductPath::OneDnn
                                                               : cpu::Bf16ProductPath::Widened);
       },
       nb::arg("path"), "Tests: forces the bf16 products of Orthogonalizers made afterwards ('auto' undoes it).");
   m.def("blas_set_num_threads", &blas_set_num_threads, nb::arg("n"),
-        "Sets the threads dmuon's products use (each product is split into tiles whose shapes do not "
+        "Sets the threads meshmuon's products use (each product is split into tiles whose shapes do not "
         "depend on the count, so results do not either; the BLAS runs one thread per tile).");
   m.def("blas_get_num_threads", &blas_get_num_threads);
 }
 
-}  // namespace dmuon::python
+}  // namespace meshmuon::python

@@ -1,11 +1,11 @@
-// dmuon._core.make_transport_communicator: a Communicator whose transport is a Python object
-// (dmuon/torch/_c10d.py: torch.distributed over a ProcessGroup). The engine calls the transport
+// meshmuon._core.make_transport_communicator: a Communicator whose transport is a Python object
+// (meshmuon/torch/_c10d.py: torch.distributed over a ProcessGroup). The engine calls the transport
 // from the thread that drives it, usually with the GIL released (Optimizer.step and its
 // constructor release it): every call into Python takes the GIL here. Buffers reach Python as 1-D
 // torch tensors aliasing the engine's memory (DLPack, no copy): fp32, bf16, int32, int64, uint8;
 // uint64 crosses as int64 (the same bits) with its real type named in the `dtype` argument.
-// dmuon._core.make_nccl_communicator: the nccl communicator (dmuon/comm_nccl.h) bootstrapped through
-// a Python exchange callable (bytes -> bytes of every rank's blob, rank order), so that dmuon.torch
+// meshmuon._core.make_nccl_communicator: the nccl communicator (meshmuon/comm_nccl.h) bootstrapped through
+// a Python exchange callable (bytes -> bytes of every rank's blob, rank order), so that meshmuon.torch
 // can bootstrap it from torch.distributed (all_gather_object) without MPI.
 // Also Communicator.counters() and Communicator.name (added to the class optimizer.cpp binds).
 #include <nanobind/stl/shared_ptr.h>
@@ -16,12 +16,12 @@
 #include <vector>
 
 #include "bindings.h"
-#include "dmuon/comm.h"
-#include "dmuon/comm_transport.h"
-#include "dmuon/comm_nccl.h"
-#include "dmuon/error.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/comm_transport.h"
+#include "meshmuon/comm_nccl.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::python {
+namespace meshmuon::python {
 namespace {
 
 using Tensor = nb::ndarray<nb::pytorch, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
@@ -196,7 +196,7 @@ void init_comm(nb::module_& m) {
         if (!missing.empty())
           throw nb::type_error(("[python] make_transport_communicator: the transport (" +
                                 std::string(nb::type_name(transport.type()).c_str()) + ") lacks " + missing +
-                                "; see dmuon/comm_transport.h and dmuon/torch/_c10d.py")
+                                "; see meshmuon/comm_transport.h and meshmuon/torch/_c10d.py")
                                    .c_str());
         std::string backend = nb::hasattr(transport, "backend") ? nb::cast<std::string>(transport.attr("backend")) : "external";
         auto t = std::make_shared<PyTransport>(std::move(transport), std::move(backend));
@@ -204,7 +204,7 @@ void init_comm(nb::module_& m) {
       },
       nb::arg("transport"), nb::arg("rank"), nb::arg("size"), nb::arg("name") = "world", nb::arg("world_rank") = -1,
       "A Communicator over a Python transport (methods all_to_all_v, all_gather_v, reduce_scatter_v, all_reduce, "
-      "broadcast, barrier, p2p, split; attribute backend): dmuon/comm_transport.h's contract. Local: posts nothing.");
+      "broadcast, barrier, p2p, split; attribute backend): meshmuon/comm_transport.h's contract. Local: posts nothing.");
 
   m.def(
       "make_nccl_communicator",
@@ -229,9 +229,9 @@ void init_comm(nb::module_& m) {
         return std::shared_ptr<Communicator>(make_nccl_communicator(rank, size, std::move(ex), device, name));
       },
       nb::arg("exchange"), nb::arg("rank"), nb::arg("size"), nb::arg("device") = -1, nb::arg("name") = "world",
-      "The nccl communicator (dmuon/comm_nccl.h): COLLECTIVE over `size` ranks. exchange(bytes) -> bytes "
+      "The nccl communicator (meshmuon/comm_nccl.h): COLLECTIVE over `size` ranks. exchange(bytes) -> bytes "
       "all-gathers a blob among the ranks (every rank's, in rank order), e.g. through "
-      "torch.distributed.all_gather_object. Raises dmuon.Error naming the cause where it cannot run "
+      "torch.distributed.all_gather_object. Raises meshmuon.Error naming the cause where it cannot run "
       "(no CUDA in the build, no device, libnccl missing).");
   m.def("nccl_available", &nccl_available,
         "True when this build has the nccl communicator compiled in (CUDA and the NCCL headers).");
@@ -260,4 +260,4 @@ void init_comm(nb::module_& m) {
                   nullptr)));
 }
 
-}  // namespace dmuon::python
+}  // namespace meshmuon::python

@@ -1,13 +1,13 @@
 // Exceptions across the boundary: std::invalid_argument arrives as ValueError (nanobind's default),
-// dmuon::Error as dmuon.DmuonError (a RuntimeError), both with the engine's message.
+// meshmuon::Error as meshmuon.MeshmuonError (a RuntimeError), both with the engine's message.
 #include "bindings.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::python {
+namespace meshmuon::python {
 
 
 void init_errors(nb::module_& m) {
-  nb::exception<dmuon::Error>(m, "DmuonError", PyExc_RuntimeError);
+  nb::exception<meshmuon::Error>(m, "MeshmuonError", PyExc_RuntimeError);
 }
 
-}  // namespace dmuon::python
+}  // namespace meshmuon::python

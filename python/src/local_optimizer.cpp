@@ -1,20 +1,20 @@
-// dmuon.LocalOptimizer: the single-process engine. Parameters and gradients cross as DLPack views
+// meshmuon.LocalOptimizer: the single-process engine. Parameters and gradients cross as DLPack views
 // each step (no copies); the state lives in the engine and is exposed as torch tensors that alias
 // it (so the optimizer's state dict and the engine share memory). The GIL is released in step().
 #include <string>
 #include <vector>
 
 #include "bindings.h"
-#include "dmuon/local_optimizer.h"
-#include "dmuon/optimizer.h"
-#include "dmuon/plan.h"
+#include "meshmuon/local_optimizer.h"
+#include "meshmuon/optimizer.h"
+#include "meshmuon/plan.h"
 
-namespace dmuon::python {
+namespace meshmuon::python {
 
 void init_local_optimizer(nb::module_& m) {
   nb::class_<LocalOptimizer> cls(m, "LocalOptimizer",
                                  "Single-process optimizer step over whole parameters "
-                                 "(dmuon/local_optimizer.h). Not thread-safe.");
+                                 "(meshmuon/local_optimizer.h). Not thread-safe.");
   cls.def(
           "__init__",
           [](LocalOptimizer* self, std::vector<ParamInfo> params, std::vector<ParamGroup> groups,
@@ -45,13 +45,13 @@ void init_local_optimizer(nb::module_& m) {
           "non_finite", [](const LocalOptimizer& o) { return std::string(to_string(o.policy())); },
           [](LocalOptimizer& o, const std::string& v) { o.set_policy(parse_non_finite_policy(v)); })
       .def("plan_string", [](const LocalOptimizer& o) { return o.plan().to_string(); },
-           "The engine's plan on one rank as `dmuon plan` prints it.")
+           "The engine's plan on one rank as `meshmuon plan` prints it.")
       .def("plan_json", [](const LocalOptimizer& o) { return o.plan().to_json(); },
            "The plan as JSON (docs/plan.md): one rank, every Muon parameter computed locally.")
       .def("last_stats", [](const LocalOptimizer& o) { return stats_dict(o.last_stats()); },
-           "The counters of the last step (dmuon::StepStats) as a dict: times; no bytes on one rank.");
+           "The counters of the last step (meshmuon::StepStats) as a dict: times; no bytes on one rank.");
   bind_engine_methods(cls, "One step; params updated in place. Returns False when skipped (non-finite, policy skip).",
                       "A torch.Tensor aliasing the engine's fp32 state (read-write; stable across steps).");
 }
 
-}  // namespace dmuon::python
+}  // namespace meshmuon::python

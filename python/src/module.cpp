@@ -1,15 +1,15 @@
-// The `dmuon._core` extension module: the native engine behind the `dmuon` Python package.
+// The `meshmuon._core` extension module: the native engine behind the `meshmuon` Python package.
 #include <nanobind/stl/string.h>
 
 #include <string>
 
 #include "bindings.h"
-#include "dmuon/version.h"
+#include "meshmuon/version.h"
 
 NB_MODULE(_core, m) {
-  using namespace dmuon::python;
-  m.doc() = "dmuon native engine (nanobind bindings); use the `dmuon` and `dmuon.torch` packages";
-  m.attr("__version__") = std::string(dmuon::kVersion);
+  using namespace meshmuon::python;
+  m.doc() = "meshmuon native engine (nanobind bindings); use the `meshmuon` and `meshmuon.torch` packages";
+  m.attr("__version__") = std::string(meshmuon::kVersion);
   init_errors(m);
   init_blas(m);
   init_options(m);

@@ -1,4 +1,4 @@
-// dmuon.Optimizer: the distributed engine (dmuon/optimizer.h) over a Communicator, with the layout
+// meshmuon.Optimizer: the distributed engine (meshmuon/optimizer.h) over a Communicator, with the layout
 // types it needs (Mesh, Placement, ParamSpec, Inventory, local_box). Parameters and gradients cross
 // as DLPack views of LOCAL shards each step (no copies); state is exposed as torch tensors aliasing
 // the engine's memory. The GIL is released during step() and during the collective constructor.
@@ -12,17 +12,17 @@
 #include <vector>
 
 #include "bindings.h"
-#include "dmuon/box.h"
-#include "dmuon/comm.h"
-#include "dmuon/inventory.h"
-#include "dmuon/optimizer.h"
-#include "dmuon/update.h"
+#include "meshmuon/box.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/inventory.h"
+#include "meshmuon/optimizer.h"
+#include "meshmuon/update.h"
 
-namespace dmuon::python {
+namespace meshmuon::python {
 namespace {
 
 Shape to_shape(const std::vector<int64_t>& s, const std::string& what) {
-  DMUON_CHECK(s.size() <= static_cast<size_t>(kMaxDims), "[python] ", what, " has ", s.size(),
+  MESHMUON_CHECK(s.size() <= static_cast<size_t>(kMaxDims), "[python] ", what, " has ", s.size(),
               " dims; at most ", kMaxDims, " are supported");
   return Shape(std::span<const int64_t>(s.data(), s.size()));
 }
@@ -74,7 +74,7 @@ OptimizerOptions optimizer_options(const PyOptimizerArgs& a) {
   else if (nb::isinstance<nb::str>(a.machine))
     options.machine = MachineProfile::named(nb::cast<std::string>(a.machine));
   else
-    throw nb::type_error("[python] machine must be a profile name (str) or a dmuon.MachineProfile");
+    throw nb::type_error("[python] machine must be a profile name (str) or a meshmuon.MachineProfile");
   options.pins = StrategyRules::parse(a.strategy, "strategy");
   options.replica = parse_replica_mode(a.replica);
   options.exact = a.exact;
@@ -91,7 +91,7 @@ OptimizerOptions optimizer_options(const PyOptimizerArgs& a) {
 }
 
 void init_optimizer(nb::module_& m) {
-  nb::class_<Mesh>(m, "Mesh", "Named mesh dims over the world, row-major (dmuon/mesh.h).")
+  nb::class_<Mesh>(m, "Mesh", "Named mesh dims over the world, row-major (meshmuon/mesh.h).")
       .def(nb::init<>())
       .def("__init__",
            [](Mesh* self, const std::vector<std::pair<std::string, int>>& dims) {
@@ -111,7 +111,7 @@ void init_optimizer(nb::module_& m) {
       .def_static("parse", [](const std::string& s) { return parse_placement(s); }, nb::arg("text"))
       .def("__repr__", [](const Placement& p) { return to_string(p); });
 
-  nb::class_<ParamSpec>(m, "ParamSpec", "A parameter placed on a mesh (dmuon/param_spec.h).")
+  nb::class_<ParamSpec>(m, "ParamSpec", "A parameter placed on a mesh (meshmuon/param_spec.h).")
       .def(nb::init<>())
       .def_rw("name", &ParamSpec::name)
       .def_prop_rw(
@@ -137,7 +137,7 @@ void init_optimizer(nb::module_& m) {
         [](const std::vector<int64_t>& shape, const std::vector<Placement>& placements, const Mesh& mesh,
            int rank) { return box_ranges(local_box(to_shape(shape, "shape"), placements, mesh, rank)); },
         nb::arg("shape"), nb::arg("placements"), nb::arg("mesh"), nb::arg("rank"),
-        "Per tensor dim, the ordered global (begin, end) ranges `rank` holds (dmuon/box.h).");
+        "Per tensor dim, the ordered global (begin, end) ranges `rank` holds (meshmuon/box.h).");
 
   m.def("normuon_state_shape",
         [](const std::vector<int64_t>& shape, bool expert_stack) {
@@ -146,7 +146,7 @@ void init_optimizer(nb::module_& m) {
         nb::arg("shape"), nb::arg("expert_stack"),
         "The global shape of NorMuon's factored state: the parameter's with the reduced dim set to 1.");
 
-  nb::class_<Communicator>(m, "Communicator", "The engine's collectives (dmuon/comm.h).")
+  nb::class_<Communicator>(m, "Communicator", "The engine's collectives (meshmuon/comm.h).")
       .def_prop_ro("rank", &Communicator::rank)
       .def_prop_ro("size", &Communicator::size)
       .def_prop_ro("backend", [](const Communicator& c) { return std::string(c.backend()); })
@@ -158,19 +158,19 @@ void init_optimizer(nb::module_& m) {
       [](const std::string& device) { return std::shared_ptr<Communicator>(make_single_communicator(device)); },
       nb::arg("device") = "cpu",
       "The size-1 communicator. device 'cuda' / 'cuda:N': for an engine on that device (its copies may "
-      "touch device memory); dmuon.Error without a usable CUDA device.");
+      "touch device memory); meshmuon.Error without a usable CUDA device.");
   m.def("make_mpi_communicator",
         []() {
           nb::gil_scoped_release release;
           return std::shared_ptr<Communicator>(make_mpi_communicator());
         },
         "COLLECTIVE over MPI_COMM_WORLD; initializes MPI if nobody has. Load libmpi RTLD_GLOBAL first "
-        "(dmuon/__init__.py does).");
+        "(meshmuon/__init__.py does).");
   m.def("mpi_available", &mpi_available);
   m.def("abort_all", [](int code) { abort_all(code); }, nb::arg("code"),
         "Ends the whole job (MPI_Abort when MPI runs): after a communication error or timeout.");
 
-  nb::class_<MachineProfile>(m, "MachineProfile", "Cost-model constants of the planner (dmuon/plan.h).")
+  nb::class_<MachineProfile>(m, "MachineProfile", "Cost-model constants of the planner (meshmuon/plan.h).")
       .def_static("named", [](const std::string& name) { return MachineProfile::named(name); }, nb::arg("name"),
                   "'h100', 'h200', 'h100-ib', 'h200-ib' or 'cpu' (docs/plan.md); ValueError otherwise.")
       .def_static("from_json", [](const std::string& text) { return MachineProfile::from_json(text); },
@@ -185,7 +185,7 @@ void init_optimizer(nb::module_& m) {
 
   m.def("strategy_rules", [](const std::string& text) { return StrategyRules::parse(text, "strategy").to_string(); },
         nb::arg("text"),
-        "Checks strategy rules 'pattern:strategy;...;default:strategy' (as DMUON_STRATEGY) and returns "
+        "Checks strategy rules 'pattern:strategy;...;default:strategy' (as MESHMUON_STRATEGY) and returns "
         "their canonical text; ValueError naming the bad item.");
   m.def("strategy_names", [] {
     std::vector<std::string> names;
@@ -200,7 +200,7 @@ void init_optimizer(nb::module_& m) {
   }, "The replica modes (plan.h).");
 
   nb::class_<Optimizer> cls(m, "Optimizer",
-                            "The distributed optimizer step over local shards (dmuon/optimizer.h). "
+                            "The distributed optimizer step over local shards (meshmuon/optimizer.h). "
                             "COLLECTIVE: construct and step on every rank in the same order.");
   cls.def(
           "__init__",
@@ -220,8 +220,8 @@ void init_optimizer(nb::module_& m) {
           nb::arg("blas_threads") = 0, nb::arg("timeout_s") = 0.0, nb::arg("machine") = "h100",
           nb::arg("strategy") = "", nb::arg("replica") = "auto", nb::arg("exact") = true,
           nb::arg("env_override") = true, nb::arg("offload_state") = false, nb::arg("device") = "cpu",
-          "machine: a profile name or a dmuon.MachineProfile; strategy: pins 'pattern:strategy;...;"
-          "default:strategy' (highest precedence; DMUON_STRATEGY is read too unless env_override=False); "
+          "machine: a profile name or a meshmuon.MachineProfile; strategy: pins 'pattern:strategy;...;"
+          "default:strategy' (highest precedence; MESHMUON_STRATEGY is read too unless env_override=False); "
           "replica: auto, duplicate or split; exact=False lets the cost model pick gram_allreduce; "
           "offload_state=True keeps the state in pinned host memory and stages each chunk's state through "
           "device slots (bitwise the same results; on the cpu backend the same copies, a cost). device: 'cpu', "
@@ -237,9 +237,9 @@ void init_optimizer(nb::module_& m) {
       .def("plan_json", [](const Optimizer& o) { return o.plan().to_json(); },
            "The plan as JSON (docs/plan.md): totals, options and every Muon parameter's entry.")
       .def("last_stats", [](const Optimizer& o) { return stats_dict(o.last_stats()); },
-           "The counters of the last step on this rank (dmuon::StepStats) as a dict.");
+           "The counters of the last step on this rank (meshmuon::StepStats) as a dict.");
   bind_engine_methods(cls, "COLLECTIVE. One step on local shards, updated in place. False when skipped.",
                       "A torch.Tensor aliasing the engine's fp32 state of this rank's shard (stable across steps).");
 }
 
-}  // namespace dmuon::python
+}  // namespace meshmuon::python

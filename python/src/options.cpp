@@ -11,12 +11,12 @@
 #include <vector>
 
 #include "bindings.h"
-#include "dmuon/local_optimizer.h"
-#include "dmuon/optim_options.h"
-#include "dmuon/orthogonalize.h"
-#include "dmuon/qk_clip.h"
+#include "meshmuon/local_optimizer.h"
+#include "meshmuon/optim_options.h"
+#include "meshmuon/orthogonalize.h"
+#include "meshmuon/qk_clip.h"
 
-namespace dmuon::python {
+namespace meshmuon::python {
 namespace {
 
 // A read-write property that converts between an enum field and its string name.
@@ -36,7 +36,7 @@ EpsMode parse_eps_mode(std::string_view v) {
 }  // namespace
 
 void init_options(nb::module_& m) {
-  nb::class_<NsOptions> ns(m, "NsOptions", "Orthogonalization options (dmuon/orthogonalize.h).");
+  nb::class_<NsOptions> ns(m, "NsOptions", "Orthogonalization options (meshmuon/orthogonalize.h).");
   ns.def(nb::init<>());
   enum_property(ns, "schedule", &NsOptions::schedule, parse_schedule);
   enum_property(ns, "method", &NsOptions::method, parse_ns_method);
@@ -73,7 +73,7 @@ void init_options(nb::module_& m) {
         return out;
       }, "The per-step (a, b, c) these options describe; raises ValueError when invalid.");
 
-  nb::class_<GroupOptions> g(m, "GroupOptions", "Hyperparameters of one group (dmuon/optim_options.h).");
+  nb::class_<GroupOptions> g(m, "GroupOptions", "Hyperparameters of one group (meshmuon/optim_options.h).");
   g.def(nb::init<>());
   enum_property(g, "algorithm", &GroupOptions::algorithm, parse_algorithm);
   enum_property(g, "momentum_kind", &GroupOptions::momentum_kind, parse_momentum_kind);
@@ -94,7 +94,7 @@ void init_options(nb::module_& m) {
       .def("validate", [](const GroupOptions& o, size_t index) { validate_group_options(o, index); },
            nb::arg("group_index") = 0, "Raises ValueError naming the field when a value is out of range.");
 
-  nb::class_<QkTag> qk(m, "QkTag", "Where a QK-clip parameter sits in attention (dmuon/qk_clip.h).");
+  nb::class_<QkTag> qk(m, "QkTag", "Where a QK-clip parameter sits in attention (meshmuon/qk_clip.h).");
   qk.def(nb::init<>());
   enum_property(qk, "kind", &QkTag::kind, parse_qk_kind);
   qk.def_rw("layer", &QkTag::layer)
@@ -109,7 +109,7 @@ void init_options(nb::module_& m) {
       .def_prop_rw(
           "shape", [](const ParamInfo& p) { return std::vector<int64_t>(p.shape.begin(), p.shape.end()); },
           [](ParamInfo& p, const std::vector<int64_t>& s) {
-            DMUON_CHECK(s.size() <= static_cast<size_t>(kMaxDims), "[python] parameter '", p.name,
+            MESHMUON_CHECK(s.size() <= static_cast<size_t>(kMaxDims), "[python] parameter '", p.name,
                         "' has ", s.size(), " dims; at most ", kMaxDims, " are supported");
             p.shape = Shape(std::span<const int64_t>(s.data(), s.size()));
           })
@@ -122,4 +122,4 @@ void init_options(nb::module_& m) {
       .def_rw("params", &ParamGroup::params);
 }
 
-}  // namespace dmuon::python
+}  // namespace meshmuon::python

@@ -1,13 +1,13 @@
-// dmuon.Orthogonalizer: Newton–Schulz on fp32 arrays in place or out of place, GIL released.
+// meshmuon.Orthogonalizer: Newton–Schulz on fp32 arrays in place or out of place, GIL released.
 #include "bindings.h"
-#include "dmuon/orthogonalize.h"
+#include "meshmuon/orthogonalize.h"
 
-namespace dmuon::python {
+namespace meshmuon::python {
 
 void init_orthogonalize(nb::module_& m) {
   nb::class_<Orthogonalizer>(m, "Orthogonalizer",
                              "Orthogonalizes fp32 [m, n] matrices or [B, m, n] stacks "
-                             "(dmuon/orthogonalize.h). Not thread-safe: one per thread.")
+                             "(meshmuon/orthogonalize.h). Not thread-safe: one per thread.")
       .def(nb::init<NsOptions>(), nb::arg("options"))
       .def_prop_ro("options", &Orthogonalizer::options)
       .def(
@@ -23,4 +23,4 @@ void init_orthogonalize(nb::module_& m) {
         "Floating-point operations of one orthogonalization of an m x n matrix.");
 }
 
-}  // namespace dmuon::python
+}  // namespace meshmuon::python

@@ -1,8 +1,8 @@
-// dmuon.ShardedParams: the native sharded parameter group (dmuon/sharded_params.h) as dmuon.torch's
-// ZeRO engine uses it (python/dmuon/torch/_zero.py): fp32 master shards in one flat buffer (exposed as
+// meshmuon.ShardedParams: the native sharded parameter group (meshmuon/sharded_params.h) as meshmuon.torch's
+// ZeRO engine uses it (python/meshmuon/torch/_zero.py): fp32 master shards in one flat buffer (exposed as
 // torch tensors aliasing it), the fixed-order gradient reduction read straight from the caller's full
 // gradients (torch .grad, fp32 or bf16), the unshard written straight into the caller's full
-// parameters (fp32 bits or bf16 round to nearest even), and a dmuon.Optimizer over the same mesh
+// parameters (fp32 bits or bf16 round to nearest even), and a meshmuon.Optimizer over the same mesh
 // communicators and inventory. The GIL is released during every collective call.
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
@@ -15,13 +15,13 @@
 #include <vector>
 
 #include "bindings.h"
-#include "dmuon/mesh_comms.h"
-#include "dmuon/optimizer.h"
-#include "dmuon/plan.h"
-#include "dmuon/sharded_params.h"
-#include "dmuon/strategy.h"
+#include "meshmuon/mesh_comms.h"
+#include "meshmuon/optimizer.h"
+#include "meshmuon/plan.h"
+#include "meshmuon/sharded_params.h"
+#include "meshmuon/strategy.h"
 
-namespace dmuon::python {
+namespace meshmuon::python {
 namespace {
 
 GradReduce parse_reduce(const std::string& v) {
@@ -47,7 +47,7 @@ nb::dict reduce_stats_dict(const ReduceStats& s) {
 
 void init_sharded_params(nb::module_& m) {
   nb::class_<ShardedParams>(m, "ShardedParams",
-                            "Parameters sharded Shard(0) like FSDP2 (dmuon/sharded_params.h): fp32 master "
+                            "Parameters sharded Shard(0) like FSDP2 (meshmuon/sharded_params.h): fp32 master "
                             "shards, fixed-order gradient reduction, unshard. COLLECTIVE calls on every rank.")
       .def(
           "__init__",
@@ -124,10 +124,10 @@ void init_sharded_params(nb::module_& m) {
           nb::arg("chunk_bytes") = int64_t{32} << 20, nb::arg("timeout_s") = 0.0, nb::arg("machine") = "cpu",
           nb::arg("strategy") = "", nb::arg("replica") = "auto", nb::arg("exact") = true,
           nb::arg("env_override") = true, nb::arg("offload_state") = false,
-          "COLLECTIVE. A dmuon.Optimizer over this object's mesh communicators and inventory (steps on "
-          "the master shards, on their device); the options as dmuon.Optimizer's.")
+          "COLLECTIVE. A meshmuon.Optimizer over this object's mesh communicators and inventory (steps on "
+          "the master shards, on their device); the options as meshmuon.Optimizer's.")
       .def_prop_ro("device", [](const ShardedParams& sp) { return sp.options().device; },
                    "Where the masters live: 'cpu', 'cuda' or 'cuda:N' as given.");
 }
 
-}  // namespace dmuon::python
+}  // namespace meshmuon::python

@@ -1,13 +1,13 @@
 // Tensors across the boundary, zero-copy both ways: DLPack arrays in as TensorViews, engine state out
 // as torch tensors that alias it. Conversion failures are caller mistakes (ValueError).
 #include "bindings.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::python {
+namespace meshmuon::python {
 
 namespace {
 
-// DLPack device types (dlpack.h DLDeviceType): the ones dmuon takes.
+// DLPack device types (dlpack.h DLDeviceType): the ones meshmuon takes.
 constexpr int32_t kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3;
 
 Device array_device(const Array& a, const char* what) {
@@ -15,7 +15,7 @@ Device array_device(const Array& a, const char* what) {
   if (type == kDLCPU || type == kDLCUDAHost) return Device{};  // pinned host memory is CPU memory
   if (type == kDLCUDA) return Device{DeviceKind::Cuda, a.device_id()};
   detail::throw_invalid_argument(detail::concat("[python] ", what, ": DLPack device type ", type, " (device ",
-                                                a.device_id(), ") is not supported; dmuon takes CPU and CUDA "
+                                                a.device_id(), ") is not supported; meshmuon takes CPU and CUDA "
                                                 "tensors"));
 }
 
@@ -34,7 +34,7 @@ TensorView to_view(const Array& a, const char* what) {
                                                   " with ", int(dt.bits),
                                                   " bits is not supported; use float32 or bfloat16"));
   }
-  DMUON_CHECK(a.ndim() <= static_cast<size_t>(kMaxDims), "[python] ", what, " has ", a.ndim(),
+  MESHMUON_CHECK(a.ndim() <= static_cast<size_t>(kMaxDims), "[python] ", what, " has ", a.ndim(),
               " dims; at most ", kMaxDims, " are supported");
   Shape shape, strides;
   int64_t dims[kMaxDims], steps[kMaxDims];
@@ -51,7 +51,7 @@ TensorView to_view(const Array& a, const char* what) {
 
 TensorView to_cpu_view(const Array& a, const char* what) {
   TensorView v = to_view(a, what);
-  DMUON_CHECK(v.device.kind == DeviceKind::Cpu, "[python] ", what, " is on ", to_string(v.device),
+  MESHMUON_CHECK(v.device.kind == DeviceKind::Cpu, "[python] ", what, " is on ", to_string(v.device),
               "; this function runs on the CPU: pass a CPU tensor (.cpu())");
   return v;
 }
@@ -81,4 +81,4 @@ StateTensor state_tensor(const TensorView& v, nb::handle owner) {
                      cuda ? kDLCUDA : kDLCPU, cuda ? v.device.index : 0);
 }
 
-}  // namespace dmuon::python
+}  // namespace meshmuon::python

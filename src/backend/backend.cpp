@@ -3,9 +3,9 @@
 
 #include <charconv>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 std::string to_string(const Device& d) {
   return d.kind == DeviceKind::Cpu ? std::string("cpu") : "cuda:" + std::to_string(d.index);
 }
@@ -20,9 +20,9 @@ std::optional<Device> parse_device(std::string_view name) {
   if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || index < 0) return std::nullopt;
   return Device{DeviceKind::Cuda, index};
 }
-}  // namespace dmuon
+}  // namespace meshmuon
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
   if (this == &o) return *this;
@@ -37,4 +37,4 @@ void Buffer::reset() {
   data_ = nullptr, bytes_ = 0, free_ = nullptr;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -2,7 +2,7 @@
 // buffers from its allocator, streams and events, the element-wise update kernels, batched
 // orthogonalization (Gram Newton–Schulz with a reduce callback, so no BLAS call lives outside a
 // backend) and its thread control. The executor and LocalOptimizer call only this interface.
-// Implementations: `cpu` (cpu/: OpenBLAS, oneDNN), `cuda` (cuda/: cuBLAS and dmuon's kernels; a
+// Implementations: `cpu` (cpu/: OpenBLAS, oneDNN), `cuda` (cuda/: cuBLAS and meshmuon's kernels; a
 // build without CUDA compiles no_cuda.cpp instead).
 //
 // Contract: pointers passed to a kernel are the backend's device memory (host memory for cpu).
@@ -33,14 +33,14 @@
 #include <vector>
 
 #include "backend/pack.h"
-#include "dmuon/device.h"
-#include "dmuon/orthogonalize.h"
-#include "dmuon/qk_clip.h"
-#include "dmuon/tensor.h"
-#include "dmuon/update.h"
-#include "dmuon/update.h"
+#include "meshmuon/device.h"
+#include "meshmuon/orthogonalize.h"
+#include "meshmuon/qk_clip.h"
+#include "meshmuon/tensor.h"
+#include "meshmuon/update.h"
+#include "meshmuon/update.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 enum class MemoryKind : unsigned char { Host, PinnedHost, Device };
 
@@ -180,7 +180,7 @@ class Backend {
   virtual void wait(DeviceEvent e, void* stream = nullptr) { (void)e, (void)stream; }
 
   // Thread control of the backend's own kernels (cpu: the BLAS thread count); 0 leaves it. Returns
-  // the previous value. Loads the libraries it needs: a missing one fails here (dmuon::Error).
+  // the previous value. Loads the libraries it needs: a missing one fails here (meshmuon::Error).
   virtual int set_threads(int threads) = 0;
   virtual int threads() const = 0;
 
@@ -291,4 +291,4 @@ class Backend {
 std::shared_ptr<Backend> make_cpu_backend();
 std::shared_ptr<Backend> make_cuda_backend(int device);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -1,15 +1,15 @@
-// Internal: `dmuon bench ns --device cuda`: the cuda backend's Newton–Schulz timed next to a cuBLAS
+// Internal: `meshmuon bench ns --device cuda`: the cuda backend's Newton–Schulz timed next to a cuBLAS
 // GEMM of the same sizes in the same run (src/backend/cuda/cuda_bench.cpp; without CUDA, no_cuda.cpp
-// throws dmuon::Error "[cuda] dmuon was built without CUDA").
+// throws meshmuon::Error "[cuda] meshmuon was built without CUDA").
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "dmuon/orthogonalize.h"
+#include "meshmuon/orthogonalize.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 struct CudaNsTiming {
   std::string device;               // the GPU's name (cudaGetDeviceProperties)
@@ -36,4 +36,4 @@ double cuda_ns_flops_done(int64_t m, int64_t n, const NsOptions& options);
 CudaNsTiming time_ns_cuda(const NsOptions& options, const float* g, int64_t m, int64_t n, int warmup, int repeats,
                           int64_t batch = 1);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -7,15 +7,15 @@
 #include <limits>
 #include <string>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 MemorySpace::~MemorySpace() = default;
 
-#ifndef DMUON_HAVE_CUDA
+#ifndef MESHMUON_HAVE_CUDA
 void wait_on_host(DeviceEvent e, std::string_view who) {
-  DMUON_CHECK_RUNTIME(e.empty(), "[", who, "] order_after was given a CUDA event, but dmuon was built without CUDA");
+  MESHMUON_CHECK_RUNTIME(e.empty(), "[", who, "] order_after was given a CUDA event, but meshmuon was built without CUDA");
 }
 #endif
 
@@ -28,7 +28,7 @@ class HostMemorySpace final : public MemorySpace {
   bool is_device(const void*) const override { return false; }
   void* alloc_pinned(size_t bytes) override {
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    DMUON_CHECK_RUNTIME(p != nullptr, "[comm] out of host memory staging ", bytes, " bytes");
+    MESHMUON_CHECK_RUNTIME(p != nullptr, "[comm] out of host memory staging ", bytes, " bytes");
     return p;
   }
   void free_pinned(void* p) noexcept override { std::free(p); }
@@ -48,10 +48,10 @@ std::shared_ptr<MemorySpace> host_memory_space() {
 }
 
 std::shared_ptr<MemorySpace> default_memory_space() {
-#ifdef DMUON_HAVE_CUDA
+#ifdef MESHMUON_HAVE_CUDA
   if (auto cuda = cuda_memory_space()) return cuda;
 #endif
   return host_memory_space();
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -11,9 +11,9 @@
 #include <memory>
 #include <string_view>
 
-#include "dmuon/device.h"
+#include "meshmuon/device.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 class MemorySpace {
  public:
@@ -39,11 +39,11 @@ std::shared_ptr<MemorySpace> host_memory_space();
 std::shared_ptr<MemorySpace> default_memory_space();
 // Waits on the host until the device work recorded in `e` has run (cudaEventSynchronize; an empty
 // event returns at once): Communicator::order_after for backends that cannot wait on the device.
-// dmuon::Error "[<who>] ..." on a device error, or a non-empty event in a build without CUDA.
+// meshmuon::Error "[<who>] ..." on a device error, or a non-empty event in a build without CUDA.
 void wait_on_host(DeviceEvent e, std::string_view who);
-#ifdef DMUON_HAVE_CUDA
+#ifdef MESHMUON_HAVE_CUDA
 // nullptr when no CUDA device is usable (src/comm/cuda_memory_space.cpp).
 std::shared_ptr<MemorySpace> cuda_memory_space();
 #endif
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <span>
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 enum class PackConv : uint8_t {
   Copy32,          // fp32 -> fp32 (4 bytes each side)
@@ -35,4 +35,4 @@ struct PackRun {
 // Reference semantics, element by element (tests compare Backend::pack with it).
 void pack_reference(std::span<const PackRun> runs, std::span<std::byte* const> bases);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

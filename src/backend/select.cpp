@@ -4,9 +4,9 @@
 #include <optional>
 #include <string>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 thread_local std::optional<EngineDevice> tl_injected;
@@ -15,7 +15,7 @@ thread_local std::optional<EngineDevice> tl_injected;
 
 EngineDevice select_device(std::string_view device) {
   const std::optional<Device> d = parse_device(device);
-  DMUON_CHECK(d.has_value(), "[backend] option 'device' must be cpu, cuda or cuda:N (got '", device, "')");
+  MESHMUON_CHECK(d.has_value(), "[backend] option 'device' must be cpu, cuda or cuda:N (got '", device, "')");
   if (d->kind == DeviceKind::Cpu) return {make_cpu_backend(), host_memory_space()};
   std::shared_ptr<Backend> backend = make_cuda_backend(d->index);
   return {std::move(backend), default_memory_space()};
@@ -27,7 +27,7 @@ EngineDevice resolve_engine_device(std::string_view device) {
 }
 
 ScopedEngineDevice::ScopedEngineDevice(EngineDevice d) {
-  DMUON_CHECK(d.backend && d.space, "[optim] internal: an injected engine device needs a backend and a memory space");
+  MESHMUON_CHECK(d.backend && d.space, "[optim] internal: an injected engine device needs a backend and a memory space");
   if (tl_injected) previous_ = *tl_injected, had_previous_ = true;
   tl_injected = std::move(d);
 }
@@ -37,4 +37,4 @@ ScopedEngineDevice::~ScopedEngineDevice() {
   else tl_injected.reset();
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

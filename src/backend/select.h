@@ -10,7 +10,7 @@
 #include "backend/backend.h"
 #include "backend/memory_space.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 struct EngineDevice {
   std::shared_ptr<Backend> backend;
@@ -21,7 +21,7 @@ struct EngineDevice {
 
 // The named device: "cpu" -> the cpu backend and the host space; "cuda" / "cuda:N" ->
 // make_cuda_backend(N) and default_memory_space(). std::invalid_argument for any other name;
-// dmuon::Error where the cuda backend cannot run.
+// meshmuon::Error where the cuda backend cannot run.
 EngineDevice select_device(std::string_view device);
 // The injected device while a ScopedEngineDevice lives on this thread, else select_device(device).
 EngineDevice resolve_engine_device(std::string_view device);
@@ -44,4 +44,4 @@ inline MemoryKind step_memory(const Backend& b) {
   return b.capabilities().device_memory ? MemoryKind::Device : MemoryKind::Host;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

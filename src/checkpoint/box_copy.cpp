@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 std::vector<DimMatch> match_dim(const IndexSet& src, const IndexSet& dst) {
   std::vector<DimMatch> out;
@@ -24,7 +24,7 @@ std::vector<DimMatch> match_dim(const IndexSet& src, const IndexSet& dst) {
 }
 
 int64_t intersection_numel(const Box& a, const Box& b) {
-  DMUON_CHECK(a.dims.size() == b.dims.size(), "[checkpoint] boxes ", a.to_string(), " and ", b.to_string(),
+  MESHMUON_CHECK(a.dims.size() == b.dims.size(), "[checkpoint] boxes ", a.to_string(), " and ", b.to_string(),
               " have different numbers of dims");
   int64_t n = 1;
   for (size_t d = 0; d < a.dims.size(); ++d) {
@@ -40,7 +40,7 @@ bool boxes_intersect(const Box& a, const Box& b) { return intersection_numel(a, 
 
 int64_t copy_box_intersection(const void* src, const Box& src_box, void* dst, const Box& dst_box, size_t elem_size,
                               uint8_t* coverage) {
-  DMUON_CHECK(src_box.dims.size() == dst_box.dims.size(), "[checkpoint] boxes ", src_box.to_string(), " and ",
+  MESHMUON_CHECK(src_box.dims.size() == dst_box.dims.size(), "[checkpoint] boxes ", src_box.to_string(), " and ",
               dst_box.to_string(), " have different numbers of dims");
   const size_t nd = src_box.dims.size();
   const auto* s = static_cast<const std::byte*>(src);
@@ -84,4 +84,4 @@ int64_t copy_box_intersection(const void* src, const Box& src_box, void* dst, co
   return copied;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

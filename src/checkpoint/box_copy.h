@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "dmuon/box.h"
+#include "meshmuon/box.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // One stretch of global indices along a dim present in both sets: local positions in each.
 struct DimMatch {
@@ -34,4 +34,4 @@ int64_t intersection_numel(const Box& a, const Box& b);
 int64_t copy_box_intersection(const void* src, const Box& src_box, void* dst, const Box& dst_box, size_t elem_size,
                               uint8_t* coverage = nullptr);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -5,12 +5,12 @@
 #include <cstring>
 #include <vector>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 std::string normalize_dir(const std::string& dir) {
-  DMUON_CHECK(!dir.empty(), "[checkpoint] the checkpoint directory is empty");
+  MESHMUON_CHECK(!dir.empty(), "[checkpoint] the checkpoint directory is empty");
   std::string d = dir;
   while (d.size() > 1 && d.back() == '/') d.pop_back();
   return d;
@@ -30,8 +30,8 @@ std::string rank_file_name(const std::string& generation, int rank) {
 }
 
 Box checkpoint_box(const CheckpointTensor& t, int rank, int world) {
-  DMUON_CHECK(!t.key.empty(), "[checkpoint] a tensor has an empty key");
-  DMUON_CHECK(t.mesh.size() == world, "[checkpoint] tensor '", t.key, "': mesh ", t.mesh.to_string(), " has ",
+  MESHMUON_CHECK(!t.key.empty(), "[checkpoint] a tensor has an empty key");
+  MESHMUON_CHECK(t.mesh.size() == world, "[checkpoint] tensor '", t.key, "': mesh ", t.mesh.to_string(), " has ",
               t.mesh.size(), " ranks, the communicator ", world);
   check_placements(t.global_shape, t.placements, t.mesh, concat("[checkpoint] tensor '", t.key, "'"));
   return local_box(t.global_shape, t.placements, t.mesh, rank);
@@ -39,13 +39,13 @@ Box checkpoint_box(const CheckpointTensor& t, int rank, int world) {
 
 void check_view(const CheckpointTensor& t, const Box& box) {
   const Shape shape = box.shape();
-  DMUON_CHECK(t.data.dtype == t.dtype, "[checkpoint] tensor '", t.key, "': the view is ", to_string(t.data.dtype),
+  MESHMUON_CHECK(t.data.dtype == t.dtype, "[checkpoint] tensor '", t.key, "': the view is ", to_string(t.data.dtype),
               ", the tensor ", to_string(t.dtype));
-  DMUON_CHECK(t.data.shape == shape, "[checkpoint] tensor '", t.key, "': the view has shape ",
+  MESHMUON_CHECK(t.data.shape == shape, "[checkpoint] tensor '", t.key, "': the view has shape ",
               t.data.shape.to_string(), ", this rank's box ", box.to_string(), " has shape ", shape.to_string());
-  DMUON_CHECK(shape.numel() == 0 || (t.data.data != nullptr && t.data.is_contiguous()), "[checkpoint] tensor '",
+  MESHMUON_CHECK(shape.numel() == 0 || (t.data.data != nullptr && t.data.is_contiguous()), "[checkpoint] tensor '",
               t.key, "': the view must be contiguous and non-null");
-  DMUON_CHECK(t.data.device.kind == DeviceKind::Cpu || t.device_copy, "[checkpoint] tensor '", t.key,
+  MESHMUON_CHECK(t.data.device.kind == DeviceKind::Cpu || t.device_copy, "[checkpoint] tensor '", t.key,
               "': the view is in ", to_string(t.data.device),
               " memory and has no device_copy: the host does not touch device memory (set "
               "CheckpointTensor::device_copy, e.g. to the engine backend's copy; checkpoint_tensors() does)");
@@ -58,4 +58,4 @@ bool writes_piece(const Mesh& mesh, std::span<const Placement> placements, int r
   return true;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -10,11 +10,11 @@
 #include <string_view>
 
 #include "comm/agreement.h"
-#include "dmuon/box.h"
-#include "dmuon/checkpoint.h"
-#include "dmuon/comm.h"
+#include "meshmuon/box.h"
+#include "meshmuon/checkpoint.h"
+#include "meshmuon/comm.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 inline constexpr std::string_view kIndexFile = "index.json";
 
@@ -42,4 +42,4 @@ CheckpointInfo load_checkpoint_checked(Communicator& comm, const std::string& di
                                        std::span<const CheckpointTensor> tensors,
                                        const std::function<void(const CheckpointInfo&)>& check);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -13,9 +13,9 @@
 #include <system_error>
 #include <vector>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 [[noreturn]] void fail(const std::string& path, std::string_view what, int err) {
@@ -141,4 +141,4 @@ std::string read_text_file(const std::string& path) {
   return text;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -1,12 +1,12 @@
 // Internal: the few POSIX file operations checkpoints need (checkpoint.h), each throwing
-// dmuon::Error "[checkpoint] <path>: <what>: <strerror>" on failure, and zlib's CRC-32.
+// meshmuon::Error "[checkpoint] <path>: <what>: <strerror>" on failure, and zlib's CRC-32.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // An open file descriptor (closed by the destructor; close() reports errors).
 class File {
@@ -41,4 +41,4 @@ void sync_dir(const std::string& path);                         // fsync of the 
 bool path_exists(const std::string& path);
 std::string read_text_file(const std::string& path);            // whole file
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -7,9 +7,9 @@
 #include <climits>
 #include <set>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 using json = nlohmann::ordered_json;
@@ -127,7 +127,7 @@ CheckpointIndex parse_index(std::string_view text, std::string_view path) {
   if (format != kCheckpointFormat) bad(path, "format", concat("'", format, "', expected '", kCheckpointFormat, "'"));
   const int64_t version = get_int(j, "version", path, "");
   if (version != kCheckpointVersion)
-    bad(path, "version", concat(version, " (this dmuon reads version ", kCheckpointVersion, ")"));
+    bad(path, "version", concat(version, " (this meshmuon reads version ", kCheckpointVersion, ")"));
 
   CheckpointIndex idx;
   idx.step = get_int(j, "step", path, "", INT64_MIN);
@@ -247,4 +247,4 @@ CheckpointIndex parse_index(std::string_view text, std::string_view path) {
   return idx;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -1,6 +1,6 @@
 // Internal: index.json of a checkpoint (checkpoint.h, docs/checkpoint.md), version 1:
 // {
-//   "format": "dmuon-checkpoint", "version": 1, "step": 100, "world_size": 4,
+//   "format": "meshmuon-checkpoint", "version": 1, "step": 100, "world_size": 4,
 //   "mesh": "dp_shard=4", "generation": "g100-5f0c...",
 //   "metadata": {"<k>": "<v>"}, "step_counts": {"<param>": 100},
 //   "files": [{"path": "g100-5f0c.../rank-0.safetensors", "rank": 0, "size": 1234, "crc32": 305419896}],
@@ -10,7 +10,7 @@
 //                            "box": [[[0, 2]], [[0, 4]]]}]}]
 // }
 // A box lists, per tensor dim, its ranges [begin, end) in local order (box.h). Parsing validates
-// every field and throws dmuon::Error "[checkpoint] <path>: <field>: ..." naming it.
+// every field and throws meshmuon::Error "[checkpoint] <path>: <field>: ..." naming it.
 #pragma once
 
 #include <cstdint>
@@ -19,14 +19,14 @@
 #include <string_view>
 #include <vector>
 
-#include "dmuon/box.h"
-#include "dmuon/dtype.h"
-#include "dmuon/placement.h"
-#include "dmuon/tensor.h"
+#include "meshmuon/box.h"
+#include "meshmuon/dtype.h"
+#include "meshmuon/placement.h"
+#include "meshmuon/tensor.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
-inline constexpr std::string_view kCheckpointFormat = "dmuon-checkpoint";
+inline constexpr std::string_view kCheckpointFormat = "meshmuon-checkpoint";
 inline constexpr int kCheckpointVersion = 1;
 
 struct IndexPiece {
@@ -69,4 +69,4 @@ CheckpointIndex parse_index(std::string_view text, std::string_view path);
 // Whether `name` is a generation directory name ("g<digits>-<hex>"): what a save may delete.
 bool is_generation_name(std::string_view name);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

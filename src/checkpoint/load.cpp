@@ -9,15 +9,15 @@
 #include <set>
 #include <vector>
 
-#include "dmuon/checkpoint.h"
-#include "dmuon/error.h"
+#include "meshmuon/checkpoint.h"
+#include "meshmuon/error.h"
 #include "checkpoint/box_copy.h"
 #include "checkpoint/common.h"
 #include "checkpoint/index.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors_io.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 using namespace detail;
@@ -150,7 +150,7 @@ CheckpointInfo detail::load_checkpoint_checked(Communicator& comm, const std::st
     std::set<std::string_view> keys;
     for (size_t i = 0; i < tensors.size(); ++i) {
       const CheckpointTensor& t = tensors[i];
-      DMUON_CHECK(keys.insert(t.key).second, "[checkpoint] tensor '", t.key, "' is given twice");
+      MESHMUON_CHECK(keys.insert(t.key).second, "[checkpoint] tensor '", t.key, "' is given twice");
       targets[i].tensor = &t;
       targets[i].box = checkpoint_box(t, rank, world);
       check_view(t, targets[i].box);
@@ -216,4 +216,4 @@ CheckpointInfo detail::load_checkpoint_checked(Communicator& comm, const std::st
   return info;
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -7,10 +7,10 @@
 #include <exception>
 #include <vector>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 #include "checkpoint/file_io.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 // The longest header accepted (safetensors' own limit is 100 MB).
@@ -114,7 +114,7 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t file_
     if (dt == v.end() || !dt->is_string()) bad(path, what + ": no string 'dtype'");
     if (*dt == "F32") e.dtype = DType::F32;
     else if (*dt == "BF16") e.dtype = DType::BF16;
-    else bad(path, concat(what, ": dtype ", dt->get<std::string>(), " (dmuon reads F32 and BF16)"));
+    else bad(path, concat(what, ": dtype ", dt->get<std::string>(), " (meshmuon reads F32 and BF16)"));
     const auto sh = v.find("shape");
     if (sh == v.end() || !sh->is_array() || sh->size() > static_cast<size_t>(kMaxDims))
       bad(path, concat(what, ": 'shape' is not an array of at most ", kMaxDims, " extents"));
@@ -154,4 +154,4 @@ SafetensorsHeader read_safetensors_header(const File& file, uint64_t file_size) 
   return parse_safetensors_header(json, file_size, file.path());
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -4,7 +4,7 @@
 //             "__metadata__": {"<k>": "<v>"}}, padded with spaces to a multiple of 8
 //   the data  each tensor's bytes (row-major, little-endian) at [8 + N + b, 8 + N + e)
 // Writing computes the file's size and CRC-32 as it goes; reading validates the header against the
-// file's size. Errors: dmuon::Error "[checkpoint] <path>: ...".
+// file's size. Errors: meshmuon::Error "[checkpoint] <path>: ...".
 #pragma once
 
 #include <cstddef>
@@ -15,10 +15,10 @@
 #include <string>
 #include <string_view>
 
-#include "dmuon/dtype.h"
-#include "dmuon/tensor.h"
+#include "meshmuon/dtype.h"
+#include "meshmuon/tensor.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 class File;
 
@@ -69,4 +69,4 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, uint64_t file_
 // Reads the length prefix and header of an open file (of `file_size` bytes) and parses it.
 SafetensorsHeader read_safetensors_header(const File& file, uint64_t file_size);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

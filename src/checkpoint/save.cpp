@@ -10,15 +10,15 @@
 #include <set>
 #include <vector>
 
-#include "dmuon/checkpoint.h"
-#include "dmuon/error.h"
+#include "meshmuon/checkpoint.h"
+#include "meshmuon/error.h"
 #include "comm/agreement.h"
 #include "checkpoint/common.h"
 #include "checkpoint/index.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors_io.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 using namespace detail;
@@ -77,7 +77,7 @@ void save_checkpoint(Communicator& comm, const std::string& dir_in, std::span<co
     std::set<std::string_view> keys;
     for (size_t i = 0; i < tensors.size(); ++i) {
       const CheckpointTensor& t = tensors[i];
-      DMUON_CHECK(keys.insert(t.key).second, "[checkpoint] tensor '", t.key, "' is given twice");
+      MESHMUON_CHECK(keys.insert(t.key).second, "[checkpoint] tensor '", t.key, "' is given twice");
       boxes[i] = checkpoint_box(t, rank, world);
       check_view(t, boxes[i]);
       lines.push_back(tensor_line(t));
@@ -165,7 +165,7 @@ void save_checkpoint(Communicator& comm, const std::string& dir_in, std::span<co
           if (!writes_piece(t.mesh, t.placements, r)) continue;
           Box b = local_box(t.global_shape, t.placements, t.mesh, r);
           if (b.numel() == 0) continue;
-          DMUON_CHECK_RUNTIME(all[static_cast<size_t>(r) * 4 + 1] != 0, "[checkpoint] ", context, ": rank ", r,
+          MESHMUON_CHECK_RUNTIME(all[static_cast<size_t>(r) * 4 + 1] != 0, "[checkpoint] ", context, ": rank ", r,
                               " wrote no file but holds a piece of '", t.key, "'");
           it.pieces.push_back({rank_file_name(generation, r), t.key, std::move(b)});
         }
@@ -193,4 +193,4 @@ void save_checkpoint(Communicator& comm, const std::string& dir_in, std::span<co
   if (rank == 0) remove_other_generations(dir, generation);
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

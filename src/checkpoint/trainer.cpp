@@ -1,29 +1,29 @@
-// The checkpoint of a trainer built on ShardedParams and dmuon::Optimizer (checkpoint.h):
+// The checkpoint of a trainer built on ShardedParams and meshmuon::Optimizer (checkpoint.h):
 // "param/<name>" per parameter, "optim/<name>/<key>" per optimizer state tensor, the optimizer's
 // per-parameter step counts, over params' world.
-#include "dmuon/checkpoint.h"
+#include "meshmuon/checkpoint.h"
 
 #include "backend/backend.h"
-#include "dmuon/error.h"
-#include "dmuon/optimizer.h"
-#include "dmuon/sharded_params.h"
-#include "dmuon/update.h"
+#include "meshmuon/error.h"
+#include "meshmuon/optimizer.h"
+#include "meshmuon/sharded_params.h"
+#include "meshmuon/update.h"
 #include "checkpoint/common.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 void check_same_parameters(ShardedParams& params, const Optimizer& optimizer) {
   const Inventory& a = params.inventory();
   const Inventory& b = optimizer.inventory();
-  DMUON_CHECK(a.params.size() == b.params.size(), "[checkpoint] the optimizer has ", b.params.size(),
+  MESHMUON_CHECK(a.params.size() == b.params.size(), "[checkpoint] the optimizer has ", b.params.size(),
               " parameters, the ShardedParams ", a.params.size());
   for (size_t i = 0; i < a.params.size(); ++i) {
     const ParamSpec& p = a.params[i];
     const ParamSpec& q = b.params[i];
-    DMUON_CHECK(p.name == q.name && p.shape == q.shape, "[checkpoint] parameter ", i, ": the ShardedParams have '",
+    MESHMUON_CHECK(p.name == q.name && p.shape == q.shape, "[checkpoint] parameter ", i, ": the ShardedParams have '",
                 p.name, "' ", p.shape.to_string(), ", the optimizer '", q.name, "' ", q.shape.to_string());
-    DMUON_CHECK(optimizer.local_box(i) == params.local_box(i), "[checkpoint] parameter '", p.name,
+    MESHMUON_CHECK(optimizer.local_box(i) == params.local_box(i), "[checkpoint] parameter '", p.name,
                 "': the optimizer's local box ", optimizer.local_box(i).to_string(), " differs from the ShardedParams' ",
                 params.local_box(i).to_string());
   }
@@ -81,7 +81,7 @@ CheckpointInfo load_checkpoint(const std::string& dir, ShardedParams& params, Op
     for (size_t i = 0; i < params.size(); ++i) {
       const std::string& name = params.spec(i).name;
       const auto it = info.step_counts.find(name);
-      DMUON_CHECK_RUNTIME(it != info.step_counts.end(), "[checkpoint] ", dir, "/index.json: step_counts: no count for '",
+      MESHMUON_CHECK_RUNTIME(it != info.step_counts.end(), "[checkpoint] ", dir, "/index.json: step_counts: no count for '",
                           name, "' (saved without an optimizer?)");
       counts[i] = it->second;
     }
@@ -93,4 +93,4 @@ CheckpointInfo load_checkpoint(const std::string& dir, ShardedParams& params, Op
   return info;
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -5,9 +5,9 @@
 #include <cstring>
 
 #include "core/hash.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 std::vector<std::string> all_gather_strings(Communicator& comm, std::chrono::milliseconds timeout,
                                             const std::string& mine, const char* label) {
@@ -128,4 +128,4 @@ void agree_on_failure(Communicator& comm, const LocalFailure& mine, std::string_
   if (failed > 0) throw_failure_of(comm, static_cast<int>(failed - 1), mine, prefix, context);
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -10,9 +10,9 @@
 #include <string_view>
 #include <vector>
 
-#include "dmuon/comm.h"
+#include "meshmuon/comm.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // "rank 1", "ranks 0, 2", "ranks 0-63, 65" (sorted input).
 std::string ranks_text(const std::vector<int>& ranks);
@@ -23,7 +23,7 @@ std::vector<std::string> all_gather_strings(Communicator& comm, std::chrono::mil
                                             const std::string& mine, const char* label);
 // COLLECTIVE: every rank describes what must be equal everywhere as lines of text. One all-gather
 // of a 64-bit digest of them; on a difference (seen alike by every rank) the texts are gathered and
-// every rank throws the same dmuon::Error "<what>: line <k> differs: <texts_by_rank>; <hint>"
+// every rank throws the same meshmuon::Error "<what>: line <k> differs: <texts_by_rank>; <hint>"
 // naming the first differing line and the ranks on each side.
 void agree_on_lines(Communicator& comm, std::chrono::milliseconds timeout, const std::vector<std::string>& lines,
                     std::string_view what, std::string_view hint);
@@ -39,9 +39,9 @@ struct LocalFailure {
 // highest such rank.
 void agree_on_failure(Communicator& comm, const LocalFailure& mine, std::string_view prefix, std::string_view context);
 // COLLECTIVE, once every rank knows that `failed_rank` failed: its message is broadcast, a failing
-// rank rethrows its own error and the others throw dmuon::Error "<prefix> <context>: rank <r>
+// rank rethrows its own error and the others throw meshmuon::Error "<prefix> <context>: rank <r>
 // failed: <its message>" (prefix e.g. "[checkpoint]").
 [[noreturn]] void throw_failure_of(Communicator& comm, int failed_rank, const LocalFailure& mine, std::string_view prefix,
                                    std::string_view context);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -1,9 +1,9 @@
 // Element types, buffers from tensor views, and the byte-count rules shared by the communicator's
 // counters and the planner's predictions (one definition, so measured == predicted).
-#include "dmuon/comm.h"
-#include "dmuon/error.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 
 std::string_view to_string(CommType t) {
   switch (t) {
@@ -38,13 +38,13 @@ std::string_view to_string(ReduceOp op) {
 
 InBuffer::InBuffer(const TensorView& view)
     : data(view.data), type(comm_type(view.dtype)), count(static_cast<size_t>(view.numel())) {
-  DMUON_CHECK(view.is_contiguous(), "[comm] a collective needs a contiguous buffer; got shape ",
+  MESHMUON_CHECK(view.is_contiguous(), "[comm] a collective needs a contiguous buffer; got shape ",
               view.shape.to_string(), " with strides ", view.strides.to_string(), "; pack it first");
 }
 
 OutBuffer::OutBuffer(const TensorView& view)
     : data(view.data), type(comm_type(view.dtype)), count(static_cast<size_t>(view.numel())) {
-  DMUON_CHECK(view.is_contiguous(), "[comm] a collective needs a contiguous buffer; got shape ",
+  MESHMUON_CHECK(view.is_contiguous(), "[comm] a collective needs a contiguous buffer; got shape ",
               view.shape.to_string(), " with strides ", view.strides.to_string(), "; pack it first");
 }
 
@@ -88,7 +88,7 @@ ByteCount comm_bytes_broadcast(int rank, int size, int root, int64_t count, size
 }
 
 std::vector<int64_t> balanced_counts(int64_t count, int size) {
-  DMUON_CHECK(size > 0 && count >= 0, "[comm] balanced_counts needs count >= 0 and size > 0 (got count ",
+  MESHMUON_CHECK(size > 0 && count >= 0, "[comm] balanced_counts needs count >= 0 and size > 0 (got count ",
               count, ", size ", size, ")");
   std::vector<int64_t> out(static_cast<size_t>(size), count / size);
   for (int64_t j = 0; j < count % size; ++j) out[static_cast<size_t>(j)] += 1;
@@ -105,4 +105,4 @@ std::vector<int64_t> packed_displs(std::span<const int64_t> counts) {
   return out;
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

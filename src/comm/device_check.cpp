@@ -3,9 +3,9 @@
 
 #include <string>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 void check_comm_carries_device(const Backend& backend, const Communicator& comm, std::string_view who) {
   if (!backend.capabilities().device_memory || comm.device_buffers()) return;
@@ -20,4 +20,4 @@ void check_comm_carries_device(const Backend& backend, const Communicator& comm,
                                 "cpu"));
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

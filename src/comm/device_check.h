@@ -4,14 +4,14 @@
 #include <string_view>
 
 #include "backend/backend.h"
-#include "dmuon/comm.h"
+#include "meshmuon/comm.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
-// dmuon::Error (invalid_argument) when the backend keeps its buffers on a device and `comm` cannot
+// meshmuon::Error (invalid_argument) when the backend keeps its buffers on a device and `comm` cannot
 // carry device memory (Communicator::device_buffers): `who` prefixes the message ("[optim]"; empty:
 // none). Local, and the same text on every rank (the device's index is left out; the
 // communicator's capability is agreed when it is made).
 void check_comm_carries_device(const Backend& backend, const Communicator& comm, std::string_view who);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

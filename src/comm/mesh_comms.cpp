@@ -1,11 +1,11 @@
 // MeshCommunicators: sub-communicators of a world keyed by (mesh, dims), made on first request with
 // split_mesh_dims after the ranks have checked they ask for the same key.
-#include "dmuon/mesh_comms.h"
+#include "meshmuon/mesh_comms.h"
 
 #include "core/hash.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 std::string comm_name(const Communicator& world, const Mesh& mesh, DimMask dims) {
@@ -27,7 +27,7 @@ uint64_t key_hash(const Mesh& mesh, DimMask dims) {
 }  // namespace
 
 MeshCommunicators::MeshCommunicators(std::shared_ptr<Communicator> world) : world_(std::move(world)) {
-  DMUON_CHECK(world_ != nullptr, "[comm] MeshCommunicators needs a world communicator, got null");
+  MESHMUON_CHECK(world_ != nullptr, "[comm] MeshCommunicators needs a world communicator, got null");
 }
 
 MeshCommunicators::~MeshCommunicators() = default;
@@ -38,16 +38,16 @@ std::shared_ptr<Communicator> MeshCommunicators::share(const Mesh& mesh, DimMask
   for (const Entry& e : entries_)
     if (e.mask == dims && e.dims == mesh.dims()) return e.comm;
   Communicator& w = *world_;
-  DMUON_CHECK(mesh.size() == w.size(), "[comm] mesh ", mesh.to_string(), " has ", mesh.size(),
+  MESHMUON_CHECK(mesh.size() == w.size(), "[comm] mesh ", mesh.to_string(), " has ", mesh.size(),
               " ranks but communicator '", w.name(), "' has ", w.size(), "; a mesh must span the world");
-  DMUON_CHECK((dims & ~mesh.all_dims()) == 0, "[comm] dims mask 0x", std::hex, dims, std::dec, " names dims the mesh ",
+  MESHMUON_CHECK((dims & ~mesh.all_dims()) == 0, "[comm] dims mask 0x", std::hex, dims, std::dec, " names dims the mesh ",
               mesh.to_string(), " lacks (it has ", mesh.ndim(), ")");
   // pass 1: every rank asks for the same new key (max of h and of ~h equal to one's own on every
   // rank iff all agree), so that no rank builds groups from a different layout.
   const uint64_t h = key_hash(mesh, dims);
   uint64_t agree[2] = {h, ~h};
   w.all_reduce(OutBuffer(agree, CommType::U64, 2), ReduceOp::Max, "mesh communicator key").wait();
-  DMUON_CHECK_RUNTIME(agree[0] == h && agree[1] == ~h, "[comm] rank ", w.rank(), " asked communicator '", w.name(),
+  MESHMUON_CHECK_RUNTIME(agree[0] == h && agree[1] == ~h, "[comm] rank ", w.rank(), " asked communicator '", w.name(),
                       "' for ", comm_name(w, mesh, dims), " but other ranks asked for a different mesh or dims; "
                       "every rank must request new mesh communicators in the same order");
   // pass 2: the split, ranks row-major over the chosen dims in mesh order (as Mesh::group_ranks).
@@ -78,4 +78,4 @@ void MeshCommunicators::reset_counters() {
   for (const Entry& e : entries_) e.comm->reset_counters();
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

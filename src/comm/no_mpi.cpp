@@ -1,15 +1,15 @@
-// Built instead of src/comm/mpi/ when DMUON_WITH_MPI=OFF, so callers need no #ifdef (mlx style).
+// Built instead of src/comm/mpi/ when MESHMUON_WITH_MPI=OFF, so callers need no #ifdef (mlx style).
 #include <cstdio>
 #include <cstdlib>
 
 #include "comm/staging.h"
-#include "dmuon/comm.h"
-#include "dmuon/error.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 
 std::unique_ptr<Communicator> make_mpi_communicator() {
-  detail::throw_error("[mpi] dmuon was built without MPI; reconfigure with -DDMUON_WITH_MPI=ON "
+  detail::throw_error("[mpi] meshmuon was built without MPI; reconfigure with -DMESHMUON_WITH_MPI=ON "
                       "(apt-get install libopenmpi-dev) or use the single backend");
 }
 
@@ -25,4 +25,4 @@ void abort_all(int code) {
   std::_Exit(code);
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -4,11 +4,11 @@
 #include <vector>
 
 #include "comm/work_impl.h"
-#include "dmuon/comm_transport.h"
-#include "dmuon/comm.h"
-#include "dmuon/error.h"
+#include "meshmuon/comm_transport.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 // A recv buffer may not overlap any other buffer of its group (sends may share memory with each
@@ -31,7 +31,7 @@ void check_group_overlap(std::span<const P2pOp> ops, std::string_view label) {
     const bool is_send = ops[s.index].is_send;
     const bool hits_recv = recv_end != nullptr && s.begin < recv_end;
     const bool hits_send = !is_send && send_end != nullptr && s.begin < send_end;
-    DMUON_CHECK(!hits_recv && !hits_send, "[comm] group '", label, "': the buffer of op ", s.index, " (",
+    MESHMUON_CHECK(!hits_recv && !hits_send, "[comm] group '", label, "': the buffer of op ", s.index, " (",
                 is_send ? "send" : "recv", " with peer ", ops[s.index].peer, ") overlaps that of op ",
                 hits_recv ? last_recv : last_send, "; a recv buffer must not share memory with any other op of its group");
     if (is_send && (send_end == nullptr || s.end > send_end)) send_end = s.end, last_send = s.index;
@@ -50,7 +50,7 @@ ByteCount comm_bytes_recv(int rank, int peer, int64_t count, size_t elem_size) {
 }
 
 void Communicator::check_no_group(std::string_view op, std::string_view label) const {
-  DMUON_CHECK(!group_open_, "[comm] ", op, " '", label, "' called on communicator '", name_,
+  MESHMUON_CHECK(!group_open_, "[comm] ", op, " '", label, "' called on communicator '", name_,
               "' inside an open group; only send and recv may be grouped: call group_end first");
 }
 
@@ -64,9 +64,9 @@ Work Communicator::recv(OutBuffer buf, int peer, std::string_view label) {
 
 Work Communicator::p2p(P2pOp op, std::string_view label) {
   const std::string_view name = op.is_send ? "send" : "recv";
-  DMUON_CHECK(op.peer >= 0 && op.peer < size_, "[comm] ", name, " '", label, "': peer ", op.peer,
+  MESHMUON_CHECK(op.peer >= 0 && op.peer < size_, "[comm] ", name, " '", label, "': peer ", op.peer,
               " is not a rank of communicator '", name_, "' (size ", size_, ")");
-  DMUON_CHECK(op.buf.data != nullptr || op.buf.count == 0, "[comm] ", name, " '", label, "': buffer has ",
+  MESHMUON_CHECK(op.buf.data != nullptr || op.buf.count == 0, "[comm] ", name, " '", label, "': buffer has ",
               op.buf.count, " elements but a null pointer; pass a buffer or a count of 0");
   if (group_open_) {
     group_.push_back(op);
@@ -80,14 +80,14 @@ Work Communicator::p2p(P2pOp op, std::string_view label) {
 }
 
 void Communicator::group_begin() {
-  DMUON_CHECK(!group_open_, "[comm] group_begin on communicator '", name_,
+  MESHMUON_CHECK(!group_open_, "[comm] group_begin on communicator '", name_,
               "': a group is already open; groups do not nest (call group_end first)");
   group_open_ = true;
   group_.clear();
 }
 
 Work Communicator::group_end(std::string_view label) {
-  DMUON_CHECK(group_open_, "[comm] group_end '", label, "' on communicator '", name_,
+  MESHMUON_CHECK(group_open_, "[comm] group_end '", label, "' on communicator '", name_,
               "' without group_begin");
   // The group closes whatever happens below: a failed group cannot be retried piecemeal.
   std::vector<P2pOp> ops = std::move(group_);
@@ -107,4 +107,4 @@ Work Communicator::group_end(std::string_view label) {
   return work;
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <thread>
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 bool poll_work(Work& w, CommClock::time_point posted, std::chrono::milliseconds timeout) {
   if (w.completed() || w.test()) return true;
@@ -33,4 +33,4 @@ void PollBackoff::idle(CommClock::time_point deadline) {
   nap_ = std::min(nap_ * 2, std::chrono::microseconds(200));
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

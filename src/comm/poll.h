@@ -6,9 +6,9 @@
 #include <chrono>
 #include <span>
 
-#include "dmuon/comm.h"
+#include "meshmuon/comm.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // True when `w` has completed (drives progress once). Once `timeout` has passed since `posted`, it
 // waits out the deadline instead: the communicator's timeout error is thrown (or the Work completes).
@@ -32,4 +32,4 @@ class PollBackoff {
   std::chrono::microseconds nap_ = kFirstNap;
 };
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -7,9 +7,9 @@
 #include <limits>
 #include <string>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 size_t env_bytes(const char* name, size_t fallback) {
@@ -17,7 +17,7 @@ size_t env_bytes(const char* name, size_t fallback) {
   if (env == nullptr || *env == '\0') return fallback;
   char* end = nullptr;
   const unsigned long long v = std::strtoull(env, &end, 10);
-  DMUON_CHECK(end != env && *end == '\0' && v > 0 && env[0] != '-', "[comm] ", name, "='", env,
+  MESHMUON_CHECK(end != env && *end == '\0' && v > 0 && env[0] != '-', "[comm] ", name, "='", env,
               "' is not a positive number of bytes; unset it for the default (", fallback, ")");
   return static_cast<size_t>(v);
 }
@@ -25,16 +25,16 @@ size_t env_bytes(const char* name, size_t fallback) {
 }  // namespace
 
 void check_staging_options(const StagingOptions& o) {
-  DMUON_CHECK(o.chunk_bytes >= 8 && o.chunk_bytes <= (size_t{1} << 30), "[comm] staging chunk of ", o.chunk_bytes,
+  MESHMUON_CHECK(o.chunk_bytes >= 8 && o.chunk_bytes <= (size_t{1} << 30), "[comm] staging chunk of ", o.chunk_bytes,
               " bytes is outside [8, 2^30]");
-  DMUON_CHECK(o.pool_bytes >= 2 * o.chunk_bytes, "[comm] staging pool of ", o.pool_bytes,
+  MESHMUON_CHECK(o.pool_bytes >= 2 * o.chunk_bytes, "[comm] staging pool of ", o.pool_bytes,
               " bytes is smaller than two chunks (", o.chunk_bytes, " bytes each)");
 }
 
 StagingOptions staging_options_from_env() {
   StagingOptions o;
-  o.chunk_bytes = env_bytes("DMUON_STAGING_CHUNK_BYTES", o.chunk_bytes);
-  o.pool_bytes = env_bytes("DMUON_STAGING_POOL_BYTES", std::max(o.pool_bytes, 2 * o.chunk_bytes));
+  o.chunk_bytes = env_bytes("MESHMUON_STAGING_CHUNK_BYTES", o.chunk_bytes);
+  o.pool_bytes = env_bytes("MESHMUON_STAGING_POOL_BYTES", std::max(o.pool_bytes, 2 * o.chunk_bytes));
   check_staging_options(o);
   return o;
 }
@@ -97,4 +97,4 @@ PinnedPool::Stats PinnedPool::stats() const {
   return stats_;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

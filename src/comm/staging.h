@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "backend/memory_space.h"
-#include "dmuon/comm.h"
+#include "meshmuon/comm.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // How the mpi backend stages device buffers.
 // - chunk_bytes: a collective moves at most this many bytes per direction per round; larger
@@ -27,7 +27,7 @@ struct StagingOptions {
   size_t chunk_bytes = size_t{16} << 20;
   size_t pool_bytes = size_t{64} << 20;
 };
-// DMUON_STAGING_CHUNK_BYTES / DMUON_STAGING_POOL_BYTES over the defaults; std::invalid_argument for
+// MESHMUON_STAGING_CHUNK_BYTES / MESHMUON_STAGING_POOL_BYTES over the defaults; std::invalid_argument for
 // values that are not positive integers, chunk_bytes above 2^30 or a pool below 2 chunks.
 StagingOptions staging_options_from_env();
 void check_staging_options(const StagingOptions& o);
@@ -71,9 +71,9 @@ class PinnedPool {
   Stats stats_;
 };
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail
 
-namespace dmuon {
+namespace meshmuon {
 // The mpi backend over MPI_COMM_WORLD with an explicit memory space and staging options (tests;
 // make_mpi_communicator uses default_memory_space() and staging_options_from_env()). COLLECTIVE.
 // Internal (src/comm/mpi/mpi_communicator.cpp; a build without MPI throws like make_mpi_communicator).
@@ -83,4 +83,4 @@ std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<detail::Memo
 // device memory goes through copy_to_host / copy_to_device; make_single_communicator() is this with
 // no space (plain memmove). Internal (src/comm/single/single_communicator.cpp).
 std::unique_ptr<Communicator> make_single_communicator(std::shared_ptr<detail::MemorySpace> space);
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -1,4 +1,4 @@
-// The Communicator over its Transport (dmuon/comm_transport.h): posting a validated operation,
+// The Communicator over its Transport (meshmuon/comm_transport.h): posting a validated operation,
 // the broken-after-timeout state a root shares with its splits, split's agreement, order_after, and
 // make_communicator. The same for every backend; the transports only move data.
 #include <exception>
@@ -9,10 +9,10 @@
 
 #include "backend/memory_space.h"
 #include "comm/work_impl.h"
-#include "dmuon/comm_transport.h"
-#include "dmuon/error.h"
+#include "meshmuon/comm_transport.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 
 TransportOp::~TransportOp() = default;
 Transport::~Transport() = default;
@@ -34,10 +34,10 @@ bool Communicator::device_buffers() const { return transport_->device_buffers();
 
 Work Communicator::post(std::string_view op, std::string_view label,
                         const std::function<std::unique_ptr<TransportOp>()>& call) {
-  DMUON_CHECK_RUNTIME(!root_->broken && transport_->usable(), "[", root_->backend, "] rank ", root_->world_rank,
+  MESHMUON_CHECK_RUNTIME(!root_->broken && transport_->usable(), "[", root_->backend, "] rank ", root_->world_rank,
                       ": cannot post ", op, " '", label, "' on communicator '", name_,
                       "': an earlier collective timed out and communication is unusable; end the job "
-                      "(dmuon::abort_all)");
+                      "(meshmuon::abort_all)");
   detail::WorkInfo info{root_->backend, op, std::string(label), name_, root_->world_rank, rank_, size_, default_timeout_};
   std::unique_ptr<TransportOp> handle;
   try {
@@ -88,7 +88,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, std::strin
                                        "' of communicator '", name_, "' failed: ", e.what()));
   }
   if (color < 0) return nullptr;
-  DMUON_CHECK_RUNTIME(sub != nullptr, "[", root_->backend, "] rank ", root_->world_rank, ": split '", n,
+  MESHMUON_CHECK_RUNTIME(sub != nullptr, "[", root_->backend, "] rank ", root_->world_rank, ": split '", n,
                       "': the transport returned no group for color ", color);
   auto out = std::make_unique<Communicator>(std::move(sub), root_, new_rank, new_size, std::move(n));
   out->set_default_timeout(default_timeout_);
@@ -97,9 +97,9 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, std::strin
 
 void Communicator::order_after(DeviceEvent ready) {
   if (ready.empty()) return;
-  DMUON_CHECK_RUNTIME(!root_->broken, "[", root_->backend, "] rank ", root_->world_rank, ": cannot order communicator '",
+  MESHMUON_CHECK_RUNTIME(!root_->broken, "[", root_->backend, "] rank ", root_->world_rank, ": cannot order communicator '",
                       name_, "' after device work: an earlier collective timed out and communication is unusable; "
-                      "end the job (dmuon::abort_all)");
+                      "end the job (meshmuon::abort_all)");
   try {
     transport_->order_after(ready.cuda_event);
   } catch (const Error&) {
@@ -112,13 +112,13 @@ void Communicator::order_after(DeviceEvent ready) {
 
 std::unique_ptr<Communicator> make_communicator(std::shared_ptr<Transport> transport, int rank, int size, std::string name,
                                                 int world_rank) {
-  DMUON_CHECK(transport != nullptr, "[comm] make_communicator: the transport is null");
-  DMUON_CHECK(size > 0 && rank >= 0 && rank < size, "[comm] make_communicator: rank ", rank, " is not in [0, ", size, ")");
+  MESHMUON_CHECK(transport != nullptr, "[comm] make_communicator: the transport is null");
+  MESHMUON_CHECK(size > 0 && rank >= 0 && rank < size, "[comm] make_communicator: rank ", rank, " is not in [0, ", size, ")");
   auto root = std::make_shared<detail::CommRoot>();
   root->backend = std::string(transport->backend());
-  DMUON_CHECK(!root->backend.empty(), "[comm] make_communicator: the transport names no backend");
+  MESHMUON_CHECK(!root->backend.empty(), "[comm] make_communicator: the transport names no backend");
   root->world_rank = world_rank >= 0 ? world_rank : rank;
   return std::make_unique<Communicator>(std::move(transport), std::move(root), rank, size, std::move(name));
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

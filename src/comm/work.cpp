@@ -6,9 +6,9 @@
 
 #include "comm/poll.h"
 #include "comm/work_impl.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace detail {
 namespace {
 
@@ -16,7 +16,7 @@ std::string timeout_message(const WorkInfo& w, std::chrono::milliseconds waited)
   const bool p2p = w.op == "send" || w.op == "recv" || w.op == "group";
   return fmt::format(
       "[{}] rank {}: {} '{}' timed out after {:g} s on communicator '{}' (rank {} of {}); a peer "
-      "died or did not post {}; communication is now unusable: end the job (dmuon::abort_all)",
+      "died or did not post {}; communication is now unusable: end the job (meshmuon::abort_all)",
       w.backend, w.world_rank, w.op, w.label, static_cast<double>(waited.count()) / 1000.0, w.comm_name,
       w.comm_rank, w.comm_size, p2p ? "the matching send or recv" : "this collective");
 }
@@ -134,4 +134,4 @@ void Work::wait_until(Deadline deadline, std::chrono::milliseconds budget) {
   }
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

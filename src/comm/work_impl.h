@@ -7,10 +7,10 @@
 #include <string>
 #include <string_view>
 
-#include "dmuon/comm.h"
-#include "dmuon/comm_transport.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/comm_transport.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // Shared by a root communicator and every communicator split from it.
 struct CommRoot {
@@ -38,7 +38,7 @@ class WorkImpl {
            std::unique_ptr<TransportOp> op);
   ~WorkImpl();
 
-  // Drives progress once; true when the operation has completed. Throws dmuon::Error on failure.
+  // Drives progress once; true when the operation has completed. Throws meshmuon::Error on failure.
   bool poll();
   // Called once when a wait passes its deadline, before the error is thrown.
   void on_timeout();
@@ -58,7 +58,7 @@ class WorkImpl {
   std::unique_ptr<TransportOp> op_;
 };
 
-// DMUON_TIMEOUT_S (seconds) or 300 s; std::invalid_argument when the variable is not a positive number.
+// MESHMUON_TIMEOUT_S (seconds) or 300 s; std::invalid_argument when the variable is not a positive number.
 std::chrono::milliseconds default_timeout_from_env();
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

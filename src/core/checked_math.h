@@ -7,7 +7,7 @@
 #include <span>
 #include <string>
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 inline bool checked_mul(int64_t a, int64_t b, int64_t& out) { return !__builtin_mul_overflow(a, b, &out); }
 inline bool checked_add(int64_t a, int64_t b, int64_t& out) { return !__builtin_add_overflow(a, b, &out); }
@@ -37,4 +37,4 @@ inline std::string product_text(std::span<const int64_t> extents) {
   return std::string(digits + at, digits + 40);
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -10,7 +10,7 @@
 #include <cpuid.h>
 #endif
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 std::string recommended_openblas_coretype() {
 #if defined(__x86_64__)
@@ -72,16 +72,16 @@ bool prepare_blas_environment() {
 }
 
 void reexec_with_blas_environment(char** argv) {
-  if (std::getenv("DMUON_BLAS_REEXEC") != nullptr) return;  // already re-executed once
+  if (std::getenv("MESHMUON_BLAS_REEXEC") != nullptr) return;  // already re-executed once
   if (!prepare_blas_environment()) return;
-  setenv("DMUON_BLAS_REEXEC", "1", 1);
+  setenv("MESHMUON_BLAS_REEXEC", "1", 1);
   execv("/proc/self/exe", argv);
   // execv failed: go on with the BLAS as loaded (slower, still correct).
 }
 
 namespace {
-// Runs when libdmuon loads, before any dmuon code can dlopen the BLAS.
-__attribute__((constructor)) void dmuon_prepare_blas_on_load() { prepare_blas_environment(); }
+// Runs when libmeshmuon loads, before any meshmuon code can dlopen the BLAS.
+__attribute__((constructor)) void meshmuon_prepare_blas_on_load() { prepare_blas_environment(); }
 }  // namespace
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

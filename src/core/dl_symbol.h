@@ -4,7 +4,7 @@
 
 #include <dlfcn.h>
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // fn = `name` from `handle` (null when the library lacks it); true when found.
 template <class F>
@@ -13,4 +13,4 @@ bool bind_symbol(void* handle, const char* name, F& fn) {
   return fn != nullptr;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -1,9 +1,9 @@
 // DType names as used in CLI, JSON, Python and logs.
-#include "dmuon/dtype.h"
+#include "meshmuon/dtype.h"
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 
 std::string_view to_string(DType t) { return t == DType::F32 ? "fp32" : "bf16"; }
 
@@ -14,4 +14,4 @@ DType parse_dtype(std::string_view name, std::string_view what) {
                                                 "' is not supported; use fp32 or bf16"));
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -1,11 +1,11 @@
-// Out-of-line throw helpers so that DMUON_CHECK expands to little code at each call site; they
+// Out-of-line throw helpers so that MESHMUON_CHECK expands to little code at each call site; they
 // record where the check fired (path from the source root, e.g. "src/exec/optimizer.cpp:123").
 #include <algorithm>
 #include <cstring>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 std::string where(const char* file, int line) {
@@ -32,4 +32,4 @@ void throw_invalid_argument(const std::string& message, const char* file, int li
 void throw_error(const std::string& message, const char* file, int line) { throw Error(message, where(file, line)); }
 
 }  // namespace detail
-}  // namespace dmuon
+}  // namespace meshmuon

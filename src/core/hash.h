@@ -1,4 +1,4 @@
-// Internal: the one hasher of dmuon (FNV-1a 64). Plan fingerprints, per-parameter agreement hashes
+// Internal: the one hasher of meshmuon (FNV-1a 64). Plan fingerprints, per-parameter agreement hashes
 // and per-step digests use it, so every rank hashes the same bytes the same way.
 #pragma once
 
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 struct Fnv1a {
   uint64_t h = 0xcbf29ce484222325ull;
@@ -22,4 +22,4 @@ struct Fnv1a {
   }
 };
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -1,7 +1,7 @@
 // Internal: the search for a library loaded at run time (library_loader.h).
 #include "core/library_loader.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 std::string OpenedLibrary::tried() const {
   std::string s;
@@ -32,4 +32,4 @@ OpenedLibrary open_first_library(std::span<const char* const> candidates, int fl
   return lib;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

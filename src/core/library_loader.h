@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // A candidate that was tried and not kept.
 struct LibraryAttempt {
@@ -38,4 +38,4 @@ using AcceptLibrary = std::function<std::string(void* handle, const char* name)>
 OpenedLibrary open_first_library(std::span<const char* const> candidates, int flags = RTLD_NOW | RTLD_LOCAL,
                                  const AcceptLibrary& accept = {});
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

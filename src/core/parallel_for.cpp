@@ -12,7 +12,7 @@
 #include <mutex>
 #include <thread>
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 constexpr int kMaxWorkers = 255;
@@ -126,4 +126,4 @@ void parallel_for(int64_t count, int threads, const std::function<void(int64_t)>
 
 int parallel_pool_workers() { return pool().workers(); }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

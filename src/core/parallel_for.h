@@ -1,4 +1,4 @@
-// Internal: a process-wide pool of worker threads and the one loop that uses it. dmuon's CPU products
+// Internal: a process-wide pool of worker threads and the one loop that uses it. meshmuon's CPU products
 // (kernels/cpu/products.h) split their work into pieces whose shapes never depend on the thread
 // count, and hand the pieces to parallel_for; which thread runs a piece is then irrelevant to the
 // result, so every thread count gives the same bits.
@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <functional>
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // Runs fn(i) for every i in [0, count), on up to `threads` threads: the calling thread and
 // threads - 1 workers of the pool (started on first need, kept for later calls). Returns when every
@@ -21,4 +21,4 @@ void parallel_for(int64_t count, int threads, const std::function<void(int64_t)>
 // Workers the pool has started so far (tests).
 int parallel_pool_workers();
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

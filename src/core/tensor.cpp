@@ -1,18 +1,18 @@
 // Shape and TensorView basics.
-#include "dmuon/tensor.h"
+#include "meshmuon/tensor.h"
 
 #include <string>
 
-namespace dmuon {
+namespace meshmuon {
 
 Shape::Shape(std::initializer_list<int64_t> dims) : Shape(std::span<const int64_t>(dims.begin(), dims.size())) {}
 
 Shape::Shape(std::span<const int64_t> dims) {
-  DMUON_CHECK(dims.size() <= static_cast<size_t>(kMaxDims), "[tensor] shape has ", dims.size(),
-              " dims; dmuon supports at most ", kMaxDims);
+  MESHMUON_CHECK(dims.size() <= static_cast<size_t>(kMaxDims), "[tensor] shape has ", dims.size(),
+              " dims; meshmuon supports at most ", kMaxDims);
   ndim_ = static_cast<int>(dims.size());
   for (int i = 0; i < ndim_; ++i) {
-    DMUON_CHECK(dims[i] >= 0, "[tensor] shape extent ", dims[i], " at dim ", i, " is negative");
+    MESHMUON_CHECK(dims[i] >= 0, "[tensor] shape extent ", dims[i], " at dim ", i, " is negative");
     dims_[i] = dims[i];
   }
 }
@@ -47,7 +47,7 @@ TensorView::TensorView(void* data, DType dtype, Shape shape)
 
 TensorView::TensorView(void* data, DType dtype, Shape shape, Shape strides)
     : data(data), dtype(dtype), shape(shape), strides(strides) {
-  DMUON_CHECK(strides.ndim() == shape.ndim(), "[tensor] strides ", strides.to_string(),
+  MESHMUON_CHECK(strides.ndim() == shape.ndim(), "[tensor] strides ", strides.to_string(),
               " do not match shape ", shape.to_string());
 }
 
@@ -63,13 +63,13 @@ bool TensorView::is_contiguous() const {
 }
 
 float* TensorView::f32() const {
-  DMUON_CHECK(dtype == DType::F32, "[tensor] expected an fp32 tensor, got ", to_string(dtype));
+  MESHMUON_CHECK(dtype == DType::F32, "[tensor] expected an fp32 tensor, got ", to_string(dtype));
   return static_cast<float*>(data);
 }
 
 BFloat16* TensorView::bf16() const {
-  DMUON_CHECK(dtype == DType::BF16, "[tensor] expected a bf16 tensor, got ", to_string(dtype));
+  MESHMUON_CHECK(dtype == DType::BF16, "[tensor] expected a bf16 tensor, got ", to_string(dtype));
   return static_cast<BFloat16*>(data);
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

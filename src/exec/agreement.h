@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "comm/agreement.h"
-#include "dmuon/comm.h"
-#include "dmuon/optim_options.h"
-#include "dmuon/optimizer.h"
-#include "dmuon/plan.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/optim_options.h"
+#include "meshmuon/optimizer.h"
+#include "meshmuon/plan.h"
 #include "exec/param_table.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // What a rank brings to the construction agreement.
 struct PlanClaim {
@@ -59,11 +59,11 @@ std::vector<std::pair<std::string, std::string>> step_fields(const std::vector<G
 
 // Returns true when the step is applied, false when it is skipped (a non-finite gradient somewhere
 // under NonFinitePolicy::Skip). Throws on every rank: std::invalid_argument when a rank rejected its
-// inputs; dmuon::Error when the first rank with an error failed at run time (error_is_runtime: a
+// inputs; meshmuon::Error when the first rank with an error failed at run time (error_is_runtime: a
 // device fault, which may come from work queued before the step), when the ranks disagree (which parameters have gradients, step counts, a
 // hyperparameter or policy: the first difference, with the ranks on each side) or, under
 // NonFinitePolicy::Raise, when a gradient is not finite. `names` are the parameter names.
 bool agree_on_step(Communicator& comm, std::chrono::milliseconds timeout, const StepClaim& claim,
                    NonFinitePolicy policy, const std::vector<std::string>& names);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -10,7 +10,7 @@
 #include "backend/backend.h"
 #include "backend/select.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 class ArenaPool {
  public:
@@ -32,4 +32,4 @@ class ArenaPool {
   std::vector<Buffer> free_;
 };
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

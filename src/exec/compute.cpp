@@ -14,7 +14,7 @@
 
 #include "backend/select.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 void ComputeStreams::init(Backend& backend, std::span<const ParamGroup> groups) {
   backend_ = &backend;
@@ -196,4 +196,4 @@ void ComputeStreams::compute(std::span<const UnitJob> jobs, std::span<const int>
   for (const Fence& f : ended) backend_->wait(f.event());
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

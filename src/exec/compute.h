@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "dmuon/optim_options.h"
+#include "meshmuon/optim_options.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // One unit batch to orthogonalize (+ NorMuon when v): `batch` matrices rows × cols at data.
 struct UnitJob {
@@ -78,4 +78,4 @@ class ComputeStreams {
   std::vector<Buffer> v_mean_scratch_;  // NorMuon's v_mean per stream (backend memory, grown as needed)
 };
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

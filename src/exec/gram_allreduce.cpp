@@ -1,7 +1,7 @@
 // Internal: the gram_allreduce strategy (gram_allreduce.h).
 #include "exec/gram_allreduce.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 void run_gram(Backend& backend, Communicator& group, const ParamLayout& L, const std::string& name, const NsOptions& ns,
               float* update, DType comm_dtype, std::chrono::milliseconds timeout) {
@@ -17,4 +17,4 @@ void run_gram(Backend& backend, Communicator& group, const ParamLayout& L, const
   backend.gram_newton_schulz(ns, update, local[0], local[1], wide, wide ? L.rows : L.cols, reduce, comm_dtype);
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

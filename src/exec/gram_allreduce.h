@@ -8,15 +8,15 @@
 #include <string>
 
 #include "backend/backend.h"
-#include "dmuon/comm.h"
-#include "dmuon/orthogonalize.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/orthogonalize.h"
 #include "exec/routes.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // Orthogonalizes `update` (this rank's slice of parameter `name`, layout L) in place, blocking, on
 // the driving thread; `group` is the parameter's shard group, each Gram sum waited for up to `timeout`.
 void run_gram(Backend& backend, Communicator& group, const ParamLayout& L, const std::string& name, const NsOptions& ns,
               float* update, DType comm_dtype, std::chrono::milliseconds timeout);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

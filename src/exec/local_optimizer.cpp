@@ -1,17 +1,17 @@
-// LocalOptimizer: a facade over dmuon::Optimizer on one rank (local_optimizer.h). It checks what
+// LocalOptimizer: a facade over meshmuon::Optimizer on one rank (local_optimizer.h). It checks what
 // only it can word (shapes against ParamInfo's expert_stack, QK tags), converts its parameters to
 // the engine's inventory and options, and forwards everything else.
-#include "dmuon/local_optimizer.h"
+#include "meshmuon/local_optimizer.h"
 
-#include "dmuon/comm.h"
-#include "dmuon/error.h"
-#include "dmuon/inventory.h"
-#include "dmuon/optimizer.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/error.h"
+#include "meshmuon/inventory.h"
+#include "meshmuon/optimizer.h"
 #include "comm/staging.h"
 #include "backend/select.h"
 #include "exec/param_groups.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 // The facade's own checks, in the words of ParamInfo (expert_stack), before the engine's: group
@@ -23,16 +23,16 @@ std::vector<int> check_params(const std::vector<ParamInfo>& params, const std::v
     const ParamInfo& p = params[i];
     const int g = group_of[i];
     if (groups[static_cast<size_t>(g)].options.algorithm == Algorithm::Muon) {
-      DMUON_CHECK(p.shape.ndim() != 3 || p.expert_stack, "[optim] parameter '", p.name, "' has shape ",
+      MESHMUON_CHECK(p.shape.ndim() != 3 || p.expert_stack, "[optim] parameter '", p.name, "' has shape ",
                   p.shape.to_string(), " (3 dims) in Muon group ", g,
                   "; mark it expert_stack ([E, A, B]) or route it to an AdamW group");
-      DMUON_CHECK((p.shape.ndim() == 2 && !p.expert_stack) || (p.shape.ndim() == 3 && p.expert_stack),
+      MESHMUON_CHECK((p.shape.ndim() == 2 && !p.expert_stack) || (p.shape.ndim() == 3 && p.expert_stack),
                   "[optim] parameter '", p.name, "' has shape ", p.shape.to_string(), " (", p.shape.ndim(), " dims",
                   p.expert_stack ? ", expert_stack" : "", ") in Muon group ", g,
                   "; Muon takes 2-D matrices and 3-D expert stacks: route it to an AdamW group");
     }
     if (p.qk) {
-      DMUON_CHECK(p.shape.ndim() == 2 && !p.expert_stack, "[optim] parameter '", p.name,
+      MESHMUON_CHECK(p.shape.ndim() == 2 && !p.expert_stack, "[optim] parameter '", p.name,
                   "' has a QK-clip tag but shape ", p.shape.to_string(), "; QK tags need a 2-D weight");
       validate_qk_tag(*p.qk, p.name, p.shape[0]);
     }
@@ -84,14 +84,14 @@ LocalOptimizer::LocalOptimizer(std::vector<ParamInfo> params, std::vector<ParamG
                                LocalOptimizerOptions options)
     : params_(std::move(params)), comm_dtype_(options.comm_dtype), threads_(options.threads),
       impl_(std::make_unique<Impl>()) {
-  DMUON_CHECK(comm_dtype_ == DType::F32 || comm_dtype_ == DType::BF16, "[optim] comm_dtype must be fp32 or bf16");
-  DMUON_CHECK(options.policy == NonFinitePolicy::Raise || options.policy == NonFinitePolicy::Skip,
+  MESHMUON_CHECK(comm_dtype_ == DType::F32 || comm_dtype_ == DType::BF16, "[optim] comm_dtype must be fp32 or bf16");
+  MESHMUON_CHECK(options.policy == NonFinitePolicy::Raise || options.policy == NonFinitePolicy::Skip,
               "[optim] invalid non-finite policy");
-  DMUON_CHECK(options.threads >= 0, "[optim] threads must be >= 0 (0: the BLAS thread count), got ", options.threads);
+  MESHMUON_CHECK(options.threads >= 0, "[optim] threads must be >= 0 (0: the BLAS thread count), got ", options.threads);
   const std::vector<int> group_of = check_params(params_, groups);
   OptimizerOptions o;
   o.comm_dtype = comm_dtype_;
-  o.env_override = false;  // DMUON_STRATEGY is for distributed runs; one rank has one plan anyway
+  o.env_override = false;  // MESHMUON_STRATEGY is for distributed runs; one rank has one plan anyway
   o.non_finite = options.policy;
   o.state_hooks = std::move(options.state_hooks);
   o.offload_state = options.offload_state;
@@ -115,7 +115,7 @@ LocalOptimizer::LocalOptimizer(LocalOptimizer&&) noexcept = default;
 LocalOptimizer& LocalOptimizer::operator=(LocalOptimizer&&) noexcept = default;
 
 void LocalOptimizer::set_threads(int threads) {
-  DMUON_CHECK(threads >= 0, "[optim] threads must be >= 0 (0: the BLAS thread count), got ", threads);
+  MESHMUON_CHECK(threads >= 0, "[optim] threads must be >= 0 (0: the BLAS thread count), got ", threads);
   impl_->engine->set_compute_streams(threads);
   threads_ = threads;
 }
@@ -140,4 +140,4 @@ void LocalOptimizer::set_step_count(size_t param, int64_t count) { impl_->engine
 const Plan& LocalOptimizer::plan() const { return impl_->engine->plan(); }
 const StepStats& LocalOptimizer::last_stats() const { return impl_->engine->last_stats(); }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -3,9 +3,9 @@
 
 #include <vector>
 
-#include "dmuon/update.h"
+#include "meshmuon/update.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 void LocalUpdate::momentum(std::span<const UpdateTarget> targets) {
   std::vector<Backend::MomentumTensor> tensors;
@@ -77,4 +77,4 @@ void LocalUpdate::adamw(int64_t chunk_bytes) {
   }
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -7,13 +7,13 @@
 #include <span>
 
 #include "backend/backend.h"
-#include "dmuon/inventory.h"
+#include "meshmuon/inventory.h"
 #include "exec/param_table.h"
 #include "exec/routes.h"
 #include "exec/step_inputs.h"
 #include "state/state_store.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // A parameter's local update buffer (fp32, the local shard's numel).
 struct UpdateTarget {
@@ -51,4 +51,4 @@ class LocalUpdate {
   DType comm_dtype_;
 };
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

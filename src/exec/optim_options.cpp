@@ -1,15 +1,15 @@
 // Names of the optimizer enums (CLI / JSON / Python spellings) and group hyperparameter validation.
-#include "dmuon/optim_options.h"
+#include "meshmuon/optim_options.h"
 
 #include <cmath>
 #include <exception>
 #include <stdexcept>
 #include <string>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 #include "exec/param_groups.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 template <class E, size_t N>
@@ -61,28 +61,28 @@ NonFinitePolicy parse_non_finite_policy(std::string_view n) {
 
 void validate_group_options(const GroupOptions& o, size_t g) {
   auto in_unit = [&](double x, const char* field) {
-    DMUON_CHECK(std::isfinite(x) && x >= 0 && x < 1, "[optim] group ", g, ": ", field, " ", x,
+    MESHMUON_CHECK(std::isfinite(x) && x >= 0 && x < 1, "[optim] group ", g, ": ", field, " ", x,
                 " is outside [0, 1)");
   };
-  DMUON_CHECK(to_string(o.algorithm) != "?", "[optim] group ", g, ": invalid algorithm");
-  DMUON_CHECK(std::isfinite(o.lr) && o.lr >= 0, "[optim] group ", g, ": lr ", o.lr,
+  MESHMUON_CHECK(to_string(o.algorithm) != "?", "[optim] group ", g, ": invalid algorithm");
+  MESHMUON_CHECK(std::isfinite(o.lr) && o.lr >= 0, "[optim] group ", g, ": lr ", o.lr,
               " must be finite and >= 0");
-  DMUON_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "[optim] group ", g,
+  MESHMUON_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "[optim] group ", g,
               ": weight_decay ", o.weight_decay, " must be finite and >= 0");
   if (o.algorithm == Algorithm::AdamW) {
     in_unit(o.beta1, "beta1");
     in_unit(o.beta2, "beta2");
-    DMUON_CHECK(std::isfinite(o.eps) && o.eps > 0, "[optim] group ", g, ": eps ", o.eps,
+    MESHMUON_CHECK(std::isfinite(o.eps) && o.eps > 0, "[optim] group ", g, ": eps ", o.eps,
                 " must be finite and > 0");
     return;
   }
   in_unit(o.momentum, "momentum");
   in_unit(o.normuon_beta2, "normuon_beta2");
-  DMUON_CHECK(to_string(o.momentum_kind) != "?", "[optim] group ", g, ": invalid momentum_kind");
-  DMUON_CHECK(to_string(o.lr_rule) != "?", "[optim] group ", g, ": invalid lr_rule");
-  DMUON_CHECK(to_string(o.decay_lr) != "?", "[optim] group ", g, ": invalid decay_lr ", static_cast<int>(o.decay_lr),
+  MESHMUON_CHECK(to_string(o.momentum_kind) != "?", "[optim] group ", g, ": invalid momentum_kind");
+  MESHMUON_CHECK(to_string(o.lr_rule) != "?", "[optim] group ", g, ": invalid lr_rule");
+  MESHMUON_CHECK(to_string(o.decay_lr) != "?", "[optim] group ", g, ": invalid decay_lr ", static_cast<int>(o.decay_lr),
               "; use unadjusted or adjusted");
-  DMUON_CHECK(std::isfinite(o.qk_clip_threshold) && o.qk_clip_threshold >= 0, "[optim] group ", g,
+  MESHMUON_CHECK(std::isfinite(o.qk_clip_threshold) && o.qk_clip_threshold >= 0, "[optim] group ", g,
               ": qk_clip_threshold ", o.qk_clip_threshold, " must be finite and >= 0 (0 = off)");
   try {
     (void)make_schedule(o.ns);
@@ -99,16 +99,16 @@ std::vector<int> validate_param_groups(std::span<const ParamGroup> groups, size_
   for (size_t g = 0; g < groups.size(); ++g) {
     validate_group_options(groups[g].options, g);
     for (size_t i : groups[g].params) {
-      DMUON_CHECK(i < n, "[optim] group ", g, " lists parameter index ", i, " but there are ", n, " parameters");
-      DMUON_CHECK(group_of[i] < 0, "[optim] parameter '", name(i), "' is in groups ", group_of[i], " and ", g,
+      MESHMUON_CHECK(i < n, "[optim] group ", g, " lists parameter index ", i, " but there are ", n, " parameters");
+      MESHMUON_CHECK(group_of[i] < 0, "[optim] parameter '", name(i), "' is in groups ", group_of[i], " and ", g,
                   "; put each parameter in exactly one group");
       group_of[i] = static_cast<int>(g);
     }
   }
   for (size_t i = 0; i < n; ++i)
-    DMUON_CHECK(group_of[i] >= 0, "[optim] parameter '", name(i), "' is in no group; add it to a Muon or AdamW group");
+    MESHMUON_CHECK(group_of[i] >= 0, "[optim] parameter '", name(i), "' is in no group; add it to a Muon or AdamW group");
   return group_of;
 }
 
 }  // namespace detail
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -1,12 +1,12 @@
-// dmuon::Optimizer: construction (validation, plan, agreement, sub-communicators, eager state), the
+// meshmuon::Optimizer: construction (validation, plan, agreement, sub-communicators, eager state), the
 // step as a sequence of its passes (each in a unit of its own: optimizer_impl.h), and state access.
-#include "dmuon/optimizer.h"
+#include "meshmuon/optimizer.h"
 
 #include <algorithm>
 #include <utility>
 
-#include "dmuon/error.h"
-#include "dmuon/update.h"
+#include "meshmuon/error.h"
+#include "meshmuon/update.h"
 #include "backend/select.h"
 #include "comm/device_check.h"
 #include "exec/agreement.h"
@@ -16,7 +16,7 @@
 #include "exec/pipeline.h"
 #include "exec/step_inputs.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 using detail::ParamLayout;
@@ -25,26 +25,26 @@ using detail::ParamLayout;
 void validate_construction(const Optimizer::Impl& s, const Inventory& inv, const std::vector<ParamGroup>& groups,
                            std::vector<int>& group_of) {
   inv.validate();
-  DMUON_CHECK(inv.world_size() == s.user_comm->size(), "[optim] the inventory's meshes span ", inv.world_size(),
+  MESHMUON_CHECK(inv.world_size() == s.user_comm->size(), "[optim] the inventory's meshes span ", inv.world_size(),
               " ranks but the communicator has ", s.user_comm->size(), "; build the mesh for this world");
   const OptimizerOptions& o = s.options;
-  DMUON_CHECK(o.comm_dtype == DType::F32 || o.comm_dtype == DType::BF16, "[optim] comm_dtype must be fp32 or bf16");
-  DMUON_CHECK(o.window >= 1, "[optim] option 'window' must be ≥ 1 (got ", o.window, ")");
-  DMUON_CHECK(o.blas_threads >= 0, "[optim] option 'blas_threads' must be ≥ 0");
-  DMUON_CHECK(o.compute_streams >= 0, "[optim] option 'compute_streams' must be ≥ 0 (0: the backend's thread count), got ",
+  MESHMUON_CHECK(o.comm_dtype == DType::F32 || o.comm_dtype == DType::BF16, "[optim] comm_dtype must be fp32 or bf16");
+  MESHMUON_CHECK(o.window >= 1, "[optim] option 'window' must be ≥ 1 (got ", o.window, ")");
+  MESHMUON_CHECK(o.blas_threads >= 0, "[optim] option 'blas_threads' must be ≥ 0");
+  MESHMUON_CHECK(o.compute_streams >= 0, "[optim] option 'compute_streams' must be ≥ 0 (0: the backend's thread count), got ",
               o.compute_streams);
-  DMUON_CHECK(o.non_finite == NonFinitePolicy::Raise || o.non_finite == NonFinitePolicy::Skip,
+  MESHMUON_CHECK(o.non_finite == NonFinitePolicy::Raise || o.non_finite == NonFinitePolicy::Skip,
               "[optim] invalid non-finite policy");
-  DMUON_CHECK(o.timeout.count() >= 0, "[optim] option 'timeout' must be ≥ 0");
+  MESHMUON_CHECK(o.timeout.count() >= 0, "[optim] option 'timeout' must be ≥ 0");
   const size_t n = inv.params.size();
   group_of = detail::validate_param_groups(groups, n, [&](size_t i) -> std::string_view { return inv.params[i].name; });
   for (size_t i = 0; i < n; ++i) {
     const ParamSpec& p = inv.params[i];
     const Algorithm a = groups[static_cast<size_t>(group_of[i])].options.algorithm;
     const bool ok = (a == Algorithm::Muon) == (p.role == Role::Muon);
-    DMUON_CHECK(ok, "[optim] parameter '", p.name, "' has role ", to_string(p.role), " in the inventory but is in ",
+    MESHMUON_CHECK(ok, "[optim] parameter '", p.name, "' has role ", to_string(p.role), " in the inventory but is in ",
                 to_string(a), " group ", group_of[i], "; move it to a group of its role (the plan follows the role)");
-    DMUON_CHECK(p.dtype == DType::F32, "[optim] parameter '", p.name, "' is ", to_string(p.dtype),
+    MESHMUON_CHECK(p.dtype == DType::F32, "[optim] parameter '", p.name, "' is ", to_string(p.dtype),
                 "; master parameters must be fp32");
   }
 }
@@ -90,12 +90,12 @@ void fill_table(Optimizer::Impl& s) {
     t.names.push_back(params[i].name);
     const PlanEntry* e = s.plan.entry_of(static_cast<int>(i));
     if (e && e->strategy == Strategy::GramAllReduce && t.gram_param[g] < 0) t.gram_param[g] = static_cast<int>(i);
-    DMUON_CHECK(!(e && e->strategy == Strategy::GramAllReduce && t.normuon[g]), "[optim] parameter '", params[i].name,
+    MESHMUON_CHECK(!(e && e->strategy == Strategy::GramAllReduce && t.normuon[g]), "[optim] parameter '", params[i].name,
                 "' uses gram_allreduce, which does not support NorMuon; pin another strategy or turn NorMuon off");
     // gram_allreduce orthogonalizes a matrix that stays sharded along its long dim: MuonEq's row norms
     // and Muon+'s Frobenius norm would need reductions of their own (design.md, MuonEq and Muon+).
     const NsOptions& ns = s.groups[g].options.ns;
-    DMUON_CHECK(!(e && e->strategy == Strategy::GramAllReduce && s.groups[g].options.algorithm == Algorithm::Muon &&
+    MESHMUON_CHECK(!(e && e->strategy == Strategy::GramAllReduce && s.groups[g].options.algorithm == Algorithm::Muon &&
                   (ns.muon_eq || ns.muon_plus)),
                 "[optim] parameter '", params[i].name, "' uses gram_allreduce, which does not support ",
                 ns.muon_eq ? "muon_eq" : "muon_plus", "; pin another strategy or turn ", ns.muon_eq ? "muon_eq" : "muon_plus",
@@ -154,7 +154,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }
 
 std::shared_ptr<MeshCommunicators> mesh_communicators_of(std::shared_ptr<Communicator> comm) {
-  DMUON_CHECK(comm != nullptr, "[optim] the communicator is null; pass make_mpi_communicator() or make_single_communicator()");
+  MESHMUON_CHECK(comm != nullptr, "[optim] the communicator is null; pass make_mpi_communicator() or make_single_communicator()");
   return std::make_shared<MeshCommunicators>(std::move(comm));
 }
 
@@ -167,7 +167,7 @@ Optimizer::Optimizer(std::shared_ptr<Communicator> comm, Inventory inventory, st
 Optimizer::Optimizer(std::shared_ptr<MeshCommunicators> comms, Inventory inventory, std::vector<ParamGroup> groups,
                      OptimizerOptions options)
     : impl_(std::make_unique<Impl>()) {
-  DMUON_CHECK(comms != nullptr, "[optim] the mesh communicators are null; pass std::make_shared<MeshCommunicators>(world)");
+  MESHMUON_CHECK(comms != nullptr, "[optim] the mesh communicators are null; pass std::make_shared<MeshCommunicators>(world)");
   Impl& s = *impl_;
   s.user_comm = comms->world_ptr();
   s.mesh_comms = std::move(comms);
@@ -189,7 +189,7 @@ Optimizer::Optimizer(std::shared_ptr<MeshCommunicators> comms, Inventory invento
   detail::agree_on_plan(*s.user_comm, s.timeout(*s.user_comm), claim);
 
   // pass 3: communicators (collective, in plan order), routes, eager state
-  s.comm = s.user_comm->split(0, s.rank, "dmuon.optimizer");
+  s.comm = s.user_comm->split(0, s.rank, "meshmuon.optimizer");
   s.routes = detail::build_routes(s.plan, s.rank, s.table.param_normuon);
   const Inventory& inv = s.plan.inventory();
   for (const detail::GroupKey& k : s.routes.group_keys)  // collective on first use of a key, in plan order
@@ -257,7 +257,7 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
     claim.bad_param = s.backend->first_non_finite_of(scanned);
   } catch (const std::invalid_argument& e) {  // its inputs
     claim.error = e.what();
-  } catch (const std::exception& e) {  // a device or runtime failure (dmuon::Error, bad_alloc, ...)
+  } catch (const std::exception& e) {  // a device or runtime failure (meshmuon::Error, bad_alloc, ...)
     claim.error = e.what();
     claim.error_is_runtime = true;
   }
@@ -325,7 +325,7 @@ bool Optimizer::step(std::span<const TensorView> params, std::span<const TensorV
 }
 
 GroupOptions& Optimizer::options(size_t g) {
-  DMUON_CHECK(g < impl_->groups.size(), "[optim] group ", g, " does not exist (", impl_->groups.size(), " groups)");
+  MESHMUON_CHECK(g < impl_->groups.size(), "[optim] group ", g, " does not exist (", impl_->groups.size(), " groups)");
   return impl_->groups[g].options;
 }
 const std::vector<ParamGroup>& Optimizer::groups() const { return impl_->groups; }
@@ -337,23 +337,23 @@ const StepStats& Optimizer::last_stats() const { return impl_->stats; }
 
 NonFinitePolicy Optimizer::non_finite() const { return impl_->options.non_finite; }
 void Optimizer::set_non_finite(NonFinitePolicy policy) {
-  DMUON_CHECK(policy == NonFinitePolicy::Raise || policy == NonFinitePolicy::Skip, "[optim] invalid non-finite policy");
+  MESHMUON_CHECK(policy == NonFinitePolicy::Raise || policy == NonFinitePolicy::Skip, "[optim] invalid non-finite policy");
   impl_->options.non_finite = policy;
 }
 void Optimizer::set_stream(void* stream) {
-  DMUON_CHECK(stream == nullptr || impl_->backend->capabilities().device_memory, "[optim] set_stream: the optimizer runs on ",
+  MESHMUON_CHECK(stream == nullptr || impl_->backend->capabilities().device_memory, "[optim] set_stream: the optimizer runs on ",
               impl_->backend->name(), ", which has no device streams; leave the stream unset (nullptr)");
   impl_->caller_stream = stream;
 }
 void* Optimizer::stream() const { return impl_->caller_stream; }
 int Optimizer::compute_streams() const { return impl_->options.compute_streams; }
 void Optimizer::set_compute_streams(int streams) {
-  DMUON_CHECK(streams >= 0, "[optim] option 'compute_streams' must be ≥ 0 (0: the backend's thread count), got ", streams);
+  MESHMUON_CHECK(streams >= 0, "[optim] option 'compute_streams' must be ≥ 0 (0: the backend's thread count), got ", streams);
   impl_->options.compute_streams = streams;
 }
 
 Box Optimizer::local_box(size_t param) const {
-  DMUON_CHECK(param < impl_->routes.layouts.size(), "[optim] parameter index ", param, " out of range");
+  MESHMUON_CHECK(param < impl_->routes.layouts.size(), "[optim] parameter index ", param, " out of range");
   return impl_->routes.layouts[param].box;
 }
 Shape Optimizer::local_shape(size_t param) const { return local_box(param).shape(); }
@@ -365,4 +365,4 @@ void Optimizer::set_step_count(size_t param, int64_t count) { impl_->state.set_s
 
 std::shared_ptr<detail::Backend> detail::engine_backend(const Optimizer& optimizer) { return optimizer.impl_->backend; }
 
-}  // namespace dmuon
+}  // namespace meshmuon

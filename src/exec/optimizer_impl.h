@@ -1,4 +1,4 @@
-// Internal: what a dmuon::Optimizer holds (Optimizer::Impl), built at construction
+// Internal: what a meshmuon::Optimizer holds (Optimizer::Impl), built at construction
 // (optimizer.cpp) and read by its step, whose passes are units of their own: step_check.cpp (the
 // local checks), step_agreement.cpp (the per-step agreement), pipeline.cpp (the chunks: gather ->
 // orthogonalize -> scatter -> update, with gram_allreduce.cpp), compute.cpp (the compute streams),
@@ -9,8 +9,8 @@
 #include <memory>
 #include <vector>
 
-#include "dmuon/mesh_comms.h"
-#include "dmuon/optimizer.h"
+#include "meshmuon/mesh_comms.h"
+#include "meshmuon/optimizer.h"
 #include "backend/backend.h"
 #include "exec/arena_pool.h"
 #include "exec/compute.h"
@@ -18,7 +18,7 @@
 #include "exec/routes.h"
 #include "state/state_store.h"
 
-namespace dmuon {
+namespace meshmuon {
 
 struct Optimizer::Impl {
   // The streams go first (their destructors wait for their device work, which uses the arenas and
@@ -62,4 +62,4 @@ struct Optimizer::Impl {
   }
 };
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -9,9 +9,9 @@
 #include <string_view>
 #include <vector>
 
-#include "dmuon/optim_options.h"
+#include "meshmuon/optim_options.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // Every group's options are valid (validate_group_options), every index is in [0, nparams), and
 // every parameter is in exactly one group. Returns each parameter's group. Throws
@@ -22,4 +22,4 @@ namespace dmuon::detail {
 std::vector<int> validate_param_groups(std::span<const ParamGroup> groups, size_t nparams,
                                        const std::function<std::string_view(size_t)>& name);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

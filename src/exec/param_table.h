@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "dmuon/tensor.h"
-#include "dmuon/update.h"
+#include "meshmuon/tensor.h"
+#include "meshmuon/update.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 struct ParamTable {
   std::vector<int> group_of;          // per parameter
@@ -25,4 +25,4 @@ struct ParamTable {
   size_t size() const { return group_of.size(); }
 };
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

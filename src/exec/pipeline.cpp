@@ -19,7 +19,7 @@
 #include "comm/poll.h"
 #include "exec/gram_allreduce.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -307,4 +307,4 @@ void run_pipeline(const PipelineContext& ctx) {
   p.run();
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -9,9 +9,9 @@
 #include <span>
 
 #include "backend/backend.h"
-#include "dmuon/comm.h"
-#include "dmuon/optimizer.h"
-#include "dmuon/plan.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/optimizer.h"
+#include "meshmuon/plan.h"
 #include "exec/arena_pool.h"
 #include "exec/compute.h"
 #include "exec/local_update.h"
@@ -20,7 +20,7 @@
 #include "exec/step_inputs.h"
 #include "state/state_store.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 struct PipelineContext {
   const Plan& plan;
@@ -44,4 +44,4 @@ struct PipelineContext {
 // Runs every chunk; updates the Muon parameters. On an error the compute streams are dropped.
 void run_pipeline(const PipelineContext& ctx);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <limits>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 namespace {
 
@@ -85,7 +85,7 @@ void agree_on_plan(Communicator& comm, std::chrono::milliseconds timeout, const 
   const std::vector<std::string> texts =
       all_gather_strings(comm, timeout, entry >= 0 ? item_or_none(claim.entry_texts, entry) : std::string(), "optimizer plan");
   throw_error(concat("[optim] ranks planned parameter #", entry, " differently: ", texts_by_rank(texts),
-                     "; the environment (DMUON_STRATEGY) or the machine profile differs between ranks: make them the same"));
+                     "; the environment (MESHMUON_STRATEGY) or the machine profile differs between ranks: make them the same"));
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

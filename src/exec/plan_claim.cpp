@@ -4,10 +4,10 @@
 #include <cstdio>
 
 #include "core/hash.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 #include "exec/agreement.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 std::string placements_text(const ParamSpec& p) {
@@ -59,4 +59,4 @@ PlanClaim make_plan_claim(const Plan& plan, const ParamTable& table, const Optim
   return claim;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -8,11 +8,11 @@
 #include <map>
 #include <tuple>
 
-#include "dmuon/error.h"
-#include "dmuon/update.h"
+#include "meshmuon/error.h"
+#include "meshmuon/update.h"
 #include "plan/shard_table.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 UnitSpan unit_span(const Box& box, bool expert, int64_t unit) {
   const int64_t n = box.numel();
@@ -186,7 +186,7 @@ class Builder {
       if (t.group_dims >> d & 1) k = k * size + c;
       else if (t.replica_dims >> d & 1) j = j * size + c;
     }
-    DMUON_CHECK_RUNTIME(t.rank(j, k) == me_, "[exec] rank ", me_, " is not at (replica ", j, ", position ", k,
+    MESHMUON_CHECK_RUNTIME(t.rank(j, k) == me_, "[exec] rank ", me_, " is not at (replica ", j, ", position ", k,
                         ") of its shard table; the mesh's dims are neither shard nor replicate dims");
     return {j, k};
   }
@@ -240,7 +240,7 @@ class Builder {
     const int param = param_of(entry);
     const ParamLayout& L = layout(param);
     const Computed* c = computed(entry, unit);
-    DMUON_CHECK_RUNTIME(c != nullptr, "[exec] rank ", me_, " has no full unit ", unit, " of entry ", entry, " to route into");
+    MESHMUON_CHECK_RUNTIME(c != nullptr, "[exec] rank ", me_, " has no full unit ", unit, " of entry ", entry, " to route into");
     const ComputeUnit& cu = unit_at(*c);
     const int64_t full = state ? cu.v_offset : cu.full_offset;
     const Box& b = state ? v_box(param, holder) : box(param, holder);
@@ -342,7 +342,7 @@ class Builder {
           } else {  // the peer's elements of a full unit this rank computes
             n = unit_runs(outgoing ? pack : unpack, state, it->entry, it->x.unit, peer, 0, at, es, conv, !outgoing);
           }
-          DMUON_CHECK_RUNTIME(n == it->x.count, "[exec] rank ", me_, ": the plan moves ", it->x.count, " elements of '",
+          MESHMUON_CHECK_RUNTIME(n == it->x.count, "[exec] rank ", me_, ": the plan moves ", it->x.count, " elements of '",
                               inv_.params[static_cast<size_t>(param)].name, outgoing ? "' to rank " : "' from rank ", peer,
                               " but the boxes hold ", n);
           at += it->x.count * static_cast<int64_t>(es);
@@ -372,7 +372,7 @@ class Builder {
       const bool ag = channel == Channel::AllGather;
       call.type = ag ? CommType::U8 : wire_type_;
       for (const GroupItem* it : items) {
-        DMUON_CHECK_RUNTIME(it->x.table->g == g, "[exec] group collective over tables of different sizes");
+        MESHMUON_CHECK_RUNTIME(it->x.table->g == g, "[exec] group collective over tables of different sizes");
         for (int k = 0; k < g; ++k)
           call.counts[static_cast<size_t>(k)] += it->x.counts[static_cast<size_t>(k)] * static_cast<int64_t>(ag ? payload_size(it->x.payload) : 1);
       }
@@ -398,7 +398,7 @@ class Builder {
       const ParamLayout& L = layout(param);
       const bool state = it->x.payload == Payload::State;
       const int64_t n = state ? L.local_v : L.local_numel;
-      DMUON_CHECK_RUNTIME(n == it->x.counts[static_cast<size_t>(me_k)], "[exec] rank ", me_, ": the plan gathers ",
+      MESHMUON_CHECK_RUNTIME(n == it->x.counts[static_cast<size_t>(me_k)], "[exec] rank ", me_, ": the plan gathers ",
                           it->x.counts[static_cast<size_t>(me_k)], " elements of '", inv_.params[static_cast<size_t>(param)].name,
                           "' from it but it holds ", n);
       PackRun r;
@@ -488,4 +488,4 @@ Routes build_routes(const Plan& plan, int rank, const std::vector<bool>& normuon
   return out;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

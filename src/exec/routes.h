@@ -9,12 +9,12 @@
 #include <vector>
 
 #include "backend/pack.h"
-#include "dmuon/box.h"
-#include "dmuon/comm.h"
-#include "dmuon/plan.h"
+#include "meshmuon/box.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/plan.h"
 #include "plan/transfers.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // Per parameter: this rank's box and its NorMuon state box.
 struct ParamLayout {
@@ -113,4 +113,4 @@ struct Routes {
 // `normuon[param]`: whether the parameter's group runs NorMuon (its state travels).
 Routes build_routes(const Plan& plan, int rank, const std::vector<bool>& normuon);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

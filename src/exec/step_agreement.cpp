@@ -7,10 +7,10 @@
 #include <limits>
 
 #include "core/hash.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 #include "exec/agreement.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
@@ -170,4 +170,4 @@ bool agree_on_step(Communicator& comm, std::chrono::milliseconds timeout, const 
                      " is not finite on rank ", rank, "; nothing was modified on any rank (policy raise; use skip to skip such steps)"));
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -9,13 +9,13 @@
 #include <utility>
 #include <vector>
 
-#include "dmuon/inventory.h"
-#include "dmuon/optim_options.h"
-#include "dmuon/tensor.h"
+#include "meshmuon/inventory.h"
+#include "meshmuon/optim_options.h"
+#include "meshmuon/tensor.h"
 #include "exec/param_table.h"
 #include "exec/routes.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 struct StepInputs {
   std::span<const TensorView> params, grads;
@@ -43,4 +43,4 @@ std::vector<std::pair<int, const std::vector<float>*>> check_step_inputs(const S
                                                                          const StepDevice& device,
                                                                          std::vector<uint8_t>& has_grad);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

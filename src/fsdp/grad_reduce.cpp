@@ -13,10 +13,10 @@
 #include <stdexcept>
 
 #include "comm/poll.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 #include "sharded_params_impl.h"
 
-namespace dmuon {
+namespace meshmuon {
 
 using fsdp::AlignedBuffer;
 using fsdp::Bucket;
@@ -328,4 +328,4 @@ void ShardedParams::wait_reduce_grads() {
   }
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -9,13 +9,13 @@
 #include <sys/mman.h>
 
 #include "core/hash.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 #include "comm/agreement.h"
 #include "backend/select.h"
 #include "comm/device_check.h"
 #include "sharded_params_impl.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace fsdp {
 
 AlignedBuffer::AlignedBuffer(size_t bytes, bool zero, detail::Backend* device) {
@@ -65,18 +65,18 @@ void check_mesh(const Mesh& mesh, int world) {
 }
 
 void check_options(const ShardedParamsOptions& o) {
-  DMUON_CHECK(o.param_dtype == DType::F32 || o.param_dtype == DType::BF16, "[fsdp] options.param_dtype must be fp32 or bf16");
-  DMUON_CHECK(o.reduce_dtype == DType::F32 || o.reduce_dtype == DType::BF16, "[fsdp] options.reduce_dtype must be fp32 or bf16");
-  DMUON_CHECK(o.reduce == GradReduce::Mean || o.reduce == GradReduce::Sum, "[fsdp] options.reduce must be mean or sum");
-  DMUON_CHECK(std::isfinite(o.grad_divisor) && o.grad_divisor >= 0,
+  MESHMUON_CHECK(o.param_dtype == DType::F32 || o.param_dtype == DType::BF16, "[fsdp] options.param_dtype must be fp32 or bf16");
+  MESHMUON_CHECK(o.reduce_dtype == DType::F32 || o.reduce_dtype == DType::BF16, "[fsdp] options.reduce_dtype must be fp32 or bf16");
+  MESHMUON_CHECK(o.reduce == GradReduce::Mean || o.reduce == GradReduce::Sum, "[fsdp] options.reduce must be mean or sum");
+  MESHMUON_CHECK(std::isfinite(o.grad_divisor) && o.grad_divisor >= 0,
               "[fsdp] options.grad_divisor must be finite and >= 0 (0: the rule of options.reduce), got ", o.grad_divisor);
   const float div32 = static_cast<float>(o.grad_divisor);
-  DMUON_CHECK(o.grad_divisor == 0 || (div32 > 0 && std::isfinite(div32)),
+  MESHMUON_CHECK(o.grad_divisor == 0 || (div32 > 0 && std::isfinite(div32)),
               "[fsdp] options.grad_divisor ", o.grad_divisor, " is not a positive finite fp32 (the division is in fp32)");
-  DMUON_CHECK(o.unshard_direct_max_messages >= 0, "[fsdp] options.unshard_direct_max_messages must be >= 0 (0: always one all_gather_v), got ",
+  MESHMUON_CHECK(o.unshard_direct_max_messages >= 0, "[fsdp] options.unshard_direct_max_messages must be >= 0 (0: always one all_gather_v), got ",
               o.unshard_direct_max_messages);
-  DMUON_CHECK(o.bucket_bytes >= 0, "[fsdp] options.bucket_bytes must be >= 0 (0: one bucket), got ", o.bucket_bytes);
-  DMUON_CHECK(o.timeout.count() >= 0, "[fsdp] options.timeout must be >= 0 ms (0: the communicator's default)");
+  MESHMUON_CHECK(o.bucket_bytes >= 0, "[fsdp] options.bucket_bytes must be >= 0 (0: one bucket), got ", o.bucket_bytes);
+  MESHMUON_CHECK(o.timeout.count() >= 0, "[fsdp] options.timeout must be >= 0 ms (0: the communicator's default)");
 }
 
 std::string shape_text(const Shape& s) { return s.to_string(); }
@@ -113,23 +113,23 @@ ShardedParams::ShardedParams(std::shared_ptr<MeshCommunicators> comms, Mesh mesh
                              ShardedParamsOptions options)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
-  DMUON_CHECK(comms != nullptr, "[fsdp] ShardedParams needs mesh communicators (got null)");
+  MESHMUON_CHECK(comms != nullptr, "[fsdp] ShardedParams needs mesh communicators (got null)");
   Communicator& world = comms->world();
   // Local validation, before any communication.
   fsdp::check_mesh(mesh, world.size());
   fsdp::check_options(options);
-  DMUON_CHECK(!params.empty(), "[fsdp] ShardedParams needs at least one parameter");
+  MESHMUON_CHECK(!params.empty(), "[fsdp] ShardedParams needs at least one parameter");
   const int shard_dim = mesh.find("dp_shard"), rep_dim = mesh.find("dp_replicate");
   std::vector<Placement> placements;
   if (rep_dim >= 0) placements.push_back(Placement::replicate());
   if (shard_dim >= 0) placements.push_back(Placement::shard(0));
   for (ParamSpec& p : params) {
     const std::string what = detail::concat("[fsdp] parameter '", p.name, "'");
-    DMUON_CHECK(p.shape.ndim() >= 1, what, " field 'shape': needs at least one dim, got ", p.shape.to_string());
-    DMUON_CHECK(p.placements.empty(), what, " field 'placements': must be left empty (ShardedParams places it), got ",
+    MESHMUON_CHECK(p.shape.ndim() >= 1, what, " field 'shape': needs at least one dim, got ", p.shape.to_string());
+    MESHMUON_CHECK(p.placements.empty(), what, " field 'placements': must be left empty (ShardedParams places it), got ",
                 p.placements.size(), " entries");
-    DMUON_CHECK(p.mesh == 0, what, " field 'mesh': must be left at 0 (ShardedParams has one mesh), got ", p.mesh);
-    DMUON_CHECK(p.dtype == DType::F32, what, " field 'dtype': the masters are fp32, got ", to_string(p.dtype));
+    MESHMUON_CHECK(p.mesh == 0, what, " field 'mesh': must be left at 0 (ShardedParams has one mesh), got ", p.mesh);
+    MESHMUON_CHECK(p.dtype == DType::F32, what, " field 'dtype': the masters are fp32, got ", to_string(p.dtype));
     p.placements = placements;
   }
   Inventory inv;
@@ -174,7 +174,7 @@ ShardedParams::ShardedParams(std::shared_ptr<MeshCommunicators> comms, Mesh mesh
   m.count_of.assign(n * S, 0), m.row_begin_of.assign(n * S, 0);
   for (size_t i = 0; i < n; ++i) {
     const ParamSpec& p = m.inv.params[i];
-    m.boxes.push_back(dmuon::local_box(p.shape, p.placements, m.mesh, m.world_rank));
+    m.boxes.push_back(meshmuon::local_box(p.shape, p.placements, m.mesh, m.world_rank));
     const int64_t rows = p.shape[0];
     m.row_elems.push_back(rows > 0 ? p.numel() / rows : 0);
     for (size_t j = 0; j < S; ++j) {
@@ -201,7 +201,7 @@ ShardedParams::ShardedParams(std::shared_ptr<MeshCommunicators> comms, Mesh mesh
   detail::agree_on_lines(world, m.timeout, fsdp::claim_lines(m.inv.params, m.mesh, m.opt, backend_line),
                          "[fsdp] ranks disagree on the ShardedParams",
                          "every rank must pass the same parameters (names, shapes, roles, order), mesh and options");
-  DMUON_CHECK_RUNTIME(m.backend != nullptr, "[fsdp] rank ", m.world_rank, ": ", backend_line);  // every rank failed alike
+  MESHMUON_CHECK_RUNTIME(m.backend != nullptr, "[fsdp] rank ", m.world_rank, ": ", backend_line);  // every rank failed alike
   m.device_memory = m.backend->capabilities().device_memory ? m.backend.get() : nullptr;
   m.dev = m.backend->device();
   if (m.S > 1) m.shard_comm = &m.comms->get(m.mesh, shard_mask);
@@ -225,7 +225,7 @@ const Inventory& ShardedParams::inventory() const { return impl_->inv; }
 const std::shared_ptr<MeshCommunicators>& ShardedParams::mesh_communicators() const { return impl_->comms; }
 
 static void check_index(const ShardedParams::Impl& m, size_t i, const char* what) {
-  DMUON_CHECK(i < m.n(), "[fsdp] ", what, "(", i, "): index out of range (", m.n(), " parameters)");
+  MESHMUON_CHECK(i < m.n(), "[fsdp] ", what, "(", i, "): index out of range (", m.n(), " parameters)");
 }
 
 const ParamSpec& ShardedParams::spec(size_t i) const {
@@ -288,27 +288,27 @@ void ShardedParams::free_full_grads() {
 const ReduceStats& ShardedParams::last_reduce_stats() const { return impl_->stats; }
 
 void ShardedParams::Impl::check_full_views(std::span<const TensorView> full, const char* what, bool allow_none) const {
-  DMUON_CHECK(full.size() == n(), "[fsdp] ", what, ": got ", full.size(), " tensors for ", n(),
+  MESHMUON_CHECK(full.size() == n(), "[fsdp] ", what, ": got ", full.size(), " tensors for ", n(),
               " parameters (one full tensor per parameter, in order)");
   for (size_t i = 0; i < n(); ++i) {
     const TensorView& v = full[i];
     const ParamSpec& p = inv.params[i];
     const std::string where = detail::concat("[fsdp] ", what, ": parameter '", p.name, "'");
     if (v.is_none()) {
-      DMUON_CHECK(allow_none, where, " has no tensor (none); give its full tensor");
+      MESHMUON_CHECK(allow_none, where, " has no tensor (none); give its full tensor");
       continue;
     }
-    DMUON_CHECK(v.dtype == DType::F32 || v.dtype == DType::BF16, where, " field 'dtype': must be fp32 or bf16, got ",
+    MESHMUON_CHECK(v.dtype == DType::F32 || v.dtype == DType::BF16, where, " field 'dtype': must be fp32 or bf16, got ",
                 to_string(v.dtype));
-    DMUON_CHECK(v.shape == p.shape, where, " field 'shape': must be the global shape ", p.shape.to_string(), ", got ",
+    MESHMUON_CHECK(v.shape == p.shape, where, " field 'shape': must be the global shape ", p.shape.to_string(), ", got ",
                 v.shape.to_string());
-    DMUON_CHECK(v.is_contiguous(), where, " is not contiguous (strides ", v.strides.to_string(), "); pass a contiguous tensor");
-    DMUON_CHECK(v.data != nullptr || v.numel() == 0, where, " has no data pointer");
-    DMUON_CHECK(v.device == dev, where, " field 'device': is on ", to_string(v.device), " but this ShardedParams runs on ",
+    MESHMUON_CHECK(v.is_contiguous(), where, " is not contiguous (strides ", v.strides.to_string(), "); pass a contiguous tensor");
+    MESHMUON_CHECK(v.data != nullptr || v.numel() == 0, where, " has no data pointer");
+    MESHMUON_CHECK(v.device == dev, where, " field 'device': is on ", to_string(v.device), " but this ShardedParams runs on ",
                 to_string(dev), " (options.device '", opt.device, "'); pass tensors on its device");
   }
 }
 
 std::shared_ptr<detail::Backend> detail::engine_backend(const ShardedParams& params) { return params.impl_->backend; }
 
-}  // namespace dmuon
+}  // namespace meshmuon

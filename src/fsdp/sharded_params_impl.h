@@ -1,4 +1,4 @@
-// Internal: the state of a ShardedParams (include/dmuon/sharded_params.h), shared by its three
+// Internal: the state of a ShardedParams (include/meshmuon/sharded_params.h), shared by its three
 // source files: sharded_params.cpp (construction, agreement, buffers, views), unshard.cpp (the
 // fused all-gather) and grad_reduce.cpp (the bucketed fixed-order reduction).
 #pragma once
@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "dmuon/sharded_params.h"
+#include "meshmuon/sharded_params.h"
 
-namespace dmuon::fsdp {
+namespace meshmuon::fsdp {
 
 inline constexpr size_t kAlign = 64;  // bytes: every per-parameter region starts on a cache line
 
@@ -67,9 +67,9 @@ struct GradSource {
   DType dtype = DType::F32;
 };
 
-}  // namespace dmuon::fsdp
+}  // namespace meshmuon::fsdp
 
-namespace dmuon {
+namespace meshmuon {
 
 struct ShardedParams::Impl {
   std::shared_ptr<MeshCommunicators> comms;
@@ -133,4 +133,4 @@ struct ShardedParams::Impl {
   void check_full_views(std::span<const TensorView> full, const char* what, bool allow_none) const;
 };
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -6,11 +6,11 @@
 // rank 0..S-1's rows, concatenated). One shard rank: a local copy, no communication.
 #include <stdexcept>
 
-#include "dmuon/bf16.h"
-#include "dmuon/error.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/error.h"
 #include "sharded_params_impl.h"
 
-namespace dmuon {
+namespace meshmuon {
 
 using fsdp::AlignedBuffer;
 
@@ -188,7 +188,7 @@ bool ShardedParams::unsharded() const { return impl_->ustate == Impl::UState::Un
 
 TensorView ShardedParams::full_param(size_t i) {
   Impl& m = *impl_;
-  DMUON_CHECK(i < m.n(), "[fsdp] full_param(", i, "): index out of range (", m.n(), " parameters)");
+  MESHMUON_CHECK(i < m.n(), "[fsdp] full_param(", i, "): index out of range (", m.n(), " parameters)");
   if (m.ustate != Impl::UState::Unsharded)
     throw std::logic_error(detail::concat("[fsdp] full_param(", i, ") while sharded: call unshard() (or wait_unshard()) first"));
   return m.full_views[i];
@@ -203,4 +203,4 @@ void ShardedParams::reshard() {
   m.ustate = Impl::UState::Sharded;
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -7,10 +7,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "dmuon/error.h"
-#include "dmuon/inventory.h"
+#include "meshmuon/error.h"
+#include "meshmuon/inventory.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 using nlohmann::json;
@@ -78,7 +78,7 @@ ParamSpec parse_param(const json& j, size_t index, const std::vector<std::string
       fail(source, where, "field 'shape' must hold non-negative integers");
     // validate_param bounds the element count; here, extents that do not even fit int64
     if (e.is_number_unsigned() && e.get<uint64_t>() > static_cast<uint64_t>(kMaxParamElements))
-      fail(source, where, "field 'shape' has extent " + e.dump() + "; dmuon supports at most 2^60 (" +
+      fail(source, where, "field 'shape' has extent " + e.dump() + "; meshmuon supports at most 2^60 (" +
                               std::to_string(kMaxParamElements) + ") elements and extents per tensor");
     dims.push_back(e.get<int64_t>());
   }
@@ -151,7 +151,7 @@ Inventory load_inventory_json(std::string_view text, const ParallelConfig* confi
   Inventory inv{model.name, names, meshes, std::move(model.params)};
   inv.validate();
   if (config)
-    DMUON_CHECK(config->world_size() == inv.world_size(), "[inventory] ", source, ": mesh '", names[0], "' (",
+    MESHMUON_CHECK(config->world_size() == inv.world_size(), "[inventory] ", source, ": mesh '", names[0], "' (",
                 meshes[0].to_string(), ") has ", inv.world_size(), " ranks but --parallel ", to_string(*config),
                 " gives a world of ", config->world_size());
   return inv;
@@ -159,10 +159,10 @@ Inventory load_inventory_json(std::string_view text, const ParallelConfig* confi
 
 Inventory load_inventory_file(const std::string& path, const ParallelConfig* config) {
   std::ifstream in(path);
-  DMUON_CHECK(in.good(), "[inventory] cannot read model file '", path, "'");
+  MESHMUON_CHECK(in.good(), "[inventory] cannot read model file '", path, "'");
   std::stringstream ss;
   ss << in.rdbuf();
   return load_inventory_json(ss.str(), config, "model file '" + path + "'");
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

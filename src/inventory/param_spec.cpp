@@ -1,11 +1,11 @@
 // ParamSpec names (role, tp style) and validation against its mesh.
-#include "dmuon/param_spec.h"
+#include "meshmuon/param_spec.h"
 
 #include "core/checked_math.h"
-#include "dmuon/box.h"
-#include "dmuon/error.h"
+#include "meshmuon/box.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 
 std::string_view to_string(Role r) { return r == Role::Muon ? "muon" : "adamw"; }
 
@@ -34,35 +34,35 @@ TpStyle parse_tp_style(std::string_view name, std::string_view what) {
 }
 
 void validate_param(const ParamSpec& p, const Mesh& mesh) {
-  DMUON_CHECK(!p.name.empty(), "[inventory] a parameter has no name");
+  MESHMUON_CHECK(!p.name.empty(), "[inventory] a parameter has no name");
   const std::string what = "parameter '" + p.name + "'";
-  DMUON_CHECK(p.shape.ndim() >= 1, "[inventory] ", what, ": field 'shape' is empty");
+  MESHMUON_CHECK(p.shape.ndim() >= 1, "[inventory] ", what, ": field 'shape' is empty");
   for (int d = 0; d < p.shape.ndim(); ++d)
-    DMUON_CHECK(p.shape[d] >= 0, "[inventory] ", what, ": field 'shape' has a negative extent");
+    MESHMUON_CHECK(p.shape[d] >= 0, "[inventory] ", what, ": field 'shape' has a negative extent");
   const std::span<const int64_t> extents(p.shape.begin(), p.shape.end());
   int64_t numel = 0;
   bool fits = detail::checked_product(extents, kMaxParamElements, numel);
   for (int64_t e : extents) fits &= e <= kMaxParamElements;  // a zero extent does not excuse a huge one
-  DMUON_CHECK(fits, "[inventory] ", what, " has ", detail::product_text(extents), " elements ", p.shape.to_string(),
-              "; dmuon supports at most 2^60 (", kMaxParamElements, ") elements and extents per tensor (2^62 bytes in fp32)");
+  MESHMUON_CHECK(fits, "[inventory] ", what, " has ", detail::product_text(extents), " elements ", p.shape.to_string(),
+              "; meshmuon supports at most 2^60 (", kMaxParamElements, ") elements and extents per tensor (2^62 bytes in fp32)");
   if (p.expert && p.shape.ndim() == 3)
-    DMUON_CHECK(p.shape[0] <= kMaxExperts, "[inventory] ", what, " stacks ", p.shape[0], " experts ", p.shape.to_string(),
-                "; dmuon supports at most 2^20 (", kMaxExperts, ") experts per stack");
+    MESHMUON_CHECK(p.shape[0] <= kMaxExperts, "[inventory] ", what, " stacks ", p.shape[0], " experts ", p.shape.to_string(),
+                "; meshmuon supports at most 2^20 (", kMaxExperts, ") experts per stack");
   if (p.expert)
-    DMUON_CHECK(p.shape.ndim() == 3, "[inventory] ", what, " is marked 'expert' but has ", p.shape.ndim(),
+    MESHMUON_CHECK(p.shape.ndim() == 3, "[inventory] ", what, " is marked 'expert' but has ", p.shape.ndim(),
                 " dims ", p.shape.to_string(), "; expert stacks are [E, out, in]");
   if (p.role == Role::Muon) {
-    DMUON_CHECK(p.shape.ndim() != 3 || p.expert, "[inventory] ", what, " has 3 dims ", p.shape.to_string(),
+    MESHMUON_CHECK(p.shape.ndim() != 3 || p.expert, "[inventory] ", what, " has 3 dims ", p.shape.to_string(),
                 "; give its expert dim (\"expert\": true for [E, out, in]) or route it to AdamW");
-    DMUON_CHECK(p.shape.ndim() == 2 || p.shape.ndim() == 3, "[inventory] ", what, " has ", p.shape.ndim(),
+    MESHMUON_CHECK(p.shape.ndim() == 2 || p.shape.ndim() == 3, "[inventory] ", what, " has ", p.shape.ndim(),
                 " dims ", p.shape.to_string(), "; Muon takes 2-D matrices and 3-D expert stacks, route it to AdamW");
   }
   check_placements(p.shape, p.placements, mesh, what + " (field 'placements')");
   if (p.qk) {
-    DMUON_CHECK(p.role == Role::Muon, "[inventory] ", what, ": field 'qk' is set on an AdamW parameter");
-    DMUON_CHECK(!p.expert, "[inventory] ", what, ": field 'qk' is set on an expert stack");
+    MESHMUON_CHECK(p.role == Role::Muon, "[inventory] ", what, ": field 'qk' is set on an AdamW parameter");
+    MESHMUON_CHECK(!p.expert, "[inventory] ", what, ": field 'qk' is set on an expert stack");
     validate_qk_tag(*p.qk, p.name, p.shape[0]);
   }
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

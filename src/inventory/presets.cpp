@@ -3,10 +3,10 @@
 #include <functional>
 #include <map>
 
-#include "dmuon/error.h"
-#include "dmuon/inventory.h"
+#include "meshmuon/error.h"
+#include "meshmuon/inventory.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 struct Builder {
@@ -213,4 +213,4 @@ int64_t preset_published_total(std::string_view name) {
   return it == presets().end() ? 0 : it->second.published;
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -4,11 +4,11 @@
 #include <map>
 
 #include "core/checked_math.h"
-#include "dmuon/box.h"
-#include "dmuon/error.h"
-#include "dmuon/inventory.h"
+#include "meshmuon/box.h"
+#include "meshmuon/error.h"
+#include "meshmuon/inventory.h"
 
-namespace dmuon {
+namespace meshmuon {
 
 ParallelConfig parse_parallel(std::string_view text) {
   ParallelConfig c;
@@ -19,15 +19,15 @@ ParallelConfig parse_parallel(std::string_view text) {
     if (!field)
       detail::throw_invalid_argument(detail::concat("[inventory] --parallel: unknown dim '", d.name,
                                                     "'; use dp_replicate, dp_shard, tp, ep"));
-    DMUON_CHECK(std::find(seen.begin(), seen.end(), d.name) == seen.end(), "[inventory] --parallel: dim '", d.name,
+    MESHMUON_CHECK(std::find(seen.begin(), seen.end(), d.name) == seen.end(), "[inventory] --parallel: dim '", d.name,
                 "' is given twice");
     seen.push_back(d.name);
     *field = d.size;
   }
   // ep is carved out of dp_shard·tp, so only these three make the world
   const int64_t world = int64_t{c.dp_replicate} * c.dp_shard * c.tp;  // each ≤ 2^20: fits
-  DMUON_CHECK(world <= kMaxWorldSize, "[inventory] --parallel ", text, " gives a world of ", world,
-              " ranks; dmuon supports at most ", kMaxWorldSize, " (2^20)");
+  MESHMUON_CHECK(world <= kMaxWorldSize, "[inventory] --parallel ", text, " gives a world of ", world,
+              " ranks; meshmuon supports at most ", kMaxWorldSize, " (2^20)");
   return c;
 }
 
@@ -46,26 +46,26 @@ std::string to_string(const ParallelConfig& c) {
 int64_t Inventory::num_elements() const {
   int64_t n = 0;
   for (const ParamSpec& p : params)
-    DMUON_CHECK(detail::checked_add(n, p.numel(), n) && n <= kMaxParamElements, "[inventory] model '", model,
+    MESHMUON_CHECK(detail::checked_add(n, p.numel(), n) && n <= kMaxParamElements, "[inventory] model '", model,
                 "': parameter '", p.name, "' ", p.shape.to_string(), " brings the total past 2^60 (", kMaxParamElements,
-                ") elements; dmuon supports at most 2^60 per model");
+                ") elements; meshmuon supports at most 2^60 per model");
   return n;
 }
 
 void Inventory::validate() const {
-  DMUON_CHECK(!meshes.empty(), "[inventory] model '", model, "' has no mesh");
-  DMUON_CHECK(mesh_names.size() == meshes.size(), "[inventory] model '", model, "': mesh names and meshes differ in count");
+  MESHMUON_CHECK(!meshes.empty(), "[inventory] model '", model, "' has no mesh");
+  MESHMUON_CHECK(mesh_names.size() == meshes.size(), "[inventory] model '", model, "': mesh names and meshes differ in count");
   for (size_t i = 1; i < meshes.size(); ++i)
-    DMUON_CHECK(meshes[i].size() == meshes[0].size(), "[inventory] mesh '", mesh_names[i], "' (",
+    MESHMUON_CHECK(meshes[i].size() == meshes[0].size(), "[inventory] mesh '", mesh_names[i], "' (",
                 meshes[i].to_string(), ") has ", meshes[i].size(), " ranks but mesh '", mesh_names[0],
                 "' has ", meshes[0].size(), "; every mesh must span the same world");
   std::map<std::string_view, size_t> seen;
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamSpec& p = params[i];
-    DMUON_CHECK(p.mesh >= 0 && p.mesh < static_cast<int>(meshes.size()), "[inventory] parameter '", p.name,
+    MESHMUON_CHECK(p.mesh >= 0 && p.mesh < static_cast<int>(meshes.size()), "[inventory] parameter '", p.name,
                 "': field 'mesh' is ", p.mesh, " but the model has ", meshes.size(), " meshes");
     validate_param(p, meshes[static_cast<size_t>(p.mesh)]);
-    DMUON_CHECK(seen.emplace(p.name, i).second, "[inventory] parameter name '", p.name, "' appears twice");
+    MESHMUON_CHECK(seen.emplace(p.name, i).second, "[inventory] parameter name '", p.name, "' appears twice");
   }
   num_elements();  // the model's total must fit too (each parameter's does, by validate_param)
 }
@@ -117,22 +117,22 @@ std::vector<Placement> place(const ParamSpec& p, const MeshPlan& mp, int fsdp_di
 }  // namespace
 
 Inventory apply_parallel(const ModelDesc& model, const ParallelConfig& c) {
-  DMUON_CHECK(c.dp_replicate >= 1 && c.dp_shard >= 1 && c.tp >= 1 && c.ep >= 1,
+  MESHMUON_CHECK(c.dp_replicate >= 1 && c.dp_shard >= 1 && c.tp >= 1 && c.ep >= 1,
               "[inventory] --parallel sizes must be ≥ 1 (dp_replicate=", c.dp_replicate, ", dp_shard=", c.dp_shard,
               ", tp=", c.tp, ", ep=", c.ep, ")");
   // a config built in C++ skips parse_parallel's checks: bound each size, then the product fits int64
-  DMUON_CHECK(c.dp_replicate <= kMaxWorldSize && c.dp_shard <= kMaxWorldSize && c.tp <= kMaxWorldSize &&
+  MESHMUON_CHECK(c.dp_replicate <= kMaxWorldSize && c.dp_shard <= kMaxWorldSize && c.tp <= kMaxWorldSize &&
                   c.ep <= kMaxWorldSize,
               "[inventory] --parallel ", to_string(c), ": sizes must be at most ", kMaxWorldSize,
-              " (2^20, the most ranks dmuon supports)");
+              " (2^20, the most ranks meshmuon supports)");
   const int64_t world = int64_t{c.dp_replicate} * c.dp_shard * c.tp;
-  DMUON_CHECK(world <= kMaxWorldSize, "[inventory] --parallel ", to_string(c), " gives a world of ", world,
-              " ranks; dmuon supports at most ", kMaxWorldSize, " (2^20)");
+  MESHMUON_CHECK(world <= kMaxWorldSize, "[inventory] --parallel ", to_string(c), " gives a world of ", world,
+              " ranks; meshmuon supports at most ", kMaxWorldSize, " (2^20)");
   const bool has_ep = c.ep > 1;
   if (has_ep) {
-    DMUON_CHECK(c.ep % c.tp == 0, "[inventory] --parallel ep=", c.ep, " must be a multiple of tp=", c.tp,
+    MESHMUON_CHECK(c.ep % c.tp == 0, "[inventory] --parallel ep=", c.ep, " must be a multiple of tp=", c.tp,
                 " (ep is carved out of dp_shard·tp, expert TP off, as torchtitan does)");
-    DMUON_CHECK(c.dp_shard % (c.ep / c.tp) == 0, "[inventory] --parallel ep=", c.ep, " / tp=", c.tp,
+    MESHMUON_CHECK(c.dp_shard % (c.ep / c.tp) == 0, "[inventory] --parallel ep=", c.ep, " / tp=", c.tp,
                 " must divide dp_shard=", c.dp_shard);
   }
   Inventory inv;
@@ -163,4 +163,4 @@ Inventory apply_parallel(const ModelDesc& model, const ParallelConfig& c) {
   return inv;
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -1,12 +1,12 @@
 // Local boxes: applies placements mesh dim by mesh dim to index sets, as DTensor nests shards.
-#include "dmuon/box.h"
+#include "meshmuon/box.h"
 
 #include <algorithm>
 
 #include "core/checked_math.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 
 int64_t IndexSet::size() const {
   int64_t n = 0;
@@ -88,7 +88,7 @@ std::string Box::to_string() const {
 }
 
 Range chunk_range(int64_t n, int64_t parts, int64_t index) {
-  DMUON_CHECK(n >= 0 && parts >= 1 && index >= 0, "[layout] chunk_range(", n, ", ", parts, ", ", index,
+  MESHMUON_CHECK(n >= 0 && parts >= 1 && index >= 0, "[layout] chunk_range(", n, ", ", parts, ", ", index,
               ") needs n ≥ 0, parts ≥ 1, index ≥ 0");
   // in 128 bits: n + parts − 1 and index·chunk may pass int64 for extents near its limit
   const __int128 chunk = (static_cast<__int128>(n) + parts - 1) / parts;
@@ -98,22 +98,22 @@ Range chunk_range(int64_t n, int64_t parts, int64_t index) {
 
 void check_placements(const Shape& shape, std::span<const Placement> placements, const Mesh& mesh,
                       std::string_view what) {
-  DMUON_CHECK(static_cast<int>(placements.size()) == mesh.ndim(), "[layout] ", what, " has ",
+  MESHMUON_CHECK(static_cast<int>(placements.size()) == mesh.ndim(), "[layout] ", what, " has ",
               placements.size(), " placements for a mesh of ", mesh.ndim(), " dims (", mesh.to_string(),
               "); give one per mesh dim");
   for (size_t i = 0; i < placements.size(); ++i) {
     const Placement& p = placements[i];
     if (!p.is_shard()) continue;
-    DMUON_CHECK(p.dim >= 0 && p.dim < shape.ndim(), "[layout] ", what, ": placement ", to_string(p),
+    MESHMUON_CHECK(p.dim >= 0 && p.dim < shape.ndim(), "[layout] ", what, ": placement ", to_string(p),
                 " on mesh dim '", mesh.dim(static_cast<int>(i)).name, "' shards dim ", p.dim,
                 " of a tensor with ", shape.ndim(), " dims ", shape.to_string());
-    DMUON_CHECK(p.split_factor >= 1, "[layout] ", what, ": split_factor must be ≥ 1");
+    MESHMUON_CHECK(p.split_factor >= 1, "[layout] ", what, ": split_factor must be ≥ 1");
   }
 }
 
 Box local_box(const Shape& shape, std::span<const Placement> placements, const Mesh& mesh, int rank) {
   check_placements(shape, placements, mesh, "tensor");
-  DMUON_CHECK(rank >= 0 && rank < mesh.size(), "[layout] rank ", rank, " is outside the mesh of ",
+  MESHMUON_CHECK(rank >= 0 && rank < mesh.size(), "[layout] rank ", rank, " is outside the mesh of ",
               mesh.size(), " ranks");
   Box box;
   for (int d = 0; d < shape.ndim(); ++d) box.dims.push_back(IndexSet::full(shape[d]));
@@ -151,4 +151,4 @@ DimMask replicate_dims(std::span<const Placement> placements, const Mesh& mesh) 
   return mesh.all_dims() & ~shard_dims(placements);
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

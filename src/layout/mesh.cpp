@@ -1,12 +1,12 @@
 // Mesh: validation, parsing and row-major rank <-> coordinate arithmetic (torch DeviceMesh order).
-#include "dmuon/mesh.h"
+#include "meshmuon/mesh.h"
 
 #include <charconv>
 
 #include "core/checked_math.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 std::string to_text(const std::vector<MeshDim>& dims) {
@@ -18,22 +18,22 @@ std::string to_text(const std::vector<MeshDim>& dims) {
 }  // namespace
 
 Mesh::Mesh(std::vector<MeshDim> dims) : dims_(std::move(dims)) {
-  DMUON_CHECK(ndim() <= kMaxMeshDims, "[layout] mesh has ", ndim(), " dims; at most ", kMaxMeshDims,
+  MESHMUON_CHECK(ndim() <= kMaxMeshDims, "[layout] mesh has ", ndim(), " dims; at most ", kMaxMeshDims,
               " are supported");
   int64_t size = 1;
   for (size_t i = 0; i < dims_.size(); ++i) {
-    DMUON_CHECK(!dims_[i].name.empty(), "[layout] mesh dim ", i, " has no name");
-    DMUON_CHECK(dims_[i].size >= 1, "[layout] mesh dim '", dims_[i].name, "' has size ", dims_[i].size,
+    MESHMUON_CHECK(!dims_[i].name.empty(), "[layout] mesh dim ", i, " has no name");
+    MESHMUON_CHECK(dims_[i].size >= 1, "[layout] mesh dim '", dims_[i].name, "' has size ", dims_[i].size,
                 "; sizes must be ≥ 1");
     for (size_t j = 0; j < i; ++j)
-      DMUON_CHECK(dims_[j].name != dims_[i].name, "[layout] mesh dim name '", dims_[i].name,
+      MESHMUON_CHECK(dims_[j].name != dims_[i].name, "[layout] mesh dim name '", dims_[i].name,
                   "' appears twice");
     size *= dims_[i].size;  // ≤ 2^20 · 2^31 before the check: no overflow
     if (size > kMaxWorldSize) {
       std::vector<int64_t> sizes;
       for (const MeshDim& d : dims_) sizes.push_back(d.size);
       detail::throw_invalid_argument(detail::concat("[layout] mesh ", to_text(dims_), " has ", detail::product_text(sizes),
-                                                    " ranks; dmuon supports at most ", kMaxWorldSize, " (2^20)"));
+                                                    " ranks; meshmuon supports at most ", kMaxWorldSize, " (2^20)"));
     }
   }
   size_ = static_cast<int>(size);
@@ -49,17 +49,17 @@ std::vector<MeshDim> Mesh::parse_dims(std::string_view text, std::string_view wh
     std::string_view item = text.substr(0, comma);
     text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
     const size_t eq = item.find('=');
-    DMUON_CHECK(eq != std::string_view::npos && eq > 0, "[layout] ", what, " item '", item,
+    MESHMUON_CHECK(eq != std::string_view::npos && eq > 0, "[layout] ", what, " item '", item,
                 "' must be name=size, e.g. dp_shard=8");
     const std::string_view name = item.substr(0, eq), num = item.substr(eq + 1);
     int64_t size = 0;
     const auto r = std::from_chars(num.data(), num.data() + num.size(), size);
     const bool integer = r.ptr == num.data() + num.size() && !num.empty() &&
                          (r.ec == std::errc{} || r.ec == std::errc::result_out_of_range);
-    DMUON_CHECK(integer, "[layout] ", what, " dim '", name, "' has size '", num, "'; give an integer from 1 to ",
+    MESHMUON_CHECK(integer, "[layout] ", what, " dim '", name, "' has size '", num, "'; give an integer from 1 to ",
                 kMaxWorldSize);
-    DMUON_CHECK(r.ec == std::errc{} && size >= 1 && size <= kMaxWorldSize, "[layout] ", what, " dim '", name,
-                "' has size ", num, "; sizes must be from 1 to ", kMaxWorldSize, " (2^20, the most ranks dmuon supports)");
+    MESHMUON_CHECK(r.ec == std::errc{} && size >= 1 && size <= kMaxWorldSize, "[layout] ", what, " dim '", name,
+                "' has size ", num, "; sizes must be from 1 to ", kMaxWorldSize, " (2^20, the most ranks meshmuon supports)");
     dims.push_back({std::string(name), static_cast<int>(size)});
   }
   return dims;
@@ -75,24 +75,24 @@ int Mesh::find(std::string_view name) const {
 
 int Mesh::index_of(std::string_view name) const {
   const int i = find(name);
-  DMUON_CHECK(i >= 0, "[layout] mesh ", to_string(), " has no dim '", name, "'");
+  MESHMUON_CHECK(i >= 0, "[layout] mesh ", to_string(), " has no dim '", name, "'");
   return i;
 }
 
 std::vector<int> Mesh::coords(int rank) const {
-  DMUON_CHECK(rank >= 0 && rank < size_, "[layout] rank ", rank, " is outside the mesh of ", size_, " ranks");
+  MESHMUON_CHECK(rank >= 0 && rank < size_, "[layout] rank ", rank, " is outside the mesh of ", size_, " ranks");
   std::vector<int> c(dims_.size());
   for (int i = 0; i < ndim(); ++i) c[static_cast<size_t>(i)] = coord(rank, i);
   return c;
 }
 
 int Mesh::rank_of(std::span<const int> coords) const {
-  DMUON_CHECK(static_cast<int>(coords.size()) == ndim(), "[layout] ", coords.size(),
+  MESHMUON_CHECK(static_cast<int>(coords.size()) == ndim(), "[layout] ", coords.size(),
               " coordinates given for a mesh of ", ndim(), " dims");
   int rank = 0;
   for (int i = 0; i < ndim(); ++i) {
     const int c = coords[static_cast<size_t>(i)];
-    DMUON_CHECK(c >= 0 && c < dims_[static_cast<size_t>(i)].size, "[layout] coordinate ", c,
+    MESHMUON_CHECK(c >= 0 && c < dims_[static_cast<size_t>(i)].size, "[layout] coordinate ", c,
                 " is outside mesh dim '", dims_[static_cast<size_t>(i)].name, "'");
     rank += c * strides_[static_cast<size_t>(i)];
   }
@@ -125,7 +125,7 @@ int Mesh::group_member(int rank, DimMask dims, int index) const {
 }
 
 std::vector<int> Mesh::group_ranks(int rank, DimMask dims) const {
-  DMUON_CHECK(rank >= 0 && rank < size_, "[layout] rank ", rank, " is outside the mesh of ", size_, " ranks");
+  MESHMUON_CHECK(rank >= 0 && rank < size_, "[layout] rank ", rank, " is outside the mesh of ", size_, " ranks");
   const int n = group_size(dims);
   std::vector<int> out(static_cast<size_t>(n));
   for (int k = 0; k < n; ++k) out[static_cast<size_t>(k)] = group_member(rank, dims, k);
@@ -134,4 +134,4 @@ std::vector<int> Mesh::group_ranks(int rank, DimMask dims) const {
 
 std::string Mesh::to_string() const { return dims_.empty() ? "(1 rank)" : to_text(dims_); }
 
-}  // namespace dmuon
+}  // namespace meshmuon

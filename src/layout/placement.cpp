@@ -1,13 +1,13 @@
 // Placement names: printing and parsing (short forms and DTensor's own spellings).
-#include "dmuon/placement.h"
+#include "meshmuon/placement.h"
 
 #include <cctype>
 #include <charconv>
 #include <vector>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 
 std::string to_string(const Placement& p) {
   switch (p.kind) {
@@ -66,17 +66,17 @@ Placement parse_placement(std::string_view text, std::string_view what) {
   int dim = 0, factor = 0;
   if ((name == "R" || name == "Replicate") && args.empty()) return Placement::replicate();
   if ((name == "S" || name == "Shard") && args.size() == 1 && to_int(args[0], dim)) {
-    DMUON_CHECK(dim >= 0, "[layout] ", what, ": shard dim ", dim, " is negative");
+    MESHMUON_CHECK(dim >= 0, "[layout] ", what, ": shard dim ", dim, " is negative");
     return Placement::shard(dim);
   }
   if ((name == "SS" || name == "StridedShard" || name == "_StridedShard") && args.size() == 2 &&
       to_int(args[0], dim) && to_int(args[1], factor)) {
-    DMUON_CHECK(dim >= 0, "[layout] ", what, ": shard dim ", dim, " is negative");
-    DMUON_CHECK(factor >= 1, "[layout] ", what, ": split_factor ", factor, " must be ≥ 1");
+    MESHMUON_CHECK(dim >= 0, "[layout] ", what, ": shard dim ", dim, " is negative");
+    MESHMUON_CHECK(factor >= 1, "[layout] ", what, ": split_factor ", factor, " must be ≥ 1");
     return Placement::strided_shard(dim, factor);
   }
   bad();
   return {};
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -15,12 +15,12 @@
 #include "plan/planner_steps.h"
 
 #if defined(__GNUC__)
-#define DMUON_ALWAYS_INLINE __attribute__((always_inline))
+#define MESHMUON_ALWAYS_INLINE __attribute__((always_inline))
 #else
-#define DMUON_ALWAYS_INLINE
+#define MESHMUON_ALWAYS_INLINE
 #endif
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 // Per-rank totals, one record per rank (the six fields of Contribution).
@@ -248,14 +248,14 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
     Sparse<double>& sb = *strat_buf[s];
     // visit_entry's contributions carry flops and buffers only, the transfers' bytes only: each goes
     // to its own fields (the other fields would add +0.0, which changes nothing)
-    const auto add = [&](int r, const Contribution& c) DMUON_ALWAYS_INLINE {
+    const auto add = [&](int r, const Contribution& c) MESHMUON_ALWAYS_INLINE {
       Contribution& a = cur[r];
       a.flops += c.flops, a.buffer += c.buffer;
       Contribution& b = st.at[static_cast<size_t>(r)];
       b.flops += c.flops, b.buffer += c.buffer;
       sb[r] += c.buffer;
     };
-    const auto add_bytes = [&](int r, const Contribution& c) DMUON_ALWAYS_INLINE {
+    const auto add_bytes = [&](int r, const Contribution& c) MESHMUON_ALWAYS_INLINE {
       Contribution& a = cur[r];
       a.sent += c.sent, a.recv += c.recv, a.sent_rep += c.sent_rep, a.recv_rep += c.recv_rep;
       Contribution& b = st.at[static_cast<size_t>(r)];
@@ -266,7 +266,7 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
     const bool state = static_cast<size_t>(e.param) < o.normuon.size() && o.normuon[static_cast<size_t>(e.param)];
     // message bytes: summed per rank over the entry first, then added once per rank touched (group
     // collectives, which touch each rank once, go straight to `add_bytes`); measured the fastest order
-    const auto bytes = [&](int r, const Contribution& c) DMUON_ALWAYS_INLINE {
+    const auto bytes = [&](int r, const Contribution& c) MESHMUON_ALWAYS_INLINE {
       Contribution& a = entry_bytes[r];
       a.sent += c.sent, a.recv += c.recv, a.sent_rep += c.sent_rep, a.recv_rep += c.recv_rep;
     };
@@ -299,4 +299,4 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
   }
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

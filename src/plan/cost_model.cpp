@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 // Sums of a transfer list's bytes over every rank (amortized_seconds).
@@ -71,4 +71,4 @@ double amortized_seconds(Strategy s, const ParamSpec& p, const ShardTable& t, bo
          flops / w / o.machine.ns_flops_per_s(o.ns);
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -4,11 +4,11 @@
 #pragma once
 
 
-#include "dmuon/plan.h"
+#include "meshmuon/plan.h"
 #include "plan/shard_table.h"
 #include "plan/visit.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // `split`: owners may be spread over replicas (ReplicaMode::Split); then owner_a2a also runs a
 // replicated-only parameter (shard group of 1): one replica computes, the result is scattered.
@@ -22,4 +22,4 @@ double call_latency(Channel channel, int g, int calls, const MachineProfile& m);
 // ranks, so owner placement does not matter): what the per-parameter choice compares.
 double amortized_seconds(Strategy s, const ParamSpec& p, const ShardTable& t, bool split, const PlanOptions& o);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

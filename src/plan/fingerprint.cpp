@@ -5,7 +5,7 @@
 #include "core/hash.h"
 #include "plan/planner_steps.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 using Hasher = Fnv1a;
@@ -62,4 +62,4 @@ uint64_t plan_fingerprint(const Inventory& inv, const PlanOptions& o, const std:
   return hs.h;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

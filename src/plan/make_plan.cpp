@@ -4,21 +4,21 @@
 #include <map>
 #include <tuple>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 #include "plan/cost_model.h"
 #include "plan/planner_steps.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 using detail::ShardTable;
 
 void validate_options(const PlanOptions& o) {
-  DMUON_CHECK(o.chunk_bytes > 0, "[plan] option 'chunk_bytes' must be positive (got ", o.chunk_bytes, ")");
-  DMUON_CHECK(o.window >= 1, "[plan] option 'window' must be ≥ 1 (got ", o.window, ")");
-  DMUON_CHECK(o.ns.steps >= 1, "[plan] option 'ns.steps' must be ≥ 1 (got ", o.ns.steps, ")");
+  MESHMUON_CHECK(o.chunk_bytes > 0, "[plan] option 'chunk_bytes' must be positive (got ", o.chunk_bytes, ")");
+  MESHMUON_CHECK(o.window >= 1, "[plan] option 'window' must be ≥ 1 (got ", o.window, ")");
+  MESHMUON_CHECK(o.ns.steps >= 1, "[plan] option 'ns.steps' must be ≥ 1 (got ", o.ns.steps, ")");
   const MachineProfile& m = o.machine;
-  DMUON_CHECK(m.bandwidth_Bps > 0 && m.replicate_bandwidth_Bps > 0 && m.flops_per_s > 0 && m.latency_s >= 0,
+  MESHMUON_CHECK(m.bandwidth_Bps > 0 && m.replicate_bandwidth_Bps > 0 && m.flops_per_s > 0 && m.latency_s >= 0,
               "[plan] machine profile '", m.name, "' needs positive bandwidths and flop rate and latency ≥ 0");
 }
 
@@ -51,7 +51,7 @@ bool rule_choice(const StrategyRules& rules, const char* source, const ParamSpec
     out = *s;
     return true;
   }
-  DMUON_CHECK(!by_pattern, "[plan] parameter '", p.name, "': ", source, " pins strategy '", to_string(*s),
+  MESHMUON_CHECK(!by_pattern, "[plan] parameter '", p.name, "': ", source, " pins strategy '", to_string(*s),
               "' but it cannot run this parameter (shape ", p.shape.to_string(), ", ", t.g,
               "-rank shard group", p.expert ? ", expert stack" : "", "); pick another strategy for it");
   fell_back = true;
@@ -73,7 +73,7 @@ void build(const Inventory& inv, const PlanOptions& o, bool split, detail::Shard
     bool fell_back = false;
     if (rule_choice(o.pins, "a user pin", p, t, split, e.strategy, fell_back)) {
       e.decision = Decision::Pin;
-    } else if (!fell_back && rule_choice(o.env_override, "DMUON_STRATEGY", p, t, split, e.strategy, fell_back)) {
+    } else if (!fell_back && rule_choice(o.env_override, "MESHMUON_STRATEGY", p, t, split, e.strategy, fell_back)) {
       e.decision = Decision::Env;
     } else {
       e.strategy = cost_choice(p, t, split, o, memo);
@@ -120,7 +120,7 @@ Plan make_plan(const Inventory& inventory, const PlanOptions& options) {
 }
 
 bool strategy_applies(Strategy s, const Inventory& inventory, int param) {
-  DMUON_CHECK(param >= 0 && param < static_cast<int>(inventory.params.size()), "[plan] parameter index ", param,
+  MESHMUON_CHECK(param >= 0 && param < static_cast<int>(inventory.params.size()), "[plan] parameter index ", param,
               " is out of range");
   detail::ShardTables tables(inventory);
   const ParamSpec& p = inventory.params[static_cast<size_t>(param)];
@@ -134,21 +134,21 @@ const PlanEntry* Plan::entry_of(int param) const {
 }
 
 int Plan::owner_rank(const PlanEntry& e, int64_t unit, int rank) const {
-  DMUON_CHECK(!e.owner_index.empty(), "[plan] parameter '", inventory_.params[static_cast<size_t>(e.param)].name,
-              "' uses ", dmuon::to_string(e.strategy), ", which has no owners");
-  DMUON_CHECK(unit >= 0 && unit < static_cast<int64_t>(e.owner_index.size()), "[plan] unit ", unit, " is out of range");
+  MESHMUON_CHECK(!e.owner_index.empty(), "[plan] parameter '", inventory_.params[static_cast<size_t>(e.param)].name,
+              "' uses ", meshmuon::to_string(e.strategy), ", which has no owners");
+  MESHMUON_CHECK(unit >= 0 && unit < static_cast<int64_t>(e.owner_index.size()), "[plan] unit ", unit, " is out of range");
   const Mesh& mesh = inventory_.meshes[static_cast<size_t>(e.mesh)];
-  DMUON_CHECK(rank >= 0 && rank < mesh.size(), "[plan] rank ", rank, " is outside the world of ", mesh.size());
+  MESHMUON_CHECK(rank >= 0 && rank < mesh.size(), "[plan] rank ", rank, " is outside the world of ", mesh.size());
   int base = rank;  // a rank of the owning replica group
   if (e.replica_split) base = mesh.group_member(rank, e.replica_dims, e.owner_replica[static_cast<size_t>(unit)]);
   return mesh.group_member(base, e.group_dims, e.owner_index[static_cast<size_t>(unit)]);
 }
 
 Box Plan::local_box(int param, int rank) const {
-  DMUON_CHECK(param >= 0 && param < static_cast<int>(inventory_.params.size()), "[plan] parameter index ", param,
+  MESHMUON_CHECK(param >= 0 && param < static_cast<int>(inventory_.params.size()), "[plan] parameter index ", param,
               " is out of range");
   const ParamSpec& p = inventory_.params[static_cast<size_t>(param)];
-  return dmuon::local_box(p.shape, p.placements, inventory_.meshes[static_cast<size_t>(p.mesh)], rank);
+  return meshmuon::local_box(p.shape, p.placements, inventory_.meshes[static_cast<size_t>(p.mesh)], rank);
 }
 
 std::array<int, kNumStrategies> Plan::strategy_counts() const {
@@ -157,4 +157,4 @@ std::array<int, kNumStrategies> Plan::strategy_counts() const {
   return c;
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

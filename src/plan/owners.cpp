@@ -4,7 +4,7 @@
 
 #include "plan/planner_steps.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 void assign_owners(std::vector<PlanEntry>& entries, ShardTables& tables, const Inventory& inv) {
   struct Job {
@@ -78,4 +78,4 @@ void assign_owners(std::vector<PlanEntry>& entries, ShardTables& tables, const I
   }
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -3,10 +3,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "dmuon/error.h"
-#include "dmuon/plan.h"
+#include "meshmuon/error.h"
+#include "meshmuon/plan.h"
 
-namespace dmuon {
+namespace meshmuon {
 
 std::string_view to_string(ReplicaMode m) {
   return m == ReplicaMode::Auto ? "auto" : m == ReplicaMode::Duplicate ? "duplicate" : "split";
@@ -56,12 +56,12 @@ MachineProfile MachineProfile::from_json(std::string_view text) {
   } catch (const nlohmann::json::parse_error& e) {
     detail::throw_invalid_argument(detail::concat("[plan] machine profile: malformed JSON (", e.what(), ")"));
   }
-  DMUON_CHECK(j.is_object(), "[plan] machine profile: the top level must be an object");
+  MESHMUON_CHECK(j.is_object(), "[plan] machine profile: the top level must be an object");
   MachineProfile m;
   m.name = "measured";
   for (const auto& [key, v] : j.items()) {
     if (key == "name") {
-      DMUON_CHECK(v.is_string(), "[plan] machine profile: field 'name' must be a string");
+      MESHMUON_CHECK(v.is_string(), "[plan] machine profile: field 'name' must be a string");
       m.name = v.get<std::string>();
       continue;
     }
@@ -70,9 +70,9 @@ MachineProfile MachineProfile::from_json(std::string_view text) {
                     : key == "latency_s" ? &m.latency_s
                     : key == "flops_per_s" ? &m.flops_per_s
                     : key == "bf16_flops_per_s" ? &m.bf16_flops_per_s : nullptr;
-    DMUON_CHECK(field, "[plan] machine profile: unknown field '", key,
+    MESHMUON_CHECK(field, "[plan] machine profile: unknown field '", key,
                 "'; use bandwidth_Bps, replicate_bandwidth_Bps, latency_s, flops_per_s, bf16_flops_per_s, name");
-    DMUON_CHECK(v.is_number() && v.get<double>() >= 0, "[plan] machine profile: field '", key, "' must be a number ≥ 0");
+    MESHMUON_CHECK(v.is_number() && v.get<double>() >= 0, "[plan] machine profile: field '", key, "' must be a number ≥ 0");
     *field = v.get<double>();
   }
   return m;
@@ -148,19 +148,19 @@ std::string Plan::to_string(std::span<const Baseline> baselines) const {
   const auto counts = strategy_counts();
   const int muon = static_cast<int>(entries_.size());
   std::string s;
-  s += fmt::format("dmuon plan: {} on {} ({} ranks)\n", inventory_.model, inventory_.meshes[0].to_string(), world_size());
+  s += fmt::format("meshmuon plan: {} on {} ({} ranks)\n", inventory_.model, inventory_.meshes[0].to_string(), world_size());
   for (size_t i = 1; i < inventory_.meshes.size(); ++i)
     s += fmt::format("  mesh '{}': {}\n", inventory_.mesh_names[i], inventory_.meshes[i].to_string());
   s += fmt::format("  {} parameters ({} muon, {} adamw), {:.3f} B elements; comm {}, ns {} x{} {}\n",
                    inventory_.params.size(), muon, inventory_.params.size() - static_cast<size_t>(muon),
-                   static_cast<double>(inventory_.num_elements()) / 1e9, dmuon::to_string(options_.comm_dtype),
-                   dmuon::to_string(options_.ns.schedule), options_.ns.steps, dmuon::to_string(options_.ns.method));
+                   static_cast<double>(inventory_.num_elements()) / 1e9, meshmuon::to_string(options_.comm_dtype),
+                   meshmuon::to_string(options_.ns.schedule), options_.ns.steps, meshmuon::to_string(options_.ns.method));
   const MachineProfile& m = options_.machine;
   s += fmt::format("  machine {}: {:.0f} GB/s ({:.0f} GB/s across replicas), {} per step, {:.0f} TFLOP/s ({} products)\n",
                    m.name, m.bandwidth_Bps / 1e9, m.replicate_bandwidth_Bps / 1e9, fmt_time(m.latency_s),
-                   m.ns_flops_per_s(options_.ns) / 1e12, dmuon::to_string(options_.ns.matmul_dtype));
+                   m.ns_flops_per_s(options_.ns) / 1e12, meshmuon::to_string(options_.ns.matmul_dtype));
   s += fmt::format("  {} chunks (cap {}, window {}), replicas {}, fingerprint {:016x}\n\n", chunks_.size(),
-                   fmt_bytes(static_cast<double>(options_.chunk_bytes)), options_.window, dmuon::to_string(options_.replica),
+                   fmt_bytes(static_cast<double>(options_.chunk_bytes)), options_.window, meshmuon::to_string(options_.replica),
                    fingerprint_);
   static constexpr const char header[] = "{:<16} {:>6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>11} {:>11} {:>8} {:>10} {:>6} {:>10}\n";
   s += fmt::format(fmt::runtime(header), "strategy", "params", "matrices", "sent max", "sent mean", "recv max", "recv mean",
@@ -171,7 +171,7 @@ std::string Plan::to_string(std::span<const Baseline> baselines) const {
                      fmt_flops(c.flops_mean), balance(c), fmt_bytes(c.peak_buffer_bytes_max), c.collectives, fmt_time(time));
   };
   for (int i = 0; i < kNumStrategies; ++i)
-    if (counts[static_cast<size_t>(i)] > 0) row(dmuon::to_string(static_cast<Strategy>(i)), by_strategy_[static_cast<size_t>(i)], by_strategy_[static_cast<size_t>(i)].predicted_seconds);
+    if (counts[static_cast<size_t>(i)] > 0) row(meshmuon::to_string(static_cast<Strategy>(i)), by_strategy_[static_cast<size_t>(i)], by_strategy_[static_cast<size_t>(i)].predicted_seconds);
   row("total", total_, total_.predicted_seconds);
   if (baselines.empty()) return s;
   s += "\nwhole-model baselines (the strategy wherever it applies, the cost model elsewhere)\n";
@@ -186,7 +186,7 @@ std::string Plan::to_string(std::span<const Baseline> baselines) const {
   };
   brow("chosen (this plan)", muon, total_);
   for (const Baseline& b : baselines)
-    brow(std::string(dmuon::to_string(b.strategy)) + std::string(peer_of(b.strategy)), b.applied, b.total);
+    brow(std::string(meshmuon::to_string(b.strategy)) + std::string(peer_of(b.strategy)), b.applied, b.total);
   return s;
 }
 
@@ -202,13 +202,13 @@ std::string Plan::to_json(std::span<const Baseline> baselines) const {
   j["num_elements"] = inventory_.num_elements();
   nlohmann::ordered_json counts = nlohmann::ordered_json::object();
   const auto c = strategy_counts();
-  for (int i = 0; i < kNumStrategies; ++i) counts[std::string(dmuon::to_string(static_cast<Strategy>(i)))] = c[static_cast<size_t>(i)];
+  for (int i = 0; i < kNumStrategies; ++i) counts[std::string(meshmuon::to_string(static_cast<Strategy>(i)))] = c[static_cast<size_t>(i)];
   j["strategy_counts"] = counts;
   j["per_rank"] = summary_json(total_);
   j["predicted_step_seconds"] = total_.predicted_seconds;
   nlohmann::ordered_json by = nlohmann::ordered_json::object();
   for (int i = 0; i < kNumStrategies; ++i)
-    if (c[static_cast<size_t>(i)] > 0) by[std::string(dmuon::to_string(static_cast<Strategy>(i)))] = summary_json(by_strategy_[static_cast<size_t>(i)]);
+    if (c[static_cast<size_t>(i)] > 0) by[std::string(meshmuon::to_string(static_cast<Strategy>(i)))] = summary_json(by_strategy_[static_cast<size_t>(i)]);
   j["by_strategy"] = by;
   nlohmann::ordered_json bl = nlohmann::ordered_json::object();
   for (const Baseline& b : baselines) {
@@ -216,13 +216,13 @@ std::string Plan::to_json(std::span<const Baseline> baselines) const {
     v["predicted_step_seconds"] = b.total.predicted_seconds;
     v["applied"] = b.applied;
     v["fell_back"] = b.fell_back;
-    bl[std::string(dmuon::to_string(b.strategy))] = v;
+    bl[std::string(meshmuon::to_string(b.strategy))] = v;
   }
   j["baselines"] = bl;
-  j["options"] = {{"comm_dtype", dmuon::to_string(options_.comm_dtype)}, {"ns_schedule", dmuon::to_string(options_.ns.schedule)},
-                  {"ns_steps", options_.ns.steps}, {"ns_method", dmuon::to_string(options_.ns.method)},
+  j["options"] = {{"comm_dtype", meshmuon::to_string(options_.comm_dtype)}, {"ns_schedule", meshmuon::to_string(options_.ns.schedule)},
+                  {"ns_steps", options_.ns.steps}, {"ns_method", meshmuon::to_string(options_.ns.method)},
                   {"chunk_bytes", options_.chunk_bytes}, {"window", options_.window},
-                  {"replica", dmuon::to_string(options_.replica)}, {"exact", options_.exact},
+                  {"replica", meshmuon::to_string(options_.replica)}, {"exact", options_.exact},
                   {"machine", {{"name", options_.machine.name}, {"bandwidth_Bps", options_.machine.bandwidth_Bps},
                                {"replicate_bandwidth_Bps", options_.machine.replicate_bandwidth_Bps},
                                {"latency_s", options_.machine.latency_s}, {"flops_per_s", options_.machine.flops_per_s},
@@ -234,9 +234,9 @@ std::string Plan::to_json(std::span<const Baseline> baselines) const {
     const ParamSpec& p = inventory_.params[static_cast<size_t>(e.param)];
     const Mesh& mesh = inventory_.meshes[static_cast<size_t>(e.mesh)];
     std::string pl;
-    for (const Placement& x : p.placements) pl += (pl.empty() ? "" : ",") + dmuon::to_string(x);
+    for (const Placement& x : p.placements) pl += (pl.empty() ? "" : ",") + meshmuon::to_string(x);
     entries.push_back({{"name", p.name}, {"shape", p.shape.to_string()}, {"placements", pl},
-                       {"strategy", dmuon::to_string(e.strategy)}, {"decision", dmuon::to_string(e.decision)},
+                       {"strategy", meshmuon::to_string(e.strategy)}, {"decision", meshmuon::to_string(e.decision)},
                        {"mesh", inventory_.mesh_names[static_cast<size_t>(e.mesh)]},
                        {"group_dims", dims_text(mesh, e.group_dims)}, {"replica_dims", dims_text(mesh, e.replica_dims)},
                        {"replica_split", e.replica_split}, {"chunk", e.chunk}, {"unit_flops", e.unit_flops}});
@@ -245,4 +245,4 @@ std::string Plan::to_json(std::span<const Baseline> baselines) const {
   return j.dump(2);
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

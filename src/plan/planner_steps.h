@@ -3,10 +3,10 @@
 
 #include <vector>
 
-#include "dmuon/plan.h"
+#include "meshmuon/plan.h"
 #include "plan/shard_table.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // Forms chunks in entry order. Owners are not known yet, so the cap applies to a chunk's MEAN
 // buffer bytes per rank (owner matrices amortized over the group, as the per-chunk owner assignment
@@ -31,4 +31,4 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
 uint64_t entry_hash(const PlanEntry& e, const ParamSpec& p);
 uint64_t plan_fingerprint(const Inventory& inv, const PlanOptions& o, const std::vector<PlanEntry>& entries);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -1,11 +1,11 @@
 // Internal: shard tables (per group position element counts, holders of every matrix / expert).
 #include "plan/shard_table.h"
 
-#include "dmuon/box.h"
-#include "dmuon/error.h"
-#include "dmuon/update.h"
+#include "meshmuon/box.h"
+#include "meshmuon/error.h"
+#include "meshmuon/update.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 std::string key_of(const ParamSpec& p) {
@@ -83,7 +83,7 @@ std::shared_ptr<ShardTable> build(const ParamSpec& p, const Mesh& mesh) {
   // pass 2: per unit, its holders in increasing position (CSR)
   int64_t pieces = 0;
   for (const auto& [k, b] : held) pieces += p.expert ? b.dims[0].size() : 1;
-  DMUON_CHECK(pieces <= kMaxPlanPieces, "[plan] parameter '", p.name, "' ", p.shape.to_string(), " splits into ", pieces,
+  MESHMUON_CHECK(pieces <= kMaxPlanPieces, "[plan] parameter '", p.name, "' ", p.shape.to_string(), " splits into ", pieces,
               " (expert, rank) pieces on mesh ", mesh.to_string(), "; the planner handles at most 2^28 (", kMaxPlanPieces,
               ") per parameter");
   std::vector<int64_t> count(static_cast<size_t>(t->units) + 1, 0);
@@ -150,4 +150,4 @@ const ShardTable& ShardTables::get_state(int param) {
   return *slot;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

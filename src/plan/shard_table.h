@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "dmuon/inventory.h"
+#include "meshmuon/inventory.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // The most (expert, group position) pieces one expert stack may split into; the planner enumerates
 // every piece, so a stack past this is refused with an error naming it instead of exhausting memory.
@@ -50,4 +50,4 @@ class ShardTables {
   std::vector<std::shared_ptr<ShardTable>> by_param_, state_by_param_;
 };
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -1,12 +1,12 @@
-// Strategy names, glob matching and the DMUON_STRATEGY rule syntax.
-#include "dmuon/strategy.h"
+// Strategy names, glob matching and the MESHMUON_STRATEGY rule syntax.
+#include "meshmuon/strategy.h"
 
 #include <array>
 #include <cstdlib>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 
 namespace {
 constexpr std::array<std::string_view, kNumStrategies> kNames = {
@@ -53,8 +53,8 @@ std::optional<Strategy> StrategyRules::match(std::string_view name, bool* by_pat
 
 std::string StrategyRules::to_string() const {
   std::string s;
-  if (fallback) s = "default:" + std::string(dmuon::to_string(*fallback));
-  for (const StrategyRule& r : rules) s += (s.empty() ? "" : ";") + r.pattern + ":" + std::string(dmuon::to_string(r.strategy));
+  if (fallback) s = "default:" + std::string(meshmuon::to_string(*fallback));
+  for (const StrategyRule& r : rules) s += (s.empty() ? "" : ";") + r.pattern + ":" + std::string(meshmuon::to_string(r.strategy));
   return s;
 }
 
@@ -66,12 +66,12 @@ StrategyRules StrategyRules::parse(std::string_view text, std::string_view what)
     text = semi == std::string_view::npos ? std::string_view{} : text.substr(semi + 1);
     if (item.empty()) continue;
     const size_t colon = item.rfind(':');
-    DMUON_CHECK(colon != std::string_view::npos && colon > 0, "[plan] ", what, ": item '", item,
+    MESHMUON_CHECK(colon != std::string_view::npos && colon > 0, "[plan] ", what, ": item '", item,
                 "' must be pattern:strategy (e.g. default:owner_a2a;*.experts.*:expert_local)");
     const std::string_view pattern = item.substr(0, colon);
     const Strategy s = parse_strategy(item.substr(colon + 1), detail::concat(what, " item '", item, "'"));
     if (pattern == "default") {
-      DMUON_CHECK(!out.fallback, "[plan] ", what, ": 'default' is given twice");
+      MESHMUON_CHECK(!out.fallback, "[plan] ", what, ": 'default' is given twice");
       out.fallback = s;
     } else {
       out.rules.push_back({std::string(pattern), s});
@@ -81,8 +81,8 @@ StrategyRules StrategyRules::parse(std::string_view text, std::string_view what)
 }
 
 StrategyRules strategy_rules_from_env() {
-  const char* v = std::getenv("DMUON_STRATEGY");
-  return v ? StrategyRules::parse(v, "DMUON_STRATEGY") : StrategyRules{};
+  const char* v = std::getenv("MESHMUON_STRATEGY");
+  return v ? StrategyRules::parse(v, "MESHMUON_STRATEGY") : StrategyRules{};
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

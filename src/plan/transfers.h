@@ -27,10 +27,10 @@
 #include <span>
 #include <vector>
 
-#include "dmuon/plan.h"
+#include "meshmuon/plan.h"
 #include "plan/shard_table.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 enum class Phase : uint8_t { Gather, Scatter };
 enum class Payload : uint8_t { Data, State, Gram };  // comm dtype / fp32 NorMuon state / fp32 Gram
@@ -349,4 +349,4 @@ inline std::pair<double, double> bytes_total(const GroupTransfer& x, size_t elem
   return {b, b};
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

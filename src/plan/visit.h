@@ -9,11 +9,11 @@
 #include <algorithm>
 #include <vector>
 
-#include "dmuon/plan.h"
+#include "meshmuon/plan.h"
 #include "plan/shard_table.h"
 #include "plan/transfers.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // One rank's share of one entry. *_rep: the part that crosses replicate dims (HSDP split scatter).
 struct Contribution {
@@ -107,4 +107,4 @@ void transfer_bytes(const PlanEntry& e, const ShardTable& t, const ShardTable* v
   for_each_transfer(e, t, vt, p, o.ns.steps, sink);
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

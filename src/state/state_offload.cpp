@@ -6,9 +6,9 @@
 #include <exception>
 #include <thread>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 constexpr size_t kAlign = 256;  // each tensor of a slot starts on a 256-byte boundary (device loads)
@@ -107,9 +107,9 @@ StateOffload::Slot* StateOffload::take_slot(size_t bytes) {
 
 StateOffload::Group* StateOffload::create(std::span<const size_t> params) {
   for (size_t p : params) {
-    DMUON_CHECK(p < params_.size(), "[optim] internal: state offload of parameter index ", p, " (", params_.size(),
+    MESHMUON_CHECK(p < params_.size(), "[optim] internal: state offload of parameter index ", p, " (", params_.size(),
                 " parameters)");
-    DMUON_CHECK(group_of_[p] == nullptr, "[optim] internal: the state of '", names_[p],
+    MESHMUON_CHECK(group_of_[p] == nullptr, "[optim] internal: the state of '", names_[p],
                 "' is already resident (acquired or prefetched twice)");
   }
   auto g = std::make_unique<Group>();
@@ -148,7 +148,7 @@ StateOffload::Group* StateOffload::find(std::span<const size_t> params, const ch
   Group* g = group_of_[params.front()];
   if (!g) return nullptr;
   const bool same = g->params.size() == params.size() && std::equal(params.begin(), params.end(), g->params.begin());
-  DMUON_CHECK(same, "[optim] internal: state offload ", what, " of a parameter list that differs from the one '",
+  MESHMUON_CHECK(same, "[optim] internal: state offload ", what, " of a parameter list that differs from the one '",
               names_[params.front()], "' was made resident with");
   return g;
 }
@@ -166,7 +166,7 @@ void StateOffload::prefetch(std::span<const size_t> params) {
 void StateOffload::acquire(std::span<const size_t> params) {
   if (params.empty()) return;
   Group* g = find(params, "acquire");
-  DMUON_CHECK(!g || !g->acquired, "[optim] internal: the state of '", names_[params.front()], "' is acquired twice");
+  MESHMUON_CHECK(!g || !g->acquired, "[optim] internal: the state of '", names_[params.front()], "' is acquired twice");
   if (!g) g = create(params);
   wait(g->ready);  // the copy-in job has run: its copies are queued and its fence recorded
   if (g->copied) backend_.wait(g->copied->event());  // this thread's later kernels run after them
@@ -176,7 +176,7 @@ void StateOffload::acquire(std::span<const size_t> params) {
 void StateOffload::release(std::span<const size_t> params) {
   if (params.empty()) return;
   Group* g = find(params, "release");
-  DMUON_CHECK(g && g->acquired, "[optim] internal: the state of '", names_[params.front()], "' is released without acquire");
+  MESHMUON_CHECK(g && g->acquired, "[optim] internal: the state of '", names_[params.front()], "' is released without acquire");
   std::vector<Copy> out;
   uint64_t moved = 0;
   for (size_t k = 0; k < g->params.size(); ++k) {
@@ -233,7 +233,7 @@ void StateOffload::flush() {
 
 void* StateOffload::resident(size_t param, size_t tensor) const {
   const Group* g = group_of_[param];
-  DMUON_CHECK(g && g->acquired, "[optim] internal: the state of '", names_[param],
+  MESHMUON_CHECK(g && g->acquired, "[optim] internal: the state of '", names_[param],
               "' is used outside acquire/release (state offload)");
   for (size_t k = 0; k < g->params.size(); ++k)
     if (g->params[k] == param) return g->resident[k][tensor];
@@ -245,4 +245,4 @@ void StateOffload::begin_step() {
   counters_.peak_resident_bytes = counters_.resident_bytes;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

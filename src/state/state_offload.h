@@ -36,7 +36,7 @@
 
 #include "backend/backend.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 struct OffloadCounters {
   uint64_t bytes_in = 0, bytes_out = 0;  // this step: state copied home -> slot, slot -> home
@@ -102,4 +102,4 @@ class StateOffload {
   OffloadCounters counters_;
 };
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

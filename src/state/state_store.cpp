@@ -3,9 +3,9 @@
 
 #include <algorithm>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 std::string_view to_string(StateKey key) {
   switch (key) {
@@ -51,7 +51,7 @@ void StateStore::init(std::vector<StateSpec> specs, Backend& backend, bool offlo
 }
 
 const StateStore::Param& StateStore::param(size_t i) const {
-  DMUON_CHECK(i < params_.size(), "[optim] parameter index ", i, " out of range (", params_.size(), " parameters)");
+  MESHMUON_CHECK(i < params_.size(), "[optim] parameter index ", i, " out of range (", params_.size(), " parameters)");
   return params_[i];
 }
 
@@ -84,7 +84,7 @@ TensorView StateStore::view(size_t i, std::string_view key) {
 int64_t StateStore::steps(size_t i) const { return param(i).steps; }
 
 void StateStore::set_steps(size_t i, int64_t count) {
-  DMUON_CHECK(count >= 0, "[optim] step count ", count, " of '", param(i).spec.name, "' is negative");
+  MESHMUON_CHECK(count >= 0, "[optim] step count ", count, " of '", param(i).spec.name, "' is negative");
   params_[i].steps = count;
 }
 
@@ -132,4 +132,4 @@ void StateStore::flush() {
 
 OffloadCounters StateStore::offload_counters() const { return offload_ ? offload_->counters() : OffloadCounters{}; }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

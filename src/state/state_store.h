@@ -22,12 +22,12 @@
 #include <memory>
 
 #include "backend/backend.h"
-#include "dmuon/state_hooks.h"
-#include "dmuon/update.h"
-#include "dmuon/tensor.h"
+#include "meshmuon/state_hooks.h"
+#include "meshmuon/update.h"
+#include "meshmuon/tensor.h"
 #include "state/state_offload.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // The state keys, by algorithm. Names are torch's (momentum_buffer, exp_avg, exp_avg_sq) and
 // NorMuon's factored second moment (normuon_v).
@@ -97,4 +97,4 @@ class StateStore {
   std::unique_ptr<StateOffload> offload_;
 };
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

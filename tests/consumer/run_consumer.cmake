@@ -1,4 +1,4 @@
-# Installs dmuon into ${BUILD_DIR}/consumer-prefix, then builds and runs tests/consumer against it.
+# Installs meshmuon into ${BUILD_DIR}/consumer-prefix, then builds and runs tests/consumer against it.
 # Run by CTest (test `install_consumer`).
 set(prefix ${BUILD_DIR}/consumer-prefix)
 set(cbuild ${BUILD_DIR}/consumer-build)

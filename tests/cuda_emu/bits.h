@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace dmuon::cuda_emu {
+namespace meshmuon::cuda_emu {
 
 inline float bits_to_float(uint32_t u) {
   float f;
@@ -25,4 +25,4 @@ inline uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>((u + ((u >> 16) & 1u) + 0x7FFFu) >> 16);
 }
 
-}  // namespace dmuon::cuda_emu
+}  // namespace meshmuon::cuda_emu

@@ -1,6 +1,6 @@
-// The emulated cuBLAS (tests/cuda_emu, README.md there): the entry points dmuon's loader takes
+// The emulated cuBLAS (tests/cuda_emu, README.md there): the entry points meshmuon's loader takes
 // (src/backend/cuda/cublas_loader.h), exported under cuBLAS's names from this library, which the
-// emulated tests name in DMUON_CUBLAS_LIBRARY. Products run through OpenBLAS on the host; bf16
+// emulated tests name in MESHMUON_CUBLAS_LIBRARY. Products run through OpenBLAS on the host; bf16
 // operands are widened exactly to fp32 first (so the products are exact, the accumulation fp32).
 //
 // What it checks, as cuBLAS and the GPU would: the handle, the dimensions and leading dimensions
@@ -29,7 +29,7 @@ struct cublasContext {
 
 namespace {
 
-using namespace dmuon::cuda_emu;
+using namespace meshmuon::cuda_emu;
 
 bool handle_ok(cublasHandle_t h) { return h != nullptr && h->magic == 0xB1A5; }
 

@@ -1,17 +1,17 @@
 // The emulated cuBLASLt (tests/cuda_emu, README.md there): the entry points of
 // src/backend/cuda/batched_gemm.cpp's loader, exported under cuBLASLt's names from this library,
-// which the emulated tests name in DMUON_CUBLASLT_LIBRARY. Products as the emulated cuBLAS's
+// which the emulated tests name in MESHMUON_CUBLASLT_LIBRARY. Products as the emulated cuBLAS's
 // (gemm_host.h), one per matrix of a strided batch, queued on the call's stream.
 //
-// What it checks, as cuBLASLt would: descriptors made by it; the attributes dmuon sets, with their
+// What it checks, as cuBLASLt would: descriptors made by it; the attributes meshmuon sets, with their
 // sizes; types (bf16 or fp32 A and B, fp32 C = D, fp32 compute and scale); that the layouts agree
 // with the transposes and sizes (INVALID_VALUE); an algorithm from its own heuristic, for these
 // descriptors' shape (not batch count), whose alignments the operands meet; the workspace the
 // algorithm asked for; every matrix of every operand inside one live device allocation.
 //
-// DMUON_CUDA_EMU_LT_BATCH_VARIANT=1 makes a strided-batched call (batch count > 1) sum each product
+// MESHMUON_CUDA_EMU_LT_BATCH_VARIANT=1 makes a strided-batched call (batch count > 1) sum each product
 // in another order than a batch-1 call (the inner dimension in two halves), as an algorithm whose
-// work split depends on the batch could: bitwise layout invariance then rests on dmuon's probe
+// work split depends on the batch could: bitwise layout invariance then rests on meshmuon's probe
 // (batched_gemm.h), which must find the difference and run such batches matrix by matrix.
 #include <cublasLt.h>
 
@@ -31,7 +31,7 @@ struct cublasLtContext {
 
 namespace {
 
-using namespace dmuon::cuda_emu;
+using namespace meshmuon::cuda_emu;
 
 constexpr uint64_t kDescMagic = 0xDE5C, kLayoutMagic = 0x1A70, kPrefMagic = 0x9EF0, kAlgoMagic = 0xA160;
 constexpr size_t kAlgoWorkspace = size_t{1} << 20;  // what every emulated algorithm asks for
@@ -77,7 +77,7 @@ T* as(O* o, uint64_t magic) {
 
 bool batch_variant() {
   static const bool on = [] {
-    const char* e = std::getenv("DMUON_CUDA_EMU_LT_BATCH_VARIANT");
+    const char* e = std::getenv("MESHMUON_CUDA_EMU_LT_BATCH_VARIANT");
     return e != nullptr && std::strcmp(e, "1") == 0;
   }();
   return on;
@@ -305,7 +305,7 @@ EMU_API cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d
   }
   if (workspace_bytes < kAlgoWorkspace) return CUBLAS_STATUS_INVALID_VALUE;
   if (!expect_device(workspace, kAlgoWorkspace, "cublasLtMatmul workspace")) return CUBLAS_STATUS_EXECUTION_FAILED;
-  if (C != D) return CUBLAS_STATUS_NOT_SUPPORTED;  // the emulation runs in place only, as dmuon calls it
+  if (C != D) return CUBLAS_STATUS_NOT_SUPPORTED;  // the emulation runs in place only, as meshmuon calls it
   float alpha_v, beta_v;
   std::memcpy(&alpha_v, alpha, 4), std::memcpy(&beta_v, beta, 4);
   if (s.m == 0 || s.n == 0) return CUBLAS_STATUS_SUCCESS;

@@ -1,5 +1,5 @@
-// The emulated CUDA runtime (tests/cuda_emu, README.md there): the cudart entry points dmuon and its
-// tests call, on the host. One device (DMUON_CUDA_EMU_DEVICES sets the count); work on a stream is
+// The emulated CUDA runtime (tests/cuda_emu, README.md there): the cudart entry points meshmuon and its
+// tests call, on the host. One device (MESHMUON_CUDA_EMU_DEVICES sets the count); work on a stream is
 // queued and runs when the host synchronizes with it (streams.h); an event is a point in its
 // stream's queue. Copies check
 // their direction against where the pointers live and their ranges against live allocations, as a
@@ -25,18 +25,18 @@ struct CUevent_st {
   // when the recorded point ran (shared with the queued record op, which may outlive the event)
   std::shared_ptr<std::chrono::steady_clock::time_point> at = std::make_shared<std::chrono::steady_clock::time_point>();
   bool recorded = false;
-  dmuon::cuda_emu::Mark mark;  // the point of its stream's queue it recorded
+  meshmuon::cuda_emu::Mark mark;  // the point of its stream's queue it recorded
 };
 
 namespace {
 
-using namespace dmuon::cuda_emu;
+using namespace meshmuon::cuda_emu;
 
 thread_local cudaError_t tl_last = cudaSuccess;
 thread_local int tl_device = 0;
 
 int device_count() {
-  const char* env = std::getenv("DMUON_CUDA_EMU_DEVICES");
+  const char* env = std::getenv("MESHMUON_CUDA_EMU_DEVICES");
   return env ? std::max(0, std::atoi(env)) : 1;
 }
 

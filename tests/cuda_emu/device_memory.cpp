@@ -13,7 +13,7 @@
 #include <map>
 #include <mutex>
 
-namespace dmuon::cuda_emu {
+namespace meshmuon::cuda_emu {
 namespace {
 
 constexpr size_t kAlign = 256;
@@ -30,7 +30,7 @@ struct State {
   bool protect = true;
 
   State() {
-    const char* env = std::getenv("DMUON_CUDA_EMU_PROTECT");
+    const char* env = std::getenv("MESHMUON_CUDA_EMU_PROTECT");
     protect = env == nullptr || std::strcmp(env, "0") != 0;
     void* p = mmap(nullptr, kRegionBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
@@ -195,4 +195,4 @@ DeviceScope::~DeviceScope() {
   if (--s.scopes == 0) s.set_access(false);
 }
 
-}  // namespace dmuon::cuda_emu
+}  // namespace meshmuon::cuda_emu

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <string>
 
-namespace dmuon::cuda_emu {
+namespace meshmuon::cuda_emu {
 
 // The allocator of the emulated device (256-byte aligned; nullptr when the range is exhausted).
 void* device_alloc(size_t bytes);
@@ -60,4 +60,4 @@ class DeviceScope {
   DeviceScope& operator=(const DeviceScope&) = delete;
 };
 
-}  // namespace dmuon::cuda_emu
+}  // namespace meshmuon::cuda_emu

@@ -14,7 +14,7 @@
 #include "bits.h"
 #include "device_memory.h"
 
-namespace dmuon::cuda_emu {
+namespace meshmuon::cuda_emu {
 
 // Column-major rows × cols with leading dimension ld, `elem` bytes each: its span in bytes.
 inline size_t gemm_span(int64_t rows, int64_t cols, int64_t ld, size_t elem) {
@@ -62,4 +62,4 @@ inline void host_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const 
               std::max(1, a_rows), b.data(), std::max(1, b_rows), beta, C, static_cast<int>(ldc));
 }
 
-}  // namespace dmuon::cuda_emu
+}  // namespace meshmuon::cuda_emu

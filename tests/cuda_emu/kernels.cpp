@@ -22,7 +22,7 @@
 #include "streams.h"
 #include "../support/cuda_on_host.h"
 
-namespace dmuon::cuda {
+namespace meshmuon::cuda {
 namespace {
 
 using cuda_emu::DeviceScope;
@@ -401,11 +401,11 @@ cudaError_t divide(float* x, int64_t n, float d, cudaStream_t stream) {
   return done();
 }
 
-}  // namespace dmuon::cuda
+}  // namespace meshmuon::cuda
 
-namespace dmuon::cuda_emu {
+namespace meshmuon::cuda_emu {
 void fault_next_launch_of(const char* kernel) {
   std::lock_guard<std::mutex> lock(cuda::fault_mu);
   cuda::fault_next = kernel;
 }
-}  // namespace dmuon::cuda_emu
+}  // namespace meshmuon::cuda_emu

@@ -1,6 +1,6 @@
-// The emulated NCCL (tests/cuda_emu, README.md there): the entry points dmuon's loader takes
+// The emulated NCCL (tests/cuda_emu, README.md there): the entry points meshmuon's loader takes
 // (src/comm/nccl/nccl_loader.h), exported under NCCL's names from this library, which the emulated
-// tests name in DMUON_NCCL_LIBRARY. The ranks of a communicator are threads of this process (one
+// tests name in MESHMUON_NCCL_LIBRARY. The ranks of a communicator are threads of this process (one
 // emulated device each, or all on one): a collective is an op on the caller's stream (streams.h)
 // that, when its stream runs it, checks in and waits (Blocked) until every rank of the communicator
 // has checked in; the last one moves the data for all. Grouped sends and receives are matched per
@@ -34,7 +34,7 @@
 
 namespace {
 
-using namespace dmuon::cuda_emu;
+using namespace meshmuon::cuda_emu;
 
 size_t type_size(ncclDataType_t t) {
   switch (t) {

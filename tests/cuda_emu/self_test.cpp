@@ -11,12 +11,12 @@
 #include "backend/backend.h"
 #include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/cuda_kernels.h"
-#include "dmuon/local_optimizer.h"
+#include "meshmuon/local_optimizer.h"
 #include "streams.h"
 
 namespace {
 
-using dmuon::detail::cublas;
+using meshmuon::detail::cublas;
 
 struct DeviceFloats {
   explicit DeviceFloats(size_t n) : n(n) { EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&p), n * 4), cudaSuccess); }
@@ -62,7 +62,7 @@ TEST(CudaEmu, CopiesCheckDirectionAndBounds) {
 
 // (and clears the last error the tests before left: launchers report it, as cuda_kernels.cu's do)
 #define REQUIRE_DEFERRED()                                                                \
-  if (!dmuon::cuda_emu::deferred()) GTEST_SKIP() << "DMUON_CUDA_EMU_DEFERRED=0: immediate mode"; \
+  if (!meshmuon::cuda_emu::deferred()) GTEST_SKIP() << "MESHMUON_CUDA_EMU_DEFERRED=0: immediate mode"; \
   (void)cudaGetLastError()
 
 struct Pinned {
@@ -102,7 +102,7 @@ TEST(CudaEmu, DeferredWorkRunsAtTheStreamsSynchronization) {
   DeviceFloats& d = t.d;
   Pinned& h = t.h;
   cudaStream_t s = Deferred::stream();
-  ASSERT_EQ(dmuon::cuda::scale(d.p, d.p, 4, 2.0f, s), cudaSuccess);
+  ASSERT_EQ(meshmuon::cuda::scale(d.p, d.p, 4, 2.0f, s), cudaSuccess);
   ASSERT_EQ(cudaMemcpyAsync(h.p, d.p, 16, cudaMemcpyDeviceToHost, s), cudaSuccess);
   EXPECT_EQ(h.p[0], -7.0f) << "ran before the synchronization";
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
@@ -120,7 +120,7 @@ TEST(CudaEmu, DeferredStreamsAreNotOrderedWithEachOther) {
   cudaStream_t a = Deferred::stream(), b = Deferred::stream();
   cudaEvent_t e = nullptr;
   ASSERT_EQ(cudaEventCreate(&e), cudaSuccess);
-  ASSERT_EQ(dmuon::cuda::scale(d.p, d.p, 4, 10.0f, a), cudaSuccess);
+  ASSERT_EQ(meshmuon::cuda::scale(d.p, d.p, 4, 10.0f, a), cudaSuccess);
   ASSERT_EQ(cudaEventRecord(e, a), cudaSuccess);
   EXPECT_EQ(t.read_on(b), (std::vector<float>{1, 2, 3, 4})) << "b saw a's unsynchronized work";
   float ms = 0;
@@ -144,10 +144,10 @@ TEST(CudaEmu, DeferredStreamWaitEventOrdersStreamsOnTheDevice) {
   cudaStream_t a = Deferred::stream(), b = Deferred::stream();
   cudaEvent_t e = nullptr;
   ASSERT_EQ(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), cudaSuccess);
-  ASSERT_EQ(dmuon::cuda::scale(d.p, d.p, 4, 10.0f, a), cudaSuccess);
+  ASSERT_EQ(meshmuon::cuda::scale(d.p, d.p, 4, 10.0f, a), cudaSuccess);
   ASSERT_EQ(cudaEventRecord(e, a), cudaSuccess);
   ASSERT_EQ(cudaStreamWaitEvent(b, e, 0), cudaSuccess);
-  ASSERT_EQ(dmuon::cuda::scale(d.p, d.p, 4, 3.0f, a), cudaSuccess);  // after the point b waits for
+  ASSERT_EQ(meshmuon::cuda::scale(d.p, d.p, 4, 3.0f, a), cudaSuccess);  // after the point b waits for
   ASSERT_EQ(cudaEventRecord(e, a), cudaSuccess);                       // a later record: b keeps the first
   EXPECT_EQ(t.read_on(b), (std::vector<float>{10, 20, 30, 40}));
   ASSERT_EQ(cudaStreamSynchronize(a), cudaSuccess);
@@ -171,7 +171,7 @@ TEST(CudaEmu, DeferredDeviceSynchronizationRunsTheLegacyStreamLast) {
   DeviceFloats& d = t.d;
   Pinned& h = t.h;
   cudaStream_t b = Deferred::stream();
-  ASSERT_EQ(dmuon::cuda::scale(d.p, d.p, 4, 3.0f, nullptr), cudaSuccess);  // the legacy stream
+  ASSERT_EQ(meshmuon::cuda::scale(d.p, d.p, 4, 3.0f, nullptr), cudaSuccess);  // the legacy stream
   ASSERT_EQ(cudaMemcpyAsync(h.p, d.p, 16, cudaMemcpyDeviceToHost, b), cudaSuccess);
   void* x = nullptr;
   ASSERT_EQ(cudaMalloc(&x, 64), cudaSuccess);
@@ -199,11 +199,11 @@ TEST(CudaEmu, DeferredCopiesOfPageableMemoryFollowCuda) {
 TEST(CudaEmu, KernelsRefuseHostPointersAndOverruns) {
   DeviceFloats d(8);
   std::vector<float> h(8, 2.0f);
-  EXPECT_EQ(dmuon::cuda::scale(h.data(), d.p, 8, 0.5f, nullptr), cudaErrorIllegalAddress);
-  EXPECT_EQ(dmuon::cuda::scale(d.p, d.p, 9, 0.5f, nullptr), cudaErrorIllegalAddress);
+  EXPECT_EQ(meshmuon::cuda::scale(h.data(), d.p, 8, 0.5f, nullptr), cudaErrorIllegalAddress);
+  EXPECT_EQ(meshmuon::cuda::scale(d.p, d.p, 9, 0.5f, nullptr), cudaErrorIllegalAddress);
   d.put(h);
   (void)cudaGetLastError();  // a launcher returns the runtime's last error: clear the earlier tests'
-  EXPECT_EQ(dmuon::cuda::scale(d.p, d.p, 8, 0.5f, nullptr), cudaSuccess);
+  EXPECT_EQ(meshmuon::cuda::scale(d.p, d.p, 8, 0.5f, nullptr), cudaSuccess);
   EXPECT_EQ(d.get(), std::vector<float>(8, 1.0f));
 }
 
@@ -211,7 +211,7 @@ TEST(CudaEmu, KernelsRefuseHostPointersAndOverruns) {
 // runs them one after another and would hide the race): two momentum items whose buffers share
 // elements fault when the launch runs. The control: the same items side by side run.
 void momentum_pair(float* base, int64_t second_buf) {
-  dmuon::cuda::MomentumItem items[2] = {};
+  meshmuon::cuda::MomentumItem items[2] = {};
   for (int t = 0; t < 2; ++t) {
     items[t].buf = base + (t == 0 ? 0 : second_buf);
     items[t].grad = base + 32 + 4 * t;
@@ -221,7 +221,7 @@ void momentum_pair(float* base, int64_t second_buf) {
   void* table = nullptr;
   ASSERT_EQ(cudaMalloc(&table, sizeof items), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(table, items, sizeof items, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(dmuon::cuda::momentum_multi(static_cast<const dmuon::cuda::MomentumItem*>(table), 2, 2, nullptr), cudaSuccess);
+  ASSERT_EQ(meshmuon::cuda::momentum_multi(static_cast<const meshmuon::cuda::MomentumItem*>(table), 2, 2, nullptr), cudaSuccess);
   const cudaError_t e = cudaDeviceSynchronize();
   cudaFree(table);
   ASSERT_EQ(e, cudaSuccess);
@@ -242,7 +242,7 @@ TEST(CudaEmuDeathTest, MultiTensorItemsThatOverlapFault) {
       ::testing::ExitedWithCode(3), "tensors 0 and 1 of one launch overlap");
 }
 
-// Column-major 3×2 = (3×4)·(4×2) through the loaded cuBLAS (DMUON_CUBLAS_LIBRARY), against a loop.
+// Column-major 3×2 = (3×4)·(4×2) through the loaded cuBLAS (MESHMUON_CUBLAS_LIBRARY), against a loop.
 TEST(CudaEmu, CublasComputesAndChecksItsArguments) {
   const auto& blas = cublas();
   cublasHandle_t h = nullptr;
@@ -287,34 +287,34 @@ TEST(CudaEmu, CublasComputesAndChecksItsArguments) {
 // The cuda backend on device 1 of two (emulated) leaves the caller's current device as it was:
 // torch's current device on the calling thread is not the backend's business.
 TEST(CudaEmu, CudaBackendLeavesTheCallersDeviceCurrent) {
-  ::setenv("DMUON_CUDA_EMU_DEVICES", "2", 1);
+  ::setenv("MESHMUON_CUDA_EMU_DEVICES", "2", 1);
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-  auto be = dmuon::detail::make_cuda_backend(1);
+  auto be = meshmuon::detail::make_cuda_backend(1);
   int current = -1;
   ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
   EXPECT_EQ(current, 0) << "make_cuda_backend";
-  dmuon::detail::Buffer b = be->allocate(64, dmuon::detail::MemoryKind::Device);
+  meshmuon::detail::Buffer b = be->allocate(64, meshmuon::detail::MemoryKind::Device);
   be->fill_zero(b.data(), 64);
   ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
   EXPECT_EQ(current, 0) << "allocate / fill_zero";
   {  // a LocalOptimizer step on device 1 (its compute jobs run on the caller's thread)
-    dmuon::ParamInfo info;
+    meshmuon::ParamInfo info;
     info.name = "w", info.shape = {6, 4};
-    dmuon::LocalOptimizerOptions o;
+    meshmuon::LocalOptimizerOptions o;
     o.device = "cuda:1";
-    dmuon::LocalOptimizer opt({info}, {dmuon::ParamGroup{dmuon::GroupOptions{}, {0}}}, o);
+    meshmuon::LocalOptimizer opt({info}, {meshmuon::ParamGroup{meshmuon::GroupOptions{}, {0}}}, o);
     std::vector<float> h(24, 0.5f);
-    dmuon::detail::Buffer w = be->allocate(96, dmuon::detail::MemoryKind::Device);
-    dmuon::detail::Buffer g = be->allocate(96, dmuon::detail::MemoryKind::Device);
+    meshmuon::detail::Buffer w = be->allocate(96, meshmuon::detail::MemoryKind::Device);
+    meshmuon::detail::Buffer g = be->allocate(96, meshmuon::detail::MemoryKind::Device);
     be->copy(w.data(), h.data(), 96), be->copy(g.data(), h.data(), 96);
-    std::vector<dmuon::TensorView> wv = {dmuon::TensorView(w.as<float>(), info.shape)};
-    std::vector<dmuon::TensorView> gv = {dmuon::TensorView(g.as<float>(), info.shape)};
-    wv[0].device = gv[0].device = {dmuon::DeviceKind::Cuda, 1};
+    std::vector<meshmuon::TensorView> wv = {meshmuon::TensorView(w.as<float>(), info.shape)};
+    std::vector<meshmuon::TensorView> gv = {meshmuon::TensorView(g.as<float>(), info.shape)};
+    wv[0].device = gv[0].device = {meshmuon::DeviceKind::Cuda, 1};
     ASSERT_TRUE(opt.step(wv, gv));
     ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
     EXPECT_EQ(current, 0) << "LocalOptimizer::step on cuda:1";
   }
-  ::unsetenv("DMUON_CUDA_EMU_DEVICES");
+  ::unsetenv("MESHMUON_CUDA_EMU_DEVICES");
 }
 
 }  // namespace

@@ -14,7 +14,7 @@
 #include <vector>
 #include <chrono>
 
-namespace dmuon::cuda_emu {
+namespace meshmuon::cuda_emu {
 namespace {
 
 struct Queue {
@@ -111,7 +111,7 @@ void help_others(const void* except) {
 
 bool deferred() {
   static const bool on = [] {
-    const char* env = std::getenv("DMUON_CUDA_EMU_DEFERRED");
+    const char* env = std::getenv("MESHMUON_CUDA_EMU_DEFERRED");
     return env == nullptr || std::strcmp(env, "0") != 0;
   }();
   return on;
@@ -192,4 +192,4 @@ bool advance_to(const Mark& m) {
 
 int sticky_error() { return state().sticky.load(); }
 
-}  // namespace dmuon::cuda_emu
+}  // namespace meshmuon::cuda_emu

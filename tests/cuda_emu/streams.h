@@ -1,6 +1,6 @@
 // Test infrastructure: the emulated GPU's streams (tests/cuda_emu, README.md there).
 //
-// Two modes. Immediate (DMUON_CUDA_EMU_DEFERRED=0): every operation runs at once on the calling
+// Two modes. Immediate (MESHMUON_CUDA_EMU_DEFERRED=0): every operation runs at once on the calling
 // thread. Deferred (the default): operations on a stream are queued and run only when the host
 // synchronizes with them: cudaStreamSynchronize, cudaEventSynchronize / cudaEventQuery up to the
 // event, cudaDeviceSynchronize, a synchronous copy on the legacy stream, a copy into pageable host
@@ -14,9 +14,9 @@
 #include <cstdint>
 #include <functional>
 
-namespace dmuon::cuda_emu {
+namespace meshmuon::cuda_emu {
 
-bool deferred();  // the mode, read once from DMUON_CUDA_EMU_DEFERRED
+bool deferred();  // the mode, read once from MESHMUON_CUDA_EMU_DEFERRED
 
 // nullptr, cudaStreamLegacy and cudaStreamPerThread name the legacy stream of the calling thread's
 // current device (one per device, as CUDA's).
@@ -55,4 +55,4 @@ bool advance_to(const Mark& m);
 // cudaErrorIllegalAddress (as an int) once a queued op faulted, else 0.
 int sticky_error();
 
-}  // namespace dmuon::cuda_emu
+}  // namespace meshmuon::cuda_emu

@@ -1,5 +1,5 @@
 """Tests of the training demo (examples/train_gpt): the model's per-head max logits, the data
-order, and the short configuration end to end (20 steps, 2 ranks under mpirun: dmuon, AdamW and
+order, and the short configuration end to end (20 steps, 2 ranks under mpirun: meshmuon, AdamW and
 the one-process torch.optim.Muon reference). Run: python -m pytest tests/demo -q (about a minute
 on 2 cores)."""
 from __future__ import annotations
@@ -112,8 +112,8 @@ def run_demo(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 def test_short_configuration_both_optimizers(tmp_path):
-    """The default runs (dmuon, then the AdamW baseline on 2 FSDP2 ranks, then torch.optim.Muon +
-    AdamW in one process): every run must train (loss decreases), dmuon must land near the
+    """The default runs (meshmuon, then the AdamW baseline on 2 FSDP2 ranks, then torch.optim.Muon +
+    AdamW in one process): every run must train (loss decreases), meshmuon must land near the
     reference torch.optim.Muon, and summary.json and loss.png are written."""
     proc = run_demo(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -122,7 +122,7 @@ def test_short_configuration_both_optimizers(tmp_path):
     png = (out / "loss.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert summary["steps"] == 20 and summary["ranks"] == 2
-    for name in ("dmuon", "adamw", "torch_muon"):
+    for name in ("meshmuon", "adamw", "torch_muon"):
         run = summary[name]
         assert run is not None, name
         for key in ("final_loss", "tokens_per_second", "optimizer_step_ms", "val_loss"):
@@ -131,13 +131,13 @@ def test_short_configuration_both_optimizers(tmp_path):
         # the loss decreases: the mean of the last 10 steps is well below the first step's loss
         assert run["final_loss"] < run["first_loss"] - 0.5, (name, run["history"]["loss"])
         assert f"[{name}] step   20/20" in proc.stdout
-    # dmuon's step reports its communication wait (last_step_stats); AdamW's step has none
-    assert summary["dmuon"]["optimizer_comm_ms"] > 0 and summary["adamw"]["optimizer_comm_ms"] == 0
+    # meshmuon's step reports its communication wait (last_step_stats); AdamW's step has none
+    assert summary["meshmuon"]["optimizer_comm_ms"] > 0 and summary["adamw"]["optimizer_comm_ms"] == 0
     # torch_muon: one process (rank 0, unsharded model, the whole global batch), no communication;
-    # the same algorithm as dmuon up to the Newton-Schulz coefficients (dmuon: Polar Express) and
+    # the same algorithm as meshmuon up to the Newton-Schulz coefficients (meshmuon: Polar Express) and
     # bf16 products, so the losses stay close (20 steps: within 0.01 when measured)
     ref = summary["torch_muon"]
     assert ref["ranks"] == 1 and ref["optimizer_comm_ms"] == 0
-    assert abs(summary["dmuon"]["final_loss"] - ref["final_loss"]) < 0.05, (summary["dmuon"], ref)
-    assert "dmuon vs torch_muon at 20 steps" in proc.stdout
-    assert "optimizer  final loss" in proc.stdout and "dmuon run not possible" not in proc.stderr
+    assert abs(summary["meshmuon"]["final_loss"] - ref["final_loss"]) < 0.05, (summary["meshmuon"], ref)
+    assert "meshmuon vs torch_muon at 20 steps" in proc.stdout
+    assert "optimizer  final loss" in proc.stdout and "meshmuon run not possible" not in proc.stderr

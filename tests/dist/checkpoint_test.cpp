@@ -1,4 +1,4 @@
-// Reshardable checkpoints across world sizes (include/dmuon/checkpoint.h), run by CTest as fixtures:
+// Reshardable checkpoints across world sizes (include/meshmuon/checkpoint.h), run by CTest as fixtures:
 //   checkpoint_dist_test --save DIR             saves the test tensors in the layout of this world
 //   checkpoint_dist_test --load DIR --saved-np N  loads them in the layout of this world, checks
 //                                               every element bitwise against its formula
@@ -16,14 +16,14 @@
 
 #include "../support/corrupt_file.h"
 #include "core/hash.h"
-#include "dmuon/checkpoint.h"
-#include "dmuon/comm.h"
-#include "dmuon/error.h"
+#include "meshmuon/checkpoint.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/error.h"
 #include "verdict.h"
 
 namespace {
 
-using namespace dmuon;
+using namespace meshmuon;
 
 int g_failures = 0;
 #define CHECK_TRUE(cond, ...)                                                   \
@@ -31,7 +31,7 @@ int g_failures = 0;
     if (!(cond)) {                                                              \
       ++g_failures;                                                             \
       std::fprintf(stderr, "[rank %d] check failed at line %d: %s: %s\n", g_rank, __LINE__, #cond, \
-                   dmuon::detail::concat(__VA_ARGS__).c_str());                 \
+                   meshmuon::detail::concat(__VA_ARGS__).c_str());                 \
     }                                                                           \
   } while (0)
 int g_rank = 0;
@@ -276,7 +276,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s --save DIR | --load DIR --saved-np N | --errors DIR\n", argv[0]);
     return 2;
   }
-  const char* backend = std::getenv("DMUON_TEST_BACKEND");
+  const char* backend = std::getenv("MESHMUON_TEST_BACKEND");
   auto comm = make_communicator(backend != nullptr && *backend != '\0' ? backend : "mpi");
   comm->set_default_timeout(std::chrono::seconds(30));
   g_rank = comm->rank();
@@ -292,7 +292,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "[rank %d] %s: %s\n", g_rank, mode.c_str(), e.what());
     ++g_failures;
   }
-  const int code = dmuon::test::agree_verdict(*comm, g_failures, "checkpoint " + mode + " at " + std::to_string(comm->size()) + " ranks");
+  const int code = meshmuon::test::agree_verdict(*comm, g_failures, "checkpoint " + mode + " at " + std::to_string(comm->size()) + " ranks");
   comm.reset();
   return code;
 }

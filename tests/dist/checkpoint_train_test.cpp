@@ -1,5 +1,5 @@
 // Resuming training from a checkpoint at another world size, bitwise (checkpoint.h's trainer
-// overloads over ShardedParams + dmuon::Optimizer):
+// overloads over ShardedParams + meshmuon::Optimizer):
 //   checkpoint_train_test --save DIR            K steps at this world size, then save
 //   checkpoint_train_test --load DIR            at this world size: a reference run of K + J steps
 //                                               from scratch (always on the cpu backend), and a run
@@ -27,18 +27,18 @@
 #include "../support/corrupt_file.h"
 #include "../support/fake_device.h"
 #include "comm/staging.h"
-#include "dmuon/checkpoint.h"
-#include "dmuon/comm.h"
-#include "dmuon/error.h"
-#include "dmuon/mesh_comms.h"
-#include "dmuon/optimizer.h"
-#include "dmuon/sharded_params.h"
+#include "meshmuon/checkpoint.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/error.h"
+#include "meshmuon/mesh_comms.h"
+#include "meshmuon/optimizer.h"
+#include "meshmuon/sharded_params.h"
 #include "backend/select.h"
 #include "verdict.h"
 
 namespace {
 
-using namespace dmuon;
+using namespace meshmuon;
 
 constexpr int kSavedSteps = 3;
 constexpr int kMoreSteps = 2;
@@ -90,7 +90,7 @@ struct Trainer {
     if (on_fake_device) {
       fake = std::make_shared<test::FakeDeviceBackend>();
       const std::shared_ptr<detail::MemorySpace> space = fake->space();
-      const char* backend = std::getenv("DMUON_TEST_BACKEND");
+      const char* backend = std::getenv("MESHMUON_TEST_BACKEND");
       world = backend != nullptr && std::string(backend) == "mpi" ? make_mpi_communicator(space, detail::StagingOptions{})
                                                                   : make_single_communicator(space);  // collective
       inject = std::make_unique<detail::ScopedEngineDevice>(detail::EngineDevice{fake, space});
@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s --save DIR | --load DIR | --errors DIR [--device cpu|fake]\n", argv[0]);
     return 2;
   }
-  const char* backend = std::getenv("DMUON_TEST_BACKEND");
+  const char* backend = std::getenv("MESHMUON_TEST_BACKEND");
   std::shared_ptr<Communicator> world = make_communicator(backend != nullptr && *backend != '\0' ? backend : "mpi");
   world->set_default_timeout(std::chrono::seconds(30));
   g_rank = world->rank();
@@ -251,7 +251,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "[rank %d] %s: %s\n", g_rank, mode.c_str(), e.what());
     ++g_failures;
   }
-  const int code = dmuon::test::agree_verdict(*world, g_failures, "checkpoint train " + mode + " at " + std::to_string(W) +
+  const int code = meshmuon::test::agree_verdict(*world, g_failures, "checkpoint train " + mode + " at " + std::to_string(W) +
                                                                        " ranks" + (fake ? " (fake device)" : ""));
   world.reset();
   return code;

@@ -10,11 +10,11 @@
 
 #include "comm/mpi/mpi_counts.h"
 #include "dist_env.h"
-#include "dmuon/bf16.h"
-#include "dmuon/comm.h"
-#include "dmuon/error.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 using test::comm;
@@ -267,4 +267,4 @@ TEST(MpiCounts, UnitTypeWhenCountsShareAFactor) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

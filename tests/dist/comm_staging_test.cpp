@@ -13,15 +13,15 @@
 #include <vector>
 
 #include "dist_env.h"
-#include "dmuon/bf16.h"
-#include "dmuon/comm.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/comm.h"
 #include "staging_spaces.h"
 
-#if DMUON_TEST_CUDA
+#if MESHMUON_TEST_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 using test::comm;
@@ -255,7 +255,7 @@ TEST(StagingNegativeControl, DeviceMemoryIsNotHostReadable) {
   close(fds[1]);
 }
 
-#if DMUON_TEST_CUDA
+#if MESHMUON_TEST_CUDA
 // On a GPU (every rank on the same one, as in the one-GPU bitwise runs): make_mpi_communicator's
 // default memory space is cudart's, and cudaMalloc'd buffers go through pinned staging.
 TEST(CudaStaging, DeviceBuffersThroughPinnedMemory) {
@@ -300,4 +300,4 @@ INSTANTIATE_TEST_SUITE_P(Chunks, Staging, ::testing::Values(size_t{8}, size_t{24
                          [](const auto& info) { return "chunk" + std::to_string(info.param); });
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

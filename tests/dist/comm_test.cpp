@@ -1,6 +1,6 @@
 // Communicator suite, written against the interface and run on every backend and rank count:
 //   ctest --test-dir build-comm -L dist        (mpirun -n 1..4 --oversubscribe, and the single backend)
-//   mpirun -n 3 --oversubscribe build/bin/comm_test     DMUON_TEST_BACKEND=single build/bin/comm_test
+//   mpirun -n 3 --oversubscribe build/bin/comm_test     MESHMUON_TEST_BACKEND=single build/bin/comm_test
 // Payloads are integer-valued (or raw bf16 bit patterns for data movement), so results are exact;
 // expected buffers and byte counts are computed here independently of the library's own rules.
 #include <gtest/gtest.h>
@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "dist_env.h"
-#include "dmuon/bf16.h"
-#include "dmuon/comm.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/comm.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 using test::comm;
@@ -422,11 +422,11 @@ TEST(CommValidation, BadArgumentsThrowBeforeAnythingIsPosted) {
 }
 
 TEST(CommTimeout, DefaultFromEnvironment) {
-  ::setenv("DMUON_TIMEOUT_S", "1.5", 1);
+  ::setenv("MESHMUON_TIMEOUT_S", "1.5", 1);
   EXPECT_EQ(make_single_communicator()->default_timeout(), std::chrono::milliseconds(1500));
-  ::setenv("DMUON_TIMEOUT_S", "soon", 1);
+  ::setenv("MESHMUON_TIMEOUT_S", "soon", 1);
   EXPECT_THROW((void)make_single_communicator(), std::invalid_argument);
-  ::unsetenv("DMUON_TIMEOUT_S");
+  ::unsetenv("MESHMUON_TIMEOUT_S");
   EXPECT_EQ(make_single_communicator()->default_timeout(), std::chrono::seconds(300));
   auto sub = comm().split(0, comm().rank());  // inherits the parent's (the test main sets 30 s)
   EXPECT_EQ(sub->default_timeout(), comm().default_timeout());
@@ -466,4 +466,4 @@ TEST(CommNegativeControl, ComparisonsCanFail) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -1,9 +1,9 @@
 // Timeout: the last rank posts its part of an all_reduce only after the others' deadline (1 s).
-// The others must get dmuon::Error naming their rank, the collective and the label, no earlier
+// The others must get meshmuon::Error naming their rank, the collective and the label, no earlier
 // than the deadline and without hanging; new collectives must then be refused. The late rank then
 // posts, the timed-out Works complete, and every rank finalizes cleanly: exit 0 only if every rank
 // saw what it should. With --abort the late rank never posts; after the same checks rank 0 ends the
-// job with dmuon::abort_all(42) (the CLI's path), which CTest expects to see in mpirun's output.
+// job with meshmuon::abort_all(42) (the CLI's path), which CTest expects to see in mpirun's output.
 // With --p2p the same story for point-to-point: the late rank's group of sends comes late; rank 0
 // waits on a group holding its recv, the others on a plain recv.
 // Run: mpirun -n 3 --oversubscribe build/bin/comm_timeout_test [--abort | --p2p]
@@ -14,8 +14,8 @@
 #include <string>
 #include <thread>
 
-#include "dmuon/comm.h"
-#include "dmuon/error.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/error.h"
 
 namespace {
 
@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   using namespace std::chrono;
   const bool abort_mode = argc > 1 && std::string(argv[1]) == "--abort";
   const bool p2p = argc > 1 && std::string(argv[1]) == "--p2p";
-  auto comm = dmuon::make_mpi_communicator();
+  auto comm = meshmuon::make_mpi_communicator();
   const int rank = comm->rank(), size = comm->size(), late = size - 1;
   // The ranks that wait, made before anything breaks: they agree on the verdict in --abort mode.
   MPI_Comm waiters = MPI_COMM_NULL;
@@ -45,8 +45,8 @@ int main(int argc, char** argv) {
   const float want = static_cast<float>(p2p ? size : size * (size + 1) / 2);  // p2p: the late rank's rank + 1
   const std::string op = !p2p ? "all_reduce" : rank == 0 ? "group" : "recv";
   const std::string label = p2p ? "halo" : "chunk 3 gather";
-  auto post = [&]() -> dmuon::Work {
-    if (!p2p) return comm->all_reduce(in, out, dmuon::ReduceOp::Sum, label);
+  auto post = [&]() -> meshmuon::Work {
+    if (!p2p) return comm->all_reduce(in, out, meshmuon::ReduceOp::Sum, label);
     if (size == 1 || rank == late || rank == 0) {
       comm->group_begin();
       if (rank == late)  // size 1: a self-exchange that completes at once
@@ -61,15 +61,15 @@ int main(int argc, char** argv) {
   if (rank == late && size > 1) {
     if (abort_mode) std::this_thread::sleep_for(seconds(100));  // never answers; ended by the abort
     std::this_thread::sleep_for(late_by);  // stops answering past everyone's deadline
-    dmuon::Work w = post();
+    meshmuon::Work w = post();
     w.wait(seconds(60));
   } else {
     const auto start = steady_clock::now();
-    dmuon::Work w = post();
+    meshmuon::Work w = post();
     std::string message;
     try {
       w.wait(deadline);
-    } catch (const dmuon::Error& e) {
+    } catch (const meshmuon::Error& e) {
       message = e.what();
     }
     const auto waited = steady_clock::now() - start;
@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
       std::string refused;
       try {
         comm->barrier("after timeout").wait();
-      } catch (const dmuon::Error& e) {
+      } catch (const meshmuon::Error& e) {
         refused = e.what();
       }
       check(contains(refused, "cannot post barrier 'after timeout'"), rank, "new collective refused: " + refused);
@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
         MPI_Allreduce(&local, &total, 1, MPI_INT, MPI_SUM, waiters);
         if (rank == 0) {
           std::printf("comm_timeout_test --abort: %d failure(s); ending the job\n", total);
-          dmuon::abort_all(total == 0 ? 42 : 1);
+          meshmuon::abort_all(total == 0 ? 42 : 1);
         }
         std::this_thread::sleep_for(seconds(100));  // ended by rank 0's abort
       }

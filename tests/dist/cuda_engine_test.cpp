@@ -1,4 +1,4 @@
-// dmuon::Optimizer on the cuda backend (OptimizerOptions::device "cuda") over the mpi communicator,
+// meshmuon::Optimizer on the cuda backend (OptimizerOptions::device "cuda") over the mpi communicator,
 // the ranks sharing one GPU through pinned staging, against LocalOptimizer on the same GPU in each
 // process (the single-process run): parameters and every state tensor BITWISE equal on each rank's
 // local box, for every mesh of shard_parallels() × strategy (auto, owner_a2a, allgather, agrs) ×
@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "dmuon/bf16.h"
-#include "dmuon/local_optimizer.h"
-#include "dmuon/optimizer.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/local_optimizer.h"
+#include "meshmuon/optimizer.h"
 #include "optimizer_fixture.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 bool have_device(std::string* why) {
@@ -174,4 +174,4 @@ TEST(CudaEngineDist, BitwiseEqualsOneProcessOnTheSameGpu) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

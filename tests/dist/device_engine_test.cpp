@@ -1,4 +1,4 @@
-// dmuon::Optimizer on the fake device backend (tests/support/fake_device.h: device memory the host
+// meshmuon::Optimizer on the fake device backend (tests/support/fake_device.h: device memory the host
 // cannot touch) over the mpi communicator staging that memory through the backend's memory space:
 // parameters and every state tensor BITWISE equal to the same run on the cpu backend over the plain
 // communicator, for several meshes (dp_shard = FSDP-style sharding, tp, ep, their mixes), fp32 and
@@ -14,7 +14,7 @@
 
 #include "fake_device_job.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 struct DeviceRun {
@@ -173,7 +173,7 @@ TEST(DeviceEngineDist, MismatchedDeviceOnOneRankFailsEveryRank) {
 }
 
 // A device fault on one rank before the step (its non-finite scan meets it: a fault of queued work,
-// which may be the previous step's tail) fails every rank with dmuon::Error, not the
+// which may be the previous step's tail) fails every rank with meshmuon::Error, not the
 // std::invalid_argument of rejected inputs (was: the fault read as bad inputs, and the other
 // ranks blamed that rank's inputs); nothing is modified, and the next step runs.
 TEST(DeviceEngineDist, DeviceFaultOnOneRankIsARuntimeErrorOnEveryRank) {
@@ -187,9 +187,9 @@ TEST(DeviceEngineDist, DeviceFaultOnOneRankIsARuntimeErrorOnEveryRank) {
   } catch (const std::invalid_argument& e) {
     error = e.what(), kind = "invalid_argument";
   } catch (const Error& e) {
-    error = e.what(), kind = "dmuon::Error";
+    error = e.what(), kind = "meshmuon::Error";
   }
-  EXPECT_EQ(kind, "dmuon::Error") << error;
+  EXPECT_EQ(kind, "meshmuon::Error") << error;
   if (comm().rank() == last)
     EXPECT_NE(error.find("an injected device fault"), std::string::npos) << error;
   else
@@ -242,4 +242,4 @@ TEST(DeviceEngineDist, DeviceErrorOnOneRankFailsEveryRank) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

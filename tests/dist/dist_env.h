@@ -3,9 +3,9 @@
 
 #include <string_view>
 
-#include "dmuon/comm.h"
+#include "meshmuon/comm.h"
 
-namespace dmuon::test {
+namespace meshmuon::test {
 Communicator& comm();                  // world communicator of the backend under test
-std::string_view expected_backend();   // DMUON_TEST_BACKEND, "mpi" by default
-}  // namespace dmuon::test
+std::string_view expected_backend();   // MESHMUON_TEST_BACKEND, "mpi" by default
+}  // namespace meshmuon::test

@@ -1,12 +1,12 @@
-// GoogleTest main for tests/dist: makes the communicator under test once (DMUON_TEST_BACKEND=mpi,
+// GoogleTest main for tests/dist: makes the communicator under test once (MESHMUON_TEST_BACKEND=mpi,
 // the default, or single), prints failures from every rank (full output from rank 0 only), and
 // after EVERY test agrees across ranks on whether it failed anywhere. A test that failed on one rank
 // fails on all, rank 0 names the ranks and their first messages (the cause first, the timeouts it
 // caused after), and the remaining tests are skipped on every rank: a rank that threw leaves the
 // others' collectives to time out, after which the communicators are unusable and every later test
 // would fail for that reason only, burying the cause. The agreement runs on an MPI communicator of
-// its own (raw MPI: dmuon refuses every collective after a timeout, by design), duplicated before
-// any test, so a test that broke dmuon's communicators cannot break it.
+// its own (raw MPI: meshmuon refuses every collective after a timeout, by design), duplicated before
+// any test, so a test that broke meshmuon's communicators cannot break it.
 #include <gtest/gtest.h>
 #define OMPI_SKIP_MPICXX 1  // the C API only
 #include <mpi.h>
@@ -25,7 +25,7 @@
 
 namespace {
 
-std::unique_ptr<dmuon::Communicator> g_comm;
+std::unique_ptr<meshmuon::Communicator> g_comm;
 
 // The agreements after each test and the final one: a duplicate of MPI_COMM_WORLD (or this process
 // alone on the single backend), every wait bounded.
@@ -112,7 +112,7 @@ class VerdictAgreement : public ::testing::EmptyTestEventListener {
     if (!g_verdict->all_gather(mine.data(), all.data(), static_cast<int>(kMessageBytes), 120)) {
       std::fprintf(stderr, "[rank %d] no verdict on %s.%s: a rank did not answer within 120 s\n", rank_,
                    info.test_suite_name(), info.name());
-      dmuon::abort_all(1);  // a rank is gone or stuck: nothing more to learn from this job
+      meshmuon::abort_all(1);  // a rank is gone or stuck: nothing more to learn from this job
     }
     std::vector<int> bad, timeouts;
     for (int r = 0; r < n; ++r) {
@@ -146,28 +146,28 @@ class VerdictAgreement : public ::testing::EmptyTestEventListener {
 
 }  // namespace
 
-namespace dmuon::test {
+namespace meshmuon::test {
 Communicator& comm() { return *g_comm; }
 std::string_view expected_backend() {
-  const char* b = std::getenv("DMUON_TEST_BACKEND");
+  const char* b = std::getenv("MESHMUON_TEST_BACKEND");
   const std::string_view name = b != nullptr && *b != '\0' ? std::string_view(b) : std::string_view("mpi");
   return name == "mpi-staged" ? std::string_view("mpi") : name;
 }
-}  // namespace dmuon::test
+}  // namespace meshmuon::test
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   GTEST_FLAG_SET(fail_fast, true);  // with VerdictAgreement: a failure anywhere stops every rank
   // mpi-staged: the mpi backend with every buffer treated as device memory and a 4 KiB chunk,
   // so the whole suite runs through the staged path (src/comm/mpi/mpi_staging.h).
-  const char* requested = std::getenv("DMUON_TEST_BACKEND");
+  const char* requested = std::getenv("MESHMUON_TEST_BACKEND");
   if (requested != nullptr && std::string_view(requested) == "mpi-staged") {
-    dmuon::detail::StagingOptions staging;
+    meshmuon::detail::StagingOptions staging;
     staging.chunk_bytes = 4096;
     staging.pool_bytes = 16384;
-    g_comm = dmuon::make_mpi_communicator(std::make_shared<dmuon::test::AllDeviceSpace>(), staging);
+    g_comm = meshmuon::make_mpi_communicator(std::make_shared<meshmuon::test::AllDeviceSpace>(), staging);
   } else {
-    g_comm = dmuon::make_communicator(dmuon::test::expected_backend());
+    g_comm = meshmuon::make_communicator(meshmuon::test::expected_backend());
   }
   g_verdict = std::make_unique<VerdictChannel>();
   g_comm->set_default_timeout(std::chrono::seconds(30));  // a mismatch fails fast, well inside CTest's limit
@@ -181,7 +181,7 @@ int main(int argc, char** argv) {
   int32_t failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   if (!g_verdict->any(failed, 120)) {
     std::fprintf(stderr, "[rank %d] no final verdict: a rank did not answer within 120 s\n", rank);
-    dmuon::abort_all(1);  // a broken job cannot finalize cleanly
+    meshmuon::abort_all(1);  // a broken job cannot finalize cleanly
   }
   if (rank == 0 && failed) std::fprintf(stderr, "dist tests FAILED on at least one rank\n");
   g_comm.reset();

@@ -1,5 +1,5 @@
 # Runs CMD (a ;-list) and fails unless it exits with EXPECT. For jobs that must end through
-# dmuon::abort_all: mpirun returns the code given to MPI_Abort.
+# meshmuon::abort_all: mpirun returns the code given to MPI_Abort.
 # Use: cmake -DCMD="mpiexec;-n;3;prog" -DEXPECT=42 -P expect_exit_code.cmake
 execute_process(COMMAND ${CMD} RESULT_VARIABLE rc)
 if(NOT rc STREQUAL "${EXPECT}")

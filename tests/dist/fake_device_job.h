@@ -13,7 +13,7 @@
 #include "backend/select.h"
 #include "optimizer_fixture.h"
 
-namespace dmuon::test {
+namespace meshmuon::test {
 
 struct DeviceJob {
   explicit DeviceJob(bool fake) {
@@ -33,4 +33,4 @@ struct DeviceJob {
   std::optional<detail::ScopedEngineDevice> inject;
 };
 
-}  // namespace dmuon::test
+}  // namespace meshmuon::test

@@ -1,8 +1,8 @@
 // The "rank that stops answering" harness of the timeout tests (optimizer, fsdp): every rank calls
 // late_rank_test after its warm-up; the last rank then stops answering (sleeps until the abort), the
-// others run `stalled` (a collective the late rank never joins) and must get a dmuon::Error that
+// others run `stalled` (a collective the late rank never joins) and must get a meshmuon::Error that
 // contains every string of `wants` within 10 s (no hang); they agree on the verdict and rank 0 ends
-// the job with dmuon::abort_all(42) on success, 1 on failure (CTest expects 42).
+// the job with meshmuon::abort_all(42) on success, 1 on failure (CTest expects 42).
 #pragma once
 
 #include <mpi.h>
@@ -15,10 +15,10 @@
 #include <thread>
 #include <vector>
 
-#include "dmuon/comm.h"
-#include "dmuon/error.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::test {
+namespace meshmuon::test {
 
 [[noreturn]] inline void late_rank_test(const char* name, int rank, int size, const std::function<void()>& stalled,
                                         const std::vector<std::string>& wants) {
@@ -35,7 +35,7 @@ namespace dmuon::test {
   std::string msg;
   try {
     stalled();
-  } catch (const dmuon::Error& e) {
+  } catch (const meshmuon::Error& e) {
     msg = e.what();
   }
   const double waited = duration<double>(steady_clock::now() - start).count();
@@ -53,10 +53,10 @@ namespace dmuon::test {
   if (rank == 0) {
     std::printf("%s: %d failure(s); '%s' after %.2f s; ending the job\n", name, total, msg.c_str(), waited);
     std::fflush(stdout);
-    dmuon::abort_all(total == 0 ? 42 : 1);
+    meshmuon::abort_all(total == 0 ? 42 : 1);
   }
   std::this_thread::sleep_for(seconds(100));  // rank 0's abort ends every rank
   std::_Exit(1);
 }
 
-}  // namespace dmuon::test
+}  // namespace meshmuon::test

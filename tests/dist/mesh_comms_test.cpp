@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "dist_env.h"
-#include "dmuon/error.h"
-#include "dmuon/mesh_comms.h"
+#include "meshmuon/error.h"
+#include "meshmuon/mesh_comms.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 using test::comm;
@@ -86,7 +86,7 @@ TEST(MeshComms, MisuseThrows) {
   mc.world().barrier("nothing left posted").wait();
 }
 
-// Ranks asking for different keys get dmuon::Error on every rank, and nothing is made.
+// Ranks asking for different keys get meshmuon::Error on every rank, and nothing is made.
 TEST(MeshComms, RanksAskingForDifferentKeysAllFail) {
   MeshCommunicators mc(own_world());
   if (mc.world().size() == 1) GTEST_SKIP() << "needs two ranks to disagree";
@@ -97,4 +97,4 @@ TEST(MeshComms, RanksAskingForDifferentKeysAllFail) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

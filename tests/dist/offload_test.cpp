@@ -17,11 +17,11 @@
 #include <unistd.h>
 #include <vector>
 
-#include "dmuon/checkpoint.h"
-#include "dmuon/update.h"
+#include "meshmuon/checkpoint.h"
+#include "meshmuon/update.h"
 #include "optimizer_fixture.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 constexpr uint64_t kAlign = 256;  // state_offload.cpp lays each tensor on a 256-byte boundary
@@ -201,7 +201,7 @@ TEST(StateOffload, CheckpointSaveLoadContinuesBitwise) {
   comm().all_gather(InBuffer(&pid, CommType::U64, 1), OutBuffer(pids.data(), CommType::U64, pids.size()), "pid").wait();
   pid0 = pids[0];
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("dmuon-offload-ckpt-" + std::to_string(pid0) + "-" + std::to_string(comm().size()));
+                                    ("meshmuon-offload-ckpt-" + std::to_string(pid0) + "-" + std::to_string(comm().size()));
   const auto make = [&](bool offload) {
     OptimizerOptions o = options_for({"", "auto", DType::F32});
     o.offload_state = offload;
@@ -260,4 +260,4 @@ TEST(StateOffload, CheckpointSaveLoadContinuesBitwise) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

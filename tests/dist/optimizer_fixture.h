@@ -1,4 +1,4 @@
-// Shared by the dmuon::Optimizer dist tests: the test model (uneven and degenerate shapes, a QK
+// Shared by the meshmuon::Optimizer dist tests: the test model (uneven and degenerate shapes, a QK
 // pair, an expert stack, an AdamW bias), its groups, deterministic values and helpers.
 #pragma once
 
@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "dist_env.h"
-#include "dmuon/bf16.h"
-#include "dmuon/local_optimizer.h"
-#include "dmuon/optimizer.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/local_optimizer.h"
+#include "meshmuon/optimizer.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 using test::comm;
@@ -151,4 +151,4 @@ struct LocalShards {
 };
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -1,4 +1,4 @@
-// dmuon::Optimizer against the single-process LocalOptimizer: for every strategy × mesh (FSDP, HSDP,
+// meshmuon::Optimizer against the single-process LocalOptimizer: for every strategy × mesh (FSDP, HSDP,
 // FSDP×TP with StridedShard, EP with experts whole and split) × comm dtype, parameters and state after
 // 3 steps must be BITWISE equal on each rank's local box; measured bytes must equal the plan's
 // prediction; fingerprint mismatches and non-finite gradients must be decided alike on every rank.
@@ -17,12 +17,12 @@
 
 #include "optimizer_fixture.h"
 #include "kernels/cpu/bf16_matmul.h"
-#include "dmuon/bf16.h"
-#include "dmuon/error.h"
-#include "dmuon/local_optimizer.h"
-#include "dmuon/optimizer.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/error.h"
+#include "meshmuon/local_optimizer.h"
+#include "meshmuon/optimizer.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 // Number of elements whose bits differ.
@@ -133,7 +133,7 @@ Outcome run_and_compare(const RunConfig& c, bool negative_control = false) {
     out.diffs += d;
   }
   for (const PlanEntry& e : opt.plan().entries()) out.used.push_back(e.strategy);
-  if (std::getenv("DMUON_TEST_VERBOSE") && r == 0) {
+  if (std::getenv("MESHMUON_TEST_VERBOSE") && r == 0) {
     std::string u;
     for (const PlanEntry& e : opt.plan().entries()) u += " " + std::string(to_string(e.strategy));
     for (const PlanEntry& e : opt.plan().entries()) u += e.replica_split ? "+split" : "";
@@ -244,7 +244,7 @@ TEST(OptimizerGram, WithinTolerance) {
 // gram_allreduce orthogonalizes matrices that stay sharded: it refuses MuonEq and Muon+ at
 // construction, on every rank alike, naming the parameter and the option (negative control: the
 // same groups without them construct).
-TEST(OptimizerGram, RefusesMuonEqAndMuonPlus) {
+TEST(OptimizerGram, RefusesMuonEqOrMuonPlus) {
   if (comm().size() < 2) GTEST_SKIP() << "one rank: nothing is sharded, the plan has no gram_allreduce entry";
   const std::string par = "dp_shard=" + std::to_string(comm().size());
   const Inventory inv = make_inventory(par);
@@ -399,9 +399,9 @@ TEST(OptimizerSafety, BadLocalShapeRejectedOnEveryRank) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 // Mesh communicators owned outside: two optimizers (and anything else) share the sub-communicators
@@ -457,4 +457,4 @@ TEST(OptimizerBitwise, ComputeStreamsDoNotChangeAnyBit) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -4,7 +4,7 @@
 // over the plain communicator, at 1-4 ranks. Covered: FSDP and HSDP meshes, uneven and empty shards,
 // fp32 / bf16 param and reduce dtypes, mean / sum / divisor, bucket sizes 0, 1 and in between, both
 // unshard paths (direct landing and the all_gather_v), unshard_into and reduce_grads_from with
-// device tensors (fp32, bf16, none), and ShardedParams + its dmuon::Optimizer on the same device.
+// device tensors (fp32, bf16, none), and ShardedParams + its meshmuon::Optimizer on the same device.
 // (The cpu run itself is checked against the documented order by sharded_params_test.cpp.)
 //   mpirun -n 4 --oversubscribe build/bin/fsdp_test --gtest_filter='ShardedParamsDevice*'
 #include <gtest/gtest.h>
@@ -16,12 +16,12 @@
 #include <string>
 #include <vector>
 
-#include "dmuon/bf16.h"
-#include "dmuon/sharded_params.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/sharded_params.h"
 #include "fake_device_job.h"
 #include "sharded_params_fixture.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 // Values over many binades (sums depend on their order), differing per rank, parameter, element, tag.
@@ -257,4 +257,4 @@ TEST(ShardedParamsDevice, RanksOnDifferentBackendsAreRefusedEverywhere) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

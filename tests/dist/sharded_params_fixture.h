@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "dmuon/inventory.h"
+#include "meshmuon/inventory.h"
 #include "optimizer_fixture.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 ParamSpec spec(std::string name, Shape shape, Role role = Role::Muon, bool expert = false) {
@@ -35,4 +35,4 @@ std::vector<std::string> meshes() {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

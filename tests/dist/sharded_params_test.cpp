@@ -1,7 +1,7 @@
 // ShardedParams (FSDP / HSDP) at 1-4 ranks: unshard bitwise equal to the full tensors every rank
 // can compute; reduce_grads bitwise equal to a reference that recomputes every rank's full gradient
 // and sums it in the documented order with the documented roundings (a reference in another order
-// must differ: the test can fail); errors; and ShardedParams + dmuon::Optimizer vs LocalOptimizer.
+// must differ: the test can fail); errors; and ShardedParams + meshmuon::Optimizer vs LocalOptimizer.
 //   mpirun -n 4 --oversubscribe build/bin/fsdp_test
 #include <gtest/gtest.h>
 
@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "dmuon/bf16.h"
-#include "dmuon/error.h"
-#include "dmuon/sharded_params.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/error.h"
+#include "meshmuon/sharded_params.h"
 #include "sharded_params_fixture.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 // A fresh set per object (its sub-communicators are made on first use, collectively).
@@ -571,7 +571,7 @@ TEST(ShardedParams, RanksThatDisagreeThrowTheSameError) {
   sp.unshard();
 }
 
-// ShardedParams + dmuon::Optimizer over the same MeshCommunicators: 3 steps (unshard, backward into
+// ShardedParams + meshmuon::Optimizer over the same MeshCommunicators: 3 steps (unshard, backward into
 // full_grad, reduce_grads, step on params()/grads()) equal LocalOptimizer on the full tensors with
 // the reference-reduced gradients, bitwise, and the next unshard gives the updated full tensors.
 TEST(ShardedParams, WithOptimizerMatchesLocalOptimizer) {
@@ -638,4 +638,4 @@ TEST(ShardedParams, WithOptimizerMatchesLocalOptimizer) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

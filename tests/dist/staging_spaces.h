@@ -4,7 +4,7 @@
 //   copies. MPI touching a device pointer directly faults (or fails), so a passing test proves every
 //   device byte went through staging.
 // - AllDeviceSpace: every pointer counts as device memory (copies are memcpy), so the whole
-//   Communicator suite runs through the staged path (DMUON_TEST_BACKEND=mpi-staged).
+//   Communicator suite runs through the staged path (MESHMUON_TEST_BACKEND=mpi-staged).
 // Both count copies and pinned memory (outstanding and peak) so tests can check the pool's bound.
 #pragma once
 
@@ -17,7 +17,7 @@
 #include "../support/fake_device.h"
 #include "comm/staging.h"
 
-namespace dmuon::test {
+namespace meshmuon::test {
 
 class CountingSpace : public detail::MemorySpace {
  public:
@@ -86,4 +86,4 @@ class CountingFakeDeviceSpace final : public CountingSpace {
   FakeDeviceMemory mem_;
 };
 
-}  // namespace dmuon::test
+}  // namespace meshmuon::test

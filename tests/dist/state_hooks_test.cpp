@@ -10,7 +10,7 @@
 
 #include "optimizer_fixture.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 struct Recorder {
@@ -70,4 +70,4 @@ TEST(StateHooks, LocalOptimizerAcquiresEachParameterOnceOnAnyThread) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -1,4 +1,4 @@
-// Per-step agreement of dmuon::Optimizer (issue 10): a rank whose gradients are missing, a
+// Per-step agreement of meshmuon::Optimizer (issue 10): a rank whose gradients are missing, a
 // hyperparameter, policy, step count or QK logits that differ between ranks must raise the same
 // error on every rank, naming the difference and the ranks on each side, with nothing modified;
 // identical inputs (the negative control) step normally.
@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 #include "optimizer_fixture.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 // One optimizer on FSDP over the world, with its local buffers (params 1.0, grads 0.5).
@@ -28,7 +28,7 @@ struct Rig : Planned, LocalShards {
   explicit Rig(OptimizerOptions o = options_for({"", "auto", DType::F32}))
       : Planned(o), LocalShards(opt, inv.params.size()) {}
 
-  // Steps; returns the dmuon::Error message ("" when none) and checks nothing was modified on error.
+  // Steps; returns the meshmuon::Error message ("" when none) and checks nothing was modified on error.
   std::string step() {
     const auto before_w = w;
     std::vector<std::vector<float>> before_state;
@@ -152,4 +152,4 @@ TEST(StepAgreement, AbsentEverywhereLeavesTheParameterUntouched) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

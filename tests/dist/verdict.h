@@ -8,9 +8,9 @@
 #include <exception>
 #include <string>
 
-#include "dmuon/comm.h"
+#include "meshmuon/comm.h"
 
-namespace dmuon::test {
+namespace meshmuon::test {
 
 // Returns the process exit code: 0 when no rank failed, 1 otherwise. Rank 0 prints "<what>: ok|FAILED".
 inline int agree_verdict(Communicator& comm, int failures, const std::string& what) {
@@ -25,4 +25,4 @@ inline int agree_verdict(Communicator& comm, int failures, const std::string& wh
   return failed ? 1 : 0;
 }
 
-}  // namespace dmuon::test
+}  // namespace meshmuon::test

@@ -1,14 +1,14 @@
-# pytest setup for the Python package tests: they exercise the INSTALLED `dmuon` (pip install .),
-# never the source folder python/dmuon. Run: make test, or `python -m pytest tests/python -q`.
+# pytest setup for the Python package tests: they exercise the INSTALLED `meshmuon` (pip install .),
+# never the source folder python/meshmuon. Run: make test, or `python -m pytest tests/python -q`.
 import os
 
 import pytest
 
-import dmuon
+import meshmuon
 
-_SOURCE = os.path.join(os.path.dirname(__file__), "..", "..", "python", "dmuon")
-if os.path.realpath(os.path.dirname(dmuon.__file__)) == os.path.realpath(_SOURCE):
-    raise RuntimeError("tests/python imported dmuon from the source tree, which has no _core; "
+_SOURCE = os.path.join(os.path.dirname(__file__), "..", "..", "python", "meshmuon")
+if os.path.realpath(os.path.dirname(meshmuon.__file__)) == os.path.realpath(_SOURCE):
+    raise RuntimeError("tests/python imported meshmuon from the source tree, which has no _core; "
                        "pip install . and run pytest outside python/")
 
 

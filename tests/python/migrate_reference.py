@@ -1,7 +1,7 @@
-# The Muon update of each peer that dmuon.torch.migrate translates, written here in float64 from the
+# The Muon update of each peer that meshmuon.torch.migrate translates, written here in float64 from the
 # peers' code (nanochat optim.py muon_step_fused, Motif muon.py base(), Dion muon.py
-# muon_update_*, torch.optim.Muon), NOT from dmuon's mapping: test_migrate_numerics.py checks that
-# dmuon, given the translated groups, takes these steps. One matrix at a time.
+# muon_update_*, torch.optim.Muon), NOT from meshmuon's mapping: test_migrate_numerics.py checks that
+# meshmuon, given the translated groups, takes these steps. One matrix at a time.
 import math
 
 import torch

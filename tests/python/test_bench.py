@@ -1,4 +1,4 @@
-# `python -m dmuon.bench compare-torch --json` runs and reports its fields (a tiny model here; the
+# `python -m meshmuon.bench compare-torch --json` runs and reports its fields (a tiny model here; the
 # real figures come from the default GPT-2 small run, see docs/python.md). No timing is asserted.
 # --device cuda: the same on the GPU (skipped without one), and a clear exit without one.
 import json
@@ -12,7 +12,7 @@ CUDA = torch.cuda.is_available()
 
 
 def compare_torch(*extra):
-    return subprocess.run([sys.executable, "-m", "dmuon.bench", "compare-torch", "--json",
+    return subprocess.run([sys.executable, "-m", "meshmuon.bench", "compare-torch", "--json",
                            "--layers", "1", "--d", "32", "--repeat", "0", *extra],
                           capture_output=True, text=True, cwd="/")
 
@@ -23,8 +23,8 @@ def test_compare_torch_json_smoke(device):
     proc = compare_torch("--device", device)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
-    for key in ("dmuon_step_seconds", "torch_step_seconds", "speedup", "max_rel_diff",
-                "dmuon_fp32_step_seconds", "dmuon_bf16_step_seconds", "max_rel_diff_fp32",
+    for key in ("meshmuon_step_seconds", "torch_step_seconds", "speedup", "max_rel_diff",
+                "meshmuon_fp32_step_seconds", "meshmuon_bf16_step_seconds", "max_rel_diff_fp32",
                 "max_rel_diff_bf16", "torch_bf16_over_fp32_matmul"):
         assert result[key] > 0, key
     assert result["matrices"] == 4 and result["max_rel_diff"] < 0.05

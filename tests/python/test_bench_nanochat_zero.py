@@ -1,5 +1,5 @@
 # bench/nanochat_zero.py under torchrun (2 ranks, gloo) for three steps: it reports its fields, and
-# dmuon.torch.Muon(**from_nanochat(groups), zero=True, reduce_grads="mean") trains the nanochat-shaped
+# meshmuon.torch.Muon(**from_nanochat(groups), zero=True, reduce_grads="mean") trains the nanochat-shaped
 # model like the bench's nanochat-style ZeRO-2 reference: parameters equal to 1e-3 (measured 1.2e-4:
 # lr·wd·|p| where the cautious mask flips on a product that rounds differently, the two reduce the
 # gradients in different orders; elsewhere 1e-7). Negative control: --control gives the reference
@@ -28,11 +28,11 @@ def bench(*extra):
 def test_nanochat_zero_bench_matches_its_reference(control):
     result = bench(*(["--control"] if control else []))
     assert result["world"] == 2 and result["steps"] == 3
-    assert result["dmuon_step_median_s"] > 0 and result["nanochat_zero2_step_median_s"] > 0
-    assert result["dmuon_phases_last_step"]["engine"] == "zero"
-    assert result["dmuon_phases_last_step"]["bytes_sent"] > 0
-    assert result["dmuon_gram_step_median_s"] > 0  # dmuon's second run: Gram Newton-Schulz
-    assert result["dmuon_gram_phases_last_step"]["engine"] == "zero"
+    assert result["meshmuon_step_median_s"] > 0 and result["nanochat_zero2_step_median_s"] > 0
+    assert result["meshmuon_phases_last_step"]["engine"] == "zero"
+    assert result["meshmuon_phases_last_step"]["bytes_sent"] > 0
+    assert result["meshmuon_gram_step_median_s"] > 0  # meshmuon's second run: Gram Newton-Schulz
+    assert result["meshmuon_gram_phases_last_step"]["engine"] == "zero"
     for key in ("param_max_abs_diff", "param_max_abs_diff_gram"):
         if control:
             assert result[key] > 1e-2, key

@@ -6,13 +6,13 @@ import math
 import pytest
 import torch
 
-import dmuon
-import dmuon.torch as dt
+import meshmuon
+import meshmuon.torch as dt
 from tolerances import per_step_bound
 
 STEPS, LR = 10, 0.02
 # Both optimizers round the Newton-Schulz operands to bf16 (unit roundoff u = 2^-8), each with its own
-# error, so over T steps |p_dmuon - p_torch| <= T * lr_adj * beta, lr_adj = lr * sqrt(max(1, A/B)),
+# error, so over T steps |p_meshmuon - p_torch| <= T * lr_adj * beta, lr_adj = lr * sqrt(max(1, A/B)),
 # beta = 2^-4 for these dense inputs with min(m, n) >= 34 and 2 B(m, n) for any input
 # (docs/python.md, tolerances.py; per step and per shape class in test_tolerances.py).
 SHAPES = [(300, 140), (140, 300), (200, 200), (5, 70)]  # past one 128-row block of the products
@@ -68,7 +68,7 @@ def test_threads_do_not_change_any_bit(matmul):
 
 
 def test_step_leaves_the_torch_thread_count_alone():
-    # oneDNN and PyTorch's CPU wheel may share one OpenMP runtime: dmuon restores its thread count.
+    # oneDNN and PyTorch's CPU wheel may share one OpenMP runtime: meshmuon restores its thread count.
     before = torch.get_num_threads()
     p0, grads = fixed_problem(2)
     run(lambda ps: dt.Muon(ps, lr=LR, ns_matmul_dtype="bf16", threads=2), p0, grads[:1])

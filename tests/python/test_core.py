@@ -7,11 +7,11 @@ import sys
 import pytest
 import torch
 
-import dmuon
+import meshmuon
 
 
 def test_blas_core_ok_after_torch_and_numpy_in_a_fresh_interpreter():
-    code = ("import torch, numpy, dmuon; i = dmuon.blas_info(); "
+    code = ("import torch, numpy, meshmuon; i = meshmuon.blas_info(); "
             "print(i['core_ok'], i['corename'], i['recommended'])")
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -23,7 +23,7 @@ def test_blas_core_ok_after_torch_and_numpy_in_a_fresh_interpreter():
 
 def test_blas_core_check_can_fail():
     # Negative control: forcing a generic core is reported as not ok on a CPU with a recommendation.
-    code = "import dmuon; i = dmuon.blas_info(); print(i['core_ok'], i['recommended'] or '-')"
+    code = "import meshmuon; i = meshmuon.blas_info(); print(i['core_ok'], i['recommended'] or '-')"
     env = dict(os.environ, OPENBLAS_CORETYPE="Prescott")
     ok, recommended = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                                      text=True, check=True).stdout.split()
@@ -33,21 +33,21 @@ def test_blas_core_check_can_fail():
 
 
 def test_errors_cross_as_python_exceptions_with_messages():
-    assert issubclass(dmuon.DmuonError, RuntimeError)
-    ns = dmuon.NsOptions()
+    assert issubclass(meshmuon.MeshmuonError, RuntimeError)
+    ns = meshmuon.NsOptions()
     with pytest.raises(ValueError, match=r"\[orth\] unknown schedule 'bogus'"):
         ns.schedule = "bogus"
-    g = dmuon.GroupOptions()
+    g = meshmuon.GroupOptions()
     g.momentum = 1.5
     with pytest.raises(ValueError, match="momentum 1.5 is outside"):
         g.validate(3)
-    info = dmuon.ParamInfo()
+    info = meshmuon.ParamInfo()
     info.name, info.shape = "w", [4, 4]
-    group = dmuon.ParamGroup()
+    group = meshmuon.ParamGroup()
     group.params = [0]
-    opt = dmuon.LocalOptimizer([info], [group])
+    opt = meshmuon.LocalOptimizer([info], [group])
     p, grad = torch.zeros(4, 4), torch.full((4, 4), float("nan"))
-    with pytest.raises(dmuon.DmuonError, match="gradient of parameter 'w' is not finite"):
+    with pytest.raises(meshmuon.MeshmuonError, match="gradient of parameter 'w' is not finite"):
         opt.step([p], [grad])
 
 
@@ -55,21 +55,21 @@ def test_orthogonalizer_is_zero_copy_in_place_and_releases_nothing_else():
     x = torch.randn(16, 40)
     ptr = x.data_ptr()
     before = x.clone()
-    dmuon.Orthogonalizer(dmuon.NsOptions()).run(x, x)
+    meshmuon.Orthogonalizer(meshmuon.NsOptions()).run(x, x)
     assert x.data_ptr() == ptr and not torch.equal(x, before)
     s = torch.linalg.svdvals(x)
     assert 0.5 < s.min() and s.max() < 1.3  # Jordan schedule's band
     with pytest.raises(ValueError, match="fp32"):
         y = torch.randn(4, 4).bfloat16()
-        dmuon.Orthogonalizer(dmuon.NsOptions()).run(y, y)
+        meshmuon.Orthogonalizer(meshmuon.NsOptions()).run(y, y)
 
 
 def test_state_tensors_alias_engine_memory():
-    info = dmuon.ParamInfo()
+    info = meshmuon.ParamInfo()
     info.name, info.shape = "w", [3, 5]
-    group = dmuon.ParamGroup()
+    group = meshmuon.ParamGroup()
     group.params = [0]
-    opt = dmuon.LocalOptimizer([info], [group])
+    opt = meshmuon.LocalOptimizer([info], [group])
     a, b = opt.state(0, "momentum_buffer"), opt.state(0, "momentum_buffer")
     assert isinstance(a, torch.Tensor) and a.shape == (3, 5) and a.data_ptr() == b.data_ptr()
     a.fill_(2.0)
@@ -79,18 +79,18 @@ def test_state_tensors_alias_engine_memory():
 
 
 def test_cli_console_script_runs_the_native_binary():
-    exe = shutil.which("dmuon")
-    assert exe is not None, "the `dmuon` console script is not on PATH"
+    exe = shutil.which("meshmuon")
+    assert exe is not None, "the `meshmuon` console script is not on PATH"
     out = subprocess.run([exe, "info"], capture_output=True, text=True, check=True).stdout
-    assert "dmuon" in out.lower()
-    native = os.path.join(os.path.dirname(dmuon.__file__), "bin", "dmuon")
+    assert "meshmuon" in out.lower()
+    native = os.path.join(os.path.dirname(meshmuon.__file__), "bin", "meshmuon")
     assert os.access(native, os.X_OK)
 
 
 def test_gil_is_released_during_a_step():
     import threading
 
-    import dmuon.torch as dt
+    import meshmuon.torch as dt
 
     w = torch.nn.Parameter(torch.randn(768, 768))
     w.grad = torch.randn(768, 768)

@@ -2,7 +2,7 @@
 # would run them (tests/support/cpu_kind.sh: AVX2-only, where oneDNN has no bf16 matmul and torch's
 # bf16 matmul is ~100x slower than fp32; AVX-512 without bf16, where oneDNN emulates it), so that a
 # machine of one kind sees what the others would fail. Skipped where this CPU lacks a kind's
-# instructions. Each run is a pytest subprocess: the kind must be set before dmuon and torch load.
+# instructions. Each run is a pytest subprocess: the kind must be set before meshmuon and torch load.
 import os
 import subprocess
 import sys
@@ -18,14 +18,14 @@ SUITES = ["test_bf16_products.py", "test_options_surface.py", "test_bench.py"]
 @pytest.mark.parametrize("kind", ["avx2", "avx512"])
 def test_cpu_dependent_suites_pass_as_another_cpu_kind(kind):
     env = dict(os.environ)
-    env.pop("DMUON_BF16_PRODUCTS", None)  # the kind's own choice
+    env.pop("MESHMUON_BF16_PRODUCTS", None)  # the kind's own choice
     proc = subprocess.run(["bash", str(KIND_SH), kind, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            *SUITES], cwd=HERE, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode == 77:
         pytest.skip(proc.stderr.strip())
     assert proc.returncode == 0, f"as a {kind} CPU:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
-    # the run really was another kind: dmuon's bf16 products were not oneDNN's native ones there
+    # the run really was another kind: meshmuon's bf16 products were not oneDNN's native ones there
     probe = subprocess.run(["bash", str(KIND_SH), kind, sys.executable, "-c",
-                            "import dmuon; i = dmuon.cpu_info(); print(i['bf16_products'], i['auto_matmul_dtype'])"],
+                            "import meshmuon; i = meshmuon.cpu_info(); print(i['bf16_products'], i['auto_matmul_dtype'])"],
                            cwd="/", env=env, capture_output=True, text=True, check=True)
     assert probe.stdout.split() == ["widened", "fp32"], probe.stdout

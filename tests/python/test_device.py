@@ -1,4 +1,4 @@
-# Where dmuon.torch runs (dmuon/torch/_device.py; its communicators: _comms.py) and tensors'
+# Where meshmuon.torch runs (meshmuon/torch/_device.py; its communicators: _comms.py) and tensors'
 # devices across the binding.
 # - Everywhere: the engine's device from the parameters (cpu, cuda:N, a clear TypeError for mixed
 #   or unsupported devices, before anything is built), the device communicator's choice (c10d is
@@ -6,7 +6,7 @@
 #   engine as a cuda view and is refused naming the parameter; managed memory is refused by the
 #   binding; host-only functions refuse device arrays), and what a build or machine without CUDA
 #   says when asked for the cuda backend.
-# - On a GPU (skipped without one): dmuon.torch.Muon on CUDA parameters, the local and the ZeRO
+# - On a GPU (skipped without one): meshmuon.torch.Muon on CUDA parameters, the local and the ZeRO
 #   engines, against the same step on the CPU and against torch.optim.Muon on the GPU.
 import ctypes
 import socket
@@ -17,10 +17,10 @@ import types
 import pytest
 import torch
 
-import dmuon
-import dmuon.torch as dt
-from dmuon import _core
-from dmuon.torch import _comms, _device
+import meshmuon
+import meshmuon.torch as dt
+from meshmuon import _core
+from meshmuon.torch import _comms, _device
 
 CUDA = torch.cuda.is_available()
 
@@ -34,19 +34,19 @@ def test_engine_device_from_the_parameters():
     assert _device.engine_device([torch.zeros(2, 2), torch.zeros(3)], ["a", "b"]) == "cpu"
     assert _device.engine_device([], []) == "cpu"
     assert _device.engine_device([fake("cuda:1"), fake("cuda:1")], ["a", "b"]) == "cuda:1"
-    with pytest.raises(TypeError, match=r"parameter 'b' is on cuda:0 but 'a' is on cpu; one dmuon "
+    with pytest.raises(TypeError, match=r"parameter 'b' is on cuda:0 but 'a' is on cpu; one meshmuon "
                                         r"optimizer steps the parameters of one device"):
         _device.engine_device([torch.zeros(2), fake("cuda:0")], ["a", "b"])
     with pytest.raises(TypeError, match=r"parameter 'b' is on cuda:1 but 'a' is on cuda:0"):
         _device.engine_device([fake("cuda:0"), fake("cuda:1")], ["a", "b"])
-    with pytest.raises(TypeError, match=r"parameter 'a' is on meta; dmuon steps CPU and CUDA tensors"):
+    with pytest.raises(TypeError, match=r"parameter 'a' is on meta; meshmuon steps CPU and CUDA tensors"):
         _device.engine_device([torch.zeros(2, device="meta")], ["a"])
     assert _device.default_machine("cpu") == "cpu" and _device.default_machine("cuda:0") == "h100"
 
 
 def test_muon_refuses_an_unsupported_device_before_building():
     w = torch.nn.Parameter(torch.zeros(4, 4, device="meta"))
-    with pytest.raises(TypeError, match=r"parameter 0 is on meta; dmuon steps CPU and CUDA tensors"):
+    with pytest.raises(TypeError, match=r"parameter 0 is on meta; meshmuon steps CPU and CUDA tensors"):
         dt.Muon([w], lr=0.02)
 
 
@@ -62,13 +62,13 @@ def test_process_group_backend_follows_the_machine(monkeypatch):
 
 
 def test_device_communicator_choice(monkeypatch):
-    monkeypatch.delenv("DMUON_COMM", raising=False)
+    monkeypatch.delenv("MESHMUON_COMM", raising=False)
     monkeypatch.delenv("OMPI_COMM_WORLD_SIZE", raising=False)
     assert _comms.device_comm_kind() == "nccl"
     assert _comms.device_comm_kind("nccl") == "nccl"
-    with pytest.raises(ValueError, match=r"c10d communicator \(DMUON_COMM=c10d\) carries host buffers"):
+    with pytest.raises(ValueError, match=r"c10d communicator \(MESHMUON_COMM=c10d\) carries host buffers"):
         _comms.device_comm_kind("c10d")
-    with pytest.raises(ValueError, match=r"communicator 'gloo' \(DMUON_COMM\) is unknown"):
+    with pytest.raises(ValueError, match=r"communicator 'gloo' \(MESHMUON_COMM\) is unknown"):
         _comms.device_comm_kind("gloo")
     with pytest.raises(RuntimeError, match=r"needs a job launched with mpirun"):
         _comms.device_comm_kind("mpi")
@@ -83,7 +83,7 @@ import sys, torch, torch.distributed as dist
 dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:" + sys.argv[1])
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from dmuon.torch import _layouts
+from meshmuon.torch import _layouts
 mesh = DeviceMesh("cuda", [0], _init_backend=False)  # a cuda mesh (no GPU needed to describe one)
 local = torch.arange(6.).reshape(2, 3)
 d = _layouts.wrap_local(local, mesh, [Shard(0)], [2, 3], (3, 1))
@@ -118,15 +118,15 @@ def test_cpu_state_on_a_cuda_mesh_is_wrapped_not_moved():
 def test_cuda_without_a_device_is_a_clear_error():
     for make in (lambda: _core.make_single_communicator("cuda:0"),
                  lambda: _comms.communicator(1, "cuda:0")):
-        with pytest.raises(_core.DmuonError, match=r"\[comm\] make_single_communicator\('cuda:0'\): no "
+        with pytest.raises(_core.MeshmuonError, match=r"\[comm\] make_single_communicator\('cuda:0'\): no "
                                                    r"usable CUDA device"):
             make()
     info = _core.ParamInfo()
     info.name, info.shape = "w", [4, 4]
     group = _core.ParamGroup()
     group.params = [0]
-    with pytest.raises(_core.DmuonError, match=r"\[cuda\]"):
-        dmuon.LocalOptimizer([info], [group], device="cuda")
+    with pytest.raises(_core.MeshmuonError, match=r"\[cuda\]"):
+        meshmuon.LocalOptimizer([info], [group], device="cuda")
 
 
 def test_bad_device_names():
@@ -137,7 +137,7 @@ def test_bad_device_names():
     group = _core.ParamGroup()
     group.params = [0]
     with pytest.raises(ValueError, match=r"option 'device' must be cpu, cuda or cuda:N \(got 'tpu'\)"):
-        dmuon.LocalOptimizer([info], [group], device="tpu")
+        meshmuon.LocalOptimizer([info], [group], device="tpu")
 
 
 def test_communicators_say_whether_they_carry_device_memory():
@@ -213,7 +213,7 @@ def _local_optimizer():
     info.name, info.shape = "w", [4, 4]
     group = _core.ParamGroup()
     group.params = [0]
-    return dmuon.LocalOptimizer([info], [group])
+    return meshmuon.LocalOptimizer([info], [group])
 
 
 def test_a_cuda_array_reaches_the_engine_as_a_device_view():
@@ -234,12 +234,12 @@ def test_pinned_host_arrays_are_cpu_and_other_devices_are_refused():
     # kDLCUDAHost (pinned host memory) is CPU memory: it steps
     assert opt.step([dlpack_array([4, 4], 3, 0)], [torch.ones(4, 4)])
     with pytest.raises(ValueError, match=r"parameter: DLPack device type 13 \(device 0\) is not "
-                                         r"supported; dmuon takes CPU and CUDA tensors"):
+                                         r"supported; meshmuon takes CPU and CUDA tensors"):
         opt.step([dlpack_array([4, 4], 13, 0)], [torch.ones(4, 4)])
 
 
 def test_host_only_functions_refuse_device_arrays():
-    o = dmuon.Orthogonalizer(dmuon.NsOptions())
+    o = meshmuon.Orthogonalizer(meshmuon.NsOptions())
     with pytest.raises(ValueError, match=r"in is on cuda:0; this function runs on the CPU"):
         o.run(dlpack_array([4, 4], 2, 0), torch.zeros(4, 4))
 
@@ -331,11 +331,11 @@ def test_zero_on_one_cuda_rank_matches_the_local_engine():
 def test_the_callers_stream_is_for_device_engines_only():
     """Steps order themselves with the caller's CUDA stream (set_stream); the CPU has none."""
     assert _device.caller_stream("cpu") is None
-    info = dmuon.ParamInfo()
+    info = meshmuon.ParamInfo()
     info.name, info.shape = "w", [4, 4]
-    group = dmuon.ParamGroup()
+    group = meshmuon.ParamGroup()
     group.params = [0]
-    opt = dmuon.LocalOptimizer([info], [group])
+    opt = meshmuon.LocalOptimizer([info], [group])
     assert opt.stream() is None
     opt.set_stream(None)
     with pytest.raises(ValueError, match="set_stream: the optimizer runs on cpu, which has no device streams"):

@@ -1,10 +1,10 @@
-# dmuon.torch.param_groups: Muon for hidden matrices, AdamW for embeddings, LM head, norms, biases,
+# meshmuon.torch.param_groups: Muon for hidden matrices, AdamW for embeddings, LM head, norms, biases,
 # experts as Muon stacks, on a small GPT-like module.
 import pytest
 import torch
 from torch import nn
 
-import dmuon.torch as dt
+import meshmuon.torch as dt
 
 VOCAB, D = 50, 16
 

@@ -1,4 +1,4 @@
-"""The layer order of src/ and python/dmuon (scripts/check_layers.py): the tree keeps it, and the
+"""The layer order of src/ and python/meshmuon (scripts/check_layers.py): the tree keeps it, and the
 check sees a violation when there is one (negative controls on a copy of the tree)."""
 import shutil
 import subprocess
@@ -14,7 +14,7 @@ def run(root: Path) -> subprocess.CompletedProcess:
 
 
 def copy_tree(tmp_path: Path) -> Path:
-    for d in ("src", "include", "python/dmuon"):
+    for d in ("src", "include", "python/meshmuon"):
         shutil.copytree(ROOT / d, tmp_path / d, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     return tmp_path
 
@@ -45,8 +45,8 @@ def test_an_include_cycle_is_found(tmp_path):
 
 def test_an_import_cycle_is_found(tmp_path):
     root = copy_tree(tmp_path)
-    f = root / "python" / "dmuon" / "torch" / "_layouts.py"
+    f = root / "python" / "meshmuon" / "torch" / "_layouts.py"
     f.write_text(f.read_text() + "\nfrom . import _zero  # noqa\n")
     r = run(root)
     assert r.returncode == 1
-    assert "import cycle:" in r.stdout and "dmuon.torch._layouts" in r.stdout
+    assert "import cycle:" in r.stdout and "meshmuon.torch._layouts" in r.stdout

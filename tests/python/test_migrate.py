@@ -1,4 +1,4 @@
-# dmuon.torch.migrate (docs/migration.md): every example in examples/migrate runs (subprocess); each
+# meshmuon.torch.migrate (docs/migration.md): every example in examples/migrate runs (subprocess); each
 # translation maps every key the peer reads and names what it cannot map; foreign group keys are kept
 # (passthrough), aliased (live) or fixed, survive steps and state dicts, and are checked.
 # Numerics against the peers' own rules: test_migrate_numerics.py.
@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-import dmuon.torch as dt
-from dmuon.torch.migrate._common import has_key
+import meshmuon.torch as dt
+from meshmuon.torch.migrate._common import has_key
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "migrate")
 B_KEYS = all(has_key(k) for k in ("muon_eq", "muon_plus", "decay_lr"))
@@ -37,7 +37,7 @@ def test_example_nanochat_loop_approximate():
 
 def test_example_nanochat_loop_exact():
     if not B_KEYS:
-        pytest.skip("this dmuon build lacks muon_eq / muon_plus / decay_lr (issue 31 B); the merge "
+        pytest.skip("this meshmuon build lacks muon_eq / muon_plus / decay_lr (issue 31 B); the merge "
                     "enables this test")
     assert "nanochat_loop: loss" in run_example("nanochat_loop.py")
 
@@ -91,10 +91,10 @@ def test_nanochat_refuses_what_it_cannot_map():
         dt.from_nanochat([groups[0], {k: v for k, v in groups[1].items() if k != "beta2"}], **NO_B)
     with pytest.raises(ValueError, match=r"group 0: kind='lion' is not one of"):
         dt.from_nanochat([dict(groups[0], kind="lion")], **NO_B)
-    with pytest.raises(ValueError, match=r"key 'nesterov' is not read by nanochat but is a dmuon key"):
+    with pytest.raises(ValueError, match=r"key 'nesterov' is not read by nanochat but is a meshmuon key"):
         dt.from_nanochat([groups[0], dict(groups[1], nesterov=False)], **NO_B)
     translated = dt.from_nanochat(groups, **NO_B)["params"]
-    with pytest.raises(ValueError, match=r"group 0: has 'foreign_keys': it is a dmuon group already"):
+    with pytest.raises(ValueError, match=r"group 0: has 'foreign_keys': it is a meshmuon group already"):
         dt.from_nanochat(translated, **NO_B)
     with pytest.raises(ValueError, match=r"decay_lr='x'"):
         dt.from_nanochat(groups, decay_lr="x")
@@ -105,7 +105,7 @@ def test_nanochat_names_engine_keys_this_build_lacks():
     if has_key("muon_eq"):
         assert dt.from_nanochat(nanochat_groups(params, vec))["params"][1]["muon_eq"] is True
     else:
-        with pytest.raises(ValueError, match=r"MuonEq .* needs dmuon's group key 'muon_eq'.*"
+        with pytest.raises(ValueError, match=r"MuonEq .* needs meshmuon's group key 'muon_eq'.*"
                                              r"muon_eq=False"):
             dt.from_nanochat(nanochat_groups(params, vec))
 
@@ -133,8 +133,8 @@ def test_nanochat_keys_the_loop_uses_survive_steps_and_state_dicts():
     step(fresh, params + [vec])
 
 
-def test_alias_is_live_and_bitwise_the_dmuon_key():
-    """Writing nanochat's beta2 before a step equals writing dmuon's normuon_beta2; not writing it
+def test_alias_is_live_and_bitwise_the_meshmuon_key():
+    """Writing nanochat's beta2 before a step equals writing meshmuon's normuon_beta2; not writing it
     (negative control) differs."""
     def run(write):
         torch.manual_seed(3)
@@ -149,11 +149,11 @@ def test_alias_is_live_and_bitwise_the_dmuon_key():
     def write_beta2(g):
         g["beta2"] = 0.5
 
-    def write_dmuon(g):
-        g["foreign_keys"] = {"kind": {"fixed": "muon"}}  # no alias: dmuon's key is the source
+    def write_meshmuon(g):
+        g["foreign_keys"] = {"kind": {"fixed": "muon"}}  # no alias: meshmuon's key is the source
         g["normuon_beta2"] = 0.5
 
-    aliased, direct, unchanged = run(write_beta2), run(write_dmuon), run(lambda g: None)
+    aliased, direct, unchanged = run(write_beta2), run(write_meshmuon), run(lambda g: None)
     assert torch.equal(aliased, direct)
     assert not torch.equal(aliased, unchanged)
 
@@ -172,16 +172,16 @@ def test_fixed_key_change_raises_before_the_step_changes_anything():
 # ---- foreign keys, directly ------------------------------------------------------------------
 
 def test_unknown_key_without_declaration_is_still_refused():
-    """Negative control: the passthrough is opt-in; a bare `kind` keeps dmuon's error."""
+    """Negative control: the passthrough is opt-in; a bare `kind` keeps meshmuon's error."""
     with pytest.raises(ValueError, match=r"unknown keys 'kind' \(use algorithm="):
         dt.Muon([dict(params=mats((4, 4)), kind="muon")])
 
 
 @pytest.mark.parametrize("spec,match", [
-    ({"lr": None}, r"'lr' is a dmuon key; a foreign key must not be one"),
+    ({"lr": None}, r"'lr' is a meshmuon key; a foreign key must not be one"),
     ({"absent": None}, r"declares 'absent', which the group does not have"),
-    ({"kind": "nonsense"}, r"'kind' aliases 'nonsense', which is not a dmuon hyperparameter key"),
-    ({"kind": {"frozen": 1}}, r"target of 'kind' must be None, a dmuon key or"),
+    ({"kind": "nonsense"}, r"'kind' aliases 'nonsense', which is not a meshmuon hyperparameter key"),
+    ({"kind": {"frozen": 1}}, r"target of 'kind' must be None, a meshmuon key or"),
     ([("kind", None)], r"must be a dict"),
 ])
 def test_foreign_keys_declaration_is_checked(spec, match):

@@ -1,6 +1,6 @@
-# dmuon.torch.Muon built from a translated group takes the peer's own steps: each peer's update is
-# written from its code in float64 (migrate_reference.py, not from dmuon's mapping) and compared
-# with dmuon (fp32 products) over a few steps with schedules changing lr, momentum and weight decay
+# meshmuon.torch.Muon built from a translated group takes the peer's own steps: each peer's update is
+# written from its code in float64 (migrate_reference.py, not from meshmuon's mapping) and compared
+# with meshmuon (fp32 products) over a few steps with schedules changing lr, momentum and weight decay
 # between steps through the peer's own keys. Negative controls: the same comparison with one rule of
 # the reference changed fails, so the tolerance cannot pass a mistranslation.
 # Run: PYTHONPATH=build/python-stage python3 -m pytest tests/python/test_migrate_numerics.py -q
@@ -9,8 +9,8 @@ import copy
 import pytest
 import torch
 
-import dmuon.torch as dt
-from dmuon.torch.migrate._common import has_key
+import meshmuon.torch as dt
+from meshmuon.torch.migrate._common import has_key
 from migrate_reference import DION, JORDAN, MOTIF, NANOCHAT, TORCH, YOU, Reference
 
 SHAPES = [(48, 24), (24, 48), (32, 32)]  # tall, wide, square
@@ -41,7 +41,7 @@ CONFIGS = {"nanochat": NANOCHAT, "nanochat_approx": NANOCHAT_APPROX, "motif": MO
 
 
 def run(peer, cfg):
-    """Largest |p_dmuon - p_ref| over the parameters, in units of the step's adjusted lr."""
+    """Largest |p_meshmuon - p_ref| over the parameters, in units of the step's adjusted lr."""
     gen = torch.Generator().manual_seed(7)
     params = [torch.nn.Parameter(torch.randn(*s, generator=gen) * 0.1) for s in SHAPES]
     refs = [Reference(p.detach(), cfg) for p in params]
@@ -68,7 +68,7 @@ TOL = 1e-4  # fp32 against float64 over 4 steps, in units of lr_adj (measured: <
 @pytest.mark.parametrize("peer", list(CONFIGS))
 def test_translated_group_takes_the_peers_steps(peer):
     if peer == "nanochat" and not B_KEYS:
-        pytest.skip("this dmuon build lacks muon_eq / muon_plus / decay_lr (issue 31 B); the merge "
+        pytest.skip("this meshmuon build lacks muon_eq / muon_plus / decay_lr (issue 31 B); the merge "
                     "enables this test")
     assert run(peer, CONFIGS[peer]) < TOL
 
@@ -90,7 +90,7 @@ CONTROLS = {
                          ids=lambda v: v if isinstance(v, str) else ",".join(f"{k}={v[k]}" for k in v)[:40])
 def test_negative_control_a_changed_rule_is_detected(peer, change):
     if peer == "nanochat" and not B_KEYS:
-        pytest.skip("this dmuon build lacks muon_eq / muon_plus / decay_lr (issue 31 B)")
+        pytest.skip("this meshmuon build lacks muon_eq / muon_plus / decay_lr (issue 31 B)")
     cfg = copy.copy(CONFIGS[peer])
     cfg.update(change)
     assert run(peer, cfg) > 10 * TOL

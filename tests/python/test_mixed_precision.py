@@ -1,4 +1,4 @@
-"""bf16 parameters with fp32 masters in one process (dmuon.torch.Muon, docs/python.md "Mixed
+"""bf16 parameters with fp32 masters in one process (meshmuon.torch.Muon, docs/python.md "Mixed
 precision"): the masters are BITWISE the fp32 run given the same gradients, every bf16 parameter is
 its master rounded to nearest even (checked against an integer RNE, not torch's own conversion), the
 masters are state key "master" and round-trip through state_dict bitwise."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-import dmuon.torch as dt
+import meshmuon.torch as dt
 
 MUON = dict(lr=0.02, weight_decay=0.1)
 ADAMW = dict(lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)

@@ -1,4 +1,4 @@
-# nanochat's Muon options on dmuon.torch.Muon (issue 31): the group keys `muon_eq`, `muon_plus` and
+# nanochat's Muon options on meshmuon.torch.Muon (issue 31): the group keys `muon_eq`, `muon_plus` and
 # `decay_lr`, against a float64 torch reference of nanochat's muon_step_fused order (momentum ->
 # MuonEq -> normalize -> Polar Express -> Muon+ -> NorMuon -> cautious decay + update), with
 # negative controls; the keys' validation; and changes between steps.
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-import dmuon
-import dmuon.torch as dt
+import meshmuon
+import meshmuon.torch as dt
 
 # nanochat's normalization X / (|X| * 1.01 + 1e-6), its Polar Express steps, NorMuon, cautious decay
 # on the adjusted lr.
@@ -20,7 +20,7 @@ LR, WD, MOMENTUM, STEPS = 0.02, 0.1, 0.95, 3
 
 
 def coefficients():
-    o = dmuon.NsOptions()
+    o = meshmuon.NsOptions()
     o.schedule, o.steps = "polar_express", 5
     return o.coefficients()
 
@@ -84,7 +84,7 @@ def reference(**kw):
     return ps
 
 
-def run_dmuon(**options):
+def run_meshmuon(**options):
     ws = [torch.nn.Parameter(w.clone()) for w in initial_params()]
     opt = dt.Muon([dict(params=ws)], lr=LR, weight_decay=WD, momentum=MOMENTUM, **options)
     for s in range(STEPS):
@@ -106,24 +106,24 @@ def rel_change_error(got, want):
 # measures it against the same formula in double); NorMuon and the update add fp32 roundings of
 # ~1e-7 each. Measured here: 6.7e-6 after 3 steps, so 1e-4 has a margin of ~15x. Each option off is
 # off by 3e-2 (muon_plus), 7e-2 (decay_lr) and 0.6 (muon_eq) (the negative controls below).
-# (dmuon's Polar Express coefficients equal nanochat's hard-coded ones to ~1e-14.)
+# (meshmuon's Polar Express coefficients equal nanochat's hard-coded ones to ~1e-14.)
 TOL = 1e-4
 
 
 def test_matches_a_float64_reference_of_nanochats_step():
-    got = run_dmuon(**NANOCHAT)
+    got = run_meshmuon(**NANOCHAT)
     assert rel_change_error(got, reference()) < TOL
 
 
 @pytest.mark.parametrize("flip", ["muon_eq", "muon_plus", "decay_lr"])
 def test_each_option_is_applied_and_matched_alone(flip):
-    # dmuon with one option off matches the reference with it off, and not the full reference
+    # meshmuon with one option off matches the reference with it off, and not the full reference
     # (negative control: the comparison above would catch a missing option).
     options = dict(NANOCHAT)
     options[flip] = "unadjusted" if flip == "decay_lr" else False
     kw = {"muon_eq": True, "muon_plus": True, "adjusted": True}
     kw["adjusted" if flip == "decay_lr" else flip] = False
-    got = run_dmuon(**options)
+    got = run_meshmuon(**options)
     assert rel_change_error(got, reference(**kw)) < TOL
     assert rel_change_error(got, reference()) > 10 * TOL
 
@@ -184,14 +184,14 @@ def test_keys_changed_between_steps_take_effect():
 
 
 def test_the_orthogonalizer_binding_carries_both_flags():
-    # dmuon.NsOptions exposes muon_eq / muon_plus and dmuon.Orthogonalizer honours them: Muon+ gives
+    # meshmuon.NsOptions exposes muon_eq / muon_plus and meshmuon.Orthogonalizer honours them: Muon+ gives
     # |U|_F = sqrt(min(m, n)) (fp32 rounding), without it Polar Express leaves the norm elsewhere.
     x = torch.randn(24, 40, generator=torch.Generator().manual_seed(3))
     for plus in (True, False):
-        o = dmuon.NsOptions()
+        o = meshmuon.NsOptions()
         o.schedule, o.steps, o.muon_eq, o.muon_plus = "polar_express", 5, True, plus
         assert (o.muon_eq, o.muon_plus) == (True, plus)
         out = torch.empty_like(x)
-        dmuon.Orthogonalizer(o).run(x, out)
+        meshmuon.Orthogonalizer(o).run(x, out)
         err = abs(out.double().norm().item() / math.sqrt(24) - 1)
         assert (err < 1e-6) if plus else (err > 1e-4)

@@ -1,10 +1,10 @@
-# dmuon._core.make_nccl_communicator: the nccl communicator bootstrapped through a Python exchange
-# callable (how dmuon.torch can bootstrap it from torch.distributed). Without a GPU (or without CUDA
-# in the build) it raises dmuon's error naming the cause; with one, a world of one rank comes up.
+# meshmuon._core.make_nccl_communicator: the nccl communicator bootstrapped through a Python exchange
+# callable (how meshmuon.torch can bootstrap it from torch.distributed). Without a GPU (or without CUDA
+# in the build) it raises meshmuon's error naming the cause; with one, a world of one rank comes up.
 import pytest
 import torch
 
-from dmuon import _core
+from meshmuon import _core
 
 
 def _self_exchange(blob):
@@ -19,13 +19,13 @@ def test_nccl_communicator_or_a_clear_error():
         assert comm.name == "world"
         assert comm.counters() == {"bytes_sent": 0, "bytes_recv": 0, "collectives": 0}
         return
-    with pytest.raises(_core.DmuonError) as err:
+    with pytest.raises(_core.MeshmuonError) as err:
         _core.make_nccl_communicator(_self_exchange, 0, 1)
     msg = str(err.value)
     if _core.nccl_available():
         assert msg.startswith("[nccl] rank 0: no CUDA device: "), msg
     else:
-        assert msg.startswith("[nccl] dmuon was built without"), msg
+        assert msg.startswith("[nccl] meshmuon was built without"), msg
 
 
 def test_nccl_exchange_must_be_callable_and_return_bytes():

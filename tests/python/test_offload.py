@@ -1,15 +1,15 @@
-# dmuon.torch.Muon(offload_state=True): parameters and every state tensor bitwise equal to the same
+# meshmuon.torch.Muon(offload_state=True): parameters and every state tensor bitwise equal to the same
 # run without offload, on the local and the distributed engine (one process) and ZeRO, for Muon
 # (EMA with and without Nesterov), NorMuon with heavy ball, an expert stack and AdamW; the counters
 # in last_step_stats; a state_dict saved from an offloading optimizer resumes bitwise; bad values
-# of the kwarg are a ValueError naming it; dmuon.LocalOptimizer / dmuon.Optimizer take it too.
+# of the kwarg are a ValueError naming it; meshmuon.LocalOptimizer / meshmuon.Optimizer take it too.
 import copy
 
 import pytest
 import torch
 
-import dmuon
-import dmuon.torch as dt
+import meshmuon
+import meshmuon.torch as dt
 
 
 class Net(torch.nn.Module):
@@ -116,13 +116,13 @@ def test_bad_offload_state_names_the_option(bad):
 
 
 def test_core_optimizers_take_offload_state():
-    info = dmuon.ParamInfo()
+    info = meshmuon.ParamInfo()
     info.name, info.shape = "w", [8, 5]
-    g = dmuon.ParamGroup()
+    g = meshmuon.ParamGroup()
     g.params = [0]
     w = {}
     for offload in (False, True):
-        opt = dmuon.LocalOptimizer([info], [g], offload_state=offload)
+        opt = meshmuon.LocalOptimizer([info], [g], offload_state=offload)
         p = torch.linspace(-1, 1, 40).reshape(8, 5).contiguous()
         for t in range(3):
             opt.step([p], [torch.cos(p * (t + 1))])

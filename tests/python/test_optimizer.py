@@ -1,4 +1,4 @@
-# dmuon.torch.Muon as a torch.optim.Optimizer: schedulers, signatures, state, zero-copy, hooks,
+# meshmuon.torch.Muon as a torch.optim.Optimizer: schedulers, signatures, state, zero-copy, hooks,
 # closures, add_param_group, non-finite policy, QK-clip, NorMuon and expert stacks.
 import copy
 import inspect
@@ -6,7 +6,7 @@ import inspect
 import pytest
 import torch
 
-import dmuon.torch as dt
+import meshmuon.torch as dt
 
 
 def model():
@@ -227,8 +227,8 @@ def test_non_finite_policy(policy):
     m[0].weight.grad[3, 4] = float("inf")
     before = [p.detach().clone() for p in m.parameters()]
     if policy == "raise":
-        from dmuon import DmuonError
-        with pytest.raises(DmuonError, match="not finite"):
+        from meshmuon import MeshmuonError
+        with pytest.raises(MeshmuonError, match="not finite"):
             opt.step()
     else:
         opt.step()

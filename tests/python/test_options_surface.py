@@ -1,4 +1,4 @@
-# The options a training script needs on dmuon.torch.Muon (issue 13): the distributed engine's
+# The options a training script needs on meshmuon.torch.Muon (issue 13): the distributed engine's
 # options (window, chunk_bytes, strategy pins per parameter and per group, replica, machine,
 # timeout_s, allow_inexact) checked up front and passed through, `opt.plan()`, `none_grad`,
 # Motif-style `clip_config`, profiler ranges, `last_step_stats` on both engines, and the bf16
@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-import dmuon
-import dmuon.torch as dt
-from dmuon.torch import _precision
+import meshmuon
+import meshmuon.torch as dt
+from meshmuon.torch import _precision
 
 
 class Attn(nn.Module):
@@ -113,12 +113,12 @@ def test_local_engine_accepts_and_ignores_the_distributed_options(tmp_path):
 
 # ---- the plan ------------------------------------------------------------------------------------
 
-def test_plan_object_prints_like_dmuon_plan_and_gives_json():
+def test_plan_object_prints_like_meshmuon_plan_and_gives_json():
     model = Net()
     opt = dt.Muon(dt.param_groups(model))
     plan = opt.plan()
     text = str(plan)
-    assert text.startswith("dmuon plan:") and "strategy" in text and "total" in text
+    assert text.startswith("meshmuon plan:") and "strategy" in text and "total" in text
     assert json.loads(plan.to_json()) == plan.json
     muon_names = {n for n, p in model.named_parameters() if dt.classify(model)[n] == "muon"}
     assert set(plan.strategies) == muon_names and "embed.weight" not in plan.strategies
@@ -147,7 +147,7 @@ def test_chunk_bytes_window_and_machine_change_the_distributed_plan(tmp_path):
                    machine=profile).plan().options["machine"]["latency_s"] == 1e-3
     assert dt.Muon(dt.param_groups(Net()), engine="distributed",
                    allow_inexact=True).plan().options["exact"] is False
-    profile_obj = dmuon.MachineProfile.from_json('{"name": "obj", "latency_s": 2e-3}')
+    profile_obj = meshmuon.MachineProfile.from_json('{"name": "obj", "latency_s": 2e-3}')
     assert dt.Muon(dt.param_groups(Net()), engine="distributed",
                    machine=profile_obj).plan().options["machine"]["name"] == "obj"
     with pytest.raises(TypeError, match="machine must be"):
@@ -175,7 +175,7 @@ def test_pins_per_parameter_and_per_group_reach_the_planner():
 
 
 def test_group_dicts_can_build_a_second_optimizer():
-    # torch adds `param_names` to a group of named parameters; like torch's optimizers, dmuon
+    # torch adds `param_names` to a group of named parameters; like torch's optimizers, meshmuon
     # accepts the same group dicts again (it used to call param_names an unknown key)
     w = nn.Parameter(torch.randn(6, 4))
     groups = [dict(params=[("w", w)], strategy="local")]
@@ -232,7 +232,7 @@ def test_none_grad_keeps_gradients_when_the_step_raises():
     opt = dt.Muon(dt.param_groups(model), none_grad=True)
     set_grads(model)
     model.fc.weight.grad[0, 0] = float("nan")
-    with pytest.raises(dmuon.DmuonError):
+    with pytest.raises(meshmuon.MeshmuonError):
         opt.step()
     assert all(p.grad is not None for p in model.parameters())
 
@@ -335,7 +335,7 @@ def test_clip_config_conflicts():
 
 # ---- profiler ranges and last_step_stats -----------------------------------------------------------
 
-PHASES = ("dmuon.step", "dmuon.collect_grads", "dmuon.engine", "dmuon.write_back")
+PHASES = ("meshmuon.step", "meshmuon.collect_grads", "meshmuon.engine", "meshmuon.write_back")
 
 
 @pytest.mark.parametrize("engine", [None, "distributed"])
@@ -351,10 +351,10 @@ def test_profiler_ranges_appear_in_a_trace(engine, tmp_path):
     prof.export_chrome_trace(str(trace))
     text = trace.read_text()
     assert all(f'"{p}"' in text for p in PHASES)
-    # negative control: nothing of dmuon's in a trace without a step
+    # negative control: nothing of meshmuon's in a trace without a step
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as idle:
         torch.zeros(3).add_(1)
-    assert not any(e.name.startswith("dmuon.") for e in idle.events())
+    assert not any(e.name.startswith("meshmuon.") for e in idle.events())
 
 
 NATIVE_KEYS = {"applied", "step_seconds", "pack_seconds", "comm_wait_seconds", "orthogonalize_seconds",
@@ -382,8 +382,8 @@ def test_last_step_stats_on_both_engines(engine):
     assert stats["python_step_seconds"] >= stats["engine_call_seconds"] >= stats["step_seconds"] > 0
     assert stats["collect_grads_seconds"] > 0 and stats["write_back_seconds"] > 0
     assert stats["bytes_sent"] == stats["bytes_sent_predicted"] == 0  # one rank sends nothing
-    assert stats["cpu_model"] == dmuon.cpu_info()["model"]
-    auto_bf16 = dmuon.cpu_info()["auto_matmul_dtype"] == "bf16"  # ns_matmul_dtype="auto"
+    assert stats["cpu_model"] == meshmuon.cpu_info()["model"]
+    auto_bf16 = meshmuon.cpu_info()["auto_matmul_dtype"] == "bf16"  # ns_matmul_dtype="auto"
     assert stats["bf16_products"] == ("native" if auto_bf16 else "unused")
     # a step with no gradient at all (local: the engine does not run) leaves the stats as they were
     if engine is None:
@@ -401,27 +401,27 @@ def fresh_precision():
     _precision._reset_for_tests()
 
     def force(path):
-        dmuon._core._set_bf16_products_for_tests(path)
+        meshmuon._core._set_bf16_products_for_tests(path)
         _precision._reset_for_tests()
 
     yield force
-    dmuon._core._set_bf16_products_for_tests("auto")
+    meshmuon._core._set_bf16_products_for_tests("auto")
     _precision._reset_for_tests()
 
 
 def _bf16_warnings(record):
-    return [w for w in record if issubclass(w.category, dt.DmuonPerformanceWarning)]
+    return [w for w in record if issubclass(w.category, dt.MeshmuonPerformanceWarning)]
 
 
 def test_bf16_warning_once_and_only_where_not_native(fresh_precision):
-    native = dmuon.cpu_info()["bf16_native"]
+    native = meshmuon.cpu_info()["bf16_native"]
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         dt.Muon(dt.param_groups(Net()), ns_matmul_dtype="bf16")
     assert len(_bf16_warnings(record)) == (0 if native else 1)
-    # dmuon's widened products, as on a CPU without native bf16
+    # meshmuon's widened products, as on a CPU without native bf16
     fresh_precision("widened")
-    assert dmuon.cpu_info()["bf16_products"] == "widened" and not dmuon.cpu_info()["bf16_native"]
+    assert meshmuon.cpu_info()["bf16_products"] == "widened" and not meshmuon.cpu_info()["bf16_native"]
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         dt.Muon(dt.param_groups(Net()))                          # auto (fp32 here): nothing to say
@@ -434,7 +434,7 @@ def test_bf16_warning_once_and_only_where_not_native(fresh_precision):
     found = _bf16_warnings(record)
     assert len(found) == 1, [str(w.message) for w in found]
     msg = str(found[0].message)
-    assert "ns_matmul_dtype='bf16'" in msg and dmuon.cpu_info()["model"] in msg
+    assert "ns_matmul_dtype='bf16'" in msg and meshmuon.cpu_info()["model"] in msg
     assert "same speed as fp32" in msg and " ms" in msg and "x the fp32 time" in msg
     assert "ns_matmul_dtype='auto'" in msg
     assert found[0].filename == __file__  # points at the caller
@@ -447,8 +447,8 @@ def test_auto_picks_bf16_only_where_native(fresh_precision):
     opt = dt.Muon(dt.param_groups(model))  # ns_matmul_dtype="auto", the default
     set_grads(model)
     opt.step()
-    native = dmuon.cpu_info()["bf16_native"]
-    assert dmuon.cpu_info()["auto_matmul_dtype"] == ("bf16" if native else "fp32")
+    native = meshmuon.cpu_info()["bf16_native"]
+    assert meshmuon.cpu_info()["auto_matmul_dtype"] == ("bf16" if native else "fp32")
     assert opt.last_step_stats["bf16_products"] == ("native" if native else "unused")
     # auto never asks bf16 of what bf16 products exclude (gram, torch's bf16 emulation)
     for extra in (dict(ns_method="gram"), dict(ns_bf16=True)):
@@ -462,7 +462,7 @@ def test_auto_picks_bf16_only_where_native(fresh_precision):
     opt = dt.Muon(dt.param_groups(model))
     set_grads(model)
     opt.step()
-    assert dmuon.cpu_info()["auto_matmul_dtype"] == "fp32"
+    assert meshmuon.cpu_info()["auto_matmul_dtype"] == "fp32"
     assert opt.last_step_stats["bf16_products"] == "unused"
     with pytest.raises(ValueError, match="ns_matmul_dtype"):
         dt.Muon(dt.param_groups(Net()), ns_matmul_dtype="fp16").step()
@@ -485,9 +485,9 @@ def test_bf16_warning_from_a_group_changed_before_a_step(fresh_precision):
 
 
 def test_bf16_cost_is_measured_and_cached(fresh_precision):
-    threads = dmuon.blas_get_num_threads()
+    threads = meshmuon.blas_get_num_threads()
     cost = _precision.bf16_cost()
-    assert dmuon.blas_get_num_threads() == threads  # measured on this thread alone, nothing changed
+    assert meshmuon.blas_get_num_threads() == threads  # measured on this thread alone, nothing changed
     assert cost["error"] is None
     assert cost["fp32_seconds"] > 0 and cost["bf16_seconds"] > 0
     assert cost["bf16_over_fp32"] == pytest.approx(cost["bf16_seconds"] / cost["fp32_seconds"])
@@ -495,42 +495,42 @@ def test_bf16_cost_is_measured_and_cached(fresh_precision):
 
 
 def _cli():
-    exe = Path(dmuon.__file__).parent / "bin" / "dmuon"
+    exe = Path(meshmuon.__file__).parent / "bin" / "meshmuon"
     if not exe.exists():
-        pytest.skip("the dmuon CLI is not installed with the package")
+        pytest.skip("the meshmuon CLI is not installed with the package")
     return str(exe)
 
 
-def test_dmuon_info_reports_what_runs_bf16_products(monkeypatch):
-    monkeypatch.delenv("DMUON_BF16_PRODUCTS", raising=False)
+def test_meshmuon_info_reports_what_runs_bf16_products(monkeypatch):
+    monkeypatch.delenv("MESHMUON_BF16_PRODUCTS", raising=False)
     info = json.loads(subprocess.run([_cli(), "info", "--json"], check=True, capture_output=True,
                                      text=True).stdout)
-    native = dmuon.cpu_info()
+    native = meshmuon.cpu_info()
     assert info["cpu_model"] == native["model"]
     assert info["bf16_products"] == native["bf16_products"] and info["bf16_kernel"] == native["bf16_kernel"]
     assert info["auto_matmul_dtype"] == native["auto_matmul_dtype"] and info["bf16_over_fp32"] > 0
     text = subprocess.run([_cli(), "info"], check=True, capture_output=True, text=True).stdout
     assert "bf16      " + native["bf16_products"] + ": " in text and "measured now:" in text
-    # forced: dmuon's widened products, and a oneDNN the CPU cannot run (an AVX2-only CPU)
-    monkeypatch.setenv("DMUON_BF16_PRODUCTS", "widened")
+    # forced: meshmuon's widened products, and a oneDNN the CPU cannot run (an AVX2-only CPU)
+    monkeypatch.setenv("MESHMUON_BF16_PRODUCTS", "widened")
     text = subprocess.run([_cli(), "info"], check=True, capture_output=True, text=True).stdout
-    assert "bf16      widened: " in text and "forced by DMUON_BF16_PRODUCTS=widened" in text
+    assert "bf16      widened: " in text and "forced by MESHMUON_BF16_PRODUCTS=widened" in text
     assert "ns_matmul_dtype auto = fp32" in text
-    monkeypatch.setenv("DMUON_BF16_PRODUCTS", "onednn")
+    monkeypatch.setenv("MESHMUON_BF16_PRODUCTS", "onednn")
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     text = subprocess.run([_cli(), "info"], check=True, capture_output=True, text=True).stdout
-    assert "bf16      cannot run: DMUON_BF16_PRODUCTS=onednn, but oneDNN cannot form bf16 products" in text
+    assert "bf16      cannot run: MESHMUON_BF16_PRODUCTS=onednn, but oneDNN cannot form bf16 products" in text
 
 
 def test_compare_torch_bench_prints_the_cpu_and_what_runs_bf16():
     import sys
-    cmd = [sys.executable, "-m", "dmuon.bench", "compare-torch", "--layers", "1", "--d", "32",
+    cmd = [sys.executable, "-m", "meshmuon.bench", "compare-torch", "--layers", "1", "--d", "32",
            "--repeat", "0"]
     result = json.loads(subprocess.run(cmd + ["--json"], capture_output=True, text=True, check=True,
                                        cwd="/").stdout)
-    cpu = dmuon.cpu_info()
+    cpu = meshmuon.cpu_info()
     assert result["cpu_model"] == cpu["model"] and result["bf16_native"] == cpu["bf16_native"]
     assert result["bf16_products"] == cpu["bf16_products"]
     text = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd="/").stdout
-    assert f"CPU {cpu['model']}: dmuon's bf16 products {cpu['bf16_products']}" in text
-    assert "dmuon.torch.Muon fp32" in text and "dmuon.torch.Muon bf16" in text and "<- auto" in text
+    assert f"CPU {cpu['model']}: meshmuon's bf16 products {cpu['bf16_products']}" in text
+    assert "meshmuon.torch.Muon fp32" in text and "meshmuon.torch.Muon bf16" in text and "<- auto" in text

@@ -1,9 +1,9 @@
-# Numerics against PyTorch: dmuon.torch.Muon vs torch.optim.Muon (+ torch.optim.AdamW).
+# Numerics against PyTorch: meshmuon.torch.Muon vs torch.optim.Muon (+ torch.optim.AdamW).
 #
-# Tolerance (docs/python.md, tolerances.py): torch.optim.Muon orthogonalizes in bf16 and dmuon in
+# Tolerance (docs/python.md, tolerances.py): torch.optim.Muon orthogonalizes in bf16 and meshmuon in
 # fp32 (to < 0.001 of these bounds from a float64 iteration), so the difference is torch's bf16
-# error: over T steps |p_dmuon - p_torch| <= T * lr_adj * B(m, n), B = min(1.5, 3 sqrt(ln(mn) /
-# max(m, n))) (2^-5 for vectors), lr_adj the parameter's adjusted lr. With ns_bf16=True dmuon rounds
+# error: over T steps |p_meshmuon - p_torch| <= T * lr_adj * B(m, n), B = min(1.5, 3 sqrt(ln(mn) /
+# max(m, n))) (2^-5 for vectors), lr_adj the parameter's adjusted lr. With ns_bf16=True meshmuon rounds
 # like torch and the bound is B/8; the emulation must also be at least 4x closer on average.
 # tests/python/test_tolerances.py checks the bounds per step and per shape class on random seeds.
 import math
@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 
-import dmuon.torch as dt
+import meshmuon.torch as dt
 from tolerances import per_step_bound
 
 STEPS, LR = 10, 0.02

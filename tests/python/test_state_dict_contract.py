@@ -1,4 +1,4 @@
-# The torch.optim.Optimizer contract of dmuon.torch.Muon around its state: copy.deepcopy and pickle
+# The torch.optim.Optimizer contract of meshmuon.torch.Muon around its state: copy.deepcopy and pickle
 # give optimizers that step like the original; load_state_dict runs pre-hooks -> checks -> load ->
 # post-hooks as torch does (and state_dict its hooks); torch.optim.Muon's state dicts load, other
 # optimizers' are named. Every test steps and compares values.
@@ -9,7 +9,7 @@ import pickle
 import pytest
 import torch
 
-import dmuon.torch as dt
+import meshmuon.torch as dt
 from tolerances import per_step_bound
 
 
@@ -203,7 +203,7 @@ def test_torch_muon_state_dict_loads_and_continues_as_torch(adjust_lr_fn, nester
         ref.step()
     saved = copy.deepcopy(ref.state_dict())
     twin = copy.deepcopy(model)
-    # torch.optim.Muon's configuration in dmuon: its positional arguments, bf16 rounding as torch's
+    # torch.optim.Muon's configuration in meshmuon: its positional arguments, bf16 rounding as torch's
     opt = dt.Muon(twin.parameters(), lr=LR, nesterov=nesterov, adjust_lr_fn=adjust_lr_fn, ns_bf16=True)
     fresh = dt.Muon(copy.deepcopy(model).parameters(), lr=LR, nesterov=nesterov,
                     adjust_lr_fn=adjust_lr_fn, ns_bf16=True)
@@ -264,7 +264,7 @@ def test_another_optimizers_state_dict_is_named():
     adamw.step()
     target = dt.Muon([dict(params=params((6, 6)), algorithm="adamw")])
     before = {k: v.clone() for k, v in target.state[group_params(target)[0]].items()}
-    with pytest.raises(ValueError, match=r"not dmuon.torch.Muon's or torch.optim.Muon's.*"
+    with pytest.raises(ValueError, match=r"not meshmuon.torch.Muon's or torch.optim.Muon's.*"
                                          r"torch.optim.Adam / AdamW.*load it into the optimizer that saved it"):
         target.load_state_dict(adamw.state_dict())
     assert all(torch.equal(target.state[group_params(target)[0]][k], v) for k, v in before.items())

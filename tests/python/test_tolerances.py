@@ -1,26 +1,26 @@
 # Agreement bounds with torch.optim.Muon per step and per shape class (docs/python.md, "Numerics vs
-# torch.optim.Muon"), on fixed seeds and on seeds drawn at test time: DMUON_TEST_SEED=<n> pins the
+# torch.optim.Muon"), on fixed seeds and on seeds drawn at test time: MESHMUON_TEST_SEED=<n> pins the
 # drawn seed; every failure message names the seed, shape, input kind, step and mode.
 #
-# The bound after T steps is |p_dmuon - p_torch| <= T * lr_adj * beta (tolerances.py): beta a
+# The bound after T steps is |p_meshmuon - p_torch| <= T * lr_adj * beta (tolerances.py): beta a
 # multiple of B(m, n) for any input, or a fixed bound for dense inputs (full rank, min(m, n) >= 34,
 # no cluster of near-zero singular values: i.i.d. entries). Why B has this form: torch rounds X to bf16, so X's
 # near-null singular directions receive rounding noise, which 5 Jordan steps amplify by up to
 # a^5 = 485 until the noise becomes singular values of order 1 (p^5 maps [0, 1] into [0, 1.2]);
 # entries of such a spurious component are those of a random partial isometry,
-# <= ~sqrt(2 ln(mn) / max(m, n)). dmuon's fp32 iteration has no such noise (2^-24 * 485).
+# <= ~sqrt(2 ln(mn) / max(m, n)). meshmuon's fp32 iteration has no such noise (2^-24 * 485).
 import math
 import os
 
 import pytest
 import torch
 
-import dmuon.torch as dt
+import meshmuon.torch as dt
 from tolerances import bound_any, per_step_bound
 
 LR, WD, MU = 0.02, 0.1, 0.95
 A, B_, C = 3.4445, -4.7750, 2.0315
-SEED = int(os.environ.get("DMUON_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
+SEED = int(os.environ.get("MESHMUON_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
 MODES = {"fp32": dict(ns_matmul_dtype="fp32"), "ns_bf16": dict(ns_bf16=True), "bf16_products": dict(ns_matmul_dtype="bf16")}
 
 
@@ -69,7 +69,7 @@ def trajectory(make, p0, grads, split):
     return out
 
 
-def dmuon_trajectory(mode, p0, grads, nesterov=True):
+def meshmuon_trajectory(mode, p0, grads, nesterov=True):
     kw = dict(lr=LR, weight_decay=WD, momentum=MU, nesterov=nesterov, **MODES[mode])
     if p0.ndim == 3:
         return trajectory(lambda ps: dt.Muon([dict(params=ps, expert_stacks=True)], **kw), p0, grads, False)
@@ -94,9 +94,9 @@ def check_bounds(shape, kind, seed, steps=3, dense=False):
     worst = {}
     for mode in MODES:
         per_step = per_step_bound(mode, m, n, dense)
-        r = per_step_ratios(dmuon_trajectory(mode, p0, grads), ref, shape, per_step)
+        r = per_step_ratios(meshmuon_trajectory(mode, p0, grads), ref, shape, per_step)
         for t, x in enumerate(r, 1):
-            assert x < 1, (f"seed {seed} (DMUON_TEST_SEED={SEED}): {mode} vs torch.optim.Muon on "
+            assert x < 1, (f"seed {seed} (MESHMUON_TEST_SEED={SEED}): {mode} vs torch.optim.Muon on "
                            f"{shape} {kind} inputs, step {t}: |dp| = {x:.2f} x the bound")
         worst[mode] = max(r)
     return worst
@@ -145,7 +145,7 @@ def test_fp32_8x8_first_step():
     old = 0
     for seed in range(20):
         p0, grads = problem((8, 8), "gauss", seed, 1)
-        ref, got = torch_trajectory(p0, grads), dmuon_trajectory("fp32", p0, grads)
+        ref, got = torch_trajectory(p0, grads), meshmuon_trajectory("fp32", p0, grads)
         old = max(old, old_ratio(got, ref, (8, 8), 2**-6, 1))
         assert per_step_ratios(got, ref, (8, 8), bound_any(8, 8))[0] < 1, f"seed {seed}"
     assert old > 3, old  # the case still breaks the old bound
@@ -155,7 +155,7 @@ def test_fp32_8x8_first_step():
 def test_fp32_3x3_after_seven_steps(seed):
     # 3x3, 7 steps: the old bound was exceeded 1.6-2.1x at step 7 on these seeds.
     p0, grads = problem((3, 3), "gauss", seed, 7)
-    ref, got = torch_trajectory(p0, grads), dmuon_trajectory("fp32", p0, grads)
+    ref, got = torch_trajectory(p0, grads), meshmuon_trajectory("fp32", p0, grads)
     assert old_ratio(got, ref, (3, 3), 2**-6, 7) > 1.2
     assert max(per_step_ratios(got, ref, (3, 3), bound_any(3, 3))) < 1
 
@@ -165,7 +165,7 @@ def test_ns_bf16_expert_stack_seed_11():
     # (2x at step 1); the per-step bounds B/8 (any input) and 2^-6 (dense) hold.
     shape = (4, 96, 160)
     p0, grads = problem(shape, "gauss", 11, 3)
-    ref, got = torch_trajectory(p0, grads), dmuon_trajectory("ns_bf16", p0, grads)
+    ref, got = torch_trajectory(p0, grads), meshmuon_trajectory("ns_bf16", p0, grads)
     assert old_ratio(got, ref, shape, 2**-9, 1) > 1.5
     assert max(per_step_ratios(got, ref, shape, per_step_bound("ns_bf16", 96, 160))) < 1
     assert max(per_step_ratios(got, ref, shape, per_step_bound("ns_bf16", 96, 160, dense=True))) < 1
@@ -208,7 +208,7 @@ def errors_vs_exact(shape, seeds):
 
 @pytest.mark.parametrize("shape", [(64, 1), (33, 33)])
 def test_bf16_products_issue_cases_are_no_worse_than_torch(shape):
-    # Before the fix (b·A from the fp32 A, A² from the bf16 A) dmuon's worst over seeds 0..99 was
+    # Before the fix (b·A from the fp32 A, A² from the bf16 A) meshmuon's worst over seeds 0..99 was
     # 0.94 (64x1) and 1.68 (33x33) against torch's 0.55 and 1.49, its mean 0.30 and 0.82 against
     # 0.28 and 0.65 (units of 2^-6).
     dm, tc = errors_vs_exact(shape, range(100))
@@ -222,5 +222,5 @@ def test_bf16_products_error_is_below_torchs_on_random_seeds(shape):
     n = 30 if shape[0] * shape[1] > 10000 else 60
     seeds = [(SEED + i) % 2**32 for i in range(n)]
     dm, tc = errors_vs_exact(shape, seeds)
-    assert sum(dm) < sum(tc), (f"DMUON_TEST_SEED={SEED}: {shape} mean error vs float64 "
+    assert sum(dm) < sum(tc), (f"MESHMUON_TEST_SEED={SEED}: {shape} mean error vs float64 "
                                f"{sum(dm) / n:.3f} (bf16 products) vs {sum(tc) / n:.3f} (torch)")

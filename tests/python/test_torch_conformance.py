@@ -1,10 +1,10 @@
-# PyTorch's own optimizer contract, checked on dmuon.torch.Muon as a user would: an OptimizerInfo for
-# dmuon.torch.Muon made from torch.optim.Muon's entry in torch's optim_db
+# PyTorch's own optimizer contract, checked on meshmuon.torch.Muon as a user would: an OptimizerInfo for
+# meshmuon.torch.Muon made from torch.optim.Muon's entry in torch's optim_db
 # (torch.testing._internal.common_optimizers: its optim_inputs_func, optim_error_inputs_func,
 # scheduler_inputs and supports_* flags), and the checks of test/test_optim.py's TestOptimRenewed
 # that apply to a CPU float32 optimizer without foreach / fused / capturable / complex / sparse
 # support, reproduced here (test/test_optim.py is not in the wheel). Every check runs on
-# torch.optim.Muon too, as the control: the harness passes it, so a check that dmuon passes is one
+# torch.optim.Muon too, as the control: the harness passes it, so a check that meshmuon passes is one
 # torch's own Muon passes, not a vacuous one.
 #
 # Where the test file uses 1-D parameters (a bias) torch.optim.Muon cannot take them, so the checks
@@ -20,26 +20,26 @@ from torch.nn import Parameter
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-import dmuon.torch as dt
+import meshmuon.torch as dt
 
 # torch's test helpers import expecttest (pinned in scripts/requirements.txt, installed by make setup)
 from torch.testing._internal.common_optimizers import OptimizerErrorEnum, optim_db  # noqa: E402
 
 DEVICE, DTYPE = "cpu", torch.float32
 TORCH_INFO = next(info for info in optim_db if info.optim_cls is torch.optim.Muon)
-DMUON_INFO = copy.copy(TORCH_INFO)
-DMUON_INFO.optim_cls = dt.Muon
-INFOS = {"dmuon": DMUON_INFO, "torch": TORCH_INFO}
+MESHMUON_INFO = copy.copy(TORCH_INFO)
+MESHMUON_INFO.optim_cls = dt.Muon
+INFOS = {"meshmuon": MESHMUON_INFO, "torch": TORCH_INFO}
 
-# Error inputs of torch's Muon entry whose wording cannot apply to dmuon, and what dmuon does instead
+# Error inputs of torch's Muon entry whose wording cannot apply to meshmuon, and what meshmuon does instead
 # (checked in test_errors in their place).
-DMUON_DIFFERS = {
+MESHMUON_DIFFERS = {
     "only support 2D parameters": (
-        "dmuon takes 3-D [E, A, B] expert stacks in groups with expert_stacks=True; without it the "
+        "meshmuon takes 3-D [E, A, B] expert stacks in groups with expert_stacks=True; without it the "
         "error names that option", ValueError, "expert_stacks=True"),
     "does not support complex parameters": (
-        "dmuon checks dtypes at construction (fp32, or bf16 with fp32 masters), not at the step",
-        TypeError, "complex64; dmuon takes fp32 parameters"),
+        "meshmuon checks dtypes at construction (fp32, or bf16 with fp32 masters), not at the step",
+        TypeError, "complex64; meshmuon takes fp32 parameters"),
 }
 
 
@@ -100,8 +100,8 @@ def test_errors(info):
         optim_input = error_input.optimizer_error_input
         params, kwargs = optim_input.params, optim_input.kwargs
         kind, regex = error_input.error_type, error_input.error_regex
-        if info is DMUON_INFO and optim_input.desc in DMUON_DIFFERS:
-            _, kind, regex = DMUON_DIFFERS[optim_input.desc]
+        if info is MESHMUON_INFO and optim_input.desc in MESHMUON_DIFFERS:
+            _, kind, regex = MESHMUON_DIFFERS[optim_input.desc]
             with pytest.raises(kind, match=regex):
                 info.optim_cls(params, **kwargs)
             continue
@@ -569,10 +569,10 @@ def test_conformance(optimizer, check):
     CHECKS[check](INFOS[optimizer])
 
 
-def test_dmuon_differs_only_where_named():
-    """The error inputs dmuon answers in its own words are the two named, no more, and torch's
+def test_meshmuon_differs_only_where_named():
+    """The error inputs meshmuon answers in its own words are the two named, no more, and torch's
     entry still has them (else the table is stale)."""
     descs = {e.optimizer_error_input.desc for e in
              TORCH_INFO.optim_error_inputs_func(device=DEVICE, dtype=DTYPE)}
-    assert set(DMUON_DIFFERS) <= descs
-    assert len(DMUON_DIFFERS) == 2
+    assert set(MESHMUON_DIFFERS) <= descs
+    assert len(MESHMUON_DIFFERS) == 2

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-import dmuon.torch as dt
+import meshmuon.torch as dt
 
 
 def p(*shape, **kw):
@@ -119,7 +119,7 @@ def test_not_a_tensor_unknown_algorithm_and_misplaced_keys():
         dt.Muon([dict(params=[p(3)], algorithm="adamw", momentum=0.9)])
 
 
-def test_unknown_group_keys_are_named_with_dmuons_key():
+def test_unknown_group_keys_are_named_with_meshmuons_key():
     # nanochat's `kind` / `beta2` and Motif's `use_muon` used to be ignored silently (NorMuon quietly off)
     with pytest.raises(ValueError, match=r"unknown keys 'beta2' \(use normuon=True, normuon_beta2="):
         dt.Muon([dict(params=[p(3, 3)], beta2=0.95)])
@@ -129,7 +129,7 @@ def test_unknown_group_keys_are_named_with_dmuons_key():
         dt.Muon([dict(params=[p(3)], algorithm="adamw", use_muon=False)])
     with pytest.raises(ValueError, match=r"'momentun' \(use momentum\)"):  # a typo: the closest key
         dt.Muon([dict(params=[p(3, 3)], momentun=0.9)])
-    with pytest.raises(ValueError, match=r"'zzz'; dmuon's group keys are"):
+    with pytest.raises(ValueError, match=r"'zzz'; meshmuon's group keys are"):
         dt.Muon([dict(params=[p(3, 3)], zzz=1)])
     opt = dt.Muon([dict(params=[p(3, 3)], name="hidden", initial_lr=0.02)])  # torch's own keys pass
     with pytest.raises(ValueError, match="unknown keys 'beta2'"):  # add_param_group checks too

@@ -1,6 +1,6 @@
 # The agreement bounds with torch.optim.Muon stated in docs/python.md ("Numerics vs
-# torch.optim.Muon"), shared by the tests: after T steps |p_dmuon - p_torch| <= T * lr_adj * beta,
-# beta per step from the parameter's (one expert's) shape m x n and the dmuon mode.
+# torch.optim.Muon"), shared by the tests: after T steps |p_meshmuon - p_torch| <= T * lr_adj * beta,
+# beta per step from the parameter's (one expert's) shape m x n and the meshmuon mode.
 import math
 
 # mode: (multiple of bound_any for any input, bound for dense inputs with min(m, n) >= 34)

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace dmuon::test {
+namespace meshmuon::test {
 
 // XORs `mask` into the byte `from_end` bytes before the end of `path` (1: the last byte); throws
 // std::runtime_error when the file cannot be read or rewritten (no GoogleTest: some callers are
@@ -22,4 +22,4 @@ inline void flip_bits_near_end(const std::string& path, int from_end, char mask)
   if (!f) throw std::runtime_error("flip_bits_near_end: cannot rewrite " + path);
 }
 
-}  // namespace dmuon::test
+}  // namespace meshmuon::test

@@ -1,11 +1,11 @@
 // Test infrastructure: the cuda backend's device code (src/backend/cuda/device_code.cuh: every
 // kernel and launcher of cuda_kernels.cu) compiled for the host and run with CUDA's execution model,
 // so the machines without a GPU run the .cu code itself, not a twin of it:
-//   - dmuon::cuda_host::<launcher>(...) is the launcher of cuda_kernels.h, its grid and guards
+//   - meshmuon::cuda_host::<launcher>(...) is the launcher of cuda_kernels.h, its grid and guards
 //     included; it runs its kernels at once, on the calling thread (the stream is ignored).
 //   - A kernel without barriers runs its blocks one after another and each block's threads one
 //     after another (threadIdx, blockIdx, blockDim, gridDim set as CUDA sets them), in the order
-//     DMUON_CUDA_HOST_ORDER names (ascending, descending, alternating: the default).
+//     MESHMUON_CUDA_HOST_ORDER names (ascending, descending, alternating: the default).
 //   - A kernel with barriers (kBarrierKernels) runs each block's threads as fibers on the calling
 //     thread (ucontext stacks, _setjmp/_longjmp switches): __syncthreads switches to the next thread, and a block's round ends when
 //     every thread has reached the barrier (each round in the order above, so a missing barrier
@@ -45,7 +45,7 @@
 #error "tests/support/cuda_on_host.h switches stacks with _longjmp: compile it with -U_FORTIFY_SOURCE"
 #endif
 // AddressSanitizer would need each switch announced (__sanitizer_start_switch_fiber) and reports
-// false positives without: the targets that include this are not built under DMUON_SANITIZE=address.
+// false positives without: the targets that include this are not built under MESHMUON_SANITIZE=address.
 #if defined(__SANITIZE_ADDRESS__)
 #error "tests/support/cuda_on_host.h switches fiber stacks: not built under AddressSanitizer"
 #endif
@@ -54,17 +54,17 @@
 #include "backend/cuda/multi_tensor.h"
 #include "backend/pack.h"
 
-namespace dmuon::cuda_host {
+namespace meshmuon::cuda_host {
 
-using ::dmuon::cuda::AdamWItem;
-using ::dmuon::cuda::ApplyItem;
-using ::dmuon::cuda::kSumSquaresBlocks;
-using ::dmuon::cuda::MomentumItem;
-using ::dmuon::cuda::multi_tensor_blocks;
-using ::dmuon::cuda::NonFiniteItem;
-using ::dmuon::cuda::NormuonScratch;
-using ::dmuon::detail::PackConv;
-using ::dmuon::detail::PackRun;
+using ::meshmuon::cuda::AdamWItem;
+using ::meshmuon::cuda::ApplyItem;
+using ::meshmuon::cuda::kSumSquaresBlocks;
+using ::meshmuon::cuda::MomentumItem;
+using ::meshmuon::cuda::multi_tensor_blocks;
+using ::meshmuon::cuda::NonFiniteItem;
+using ::meshmuon::cuda::NormuonScratch;
+using ::meshmuon::detail::PackConv;
+using ::meshmuon::detail::PackRun;
 using cpu::AdamScalars;
 
 // ---- the runtime's types, for the host ---------------------------------------------------------------
@@ -81,10 +81,10 @@ struct uint3 {
 // initial-exec: read with one instruction, also from the emulation's shared library (which the test
 // binaries link, never dlopen first), where the default model calls __tls_get_addr on every read of
 // threadIdx, and the kernels read it per element.
-#define DMUON_HOST_TLS thread_local __attribute__((tls_model("initial-exec")))
+#define MESHMUON_HOST_TLS thread_local __attribute__((tls_model("initial-exec")))
 // (constinit: no TLS wrapper function that checks for a dynamic initialization on every read)
-inline constinit DMUON_HOST_TLS uint3 threadIdx, blockIdx;
-inline constinit DMUON_HOST_TLS dim3 blockDim, gridDim;
+inline constinit MESHMUON_HOST_TLS uint3 threadIdx, blockIdx;
+inline constinit MESHMUON_HOST_TLS dim3 blockDim, gridDim;
 
 // ---- the intrinsics: IEEE operations rounded once each -------------------------------------------------
 inline float __fadd_rn(float a, float b) { return a + b; }
@@ -132,16 +132,16 @@ inline uint3 thread_index(unsigned t, const dim3& block) {
 
 // The order in which a block's threads run (in each round between barriers, for a barrier kernel):
 // threads that wrongly rely on an order (a missing barrier) give other results in another one, so
-// the host test runs under each (DMUON_CUDA_HOST_ORDER=ascending|descending|alternating; default
+// the host test runs under each (MESHMUON_CUDA_HOST_ORDER=ascending|descending|alternating; default
 // alternating: rounds, and the blocks of a barrier-free kernel, alternate the direction).
 enum class Order : int { Ascending, Descending, Alternating };
 inline std::atomic<int>& order_setting() {
   static std::atomic<int> order([] {
-    const char* e = std::getenv("DMUON_CUDA_HOST_ORDER");
+    const char* e = std::getenv("MESHMUON_CUDA_HOST_ORDER");
     if (e == nullptr || *e == 0 || std::strcmp(e, "alternating") == 0) return static_cast<int>(Order::Alternating);
     if (std::strcmp(e, "ascending") == 0) return static_cast<int>(Order::Ascending);
     if (std::strcmp(e, "descending") == 0) return static_cast<int>(Order::Descending);
-    die("DMUON_CUDA_HOST_ORDER must be ascending, descending or alternating", e);
+    die("MESHMUON_CUDA_HOST_ORDER must be ascending, descending or alternating", e);
   }());
   return order;
 }
@@ -191,7 +191,7 @@ struct Fibers {
   const char* kernel = nullptr;
   unsigned current = 0;
 };
-inline constinit DMUON_HOST_TLS Fibers* running = nullptr;  // the team whose block runs on this thread now
+inline constinit MESHMUON_HOST_TLS Fibers* running = nullptr;  // the team whose block runs on this thread now
 inline Fibers& team() {
   static thread_local Fibers fibers;
   return fibers;
@@ -333,19 +333,19 @@ inline cudaError_t done() { return cudaSuccess; }
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static thread_local  // (default TLS model: ~17 KB, too much for initial-exec)
-#define DMUON_GRID_LOOP(i, n)                                                                    \
+#define MESHMUON_GRID_LOOP(i, n)                                                                    \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-#define DMUON_LAUNCH(kernel, grid, block, stream)                                                    \
-  (static_cast<void>(stream), ::dmuon::cuda_host::detail::make_launch(&kernel, #kernel, ::dmuon::cuda_host::dim3(grid), \
-                                                                      ::dmuon::cuda_host::dim3(block)))
+#define MESHMUON_LAUNCH(kernel, grid, block, stream)                                                    \
+  (static_cast<void>(stream), ::meshmuon::cuda_host::detail::make_launch(&kernel, #kernel, ::meshmuon::cuda_host::dim3(grid), \
+                                                                      ::meshmuon::cuda_host::dim3(block)))
 
 namespace {  // the launchers too: every file that includes this gets its own copy
 #include "backend/cuda/device_code.cuh"
 }  // namespace
 
-#undef DMUON_LAUNCH
-#undef DMUON_GRID_LOOP
+#undef MESHMUON_LAUNCH
+#undef MESHMUON_GRID_LOOP
 #undef __global__
 #undef __device__
 #undef __forceinline__
@@ -355,4 +355,4 @@ namespace {  // the launchers too: every file that includes this gets its own co
 #pragma pop_macro("__forceinline__")
 #pragma pop_macro("__shared__")
 
-}  // namespace dmuon::cuda_host
+}  // namespace meshmuon::cuda_host

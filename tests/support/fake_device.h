@@ -26,12 +26,12 @@
 #include "backend/backend.h"
 #include "comm/staging.h"
 
-namespace dmuon::test {
+namespace meshmuon::test {
 
 class FakeDeviceMemory {
  public:
   explicit FakeDeviceMemory(size_t capacity = size_t{512} << 20) : capacity_(capacity) {
-    const int fd = memfd_create("dmuon-fake-device-backend", 0);
+    const int fd = memfd_create("meshmuon-fake-device-backend", 0);
     if (fd < 0 || ftruncate(fd, static_cast<off_t>(capacity)) != 0) throw std::runtime_error("memfd");
     device_ = static_cast<std::byte*>(mmap(nullptr, capacity, PROT_NONE, MAP_SHARED, fd, 0));
     alias_ = static_cast<std::byte*>(mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
@@ -180,7 +180,7 @@ class FakeDeviceBackend final : public detail::Backend {
   }
 
   size_t device_allocations = 0;
-  std::atomic<bool> fail_next_scan{false};  // the next non-finite scan throws dmuon::Error
+  std::atomic<bool> fail_next_scan{false};  // the next non-finite scan throws meshmuon::Error
 
  private:
   TensorView host(TensorView v) const {
@@ -214,4 +214,4 @@ std::vector<T> to_host(detail::Backend& b, const T* device, size_t n) {
   return out;
 }
 
-}  // namespace dmuon::test
+}  // namespace meshmuon::test

@@ -8,11 +8,11 @@
 #include <filesystem>
 #include <string>
 
-namespace dmuon::test {
+namespace meshmuon::test {
 
 class TempDir {
  public:
-  explicit TempDir(const std::string& prefix = "dmuon_test_") {
+  explicit TempDir(const std::string& prefix = "meshmuon_test_") {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
     path_ = (std::filesystem::temp_directory_path() /
              (prefix + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" + info->name()))
@@ -30,4 +30,4 @@ class TempDir {
   std::string path_;
 };
 
-}  // namespace dmuon::test
+}  // namespace meshmuon::test

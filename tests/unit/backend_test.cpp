@@ -12,13 +12,13 @@
 
 #include "backend/backend.h"
 #include "backend/select.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 #include "test_support.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
-using dmuon::test::randn;
+using meshmuon::test::randn;
 
 TEST(Backend, SelectionAndCapabilities) {
   auto cpu = select_device("cpu").backend;
@@ -31,7 +31,7 @@ TEST(Backend, SelectionAndCapabilities) {
     EXPECT_TRUE(cuda->capabilities().device_memory);
   } catch (const Error& e) {  // without CUDA in the build, or without a device (cuda_backend_test)
     const std::string what = e.what();
-    EXPECT_TRUE(what.find("[cuda] dmuon was built without CUDA") != std::string::npos ||
+    EXPECT_TRUE(what.find("[cuda] meshmuon was built without CUDA") != std::string::npos ||
                 what.find("[cuda] no CUDA device: ") != std::string::npos)
         << what;
   }
@@ -78,7 +78,7 @@ TEST(Backend, StreamErrorsSurfaceAndStopLaterWork) {
   }
 }
 
-TEST(Backend, BatchedMuonUnitsEqualOneByOne) {
+TEST(Backend, BatchOfMuonUnitsEqualsOneByOne) {
   auto cpu = make_cpu_backend();
   NsOptions ns;
   auto orth = cpu->make_orthogonalizer(ns);
@@ -116,4 +116,4 @@ TEST(Backend, GramNewtonSchulzWithReduceCallback) {
 }
 
 }  // namespace
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

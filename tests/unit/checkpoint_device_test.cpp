@@ -19,25 +19,25 @@
 
 #include "../support/fake_device.h"
 #include "comm/staging.h"
-#include "dmuon/checkpoint.h"
-#include "dmuon/error.h"
-#include "dmuon/mesh_comms.h"
-#include "dmuon/optimizer.h"
-#include "dmuon/sharded_params.h"
+#include "meshmuon/checkpoint.h"
+#include "meshmuon/error.h"
+#include "meshmuon/mesh_comms.h"
+#include "meshmuon/optimizer.h"
+#include "meshmuon/sharded_params.h"
 #include "backend/select.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors_io.h"
 #include "../support/corrupt_file.h"
 #include "../support/temp_dir.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 namespace fs = std::filesystem;
 
 // A fresh directory per test, removed at the end.
 struct TempDir : test::TempDir {
-  TempDir() : test::TempDir("dmuon_ckpt_dev_") {}
+  TempDir() : test::TempDir("meshmuon_ckpt_dev_") {}
 };
 
 std::vector<uint8_t> pattern(size_t bytes, uint32_t seed) {
@@ -336,4 +336,4 @@ TEST(CudaCheckpoint, SavedOnCudaLoadsOnCudaAndCpuBitwise) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -1,4 +1,4 @@
-// Checkpoints (include/dmuon/checkpoint.h) on one rank: the safetensors files, save/load round
+// Checkpoints (include/meshmuon/checkpoint.h) on one rank: the safetensors files, save/load round
 // trips, box intersections for multi-rank layouts (resharding simulated locally), the errors
 // (naming file and tensor, target untouched) and crash atomicity (a forked child that dies mid-save).
 #include <gtest/gtest.h>
@@ -16,27 +16,27 @@
 #include <string>
 #include <vector>
 
-#include "dmuon/bf16.h"
-#include "dmuon/checkpoint.h"
-#include "dmuon/error.h"
-#include "dmuon/mesh_comms.h"
-#include "dmuon/optimizer.h"
-#include "dmuon/sharded_params.h"
-#include "dmuon/update.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/checkpoint.h"
+#include "meshmuon/error.h"
+#include "meshmuon/mesh_comms.h"
+#include "meshmuon/optimizer.h"
+#include "meshmuon/sharded_params.h"
+#include "meshmuon/update.h"
 #include "checkpoint/box_copy.h"
 #include "checkpoint/index.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/safetensors_io.h"
 #include "../support/temp_dir.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 namespace fs = std::filesystem;
 
 // A fresh directory per test, removed at the end.
 struct TempDir : test::TempDir {
-  TempDir() : test::TempDir("dmuon_ckpt_") {}
+  TempDir() : test::TempDir("meshmuon_ckpt_") {}
 };
 
 std::vector<char> read_bytes(const std::string& path) {
@@ -169,7 +169,7 @@ TEST(Checkpoint, SaveLoadRoundTripFp32Bf16) {
 
   // index.json is valid JSON with the schema's header.
   const nlohmann::json idx = nlohmann::json::parse(read_bytes(dir / "index.json"));
-  EXPECT_EQ(idx["format"], "dmuon-checkpoint");
+  EXPECT_EQ(idx["format"], "meshmuon-checkpoint");
   EXPECT_EQ(idx["version"], 1);
   EXPECT_EQ(idx["step"], 42);
 
@@ -329,7 +329,7 @@ class CheckpointErrors : public ::testing::Test {
     info_ = read_checkpoint_info(dir_.path());
     file_ = dir_ / (info_.generation + "/rank-0.safetensors");
   }
-  // load must throw dmuon::Error mentioning every needle; the targets keep their bytes.
+  // load must throw meshmuon::Error mentioning every needle; the targets keep their bytes.
   void expect_load_error(std::vector<Owned> targets, const std::vector<std::string>& needles) {
     std::vector<std::vector<char>> before;
     for (const Owned& o : targets) before.push_back(o.bytes());
@@ -338,7 +338,7 @@ class CheckpointErrors : public ::testing::Test {
       ADD_FAILURE() << "load succeeded";
     } catch (const Error& e) {
       const std::string msg = e.what();
-      if (std::getenv("DMUON_TEST_VERBOSE") != nullptr) std::fprintf(stderr, "%s\n", msg.c_str());
+      if (std::getenv("MESHMUON_TEST_VERBOSE") != nullptr) std::fprintf(stderr, "%s\n", msg.c_str());
       EXPECT_EQ(msg.rfind("[checkpoint] ", 0), 0u) << msg;
       for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
     }
@@ -642,4 +642,4 @@ TEST(CheckpointTrainer, OptimizerOfOtherParametersIsRefused) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -15,9 +15,9 @@
 #include <string>
 
 #include "core/cpu_features.h"
-#include "dmuon/bf16.h"
-#include "dmuon/blas.h"
-#include "dmuon/tensor.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/blas.h"
+#include "meshmuon/tensor.h"
 
 namespace {
 
@@ -41,10 +41,10 @@ uint16_t reference_to_bf16(float f) {
 
 TEST(Bf16, ExhaustiveRoundTripOfEveryBf16Value) {
   for (uint32_t b = 0; b < 65536; ++b) {
-    const dmuon::BFloat16 x{static_cast<uint16_t>(b)};
-    const float f = dmuon::bf16_to_float(x);
+    const meshmuon::BFloat16 x{static_cast<uint16_t>(b)};
+    const float f = meshmuon::bf16_to_float(x);
     ASSERT_EQ(std::bit_cast<uint32_t>(f), b << 16);
-    const uint16_t back = dmuon::float_to_bf16(f).bits;
+    const uint16_t back = meshmuon::float_to_bf16(f).bits;
     if (std::isnan(f)) {
       ASSERT_EQ(back, 0x7FC0) << "bits " << b;
     } else {
@@ -61,71 +61,71 @@ TEST(Bf16, EveryBf16NeighbourhoodMatchesReference) {
     for (uint32_t off : offsets) {
       const uint32_t u = (b << 16) | off;
       const float f = std::bit_cast<float>(u);
-      ASSERT_EQ(dmuon::float_to_bf16(f).bits, reference_to_bf16(f)) << std::hex << "fp32 bits 0x" << u;
+      ASSERT_EQ(meshmuon::float_to_bf16(f).bits, reference_to_bf16(f)) << std::hex << "fp32 bits 0x" << u;
     }
   }
 }
 
 TEST(Bf16, SpecialValues) {
   using L = std::numeric_limits<float>;
-  EXPECT_EQ(dmuon::float_to_bf16(0.0f).bits, 0x0000);
-  EXPECT_EQ(dmuon::float_to_bf16(-0.0f).bits, 0x8000);
-  EXPECT_EQ(dmuon::float_to_bf16(L::infinity()).bits, 0x7F80);
-  EXPECT_EQ(dmuon::float_to_bf16(-L::infinity()).bits, 0xFF80);
-  EXPECT_EQ(dmuon::float_to_bf16(L::quiet_NaN()).bits, 0x7FC0);
-  EXPECT_EQ(dmuon::float_to_bf16(-L::quiet_NaN()).bits, 0x7FC0);
-  EXPECT_EQ(dmuon::float_to_bf16(std::bit_cast<float>(0x7F800001u)).bits, 0x7FC0);  // signalling NaN
-  EXPECT_EQ(dmuon::float_to_bf16(L::max()).bits, 0x7F80);                            // rounds to inf
-  EXPECT_EQ(dmuon::float_to_bf16(L::denorm_min()).bits, 0x0000);
-  EXPECT_EQ(dmuon::float_to_bf16(L::min()).bits, 0x0080);
-  EXPECT_EQ(dmuon::float_to_bf16(1.0f).bits, 0x3F80);
-  EXPECT_EQ(dmuon::float_to_bf16(1.00390625f).bits, 0x3F80);   // tie, even stays
-  EXPECT_EQ(dmuon::float_to_bf16(1.01171875f).bits, 0x3F82);   // tie, odd rounds up
-  EXPECT_EQ(dmuon::float_to_bf16(-1.01171875f).bits, 0xBF82);
+  EXPECT_EQ(meshmuon::float_to_bf16(0.0f).bits, 0x0000);
+  EXPECT_EQ(meshmuon::float_to_bf16(-0.0f).bits, 0x8000);
+  EXPECT_EQ(meshmuon::float_to_bf16(L::infinity()).bits, 0x7F80);
+  EXPECT_EQ(meshmuon::float_to_bf16(-L::infinity()).bits, 0xFF80);
+  EXPECT_EQ(meshmuon::float_to_bf16(L::quiet_NaN()).bits, 0x7FC0);
+  EXPECT_EQ(meshmuon::float_to_bf16(-L::quiet_NaN()).bits, 0x7FC0);
+  EXPECT_EQ(meshmuon::float_to_bf16(std::bit_cast<float>(0x7F800001u)).bits, 0x7FC0);  // signalling NaN
+  EXPECT_EQ(meshmuon::float_to_bf16(L::max()).bits, 0x7F80);                            // rounds to inf
+  EXPECT_EQ(meshmuon::float_to_bf16(L::denorm_min()).bits, 0x0000);
+  EXPECT_EQ(meshmuon::float_to_bf16(L::min()).bits, 0x0080);
+  EXPECT_EQ(meshmuon::float_to_bf16(1.0f).bits, 0x3F80);
+  EXPECT_EQ(meshmuon::float_to_bf16(1.00390625f).bits, 0x3F80);   // tie, even stays
+  EXPECT_EQ(meshmuon::float_to_bf16(1.01171875f).bits, 0x3F82);   // tie, odd rounds up
+  EXPECT_EQ(meshmuon::float_to_bf16(-1.01171875f).bits, 0xBF82);
 }
 
 TEST(Bf16, ArrayFormsMatchScalar) {
   std::vector<float> src(1000);
   for (size_t i = 0; i < src.size(); ++i) src[i] = std::ldexp(static_cast<float>(i) * 1.37f - 600.f, (int)(i % 40) - 20);
-  std::vector<dmuon::BFloat16> mid(src.size());
+  std::vector<meshmuon::BFloat16> mid(src.size());
   std::vector<float> back(src.size());
-  dmuon::float_to_bf16(src.data(), mid.data(), src.size());
-  dmuon::bf16_to_float(mid.data(), back.data(), src.size());
+  meshmuon::float_to_bf16(src.data(), mid.data(), src.size());
+  meshmuon::bf16_to_float(mid.data(), back.data(), src.size());
   for (size_t i = 0; i < src.size(); ++i) {
-    ASSERT_EQ(mid[i].bits, dmuon::float_to_bf16(src[i]).bits);
-    ASSERT_EQ(back[i], dmuon::bf16_to_float(mid[i]));
+    ASSERT_EQ(mid[i].bits, meshmuon::float_to_bf16(src[i]).bits);
+    ASSERT_EQ(back[i], meshmuon::bf16_to_float(mid[i]));
   }
 }
 
 TEST(Shape, BasicsAndErrors) {
-  dmuon::Shape s{2, 0, 5};
+  meshmuon::Shape s{2, 0, 5};
   EXPECT_EQ(s.ndim(), 3);
   EXPECT_EQ(s.numel(), 0);
   EXPECT_EQ(s.to_string(), "[2, 0, 5]");
-  EXPECT_EQ(dmuon::contiguous_strides(dmuon::Shape{2, 3, 4}), (dmuon::Shape{12, 4, 1}));
-  EXPECT_THROW((dmuon::Shape{1, 2, 3, 4, 5}), std::invalid_argument);
-  EXPECT_THROW((dmuon::Shape{3, -1}), std::invalid_argument);
+  EXPECT_EQ(meshmuon::contiguous_strides(meshmuon::Shape{2, 3, 4}), (meshmuon::Shape{12, 4, 1}));
+  EXPECT_THROW((meshmuon::Shape{1, 2, 3, 4, 5}), std::invalid_argument);
+  EXPECT_THROW((meshmuon::Shape{3, -1}), std::invalid_argument);
 }
 
 TEST(TensorView, ContiguityAndDtype) {
   float buf[12];
-  dmuon::TensorView v(buf, dmuon::Shape{3, 4});
+  meshmuon::TensorView v(buf, meshmuon::Shape{3, 4});
   EXPECT_TRUE(v.is_contiguous());
   EXPECT_EQ(v.nbytes(), 48u);
   EXPECT_EQ(v.f32(), buf);
   EXPECT_THROW(v.bf16(), std::invalid_argument);
-  dmuon::TensorView t(buf, dmuon::DType::F32, dmuon::Shape{4, 3}, dmuon::Shape{1, 4});  // transposed
+  meshmuon::TensorView t(buf, meshmuon::DType::F32, meshmuon::Shape{4, 3}, meshmuon::Shape{1, 4});  // transposed
   EXPECT_FALSE(t.is_contiguous());
-  dmuon::TensorView one(buf, dmuon::DType::F32, dmuon::Shape{1, 12}, dmuon::Shape{99, 1});
+  meshmuon::TensorView one(buf, meshmuon::DType::F32, meshmuon::Shape{1, 12}, meshmuon::Shape{99, 1});
   EXPECT_TRUE(one.is_contiguous());
 }
 
 TEST(DType, Names) {
-  EXPECT_EQ(dmuon::parse_dtype("bf16"), dmuon::DType::BF16);
-  EXPECT_EQ(dmuon::parse_dtype("float32"), dmuon::DType::F32);
-  EXPECT_EQ(dmuon::to_string(dmuon::DType::BF16), "bf16");
+  EXPECT_EQ(meshmuon::parse_dtype("bf16"), meshmuon::DType::BF16);
+  EXPECT_EQ(meshmuon::parse_dtype("float32"), meshmuon::DType::F32);
+  EXPECT_EQ(meshmuon::to_string(meshmuon::DType::BF16), "bf16");
   try {
-    dmuon::parse_dtype("fp16", "comm_dtype");
+    meshmuon::parse_dtype("fp16", "comm_dtype");
     FAIL();
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("comm_dtype 'fp16'"), std::string::npos);
@@ -134,19 +134,19 @@ TEST(DType, Names) {
 
 TEST(Errors, ChecksSayWhereTheyFired) {
   try {
-    DMUON_CHECK(1 + 1 == 3, "[test] arithmetic ", 42);
+    MESHMUON_CHECK(1 + 1 == 3, "[test] arithmetic ", 42);
     FAIL();
   } catch (const std::invalid_argument& e) {  // still a std::invalid_argument for callers
     EXPECT_STREQ(e.what(), "[test] arithmetic 42");  // the message itself is unchanged
-    EXPECT_EQ(dmuon::error_location(e).rfind("tests/unit/core_test.cpp:", 0), 0u) << dmuon::error_location(e);
+    EXPECT_EQ(meshmuon::error_location(e).rfind("tests/unit/core_test.cpp:", 0), 0u) << meshmuon::error_location(e);
   }
   try {
-    DMUON_CHECK_RUNTIME(false, "[test] runtime");
+    MESHMUON_CHECK_RUNTIME(false, "[test] runtime");
     FAIL();
-  } catch (const dmuon::Error& e) {
+  } catch (const meshmuon::Error& e) {
     EXPECT_NE(e.where().find("core_test.cpp:"), std::string::npos) << e.where();
   }
-  EXPECT_EQ(dmuon::error_location(std::runtime_error("plain")), "");  // negative control
+  EXPECT_EQ(meshmuon::error_location(std::runtime_error("plain")), "");  // negative control
 }
 
 // cpu_bf16_support agrees with the kernel's view of the CPU (/proc/cpuinfo flags).
@@ -158,25 +158,25 @@ TEST(CpuFeatures, Bf16SupportMatchesProcCpuinfo) {
       flags = line + " ";
       break;
     }
-  const dmuon::detail::CpuBf16 real = dmuon::detail::cpu_bf16_support();
+  const meshmuon::detail::CpuBf16 real = meshmuon::detail::cpu_bf16_support();
   if (!flags.empty()) {
     EXPECT_EQ(real.avx512_bf16, flags.find(" avx512_bf16 ") != std::string::npos);
     EXPECT_EQ(real.amx_bf16, flags.find(" amx_bf16 ") != std::string::npos);
   }
   EXPECT_EQ(real.native, real.avx512_bf16 || real.amx_bf16);
-  EXPECT_FALSE(dmuon::detail::cpu_model_name().empty());
+  EXPECT_FALSE(meshmuon::detail::cpu_model_name().empty());
 }
 
 TEST(Blas, LoadsFastCore) {
-  const dmuon::BlasInfo info = dmuon::blas_info();
+  const meshmuon::BlasInfo info = meshmuon::blas_info();
   EXPECT_FALSE(info.library.empty());
   auto lower = [](std::string s) {
     for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     return s;
   };
-  if (std::getenv("DMUON_BLAS_REEXEC") == nullptr && !info.coretype_env.empty()) {
-    // The user chose a core (some machines set OPENBLAS_CORETYPE): dmuon must leave it alone.
-    // ctest's core_test_auto_core runs this test without it, where dmuon chooses.
+  if (std::getenv("MESHMUON_BLAS_REEXEC") == nullptr && !info.coretype_env.empty()) {
+    // The user chose a core (some machines set OPENBLAS_CORETYPE): meshmuon must leave it alone.
+    // ctest's core_test_auto_core runs this test without it, where meshmuon chooses.
     EXPECT_EQ(lower(info.corename), lower(info.coretype_env)) << "the user's OPENBLAS_CORETYPE was not respected";
     return;
   }

@@ -3,7 +3,7 @@
 // buffers, streams and events, Newton–Schulz (fp32 and bf16 operands, wide and tall) against the cpu
 // result and against the exact polar factor from LAPACK SVD. Every test needs a CUDA device and is
 // skipped without one (ctest shows "Skipped"), except the one that checks make_cuda_backend's error
-// on a machine without a device. Built only when the cuda backend is (DMUON_WITH_CUDA).
+// on a machine without a device. Built only when the cuda backend is (MESHMUON_WITH_CUDA).
 // Run: build/bin/cuda_backend_test
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -30,19 +30,19 @@
 #include "backend/cuda/batched_gemm.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
-#include "dmuon/bf16.h"
-#include "dmuon/error.h"
-#include "dmuon/inventory.h"
-#include "dmuon/local_optimizer.h"
-#include "dmuon/optimizer.h"
-#include "dmuon/update.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/error.h"
+#include "meshmuon/inventory.h"
+#include "meshmuon/local_optimizer.h"
+#include "meshmuon/optimizer.h"
+#include "meshmuon/update.h"
 #include "state/state_offload.h"
 #include "test_support.h"
-#if DMUON_TEST_CUDA_EMU
+#if MESHMUON_TEST_CUDA_EMU
 #include "../cuda_emu/device_memory.h"
 #endif
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 #define REQUIRE_CUDA()                                                         \
@@ -51,7 +51,7 @@ namespace {
     if (!cuda_device_available(&why_)) GTEST_SKIP() << "no CUDA device: " << why_; \
   } while (0)
 
-using dmuon::test::randn;
+using meshmuon::test::randn;
 
 std::vector<BFloat16> to_bf16(const std::vector<float>& v) {
   std::vector<BFloat16> b(v.size());
@@ -155,7 +155,7 @@ TEST(CudaBackend, QueuedStreamJobsEndWithTheirWorkQueued) {
     });
     st->wait_queued();
     ASSERT_FALSE(done.empty());
-#if DMUON_TEST_CUDA_EMU
+#if MESHMUON_TEST_CUDA_EMU
     if (end == JobEnd::Queued) EXPECT_EQ(read_on(a, {}), ones) << "the job's work ran before the job ended";
     else EXPECT_EQ(read_on(a, {}), zeros) << "a Complete job ends with its work in memory";
 #endif
@@ -454,7 +454,7 @@ TEST(CudaBackend, PackTablesQueueThroughThePinnedUploadRing) {
   std::vector<Buffer> dst;
   std::vector<std::vector<int64_t>> perms;
   std::mt19937 rng(11);
-#if DMUON_TEST_CUDA_EMU
+#if MESHMUON_TEST_CUDA_EMU
   const unsigned long long pageable_before = cuda_emu::made(cuda_emu::Made::PageableUpload);
 #endif
   for (int k = 0; k < kTables; ++k) dst.push_back(cuda->allocate(kN * sizeof(float), MemoryKind::Device));
@@ -472,7 +472,7 @@ TEST(CudaBackend, PackTablesQueueThroughThePinnedUploadRing) {
     cuda->pack(runs, bases);
     perms.push_back(std::move(perm));
   }
-#if DMUON_TEST_CUDA_EMU
+#if MESHMUON_TEST_CUDA_EMU
   EXPECT_EQ(cuda_emu::made(cuda_emu::Made::PageableUpload), pageable_before) << "a table went up from pageable memory";
 #endif
   cuda->synchronize();
@@ -501,7 +501,7 @@ std::vector<double> singular_values(const std::vector<float>& x, int m, int n) {
 // Muon+ leaves every matrix's Frobenius norm at sqrt(min(m, n)) before NorMuon (checked with NorMuon
 // off); each matrix of the batch bitwise the same as alone. Negative control: the options change
 // the result (they are not ignored).
-TEST(CudaBackend, MuonEqAndMuonPlusMatchTheCpu) {
+TEST(CudaBackend, MuonEqWithMuonPlusMatchTheCpu) {
   REQUIRE_CUDA();
   auto cuda = make_cuda_backend(0);
   auto cpu = make_cpu_backend();
@@ -686,12 +686,12 @@ TEST(CudaBackend, BatchedUnitsGiveEachMatrixItsOwnBits) {
   const BatchedGemmCounters d = expect_batch_equals_alone(*cuda, "batched");
   EXPECT_GT(d.gemm_ex, 0u) << "fp32 products are one cublasGemmEx per matrix";
   if (cuda->capabilities().bf16_products) EXPECT_GT(d.single, 0u) << "bf16 products go through cuBLASLt";
-#if DMUON_TEST_CUDA_EMU
+#if MESHMUON_TEST_CUDA_EMU
   // The emulated cuBLASLt: every batched shape probed; with the batch-dependent algorithm
-  // (DMUON_CUDA_EMU_LT_BATCH_VARIANT=1, cuda_backend_batch_variant_emu) every probe finds it and the
+  // (MESHMUON_CUDA_EMU_LT_BATCH_VARIANT=1, cuda_backend_batch_variant_emu) every probe finds it and the
   // batches run matrix by matrix, else every batch runs batched.
   if (cuda->capabilities().bf16_products) {
-    const char* variant = std::getenv("DMUON_CUDA_EMU_LT_BATCH_VARIANT");
+    const char* variant = std::getenv("MESHMUON_CUDA_EMU_LT_BATCH_VARIANT");
     EXPECT_GT(d.probes, 0u);
     if (variant != nullptr && std::string(variant) == "1") {
       EXPECT_EQ(d.probe_mismatch, d.probes);
@@ -704,14 +704,14 @@ TEST(CudaBackend, BatchedUnitsGiveEachMatrixItsOwnBits) {
 #endif
 }
 
-#if DMUON_TEST_CUDA_EMU
+#if MESHMUON_TEST_CUDA_EMU
 // The negative control of the probe (cuda_backend_batch_variant_emu only, where the emulated
 // cuBLASLt sums a batched product in another order): with the probe off the batched results differ
 // from the matrices alone, so the test above does catch a batch-dependent algorithm.
 TEST(CudaBackend, WithoutTheProbeABatchDependentAlgorithmChangesBits) {
   REQUIRE_CUDA();
-  const char* variant = std::getenv("DMUON_CUDA_EMU_LT_BATCH_VARIANT");
-  ASSERT_TRUE(variant != nullptr && std::string(variant) == "1") << "run with DMUON_CUDA_EMU_LT_BATCH_VARIANT=1";
+  const char* variant = std::getenv("MESHMUON_CUDA_EMU_LT_BATCH_VARIANT");
+  ASSERT_TRUE(variant != nullptr && std::string(variant) == "1") << "run with MESHMUON_CUDA_EMU_LT_BATCH_VARIANT=1";
   auto cuda = make_cuda_backend(0);
   ASSERT_TRUE(cuda->capabilities().bf16_products) << "needs bf16 products (oneDNN on the host)";
   NsOptions o;
@@ -1132,7 +1132,7 @@ TEST(CudaBackend, CallerStreamOrdersTheStepOnTheDevice) {
     ASSERT_TRUE(ref.step());
     const std::vector<std::vector<float>> before = params_on(ref, other);  // unused on a GPU
     ASSERT_TRUE(dev.step());
-#if DMUON_TEST_CUDA_EMU
+#if MESHMUON_TEST_CUDA_EMU
     if (t == 1) {  // nothing of the step has run for a stream it is not ordered with
       const std::vector<std::vector<float>> early = params_on(dev, other);
       bool same = true;
@@ -1143,7 +1143,7 @@ TEST(CudaBackend, CallerStreamOrdersTheStepOnTheDevice) {
     const std::vector<std::vector<float>> want = params_on(ref, other), got = params_on(dev, caller);
     for (size_t i = 0; i < want.size(); ++i) expect_bitwise(got[i], want[i], "step " + std::to_string(t) + " parameter " + std::to_string(i));
   }
-#if DMUON_TEST_CUDA_EMU
+#if MESHMUON_TEST_CUDA_EMU
   {  // the negative control: the same inputs without the stream (no compute thread: a waiting thread
      // of the emulation may run any stream's queue, the caller's copies included, as a GPU may)
     DeviceSteps unordered(false), once(false);
@@ -1275,7 +1275,7 @@ TEST(CudaBackend, SingleCommunicatorChecksTheDeviceIndex) {
   EXPECT_TRUE(make_single_communicator("cuda:" + std::to_string(count - 1))->device_buffers());
 }
 
-#if DMUON_TEST_CUDA_EMU
+#if MESHMUON_TEST_CUDA_EMU
 // Emulation only (it counts what the runtime made): after the first steps, a step makes no device or
 // pinned allocation, stream, event, cuBLAS handle or cuBLASLt descriptor, with fp32 and bf16
 // products. The compute stream, its thread and what lives on it (handle, scratch, descriptors) are
@@ -1334,7 +1334,7 @@ TEST(CudaBackend, AStepWaitsOnTheHostOnlyForItsAgreement) {
 
 // Emulation only: a kernel of the compute stream faults on the device after its job has ended (the
 // job is JobEnd::Queued; the fault injected into the next polynomial of Newton–Schulz). The step
-// raises a dmuon::Error naming the CUDA error: at its end wait, or, given the caller's stream (the
+// raises a meshmuon::Error naming the CUDA error: at its end wait, or, given the caller's stream (the
 // step then returns with its tail queued), at the latest in the next step, as PyTorch reports
 // CUDA errors asynchronously too. No hang, no silent result, and the optimizer is destroyed without
 // either. In a child process: the emulated context stays dead, as a CUDA context does.
@@ -1354,7 +1354,7 @@ TEST(CudaBackendDeathTest, ADeviceFaultAfterItsJobEndedIsRaised) {
           for (int t = 3; t <= 4 && code == 0; ++t) {
             try {
               (void)run->step();
-            } catch (const dmuon::Error& e) {
+            } catch (const meshmuon::Error& e) {
               std::fprintf(stderr, "raised in step %d: %s\n", t, e.what());
               code = ordered || t == 3 ? 3 : 4;  // without the caller's stream: in the faulting step
             }
@@ -1391,4 +1391,4 @@ TEST(CudaBackend, AnOffloadedStepWaitsOnTheHostForItsAgreementAndItsWriteBacks) 
 #endif
 
 }  // namespace
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -8,7 +8,7 @@
 // (which must stay untouched), and pack items at every byte offset. Built with
 // -fsanitize=alignment: an access a GPU would fault on as misaligned stops the test (x86 forgives
 // it). ctest runs it three times, each block's threads in ascending, descending and alternating
-// order (DMUON_CUDA_HOST_ORDER): a missing barrier shows in one of them. Limits (cuda_on_host.h):
+// order (MESHMUON_CUDA_HOST_ORDER): a missing barrier shows in one of them. Limits (cuda_on_host.h):
 // threads never overlap, so no data race or warp behavior shows; NaN results carry x86's payloads (no
 // update kernel's output is compared on non-finite input). Negative controls: a transposed tile read,
 // a wrong binary search and a swapped half-word each failed when the kernels were written; the
@@ -27,14 +27,14 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "dmuon/bf16.h"
-#include "dmuon/update.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/update.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/ns_kernels.h"
 #include "kernels/cpu/update_args.h"
 #include "../support/cuda_on_host.h"
 
-namespace dmuon::cuda_host {
+namespace meshmuon::cuda_host {
 namespace {
 
 // A kernel launched with a grid of the test's choosing (the launchers pick their own).
@@ -161,7 +161,7 @@ TEST(CudaKernelsOnHost, SumOfSquaresFollowsItsFixedTree) {
 // gives it alone. A block that found the wrong tensor, or a stride that skipped or repeated
 // elements, changes bits here.
 TEST(CudaKernelsOnHost, MultiTensorKernelsAreTheCpuKernelsPerTensor) {
-  auto cpu = ::dmuon::detail::make_cpu_backend();
+  auto cpu = ::meshmuon::detail::make_cpu_backend();
   const std::vector<int64_t> sizes = {777, 1, 300001, 4096, 33, 1025};
   struct T {
     std::vector<float> buf, g, upd, p, m, v;
@@ -450,9 +450,9 @@ TEST(CudaKernelsOnHost, PolynomialAndMirrorKeepEachMatrixOfABatch) {
   }
 }
 
-// The bf16 conversions are dmuon/bf16.h's: ties to even, NaN to 0x7FC0, infinities and signed zeros
+// The bf16 conversions are meshmuon/bf16.h's: ties to even, NaN to 0x7FC0, infinities and signed zeros
 // kept, overflow to infinity, subnormals.
-TEST(CudaKernelsOnHost, Bf16ConversionsAreDmuonsBf16) {
+TEST(CudaKernelsOnHost, Bf16ConversionsAreMeshmuonsBf16) {
   std::vector<float> x = normal(3000, 9);
   const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFFC00001u, 0x7F800001u,
                               0x3F808000u, 0x3F818000u, 0x3F80FFFFu, 0x7F7FFFFFu, 0x00000001u, 0x807FFFFFu, 0x00408000u};
@@ -488,7 +488,7 @@ TEST(CudaKernelsOnHost, ScaleRowsTouchesOnlyClippedRows) {
 
 // FSDP's ordered sum and the mean's division: the cpu backend's bits, fp32 and bf16 blocks.
 TEST(CudaKernelsOnHost, OrderedSumAndDivideAreTheCpuBackends) {
-  auto cpu = ::dmuon::detail::make_cpu_backend();
+  auto cpu = ::meshmuon::detail::make_cpu_backend();
   const int64_t n = 2049;
   for (const bool bf16 : {false, true})
     for (const int blocks_n : {1, 2, 5}) {
@@ -650,4 +650,4 @@ TEST(CudaKernelsOnHostDeathTest, AnUnlistedKernelThatWaitsAtABarrierStops) {
 }
 
 }  // namespace
-}  // namespace dmuon::cuda_host
+}  // namespace meshmuon::cuda_host

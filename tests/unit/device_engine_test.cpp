@@ -16,37 +16,37 @@
 #include "../support/fake_device.h"
 #include "backend/backend.h"
 #include "comm/staging.h"
-#include "dmuon/comm.h"
-#include "dmuon/bf16.h"
-#include "dmuon/local_optimizer.h"
-#include "dmuon/optimizer.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/local_optimizer.h"
+#include "meshmuon/optimizer.h"
 #include "backend/select.h"
 #include "test_support.h"
 
 namespace {
 
-using dmuon::Algorithm;
-using dmuon::DType;
-using dmuon::GroupOptions;
-using dmuon::LocalOptimizer;
-using dmuon::LocalOptimizerOptions;
-using dmuon::ParamGroup;
-using dmuon::ParamInfo;
-using dmuon::Shape;
-using dmuon::TensorView;
-using dmuon::detail::Backend;
-using dmuon::detail::Buffer;
-using dmuon::detail::MemoryKind;
-using dmuon::test::FakeDeviceBackend;
+using meshmuon::Algorithm;
+using meshmuon::DType;
+using meshmuon::GroupOptions;
+using meshmuon::LocalOptimizer;
+using meshmuon::LocalOptimizerOptions;
+using meshmuon::ParamGroup;
+using meshmuon::ParamInfo;
+using meshmuon::Shape;
+using meshmuon::TensorView;
+using meshmuon::detail::Backend;
+using meshmuon::detail::Buffer;
+using meshmuon::detail::MemoryKind;
+using meshmuon::test::FakeDeviceBackend;
 
-using dmuon::test::randn;
+using meshmuon::test::randn;
 
 // Muon (tall, wide; NorMuon + cautious), an expert stack and a QK-tagged weight (heavy ball, Polar
 // Express, QK-clip), AdamW (a bias and an embedding).
 std::vector<ParamInfo> model_params() {
   std::vector<ParamInfo> p = {{"w_tall", {24, 10}}, {"w_wide", {10, 24}}, {"experts", {3, 12, 8}, true},
                               {"wq", {8, 12}},      {"bias", {16}},       {"embed", {20, 6}}};
-  p[3].qk = dmuon::QkTag{0, dmuon::QkKind::Q, 2, 4};
+  p[3].qk = meshmuon::QkTag{0, meshmuon::QkKind::Q, 2, 4};
   return p;
 }
 
@@ -55,9 +55,9 @@ std::vector<ParamGroup> model_groups() {
   g0.lr = 0.02, g0.weight_decay = 0.1, g0.normuon = true, g0.cautious_wd = true;
   GroupOptions g1;
   g1.lr = 0.01, g1.weight_decay = 0.05, g1.momentum = 0.9, g1.nesterov = false;
-  g1.momentum_kind = dmuon::MomentumKind::HeavyBall;
-  g1.lr_rule = dmuon::LrRule::MatchRmsAdamw;
-  g1.ns.schedule = dmuon::Schedule::PolarExpress;
+  g1.momentum_kind = meshmuon::MomentumKind::HeavyBall;
+  g1.lr_rule = meshmuon::LrRule::MatchRmsAdamw;
+  g1.ns.schedule = meshmuon::Schedule::PolarExpress;
   g1.qk_clip_threshold = 5.0;
   GroupOptions g2;
   g2.algorithm = Algorithm::AdamW, g2.lr = 3e-3, g2.weight_decay = 0.01;
@@ -75,12 +75,12 @@ struct RunResult {
 // step 2 'w_wide' and 'bias' have no gradient; at `nan_step` a gradient holds a NaN.
 RunResult run(std::shared_ptr<Backend> backend, LocalOptimizerOptions options, int steps, int nan_step = -1) {
   const auto info = model_params();
-  std::unique_ptr<dmuon::detail::ScopedEngineDevice> inject;
+  std::unique_ptr<meshmuon::detail::ScopedEngineDevice> inject;
   auto* fake = dynamic_cast<FakeDeviceBackend*>(backend.get());
-  if (fake) inject = std::make_unique<dmuon::detail::ScopedEngineDevice>(dmuon::detail::EngineDevice{backend, fake->space()});
-  if (!backend) backend = dmuon::detail::resolve_engine_device(options.device).backend;
+  if (fake) inject = std::make_unique<meshmuon::detail::ScopedEngineDevice>(meshmuon::detail::EngineDevice{backend, fake->space()});
+  if (!backend) backend = meshmuon::detail::resolve_engine_device(options.device).backend;
   const bool device = backend->capabilities().device_memory;
-  const dmuon::Device dev = backend->device();
+  const meshmuon::Device dev = backend->device();
   LocalOptimizer opt(info, model_groups(), options);
   inject.reset();  // construction is what reads the hook
 
@@ -107,11 +107,11 @@ RunResult run(std::shared_ptr<Backend> backend, LocalOptimizerOptions options, i
       if (t == nan_step && i == 3) g[5] = std::numeric_limits<float>::quiet_NaN();
       const MemoryKind kind = device ? MemoryKind::Device : MemoryKind::Host;
       if (i == 0) {
-        std::vector<dmuon::BFloat16> b(g.size());
-        for (size_t j = 0; j < g.size(); ++j) b[j] = dmuon::float_to_bf16(g[j]);
-        grads.push_back(backend->allocate(b.size() * sizeof(dmuon::BFloat16), kind));
-        backend->copy(grads.back().data(), b.data(), b.size() * sizeof(dmuon::BFloat16));
-        gv.emplace_back(grads.back().as<dmuon::BFloat16>(), info[i].shape);
+        std::vector<meshmuon::BFloat16> b(g.size());
+        for (size_t j = 0; j < g.size(); ++j) b[j] = meshmuon::float_to_bf16(g[j]);
+        grads.push_back(backend->allocate(b.size() * sizeof(meshmuon::BFloat16), kind));
+        backend->copy(grads.back().data(), b.data(), b.size() * sizeof(meshmuon::BFloat16));
+        gv.emplace_back(grads.back().as<meshmuon::BFloat16>(), info[i].shape);
       } else {
         grads.push_back(backend->allocate(g.size() * sizeof(float), kind));
         backend->copy(grads.back().data(), g.data(), g.size() * sizeof(float));
@@ -129,7 +129,7 @@ RunResult run(std::shared_ptr<Backend> backend, LocalOptimizerOptions options, i
     for (const std::string& key : opt.state_keys(i)) {
       const TensorView v = opt.state(i, key);
       // device state gives device views; offloaded state lives in (pinned) host memory
-      EXPECT_EQ(v.device, device && !options.offload_state ? dev : dmuon::Device{}) << info[i].name << "/" << key;
+      EXPECT_EQ(v.device, device && !options.offload_state ? dev : meshmuon::Device{}) << info[i].name << "/" << key;
       if (fake)  // the engine's state really is fake device memory (offload: pinned host home copies)
         EXPECT_EQ(fake->memory()->contains(v.data), !options.offload_state) << info[i].name << "/" << key;
       std::vector<float> h2(static_cast<size_t>(v.shape.numel()));
@@ -160,12 +160,12 @@ TEST(FakeDeviceDeathTest, HostTouchOfDeviceMemoryFaults) {
   Buffer b = be.allocate(64, MemoryKind::Device);
   const std::vector<float> v = {1, 2, 3, 4};
   be.copy(b.data(), v.data(), sizeof(float) * v.size());  // through the alias: fine
-  EXPECT_EQ(dmuon::test::to_host(be, b.as<float>(), 4), v);
+  EXPECT_EQ(meshmuon::test::to_host(be, b.as<float>(), 4), v);
   float* d = b.as<float>();
   EXPECT_DEATH({ volatile float x = d[1]; (void)x; }, "");
   EXPECT_DEATH({ d[0] = 1.0f; }, "");
   // the cpu backend's kernels (what an engine forgetting the device would call) fault too
-  auto cpu = dmuon::detail::make_cpu_backend();
+  auto cpu = meshmuon::detail::make_cpu_backend();
   EXPECT_DEATH({ cpu->round_to_comm(d, 4, DType::BF16); }, "");
 }
 
@@ -177,36 +177,36 @@ TEST(FakeDeviceDeathTest, HostTouchOfDeviceMemoryFaults) {
 TEST(FakeDeviceDeathTest, SingleCommunicatorCopiesThroughTheSpace) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   FakeDeviceBackend be;
-  auto comm = dmuon::make_single_communicator(be.space());
+  auto comm = meshmuon::make_single_communicator(be.space());
   std::vector<Buffer> keep;
   const std::vector<float> src = {1, 2, 3, 4, 5, 6};
-  float* d_src = dmuon::test::to_device(be, keep, src);
-  float* d_dst = dmuon::test::to_device(be, keep, std::vector<float>(6, 0.0f));
-  using dmuon::CommType;
-  using dmuon::InBuffer;
-  using dmuon::OutBuffer;
+  float* d_src = meshmuon::test::to_device(be, keep, src);
+  float* d_dst = meshmuon::test::to_device(be, keep, std::vector<float>(6, 0.0f));
+  using meshmuon::CommType;
+  using meshmuon::InBuffer;
+  using meshmuon::OutBuffer;
   const std::vector<int64_t> counts = {6}, displs = {0};
   comm->all_gather_v(InBuffer(d_src, CommType::F32, 6), OutBuffer(d_dst, CommType::F32, 6), counts, "ag").wait();
-  EXPECT_EQ(dmuon::test::to_host(be, d_dst, 6), src);
-  float* d2 = dmuon::test::to_device(be, keep, std::vector<float>(6, 0.0f));
-  comm->reduce_scatter_v(InBuffer(d_src, CommType::F32, 6), OutBuffer(d2, CommType::F32, 6), counts, dmuon::ReduceOp::Sum,
+  EXPECT_EQ(meshmuon::test::to_host(be, d_dst, 6), src);
+  float* d2 = meshmuon::test::to_device(be, keep, std::vector<float>(6, 0.0f));
+  comm->reduce_scatter_v(InBuffer(d_src, CommType::F32, 6), OutBuffer(d2, CommType::F32, 6), counts, meshmuon::ReduceOp::Sum,
                          "rs").wait();
-  EXPECT_EQ(dmuon::test::to_host(be, d2, 6), src);
+  EXPECT_EQ(meshmuon::test::to_host(be, d2, 6), src);
   std::vector<float> host(6, 0.0f);  // device -> host and host -> device
-  comm->all_reduce(InBuffer(d_src, CommType::F32, 6), OutBuffer(host.data(), CommType::F32, 6), dmuon::ReduceOp::Sum,
+  comm->all_reduce(InBuffer(d_src, CommType::F32, 6), OutBuffer(host.data(), CommType::F32, 6), meshmuon::ReduceOp::Sum,
                    "ar").wait();
   EXPECT_EQ(host, src);
-  float* d3 = dmuon::test::to_device(be, keep, std::vector<float>(6, 0.0f));
+  float* d3 = meshmuon::test::to_device(be, keep, std::vector<float>(6, 0.0f));
   comm->all_to_all_v(InBuffer(host.data(), CommType::F32, 6), counts, displs, OutBuffer(d3, CommType::F32, 6), counts,
                      displs, "a2a").wait();
-  EXPECT_EQ(dmuon::test::to_host(be, d3, 6), src);
-  float* d4 = dmuon::test::to_device(be, keep, std::vector<float>(6, 0.0f));
+  EXPECT_EQ(meshmuon::test::to_host(be, d3, 6), src);
+  float* d4 = meshmuon::test::to_device(be, keep, std::vector<float>(6, 0.0f));
   comm->group_begin();
   (void)comm->send(InBuffer(d_src, CommType::F32, 6), 0, "p2p");
   (void)comm->recv(OutBuffer(d4, CommType::F32, 6), 0, "p2p");
   comm->group_end("p2p").wait();
-  EXPECT_EQ(dmuon::test::to_host(be, d4, 6), src);
-  auto plain = dmuon::make_single_communicator();
+  EXPECT_EQ(meshmuon::test::to_host(be, d4, 6), src);
+  auto plain = meshmuon::make_single_communicator();
   EXPECT_DEATH(
       {
         plain->all_gather_v(InBuffer(d_src, CommType::F32, 6), OutBuffer(d_dst, CommType::F32, 6), counts, "ag").wait();
@@ -249,7 +249,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, DeviceEngine,
 
 TEST(DeviceEngine, NonFiniteSkipBitwiseEqualsCpu) {
   LocalOptimizerOptions o;
-  o.policy = dmuon::NonFinitePolicy::Skip;
+  o.policy = meshmuon::NonFinitePolicy::Skip;
   const RunResult cpu = run(nullptr, o, 3, 2);
   const RunResult dev = run(std::make_shared<FakeDeviceBackend>(), o, 3, 2);
   EXPECT_EQ(cpu.applied, (std::vector<bool>{true, false, true}));
@@ -264,17 +264,17 @@ TEST(DeviceEngine, ParameterOnAnotherDeviceIsNamedBeforeAnythingChanges) {
   GroupOptions muon;
   std::unique_ptr<LocalOptimizer> opt;
   {
-    dmuon::detail::ScopedEngineDevice inject({fake, fake->space()});
+    meshmuon::detail::ScopedEngineDevice inject({fake, fake->space()});
     opt = std::make_unique<LocalOptimizer>(info, std::vector<ParamGroup>{{muon, {0, 1}}});
   }
   std::vector<Buffer> keep;
   const std::vector<float> w0 = randn(24, 1, 1.0f), w1 = randn(24, 2, 1.0f), g = randn(24, 3, 1.0f);
-  float* d0 = dmuon::test::to_device(*fake, keep, w0);
-  float* dg0 = dmuon::test::to_device(*fake, keep, g);
+  float* d0 = meshmuon::test::to_device(*fake, keep, w0);
+  float* dg0 = meshmuon::test::to_device(*fake, keep, g);
   std::vector<float> h1 = w1, hg1 = g;  // parameter 1 given in host memory
   std::vector<TensorView> pv = {TensorView(d0, info[0].shape), TensorView(h1.data(), info[1].shape)};
   std::vector<TensorView> gv = {TensorView(dg0, info[0].shape), TensorView(hg1.data(), info[1].shape)};
-  pv[0].device = gv[0].device = {dmuon::DeviceKind::Cuda, 0};
+  pv[0].device = gv[0].device = {meshmuon::DeviceKind::Cuda, 0};
   try {
     opt->step(pv, gv);
     FAIL() << "expected an error";
@@ -282,11 +282,11 @@ TEST(DeviceEngine, ParameterOnAnotherDeviceIsNamedBeforeAnythingChanges) {
     EXPECT_NE(std::string(e.what()).find("parameter 'w1' is on cpu but the optimizer runs on cuda:0"), std::string::npos)
         << e.what();
   }
-  EXPECT_EQ(dmuon::test::to_host(*fake, d0, 24), w0);  // nothing modified
+  EXPECT_EQ(meshmuon::test::to_host(*fake, d0, 24), w0);  // nothing modified
   EXPECT_EQ(h1, w1);
   EXPECT_EQ(opt->step_count(0), 0);
-  pv[1].device = {dmuon::DeviceKind::Cuda, 0};  // now the gradient alone is wrong
-  pv[1].data = dmuon::test::to_device(*fake, keep, w1);
+  pv[1].device = {meshmuon::DeviceKind::Cuda, 0};  // now the gradient alone is wrong
+  pv[1].data = meshmuon::test::to_device(*fake, keep, w1);
   try {
     opt->step(pv, gv);
     FAIL() << "expected an error";
@@ -294,7 +294,7 @@ TEST(DeviceEngine, ParameterOnAnotherDeviceIsNamedBeforeAnythingChanges) {
     EXPECT_NE(std::string(e.what()).find("gradient of 'w1' is on cpu but the optimizer runs on cuda:0"), std::string::npos)
         << e.what();
   }
-  EXPECT_EQ(dmuon::test::to_host(*fake, d0, 24), w0);
+  EXPECT_EQ(meshmuon::test::to_host(*fake, d0, 24), w0);
 }
 
 TEST(DeviceEngine, DeviceOptionIsValidated) {
@@ -322,7 +322,7 @@ TEST(DeviceEngine, DeviceOptionIsValidated) {
   LocalOptimizer opt(info, groups);
   std::vector<float> w(24), g(24, 1.0f);
   std::vector<TensorView> pv = {TensorView(w.data(), info[0].shape)}, gv = {TensorView(g.data(), info[0].shape)};
-  pv[0].device = {dmuon::DeviceKind::Cuda, 0};
+  pv[0].device = {meshmuon::DeviceKind::Cuda, 0};
   EXPECT_THROW(opt.step(pv, gv), std::invalid_argument);
 }
 
@@ -331,21 +331,21 @@ TEST(DeviceEngine, DeviceOptionIsValidated) {
 // communicator made for the device's memory is accepted (the control).
 TEST(DeviceEngine, HostOnlyCommunicatorIsRefused) {
   auto fake = std::make_shared<FakeDeviceBackend>();
-  const dmuon::detail::ScopedEngineDevice inject({fake, fake->space()});
+  const meshmuon::detail::ScopedEngineDevice inject({fake, fake->space()});
   const auto inventory = [] {
-    dmuon::Inventory inv;
+    meshmuon::Inventory inv;
     inv.model = "t";
     inv.mesh_names = {"dense"};
-    inv.meshes = {dmuon::Mesh::parse("")};
+    inv.meshes = {meshmuon::Mesh::parse("")};
     inv.params.resize(1);
     inv.params[0].name = "w", inv.params[0].shape = {4, 6};
     return inv;
   };
   const std::vector<ParamGroup> groups = {{GroupOptions{}, {0}}};
-  std::shared_ptr<dmuon::Communicator> host_only = dmuon::make_single_communicator();
+  std::shared_ptr<meshmuon::Communicator> host_only = meshmuon::make_single_communicator();
   EXPECT_FALSE(host_only->device_buffers());
   try {
-    dmuon::Optimizer opt(host_only, inventory(), groups);
+    meshmuon::Optimizer opt(host_only, inventory(), groups);
     FAIL() << "expected an error";
   } catch (const std::invalid_argument& e) {
     const std::string m = e.what();
@@ -353,10 +353,10 @@ TEST(DeviceEngine, HostOnlyCommunicatorIsRefused) {
     EXPECT_NE(m.find("communicator 'world' (backend 'single') carries host memory only"), std::string::npos) << m;
     EXPECT_NE(m.find("make_single_communicator(\"cuda\")"), std::string::npos) << m;
   }
-  std::shared_ptr<dmuon::Communicator> on_device = dmuon::make_single_communicator(fake->space());
+  std::shared_ptr<meshmuon::Communicator> on_device = meshmuon::make_single_communicator(fake->space());
   EXPECT_TRUE(on_device->device_buffers());
   EXPECT_TRUE(on_device->split(0, 0, "sub")->device_buffers());  // inherited by split
-  EXPECT_NO_THROW(dmuon::Optimizer(on_device, inventory(), groups));
+  EXPECT_NO_THROW(meshmuon::Optimizer(on_device, inventory(), groups));
 }
 
 // ---- the real cuda backend (skipped without a GPU) ----------------------------------------------
@@ -368,7 +368,7 @@ TEST(DeviceEngine, HostOnlyCommunicatorIsRefused) {
 TEST(CudaEngine, LocalOptimizerMatchesCpuWithinBound) {
   std::shared_ptr<Backend> cuda;
   try {
-    cuda = dmuon::detail::make_cuda_backend(0);
+    cuda = meshmuon::detail::make_cuda_backend(0);
   } catch (const std::exception& e) {
     GTEST_SKIP() << e.what();
   }

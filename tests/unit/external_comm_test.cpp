@@ -1,9 +1,9 @@
-// The external communicator (include/dmuon/comm_transport.h) over an in-process transport: N ranks
+// The external communicator (include/meshmuon/comm_transport.h) over an in-process transport: N ranks
 // are N threads, each with its own communicator over a shared hub that completes a collective once
 // every rank has posted it. Checks what the Communicator base adds on top of any transport: results,
 // byte counters equal to the comm_bytes_* predictors, splits, the deadline (a rank that never posts
-// makes the others' waits throw dmuon::Error naming rank, op and label, and then nothing more is
-// posted), and a transport failure surfacing as dmuon::Error. The Python c10d transport is tested in
+// makes the others' waits throw meshmuon::Error naming rank, op and label, and then nothing more is
+// posted), and a transport failure surfacing as meshmuon::Error. The Python c10d transport is tested in
 // tests/python/multirank/test_torchrun.py.
 #include <gtest/gtest.h>
 
@@ -20,11 +20,11 @@
 #include <tuple>
 #include <vector>
 
-#include "dmuon/comm.h"
-#include "dmuon/comm_transport.h"
-#include "dmuon/error.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/comm_transport.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 using namespace std::chrono_literals;
@@ -276,7 +276,7 @@ TEST(ExternalComm, MissingRankTimesOutNamingTheOpAndThenRefusesToPost) {
   }, 5s);
 }
 
-TEST(ExternalComm, TransportFailureIsADmuonErrorNamingTheOp) {
+TEST(ExternalComm, TransportFailureIsAMeshmuonErrorNamingTheOp) {
   run_ranks(1, [](int, Communicator& comm) {
     std::vector<float> send = {1.0f}, recv = {0.0f};
     const std::vector<int64_t> counts = {1};
@@ -295,4 +295,4 @@ TEST(ExternalComm, TransportFailureIsADmuonErrorNamingTheOp) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -2,11 +2,11 @@
 // the JSON loader and its errors. Run: build/bin/inventory_test
 #include <gtest/gtest.h>
 
-#include "dmuon/box.h"
+#include "meshmuon/box.h"
 #include "test_support.h"
-#include "dmuon/inventory.h"
+#include "meshmuon/inventory.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 using test::error_of;
@@ -153,4 +153,4 @@ TEST(ModelFile, ClearErrorsNameTheParameterAndField) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -6,9 +6,9 @@
 #include <random>
 #include <set>
 
-#include "dmuon/box.h"
+#include "meshmuon/box.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 // Reference: torch.chunk(list, parts) as lists, padded with empty pieces to `parts`.
@@ -199,4 +199,4 @@ TEST(Box, BadPlacementsNameTheTensor) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

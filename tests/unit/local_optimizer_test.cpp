@@ -11,21 +11,21 @@
 #include <string>
 #include <vector>
 
-#include "dmuon/bf16.h"
-#include "dmuon/blas.h"
-#include "dmuon/local_optimizer.h"
-#include "dmuon/optimizer.h"
-#include "dmuon/plan.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/blas.h"
+#include "meshmuon/local_optimizer.h"
+#include "meshmuon/optimizer.h"
+#include "meshmuon/plan.h"
 #include "test_support.h"
 
 namespace {
 
-using dmuon::Algorithm;
-using dmuon::GroupOptions;
-using dmuon::ParamGroup;
-using dmuon::ParamInfo;
-using dmuon::Shape;
-using dmuon::TensorView;
+using meshmuon::Algorithm;
+using meshmuon::GroupOptions;
+using meshmuon::ParamGroup;
+using meshmuon::ParamInfo;
+using meshmuon::Shape;
+using meshmuon::TensorView;
 
 using Mat = std::vector<double>;
 
@@ -76,13 +76,13 @@ Mat newton_schulz(Mat g, int m, int n, const std::vector<Coef>& coefs) {
 
 // ---- the model -------------------------------------------------------------------------------
 
-using dmuon::test::randn;
+using meshmuon::test::randn;
 
 std::vector<ParamInfo> model_params() {
   std::vector<ParamInfo> p = {{"w_tall", {24, 10}},        {"w_wide", {10, 24}},
                               {"experts", {3, 12, 8}, true}, {"wq", {8, 12}},
                               {"bias", {16}},              {"embed", {20, 6}}};
-  p[3].qk = dmuon::QkTag{0, dmuon::QkKind::Q, 2, 4};
+  p[3].qk = meshmuon::QkTag{0, meshmuon::QkKind::Q, 2, 4};
   return p;
 }
 
@@ -97,9 +97,9 @@ std::vector<ParamGroup> model_groups() {
   g1.weight_decay = 0.05;
   g1.momentum = 0.9;
   g1.nesterov = false;
-  g1.momentum_kind = dmuon::MomentumKind::HeavyBall;
-  g1.lr_rule = dmuon::LrRule::MatchRmsAdamw;
-  g1.ns.schedule = dmuon::Schedule::PolarExpress;
+  g1.momentum_kind = meshmuon::MomentumKind::HeavyBall;
+  g1.lr_rule = meshmuon::LrRule::MatchRmsAdamw;
+  g1.ns.schedule = meshmuon::Schedule::PolarExpress;
   g1.qk_clip_threshold = 5.0;
   GroupOptions g2;  // AdamW
   g2.algorithm = Algorithm::AdamW;
@@ -110,7 +110,7 @@ std::vector<ParamGroup> model_groups() {
 
 struct Tensors {
   std::vector<std::vector<float>> params, grads;
-  std::vector<std::vector<dmuon::BFloat16>> grads_bf16;
+  std::vector<std::vector<meshmuon::BFloat16>> grads_bf16;
   std::vector<TensorView> pv, gv;
 
   Tensors(const std::vector<ParamInfo>& info, uint32_t seed) {
@@ -129,8 +129,8 @@ struct Tensors {
       if (i == 0) {
         grads_bf16[i].resize(grads[i].size());
         for (size_t j = 0; j < grads[i].size(); ++j) {
-          grads_bf16[i][j] = dmuon::float_to_bf16(grads[i][j]);
-          grads[i][j] = dmuon::bf16_to_float(grads_bf16[i][j]);
+          grads_bf16[i][j] = meshmuon::float_to_bf16(grads[i][j]);
+          grads[i][j] = meshmuon::bf16_to_float(grads_bf16[i][j]);
         }
         gv.emplace_back(grads_bf16[i].data(), info[i].shape);
       } else {
@@ -147,7 +147,7 @@ std::map<int, std::vector<float>> logits_at(int t) {
 
 TEST(LocalOptimizer, FiveStepsMatchDoubleReference) {
   const auto info = model_params();
-  dmuon::LocalOptimizer opt(info, model_groups());
+  meshmuon::LocalOptimizer opt(info, model_groups());
   Tensors x(info, 1);
   const auto groups = model_groups();
 
@@ -194,7 +194,7 @@ TEST(LocalOptimizer, FiveStepsMatchDoubleReference) {
         const double mu = o.momentum;
         Mat u(p.size());
         for (size_t j = 0; j < p.size(); ++j) {
-          if (o.momentum_kind == dmuon::MomentumKind::Ema) {
+          if (o.momentum_kind == meshmuon::MomentumKind::Ema) {
             buf[i][j] = mu * buf[i][j] + (1 - mu) * gr[j];
             u[j] = o.nesterov ? (1 - mu) * gr[j] + mu * buf[i][j] : buf[i][j];
           } else {
@@ -202,16 +202,16 @@ TEST(LocalOptimizer, FiveStepsMatchDoubleReference) {
             u[j] = o.nesterov ? gr[j] + mu * buf[i][j] : buf[i][j];
           }
         }
-        const auto& coefs = o.ns.schedule == dmuon::Schedule::PolarExpress ? kPolarExpress : kJordan;
+        const auto& coefs = o.ns.schedule == meshmuon::Schedule::PolarExpress ? kPolarExpress : kJordan;
         const size_t mat = static_cast<size_t>(rows) * cols;
         const int len = rows >= cols ? rows : cols;
         for (int k = 0; k < e; ++k) {
           Mat one(u.begin() + k * mat, u.begin() + (k + 1) * mat);
           one = newton_schulz(one, rows, cols, coefs);
-          if (o.normuon) dmuon::test::normuon_reference(one.data(), rows, cols, nv[i].data() + k * len, o.normuon_beta2);
+          if (o.normuon) meshmuon::test::normuon_reference(one.data(), rows, cols, nv[i].data() + k * len, o.normuon_beta2);
           std::copy(one.begin(), one.end(), u.begin() + k * mat);
         }
-        const double lr_adj = o.lr_rule == dmuon::LrRule::Original
+        const double lr_adj = o.lr_rule == meshmuon::LrRule::Original
                                    ? o.lr * std::sqrt(std::max(1.0, double(rows) / cols))
                                    : o.lr * 0.2 * std::sqrt(double(std::max(rows, cols)));
         for (size_t j = 0; j < p.size(); ++j) {
@@ -274,7 +274,7 @@ TEST(LocalOptimizer, FiveStepsMatchDoubleReference) {
 
 TEST(LocalOptimizer, DeterministicAndEagerState) {
   const auto info = model_params();
-  dmuon::LocalOptimizer a(info, model_groups()), b(info, model_groups());
+  meshmuon::LocalOptimizer a(info, model_groups()), b(info, model_groups());
   for (size_t i = 0; i < info.size(); ++i) {  // all state exists, zero, before any step
     for (const std::string& k : a.state_keys(i)) {
       const TensorView v = a.state(i, k);
@@ -299,12 +299,12 @@ TEST(LocalOptimizer, ThreadCountDoesNotChangeAnyBit) {
   const auto info = model_params();
   for (bool bf16 : {false, true}) {
     auto groups = model_groups();
-    if (bf16) groups[0].options.ns.matmul_dtype = dmuon::DType::BF16;
+    if (bf16) groups[0].options.ns.matmul_dtype = meshmuon::DType::BF16;
     std::vector<std::vector<float>> first;
     for (int threads : {1, 2, 3, 0}) {
-      dmuon::LocalOptimizerOptions o;
+      meshmuon::LocalOptimizerOptions o;
       o.threads = threads;
-      dmuon::LocalOptimizer opt(info, groups, o);
+      meshmuon::LocalOptimizer opt(info, groups, o);
       Tensors x(info, 5);
       for (int t = 1; t <= 2; ++t) {
         x.make_grads(info, t);
@@ -321,9 +321,9 @@ TEST(LocalOptimizer, ThreadCountDoesNotChangeAnyBit) {
     }
     // Negative control: the comparison sees a change in one group's lr.
     groups[1].options.lr *= 1.01;
-    dmuon::LocalOptimizerOptions o;
+    meshmuon::LocalOptimizerOptions o;
     o.threads = 2;
-    dmuon::LocalOptimizer opt(info, groups, o);
+    meshmuon::LocalOptimizer opt(info, groups, o);
     Tensors x(info, 5);
     x.make_grads(info, 1);
     opt.step(x.pv, x.gv, logits_at(1));
@@ -331,9 +331,9 @@ TEST(LocalOptimizer, ThreadCountDoesNotChangeAnyBit) {
     opt.step(x.pv, x.gv, logits_at(2));
     EXPECT_NE(x.params, std::vector<std::vector<float>>(first.begin(), first.begin() + info.size()));
   }
-  dmuon::LocalOptimizerOptions bad;
+  meshmuon::LocalOptimizerOptions bad;
   bad.threads = -1;
-  EXPECT_THROW(dmuon::LocalOptimizer(info, model_groups(), bad), std::invalid_argument);
+  EXPECT_THROW(meshmuon::LocalOptimizer(info, model_groups(), bad), std::invalid_argument);
 }
 
 // ---- bad inputs ------------------------------------------------------------------------------
@@ -343,7 +343,7 @@ struct Snapshot {
   std::vector<int64_t> counts;
 };
 
-Snapshot snapshot(dmuon::LocalOptimizer& opt, const Tensors& x) {
+Snapshot snapshot(meshmuon::LocalOptimizer& opt, const Tensors& x) {
   Snapshot s{x.params, {}, {}};
   for (size_t i = 0; i < opt.params().size(); ++i) {
     for (const std::string& k : opt.state_keys(i)) {
@@ -355,7 +355,7 @@ Snapshot snapshot(dmuon::LocalOptimizer& opt, const Tensors& x) {
   return s;
 }
 
-void expect_unchanged(dmuon::LocalOptimizer& opt, const Tensors& x, const Snapshot& before) {
+void expect_unchanged(meshmuon::LocalOptimizer& opt, const Tensors& x, const Snapshot& before) {
   const Snapshot now = snapshot(opt, x);
   ASSERT_EQ(now.params.size(), before.params.size());
   for (size_t i = 0; i < now.params.size(); ++i)
@@ -386,7 +386,7 @@ class BadInput : public ::testing::Test {
     before_ = snapshot(opt_, x_);
   }
   std::vector<ParamInfo> info_ = model_params();
-  dmuon::LocalOptimizer opt_{info_, model_groups()};
+  meshmuon::LocalOptimizer opt_{info_, model_groups()};
   Tensors x_{info_, 3};
   Snapshot before_;
 };
@@ -394,7 +394,7 @@ class BadInput : public ::testing::Test {
 // torch's `grad is None`: a parameter without a gradient keeps its values, state and step count;
 // the others step exactly as if it were not there (bitwise as a run that gives it a gradient).
 TEST_F(BadInput, AbsentGradientLeavesThatParameterAlone) {
-  dmuon::LocalOptimizer twin{info_, model_groups()};
+  meshmuon::LocalOptimizer twin{info_, model_groups()};
   Tensors y{info_, 3};
   y.make_grads(info_, 1);
   ASSERT_TRUE(twin.step(y.pv, y.gv, logits_at(1)));
@@ -416,16 +416,16 @@ TEST_F(BadInput, AbsentGradientLeavesThatParameterAlone) {
 
 TEST_F(BadInput, NonFiniteGradientRaisesNamingTheParameter) {
   x_.grads[5][7] = NAN;  // "embed" (AdamW)
-  expect_throw_naming<dmuon::Error>([&] { opt_.step(x_.pv, x_.gv, logits_at(2)); }, "'embed'");
+  expect_throw_naming<meshmuon::Error>([&] { opt_.step(x_.pv, x_.gv, logits_at(2)); }, "'embed'");
   expect_unchanged(opt_, x_, before_);
   x_.grads[5][7] = 0.0f;
-  x_.grads_bf16[0][3] = dmuon::float_to_bf16(INFINITY);  // "w_tall" (Muon, bf16 gradient)
-  expect_throw_naming<dmuon::Error>([&] { opt_.step(x_.pv, x_.gv, logits_at(2)); }, "'w_tall'");
+  x_.grads_bf16[0][3] = meshmuon::float_to_bf16(INFINITY);  // "w_tall" (Muon, bf16 gradient)
+  expect_throw_naming<meshmuon::Error>([&] { opt_.step(x_.pv, x_.gv, logits_at(2)); }, "'w_tall'");
   expect_unchanged(opt_, x_, before_);
 }
 
 TEST_F(BadInput, NonFiniteGradientSkipReturnsFalse) {
-  opt_.set_policy(dmuon::NonFinitePolicy::Skip);
+  opt_.set_policy(meshmuon::NonFinitePolicy::Skip);
   x_.grads[2][0] = -INFINITY;
   EXPECT_FALSE(opt_.step(x_.pv, x_.gv, logits_at(2)));
   expect_unchanged(opt_, x_, before_);
@@ -444,10 +444,10 @@ TEST_F(BadInput, ShapeDtypeContiguityLogitsAndOptions) {
   gv[3] = TensorView(x_.grads[3].data(), Shape{96});
   expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, logits); }, "'wq'");
   gv = x_.gv;
-  pv[4] = TensorView(x_.params[4].data(), dmuon::DType::BF16, Shape{16});
+  pv[4] = TensorView(x_.params[4].data(), meshmuon::DType::BF16, Shape{16});
   expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, logits); }, "'bias'");
   pv = x_.pv;
-  pv[5] = TensorView(x_.params[5].data(), dmuon::DType::F32, Shape{20, 6}, Shape{1, 20});
+  pv[5] = TensorView(x_.params[5].data(), meshmuon::DType::F32, Shape{20, 6}, Shape{1, 20});
   expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, logits); }, "'embed'");
   pv = x_.pv;
   expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, {}); }, "'wq'");
@@ -477,30 +477,30 @@ TEST(LocalOptimizerSetup, RejectsBadGroupingNamingTheParameter) {
   auto info = model_params();
   auto groups = model_groups();
   groups[0].params.push_back(4);  // "bias" (1-D) into a Muon group and into AdamW group 2
-  expect_throw_naming<std::invalid_argument>([&] { dmuon::LocalOptimizer(info, groups); },
+  expect_throw_naming<std::invalid_argument>([&] { meshmuon::LocalOptimizer(info, groups); },
                                              "'bias' is in groups 0 and 2");
   groups = model_groups();
   groups[2].params = {5};
   groups[0].params.push_back(4);  // 1-D in Muon only
-  expect_throw_naming<std::invalid_argument>([&] { dmuon::LocalOptimizer(info, groups); }, "AdamW");
-  expect_throw_naming<std::invalid_argument>([&] { dmuon::LocalOptimizer(info, groups); }, "'bias'");
+  expect_throw_naming<std::invalid_argument>([&] { meshmuon::LocalOptimizer(info, groups); }, "AdamW");
+  expect_throw_naming<std::invalid_argument>([&] { meshmuon::LocalOptimizer(info, groups); }, "'bias'");
   groups = model_groups();
   info[2].expert_stack = false;  // 3-D without expert_stack in Muon
-  expect_throw_naming<std::invalid_argument>([&] { dmuon::LocalOptimizer(info, groups); }, "'experts'");
+  expect_throw_naming<std::invalid_argument>([&] { meshmuon::LocalOptimizer(info, groups); }, "'experts'");
   info = model_params();
   groups[2].params = {4};  // "embed" in no group
-  expect_throw_naming<std::invalid_argument>([&] { dmuon::LocalOptimizer(info, groups); }, "'embed'");
+  expect_throw_naming<std::invalid_argument>([&] { meshmuon::LocalOptimizer(info, groups); }, "'embed'");
   groups = model_groups();
   info[3].qk->heads = 3;  // tag describes 12 rows, the weight has 8
-  expect_throw_naming<std::invalid_argument>([&] { dmuon::LocalOptimizer(info, groups); }, "'wq'");
+  expect_throw_naming<std::invalid_argument>([&] { meshmuon::LocalOptimizer(info, groups); }, "'wq'");
   info = model_params();
   groups[2].options.beta2 = 1.0;
-  expect_throw_naming<std::invalid_argument>([&] { dmuon::LocalOptimizer(info, groups); }, "beta2");
-  EXPECT_NO_THROW(dmuon::LocalOptimizer(model_params(), model_groups()));  // negative control
-  EXPECT_EQ(dmuon::parse_algorithm("adamw"), Algorithm::AdamW);
-  EXPECT_EQ(dmuon::to_string(dmuon::MomentumKind::HeavyBall), "heavy_ball");
-  EXPECT_EQ(dmuon::parse_non_finite_policy("skip"), dmuon::NonFinitePolicy::Skip);
-  EXPECT_THROW(dmuon::parse_momentum_kind("nesterov"), std::invalid_argument);
+  expect_throw_naming<std::invalid_argument>([&] { meshmuon::LocalOptimizer(info, groups); }, "beta2");
+  EXPECT_NO_THROW(meshmuon::LocalOptimizer(model_params(), model_groups()));  // negative control
+  EXPECT_EQ(meshmuon::parse_algorithm("adamw"), Algorithm::AdamW);
+  EXPECT_EQ(meshmuon::to_string(meshmuon::MomentumKind::HeavyBall), "heavy_ball");
+  EXPECT_EQ(meshmuon::parse_non_finite_policy("skip"), meshmuon::NonFinitePolicy::Skip);
+  EXPECT_THROW(meshmuon::parse_momentum_kind("nesterov"), std::invalid_argument);
 }
 
 // ---- one engine: edge shapes, threads, environment ---------------------------------------------
@@ -520,14 +520,14 @@ TEST(LocalOptimizerEngine, EdgeShapesBitwiseOnEveryThreadCount) {
   const std::vector<ParamGroup> groups = {{muon, {0, 1, 2, 3, 4, 5, 6}}, {adamw, {7, 8, 9}}};
   std::vector<std::vector<float>> first;
   for (int threads : {1, 2, 4, 0}) {
-    dmuon::LocalOptimizerOptions o;
+    meshmuon::LocalOptimizerOptions o;
     o.threads = threads;
-    dmuon::LocalOptimizer opt(info, groups, o);
+    meshmuon::LocalOptimizer opt(info, groups, o);
     Tensors x(info, 11);
     for (int t = 1; t <= 3; ++t) {
       x.make_grads(info, t);  // parameter 0's gradient is bf16 (an empty one here); make 4's bf16 too
-      std::vector<dmuon::BFloat16> wb(x.grads[4].size());
-      for (size_t j = 0; j < wb.size(); ++j) wb[j] = dmuon::float_to_bf16(x.grads[4][j]);
+      std::vector<meshmuon::BFloat16> wb(x.grads[4].size());
+      for (size_t j = 0; j < wb.size(); ++j) wb[j] = meshmuon::float_to_bf16(x.grads[4][j]);
       x.gv[4] = TensorView(wb.data(), info[4].shape);
       if (t == 2) x.gv[5] = x.gv[7] = TensorView();  // no gradient: left alone
       ASSERT_TRUE(opt.step(x.pv, x.gv));
@@ -544,8 +544,8 @@ TEST(LocalOptimizerEngine, EdgeShapesBitwiseOnEveryThreadCount) {
     if (first.empty()) first = got;
     EXPECT_EQ(got, first) << "threads " << threads;
     // Skip: a non-finite gradient returns false and modifies nothing.
-    opt.set_policy(dmuon::NonFinitePolicy::Skip);
-    EXPECT_EQ(opt.policy(), dmuon::NonFinitePolicy::Skip);
+    opt.set_policy(meshmuon::NonFinitePolicy::Skip);
+    EXPECT_EQ(opt.policy(), meshmuon::NonFinitePolicy::Skip);
     x.make_grads(info, 4);
     x.grads[9][0] = NAN;
     const Snapshot before = snapshot(opt, x);
@@ -558,13 +558,13 @@ TEST(LocalOptimizerEngine, EdgeShapesBitwiseOnEveryThreadCount) {
 // changes later steps. Observed from the state hooks, which run on the step's own thread.
 TEST(LocalOptimizerEngine, ThreadsSetBlasToOneDuringTheStepAndRestoreIt) {
   const int outside = 2;
-  dmuon::blas_set_num_threads(outside);
-  if (dmuon::blas_get_num_threads() != outside) GTEST_SKIP() << "the BLAS does not take 2 threads here";
+  meshmuon::blas_set_num_threads(outside);
+  if (meshmuon::blas_get_num_threads() != outside) GTEST_SKIP() << "the BLAS does not take 2 threads here";
   const auto info = model_params();
   std::vector<int> seen;
-  dmuon::LocalOptimizerOptions o;
-  o.state_hooks.acquire = [&](std::span<const size_t>) { seen.push_back(dmuon::blas_get_num_threads()); };
-  dmuon::LocalOptimizer opt(info, model_groups(), o);
+  meshmuon::LocalOptimizerOptions o;
+  o.state_hooks.acquire = [&](std::span<const size_t>) { seen.push_back(meshmuon::blas_get_num_threads()); };
+  meshmuon::LocalOptimizer opt(info, model_groups(), o);
   Tensors x(info, 2);
   for (int threads : {1, 2, 0, 4, 1}) {
     opt.set_threads(threads);
@@ -574,7 +574,7 @@ TEST(LocalOptimizerEngine, ThreadsSetBlasToOneDuringTheStepAndRestoreIt) {
     ASSERT_TRUE(opt.step(x.pv, x.gv, logits_at(1)));
     ASSERT_FALSE(seen.empty());
     for (int b : seen) EXPECT_EQ(b, threads == 1 ? outside : 1) << "threads " << threads;
-    EXPECT_EQ(dmuon::blas_get_num_threads(), outside) << "threads " << threads;
+    EXPECT_EQ(meshmuon::blas_get_num_threads(), outside) << "threads " << threads;
   }
   EXPECT_THROW(opt.set_threads(-1), std::invalid_argument);
 }
@@ -583,13 +583,13 @@ TEST(LocalOptimizerEngine, ThreadsSetBlasToOneDuringTheStepAndRestoreIt) {
 // sent) and the last step's counters (times; no bytes on one rank).
 TEST(LocalOptimizerEngine, PlanAndLastStats) {
   const auto info = model_params();
-  dmuon::LocalOptimizer opt(info, model_groups());
-  const dmuon::Plan& plan = opt.plan();
+  meshmuon::LocalOptimizer opt(info, model_groups());
+  const meshmuon::Plan& plan = opt.plan();
   EXPECT_EQ(plan.world_size(), 1);
   ASSERT_EQ(plan.entries().size(), 4u);  // the Muon parameters; bias and embed are AdamW
-  for (const dmuon::PlanEntry& e : plan.entries()) {
+  for (const meshmuon::PlanEntry& e : plan.entries()) {
     const bool stack = info[static_cast<size_t>(e.param)].expert_stack;
-    EXPECT_EQ(e.strategy, stack ? dmuon::Strategy::ExpertLocal : dmuon::Strategy::Local) << e.param;
+    EXPECT_EQ(e.strategy, stack ? meshmuon::Strategy::ExpertLocal : meshmuon::Strategy::Local) << e.param;
   }
   EXPECT_EQ(plan.total().bytes_sent_max, 0);
   EXPECT_EQ(plan.options().window, 1);
@@ -598,7 +598,7 @@ TEST(LocalOptimizerEngine, PlanAndLastStats) {
   Tensors x(info, 3);
   x.make_grads(info, 1);
   ASSERT_TRUE(opt.step(x.pv, x.gv, logits_at(1)));
-  const dmuon::StepStats& stats = opt.last_stats();
+  const meshmuon::StepStats& stats = opt.last_stats();
   EXPECT_TRUE(stats.applied);
   EXPECT_GT(stats.step_seconds, 0);
   EXPECT_GT(stats.orthogonalize_seconds, 0);
@@ -606,12 +606,12 @@ TEST(LocalOptimizerEngine, PlanAndLastStats) {
   EXPECT_EQ(stats.chunks, static_cast<int>(plan.chunks().size()));
 }
 
-// DMUON_STRATEGY steers distributed plans only: LocalOptimizer does not read it (an invalid value
+// MESHMUON_STRATEGY steers distributed plans only: LocalOptimizer does not read it (an invalid value
 // would throw if it did).
 TEST(LocalOptimizerEngine, IgnoresTheStrategyEnvironment) {
-  ASSERT_EQ(setenv("DMUON_STRATEGY", "default:no_such_strategy", 1), 0);
-  EXPECT_NO_THROW(dmuon::LocalOptimizer(model_params(), model_groups()));
-  unsetenv("DMUON_STRATEGY");
+  ASSERT_EQ(setenv("MESHMUON_STRATEGY", "default:no_such_strategy", 1), 0);
+  EXPECT_NO_THROW(meshmuon::LocalOptimizer(model_params(), model_groups()));
+  unsetenv("MESHMUON_STRATEGY");
 }
 
 }  // namespace

@@ -1,11 +1,11 @@
-// GoogleTest main for dmuon's unit tests. Tests link LAPACKE, which loads OpenBLAS at start-up,
-// before any dmuon code runs, so the process re-executes itself once with OPENBLAS_CORETYPE set.
+// GoogleTest main for meshmuon's unit tests. Tests link LAPACKE, which loads OpenBLAS at start-up,
+// before any meshmuon code runs, so the process re-executes itself once with OPENBLAS_CORETYPE set.
 #include <gtest/gtest.h>
 
 #include "core/cpu_features.h"
 
 int main(int argc, char** argv) {
-  dmuon::detail::reexec_with_blas_environment(argv);
+  meshmuon::detail::reexec_with_blas_environment(argv);
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -12,20 +12,20 @@
 #include <string>
 #include <vector>
 
-#include "dmuon/blas.h"
-#include "dmuon/optim_options.h"
-#include "dmuon/orthogonalize.h"
+#include "meshmuon/blas.h"
+#include "meshmuon/optim_options.h"
+#include "meshmuon/orthogonalize.h"
 #include "test_support.h"
 
 namespace {
 
-using dmuon::Coefficients;
-using dmuon::EpsMode;
-using dmuon::NsMethod;
-using dmuon::NsOptions;
-using dmuon::Orthogonalizer;
-using dmuon::Schedule;
-using dmuon::test::randn;
+using meshmuon::Coefficients;
+using meshmuon::EpsMode;
+using meshmuon::NsMethod;
+using meshmuon::NsOptions;
+using meshmuon::Orthogonalizer;
+using meshmuon::Schedule;
+using meshmuon::test::randn;
 
 // nanochat's settings: Polar Express, 5 steps, X / (‖X‖·1.01 + 1e-6).
 NsOptions nanochat_ns(bool eq, bool plus) {
@@ -127,7 +127,7 @@ std::vector<float> ill_conditioned_rows(int m, int n, uint32_t seed) {
 // element each; with them the largest measured is 7.3e-6 (8x96, MuonEq: its better conditioned input
 // keeps more small singular values in the amplified range). 2e-5 leaves a margin of ~3x; a wrong
 // formula (MuonEq or Muon+ missing or on another norm) is off by > 1e-3 (ReferenceCheckCanFail).
-// DMUON_TEST_VERBOSE=1 prints the measured distances.
+// MESHMUON_TEST_VERBOSE=1 prints the measured distances.
 constexpr double kRefTol = 2e-5;
 
 TEST(MuonEqPlus, MatchesTheFloat64ReferenceOfNanochatsFormula) {
@@ -142,7 +142,7 @@ TEST(MuonEqPlus, MatchesTheFloat64ReferenceOfNanochatsFormula) {
           const Orthogonalizer orth(o);
           const std::vector<double> want = reference(g, sh.m, sh.n, o, orth.coefficients());
           const double d = rel_dist(run(o, g, sh.m, sh.n), want);
-          if (std::getenv("DMUON_TEST_VERBOSE"))
+          if (std::getenv("MESHMUON_TEST_VERBOSE"))
             std::printf("%dx%d eq %d plus %d %s: %.2e\n", sh.m, sh.n, eq, plus, std::string(to_string(method)).c_str(), d);
           EXPECT_LE(d, kRefTol) << sh.m << "x" << sh.n << " muon_eq " << eq << " muon_plus " << plus << " method "
                                 << to_string(method);
@@ -184,7 +184,7 @@ TEST(MuonEqPlus, MuonEqChangesTheResultOnIllConditionedRows) {
       }
       return lo / hi;
     };
-    if (std::getenv("DMUON_TEST_VERBOSE"))
+    if (std::getenv("MESHMUON_TEST_VERBOSE"))
       std::printf("%dx%d: with/without %.3f, row norm ratio with %.3f without %.2e\n", m, n, rel_dist(with, without),
                   row_norm_ratio(with), row_norm_ratio(without));
     EXPECT_GT(row_norm_ratio(with), 0.2) << m << "x" << n;
@@ -220,10 +220,10 @@ TEST(MuonEqPlus, MuonEqGivesEveryRowTheRmsRowNorm) {
 TEST(MuonEqPlus, MuonPlusGivesTheSemiOrthogonalNorm) {
   // ‖U‖_F = √min(m, n) to fp32 rounding (relative 1e-6: the scale and each element rounded once),
   // for every method, fp32 and bf16 products, wide, tall and square, and each matrix of a batch.
-  struct Case { int m, n; NsMethod method; dmuon::DType dtype; };
-  const Case cases[] = {{24, 40, NsMethod::Symmetric, dmuon::DType::F32}, {40, 24, NsMethod::Plain, dmuon::DType::F32},
-                        {32, 96, NsMethod::Gram, dmuon::DType::F32},      {32, 32, NsMethod::Symmetric, dmuon::DType::F32},
-                        {24, 40, NsMethod::Symmetric, dmuon::DType::BF16}, {40, 24, NsMethod::Plain, dmuon::DType::BF16}};
+  struct Case { int m, n; NsMethod method; meshmuon::DType dtype; };
+  const Case cases[] = {{24, 40, NsMethod::Symmetric, meshmuon::DType::F32}, {40, 24, NsMethod::Plain, meshmuon::DType::F32},
+                        {32, 96, NsMethod::Gram, meshmuon::DType::F32},      {32, 32, NsMethod::Symmetric, meshmuon::DType::F32},
+                        {24, 40, NsMethod::Symmetric, meshmuon::DType::BF16}, {40, 24, NsMethod::Plain, meshmuon::DType::BF16}};
   for (const Case& c : cases) {
     for (bool plus : {true, false}) {
       NsOptions o = nanochat_ns(true, plus);
@@ -232,8 +232,8 @@ TEST(MuonEqPlus, MuonPlusGivesTheSemiOrthogonalNorm) {
       const int batch = 3;
       const std::vector<float> g = randn(size_t(batch) * c.m * c.n, 21);
       std::vector<float> u(g.size());
-      orth.run(dmuon::TensorView(const_cast<float*>(g.data()), dmuon::DType::F32, dmuon::Shape{batch, c.m, c.n}),
-               dmuon::TensorView(u.data(), dmuon::DType::F32, dmuon::Shape{batch, c.m, c.n}));
+      orth.run(meshmuon::TensorView(const_cast<float*>(g.data()), meshmuon::DType::F32, meshmuon::Shape{batch, c.m, c.n}),
+               meshmuon::TensorView(u.data(), meshmuon::DType::F32, meshmuon::Shape{batch, c.m, c.n}));
       for (int b = 0; b < batch; ++b) {
         double s = 0;
         for (size_t i = size_t(b) * c.m * c.n; i < size_t(b + 1) * c.m * c.n; ++i) s += double(u[i]) * u[i];
@@ -264,14 +264,14 @@ TEST(MuonEqPlus, ZerosStayZeros) {
 }
 
 TEST(MuonEqPlus, BitwiseOnEveryThreadCountInPlaceAndInABatch) {
-  const int saved = dmuon::blas_get_num_threads();
+  const int saved = meshmuon::blas_get_num_threads();
   const NsOptions o = nanochat_ns(true, true);
   for (const auto& [m, n] : {std::pair{96, 160}, std::pair{160, 96}}) {
     const std::vector<float> g = ill_conditioned_rows(m, n, 9);
-    dmuon::blas_set_num_threads(1);
+    meshmuon::blas_set_num_threads(1);
     const std::vector<float> one = run(o, g, m, n);
     for (int threads : {2, 3}) {
-      dmuon::blas_set_num_threads(threads);
+      meshmuon::blas_set_num_threads(threads);
       EXPECT_EQ(run(o, g, m, n), one) << m << "x" << n << " on " << threads << " threads";
     }
     Orthogonalizer orth(o);
@@ -281,12 +281,12 @@ TEST(MuonEqPlus, BitwiseOnEveryThreadCountInPlaceAndInABatch) {
     std::vector<float> two(2 * g.size()), out(two.size());
     std::copy(g.begin(), g.end(), two.begin());
     std::copy(g.begin(), g.end(), two.begin() + static_cast<std::ptrdiff_t>(g.size()));
-    orth.run(dmuon::TensorView(two.data(), dmuon::DType::F32, dmuon::Shape{2, m, n}),
-             dmuon::TensorView(out.data(), dmuon::DType::F32, dmuon::Shape{2, m, n}));
+    orth.run(meshmuon::TensorView(two.data(), meshmuon::DType::F32, meshmuon::Shape{2, m, n}),
+             meshmuon::TensorView(out.data(), meshmuon::DType::F32, meshmuon::Shape{2, m, n}));
     EXPECT_TRUE(std::equal(one.begin(), one.end(), out.begin()));
     EXPECT_TRUE(std::equal(one.begin(), one.end(), out.begin() + static_cast<std::ptrdiff_t>(g.size())));
   }
-  dmuon::blas_set_num_threads(saved);
+  meshmuon::blas_set_num_threads(saved);
 }
 
 TEST(MuonEqPlus, ValidationNamesTheOption) {
@@ -295,17 +295,17 @@ TEST(MuonEqPlus, ValidationNamesTheOption) {
     o.bf16_rounding = true;
     EXPECT_NO_THROW(Orthogonalizer{o});  // negative control: bf16_rounding alone is fine
     (std::string(which) == "muon_eq" ? o.muon_eq : o.muon_plus) = true;
-    dmuon::test::expect_invalid([&] { Orthogonalizer orth(o); }, std::string(which) + " is not combined with bf16_rounding",
+    meshmuon::test::expect_invalid([&] { Orthogonalizer orth(o); }, std::string(which) + " is not combined with bf16_rounding",
                                 "[orth]");
-    dmuon::GroupOptions g;
+    meshmuon::GroupOptions g;
     g.ns = o;
-    dmuon::test::expect_invalid([&] { dmuon::validate_group_options(g, 2); }, which, "[optim] group 2: ns options");
+    meshmuon::test::expect_invalid([&] { meshmuon::validate_group_options(g, 2); }, which, "[optim] group 2: ns options");
   }
-  dmuon::GroupOptions g;
-  g.decay_lr = static_cast<dmuon::DecayLr>(5);
-  dmuon::test::expect_invalid([&] { dmuon::validate_group_options(g, 1); }, "decay_lr", "[optim] group 1");
-  g.decay_lr = dmuon::DecayLr::Adjusted;
-  EXPECT_NO_THROW(dmuon::validate_group_options(g, 1));
+  meshmuon::GroupOptions g;
+  g.decay_lr = static_cast<meshmuon::DecayLr>(5);
+  meshmuon::test::expect_invalid([&] { meshmuon::validate_group_options(g, 1); }, "decay_lr", "[optim] group 1");
+  g.decay_lr = meshmuon::DecayLr::Adjusted;
+  EXPECT_NO_THROW(meshmuon::validate_group_options(g, 1));
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// The nccl communicator (dmuon/comm_nccl.h).
-// - Everywhere: make_communicator("nccl") / make_nccl_communicator fail with a dmuon::Error that
+// The nccl communicator (meshmuon/comm_nccl.h).
+// - Everywhere: make_communicator("nccl") / make_nccl_communicator fail with a meshmuon::Error that
 //   names the cause: "built without CUDA" in a CPU-only build, "no CUDA device" on a machine
 //   without one (CUDA builds), and (builds with the nccl communicator) libnccl missing names
 //   nvidia-nccl-cu13, while the real libnccl loads with every symbol resolved (no GPU needed).
@@ -7,7 +7,7 @@
 //   host buffers, a split, and a wait that times out (a recv nobody sends) aborting NCCL with an
 //   error naming rank, op and label. scripts/gpu_check.sh runs this binary and counts skips as failures.
 // - On two devices (NcclTwoDevices; the CUDA emulation's NCCL gives two): two ranks as threads, the
-//   collectives and dmuon::Optimizer at dp_shard=2 bitwise vs LocalOptimizer on one device.
+//   collectives and meshmuon::Optimizer at dp_shard=2 bitwise vs LocalOptimizer on one device.
 // - The emulated entry (nccl_comm_test_emu) runs the device cases on tests/cuda_emu's NCCL.
 #include <gtest/gtest.h>
 
@@ -25,22 +25,22 @@
 #include <string>
 #include <vector>
 
-#include "dmuon/comm.h"
-#include "dmuon/comm_nccl.h"
-#include "dmuon/error.h"
-#include "dmuon/inventory.h"
-#include "dmuon/local_optimizer.h"
-#include "dmuon/optimizer.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/comm_nccl.h"
+#include "meshmuon/error.h"
+#include "meshmuon/inventory.h"
+#include "meshmuon/local_optimizer.h"
+#include "meshmuon/optimizer.h"
 #include "test_support.h"
 
-#if DMUON_TEST_CUDA
+#if MESHMUON_TEST_CUDA
 #include <cuda_runtime_api.h>
 #endif
-#if DMUON_TEST_NCCL
+#if MESHMUON_TEST_NCCL
 #include "comm/nccl/nccl_probe.h"
 #endif
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 std::vector<std::byte> self_exchange(std::span<const std::byte> mine) { return {mine.begin(), mine.end()}; }
@@ -81,17 +81,17 @@ std::string error_of(const std::function<void()>& f) {
   } catch (const Error& e) {
     return e.what();
   } catch (const std::exception& e) {
-    return std::string("not a dmuon::Error: ") + e.what();
+    return std::string("not a meshmuon::Error: ") + e.what();
   }
   return "no error";
 }
 
 TEST(NcclComm, UnavailableGivesAClearError) {
-#if !DMUON_TEST_CUDA
+#if !MESHMUON_TEST_CUDA
   EXPECT_FALSE(nccl_available());
   for (const std::string& msg : {error_of([] { (void)make_communicator("nccl"); }),
                                  error_of([] { (void)make_nccl_communicator(0, 1, self_exchange); })}) {
-    EXPECT_NE(msg.find("[nccl] dmuon was built without CUDA"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[nccl] meshmuon was built without CUDA"), std::string::npos) << msg;
   }
 #else
   int devices = 0;
@@ -102,13 +102,13 @@ TEST(NcclComm, UnavailableGivesAClearError) {
     if (nccl_available()) {
       EXPECT_NE(msg.find("[nccl] rank 0: no CUDA device: "), std::string::npos) << msg;
     } else {
-      EXPECT_NE(msg.find("[nccl] dmuon was built without the NCCL headers"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("[nccl] meshmuon was built without the NCCL headers"), std::string::npos) << msg;
     }
   }
 #endif
 }
 
-#if DMUON_TEST_NCCL
+#if MESHMUON_TEST_NCCL
 // Ranks that cannot prepare (here: no CUDA device) still join the one bootstrap exchange, so a
 // peer that could prepare is not left waiting in it; each throws its own error.
 TEST(NcclComm, FailingRanksStillJoinTheExchange) {
@@ -129,7 +129,7 @@ TEST(NcclLoader, MissingLibraryNamesTheWheel) {
   const std::string msg = error_of([] { (void)detail::nccl_probe("/nonexistent/libnccl.so.2"); });
   EXPECT_NE(msg.find("[nccl] could not load libnccl; tried /nonexistent/libnccl.so.2"), std::string::npos) << msg;
   EXPECT_NE(msg.find("nvidia-nccl-cu13"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("DMUON_NCCL_LIBRARY"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("MESHMUON_NCCL_LIBRARY"), std::string::npos) << msg;
 }
 
 TEST(NcclLoader, RealLibraryResolvesEverySymbol) {
@@ -247,19 +247,19 @@ TEST_F(NcclDevice, EveryOperationAtWorldSizeOne) {
   EXPECT_EQ(c->counters().collectives, 10u);
 }
 
-#if DMUON_TEST_CUDA_EMU
+#if MESHMUON_TEST_CUDA_EMU
 extern "C" bool ncclEmuConnections(int* peers, int* collectives);
 
 // Eager connection (nccl_transport.cpp, connect_eagerly): construction runs an all-reduce and a
 // send / receive with every peer before any operation, on the world communicator and on a split,
-// so a first step finds them connected; DMUON_NCCL_CONNECT=lazy (the negative control) leaves both
+// so a first step finds them connected; MESHMUON_NCCL_CONNECT=lazy (the negative control) leaves both
 // to first use. The emulated NCCL counts what was posted on the communicator a thread made last.
 TEST(NcclTwoDevices, ConstructionConnectsEveryPeer) {
   int devices = 0;
   ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
   ASSERT_GE(devices, 2);
   for (bool lazy : {false, true}) {
-    if (lazy) ASSERT_EQ(setenv("DMUON_NCCL_CONNECT", "lazy", 1), 0);
+    if (lazy) ASSERT_EQ(setenv("MESHMUON_NCCL_CONNECT", "lazy", 1), 0);
     ThreadExchange ex(2);
     int peers[2][2] = {}, collectives[2][2] = {};
     auto rank_body = [&](int r) {
@@ -273,7 +273,7 @@ TEST(NcclTwoDevices, ConstructionConnectsEveryPeer) {
     std::thread other(rank_body, 1);
     rank_body(0);
     other.join();
-    unsetenv("DMUON_NCCL_CONNECT");
+    unsetenv("MESHMUON_NCCL_CONNECT");
     for (int r = 0; r < 2; ++r)
       for (int k = 0; k < 2; ++k) {
         EXPECT_EQ(peers[r][k], lazy ? 0 : 1) << "rank " << r << (k ? ", split" : ", world") << (lazy ? ", lazy" : "");
@@ -285,7 +285,7 @@ TEST(NcclTwoDevices, ConstructionConnectsEveryPeer) {
 
 // Two ranks (threads of this process) on two devices: variable all-to-all, uneven all-gather and
 // reduce-scatter, a host all-reduce and a split, with integer data (exact sums). Needs two
-// devices (the emulation gives them: DMUON_CUDA_EMU_DEVICES=2).
+// devices (the emulation gives them: MESHMUON_CUDA_EMU_DEVICES=2).
 TEST(NcclTwoDevices, CollectivesBetweenTwoRanks) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) {
@@ -342,7 +342,7 @@ TEST(NcclTwoDevices, CollectivesBetweenTwoRanks) {
   peer.join();
 }
 
-// dmuon::Optimizer over the nccl communicator, two ranks (threads) on two devices, dp_shard=2:
+// meshmuon::Optimizer over the nccl communicator, two ranks (threads) on two devices, dp_shard=2:
 // after 3 steps every rank's parameter rows and momentum rows are BITWISE those of LocalOptimizer
 // on device 0 over the whole matrices (layout invariance), for fp32 and bf16 communication, and
 // the bytes each rank sent equal the plan's prediction.
@@ -475,4 +475,4 @@ TEST_F(NcclDevice, TimeoutAbortsAndNamesTheOp) {
 #endif
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "dmuon/bf16.h"
-#include "dmuon/blas.h"
-#include "dmuon/error.h"
-#include "dmuon/orthogonalize.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/blas.h"
+#include "meshmuon/error.h"
+#include "meshmuon/orthogonalize.h"
 #include "kernels/cpu/bf16_matmul.h"
 #include "kernels/cpu/bf16_products.h"
 #include "test_support.h"
@@ -24,14 +24,14 @@ namespace {
 
 template <class F>
 void expect_orth_invalid(F&& f, const std::string& needle) {
-  dmuon::test::expect_invalid(f, needle, "[orth]");
+  meshmuon::test::expect_invalid(f, needle, "[orth]");
 }
 
-using dmuon::Coefficients;
-using dmuon::NsMethod;
-using dmuon::NsOptions;
-using dmuon::Orthogonalizer;
-using dmuon::Schedule;
+using meshmuon::Coefficients;
+using meshmuon::NsMethod;
+using meshmuon::NsOptions;
+using meshmuon::Orthogonalizer;
+using meshmuon::Schedule;
 
 struct Svd {
   std::vector<double> u, s, vt;  // thin: u m×r, s r, vt r×n (r = min(m, n))
@@ -202,7 +202,7 @@ TEST_P(OrthogonalizeAll, MatchesExactPolarFactorInBand) {
 
 std::string case_name(const ::testing::TestParamInfo<Param>& info) {
   const auto [s, meth, cs] = info.param;
-  return std::string(dmuon::to_string(s)) + "_" + std::string(dmuon::to_string(meth)) + "_" +
+  return std::string(meshmuon::to_string(s)) + "_" + std::string(meshmuon::to_string(meth)) + "_" +
          std::to_string(cs.m) + "x" + std::to_string(cs.n) + "r" + std::to_string(cs.rank);
 }
 
@@ -248,7 +248,7 @@ const NsMethod kMethods[] = {NsMethod::Plain, NsMethod::Symmetric, NsMethod::Gra
 TEST(Orthogonalize, ZeroMatrixGivesExactZeros) {
   for (NsMethod method : kMethods)
     for (float eps : {0.0f, 1e-7f})
-      for (dmuon::EpsMode mode : {dmuon::EpsMode::Add, dmuon::EpsMode::Clamp}) {
+      for (meshmuon::EpsMode mode : {meshmuon::EpsMode::Add, meshmuon::EpsMode::Clamp}) {
         NsOptions o = options_for(Schedule::PolarExpress, method);
         o.eps = eps;
         o.eps_mode = mode;
@@ -267,7 +267,7 @@ TEST(Orthogonalize, BatchEqualsSeparateRunsBitwise) {
       in.insert(in.end(), one.begin(), one.end());
     }
     std::vector<float> out(in.size());
-    orth.run(dmuon::TensorView(in.data(), {b, m, n}), dmuon::TensorView(out.data(), {b, m, n}));
+    orth.run(meshmuon::TensorView(in.data(), {b, m, n}), meshmuon::TensorView(out.data(), {b, m, n}));
     for (int i = 0; i < b; ++i) {
       std::vector<float> one(in.begin() + i * m * n, in.begin() + (i + 1) * m * n);
       const std::vector<float> sep = run_once(orth.options(), one, m, n);
@@ -291,10 +291,10 @@ TEST(Orthogonalize, InPlaceEqualsOutOfPlaceAndRepeatsBitwise) {
         std::vector<float> c(in.size());
         orth.run(in.data(), c.data(), m, n);  // reused workspace
         std::vector<float> inplace = in;
-        orth.run(dmuon::TensorView(inplace.data(), {m, n}), dmuon::TensorView(inplace.data(), {m, n}));
+        orth.run(meshmuon::TensorView(inplace.data(), {m, n}), meshmuon::TensorView(inplace.data(), {m, n}));
         ASSERT_EQ(a, b);
         ASSERT_EQ(a, c);
-        ASSERT_EQ(a, inplace) << dmuon::to_string(method) << " steps " << steps;
+        ASSERT_EQ(a, inplace) << meshmuon::to_string(method) << " steps " << steps;
       }
 }
 
@@ -307,12 +307,12 @@ TEST(Orthogonalize, MethodsAgreeAndTallIsTransposeOfWide) {
   const std::vector<float> ref = run_once(options_for(Schedule::PolarExpress, NsMethod::Plain), in, m, n);
   for (NsMethod method : kMethods) {
     const NsOptions o = options_for(Schedule::PolarExpress, method);
-    EXPECT_LT(max_abs_diff(run_once(o, in, m, n), ref), 2e-4) << dmuon::to_string(method);
+    EXPECT_LT(max_abs_diff(run_once(o, in, m, n), ref), 2e-4) << meshmuon::to_string(method);
     const std::vector<float> t = run_once(o, in_t, n, m);
     std::vector<float> back(t.size());
     for (int i = 0; i < m; ++i)
       for (int j = 0; j < n; ++j) back[size_t(i) * n + j] = t[size_t(j) * m + i];
-    EXPECT_LT(max_abs_diff(back, ref), 2e-4) << dmuon::to_string(method);
+    EXPECT_LT(max_abs_diff(back, ref), 2e-4) << meshmuon::to_string(method);
   }
   // Negative control: a different schedule is visibly different at this tolerance.
   EXPECT_GT(max_abs_diff(run_once(options_for(Schedule::Jordan, NsMethod::Plain), in, m, n), ref), 1e-2);
@@ -334,7 +334,7 @@ TEST(Orthogonalize, ScaleAndClampFollowTheFormula) {
   NsOptions o = options_for(Schedule::Jordan, NsMethod::Symmetric);
   o.steps = 1;
   o.scale = 1.02f;
-  o.eps_mode = dmuon::EpsMode::Clamp;
+  o.eps_mode = meshmuon::EpsMode::Clamp;
   o.eps = 1e6f;
   const std::vector<float> in = make_input(8, 20, 8, 9);
   const std::vector<float> out = run_once(o, in, 8, 20);
@@ -345,15 +345,15 @@ TEST(Orthogonalize, ScaleAndClampFollowTheFormula) {
 TEST(Orthogonalize, BadArgumentsThrowClearly) {
   Orthogonalizer orth(NsOptions{});
   std::vector<float> a(6 * 10), b(6 * 10);
-  std::vector<dmuon::BFloat16> h(6 * 10);
-  expect_orth_invalid([&] { orth.run(dmuon::TensorView(h.data(), {6, 10}), dmuon::TensorView(b.data(), {6, 10})); },
+  std::vector<meshmuon::BFloat16> h(6 * 10);
+  expect_orth_invalid([&] { orth.run(meshmuon::TensorView(h.data(), {6, 10}), meshmuon::TensorView(b.data(), {6, 10})); },
                  "fp32");
-  expect_orth_invalid([&] { orth.run(dmuon::TensorView(a.data(), {6, 10}), dmuon::TensorView(b.data(), {10, 6})); },
+  expect_orth_invalid([&] { orth.run(meshmuon::TensorView(a.data(), {6, 10}), meshmuon::TensorView(b.data(), {10, 6})); },
                  "shapes differ");
-  expect_orth_invalid([&] { orth.run(dmuon::TensorView(a.data(), {60}), dmuon::TensorView(b.data(), {60})); },
+  expect_orth_invalid([&] { orth.run(meshmuon::TensorView(a.data(), {60}), meshmuon::TensorView(b.data(), {60})); },
                  "[m, n]");
-  const dmuon::TensorView strided(a.data(), dmuon::DType::F32, {6, 5}, {10, 1});
-  expect_orth_invalid([&] { orth.run(strided, dmuon::TensorView(b.data(), {6, 5})); }, "contiguous");
+  const meshmuon::TensorView strided(a.data(), meshmuon::DType::F32, {6, 5}, {10, 1});
+  expect_orth_invalid([&] { orth.run(strided, meshmuon::TensorView(b.data(), {6, 5})); }, "contiguous");
   expect_orth_invalid([&] { orth.run(a.data(), a.data() + 1, 6, 9); }, "overlap");
   expect_orth_invalid([&] { orth.run(a.data(), b.data(), -1, 10); }, "non-negative");
   // Nothing was written by the failed calls.
@@ -364,13 +364,13 @@ TEST(Orthogonalize, EmptyMatrixIsANoOp) {
   Orthogonalizer orth(NsOptions{});
   std::vector<float> a(4, 1.0f);
   orth.run(a.data(), a.data(), 0, 4);
-  orth.run(dmuon::TensorView(a.data(), {0, 3, 4}), dmuon::TensorView(a.data(), {0, 3, 4}));
+  orth.run(meshmuon::TensorView(a.data(), {0, 3, 4}), meshmuon::TensorView(a.data(), {0, 3, 4}));
   EXPECT_EQ(a, std::vector<float>(4, 1.0f));
 }
 
 // bf16 emulation (NsOptions::bf16_rounding): a scalar reference of torch.optim.Muon's bf16 iteration
 // written plainly here (double accumulation, each product rounded to bf16 as torch's matmuls do).
-float bf16r(double v) { return dmuon::bf16_to_float(dmuon::float_to_bf16(static_cast<float>(v))); }
+float bf16r(double v) { return meshmuon::bf16_to_float(meshmuon::float_to_bf16(static_cast<float>(v))); }
 
 std::vector<float> torch_bf16_reference(const std::vector<float>& in, int m, int n, float eps) {
   const bool tall = m > n;  // torch transposes tall inputs to wide and back
@@ -420,7 +420,7 @@ TEST_P(OrthogonalizeBf16, MatchesTheTorchStyleReference) {
   const auto [m, n] = GetParam();
   const std::vector<float> in = make_input(m, n, std::min(m, n), 100 + m * 7 + n);
   NsOptions o = options_for(Schedule::Jordan, NsMethod::Symmetric);
-  o.eps_mode = dmuon::EpsMode::Clamp;
+  o.eps_mode = meshmuon::EpsMode::Clamp;
   o.bf16_rounding = true;
   const std::vector<float> got = run_once(o, in, m, n);
   const std::vector<float> ref = torch_bf16_reference(in, m, n, o.eps);
@@ -455,9 +455,9 @@ TEST(OrthogonalizeBf16, ZerosStayZero) {
 
 // ---- bf16 products (NsOptions::matmul_dtype = BF16, oneDNN) ----
 
-using dmuon::BFloat16;
-using dmuon::cpu::Bf16Matmul;
-using dmuon::cpu::Bf16Operand;
+using meshmuon::BFloat16;
+using meshmuon::cpu::Bf16Matmul;
+using meshmuon::cpu::Bf16Operand;
 
 // Small integers are exact in bf16 and their products' sums are exact in fp32 (|sum| < 2^24), so the
 // oneDNN products must equal a double reference exactly, whatever order they sum in.
@@ -465,16 +465,16 @@ std::vector<BFloat16> small_ints(size_t count, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int> d(-8, 8);
   std::vector<BFloat16> v(count);
-  for (BFloat16& x : v) x = dmuon::float_to_bf16(static_cast<float>(d(rng)));
+  for (BFloat16& x : v) x = meshmuon::float_to_bf16(static_cast<float>(d(rng)));
   return v;
 }
 
 double at(const Bf16Operand& a, int64_t i, int64_t j) {
-  return dmuon::bf16_to_float(a.trans ? a.data[j * a.ld + i] : a.data[i * a.ld + j]);
+  return meshmuon::bf16_to_float(a.trans ? a.data[j * a.ld + i] : a.data[i * a.ld + j]);
 }
 
 TEST(Bf16Matmul, GemmIsExactOnIntegersForEveryLayout) {
-  if (!dmuon::cpu::bf16_matmul_info().available) GTEST_SKIP() << dmuon::cpu::bf16_matmul_info().error;
+  if (!meshmuon::cpu::bf16_matmul_info().available) GTEST_SKIP() << meshmuon::cpu::bf16_matmul_info().error;
   Bf16Matmul mm;
   const int64_t m = 37, n = 150, k = 131, pad = 5;
   for (bool ta : {false, true})
@@ -498,13 +498,13 @@ TEST(Bf16Matmul, GemmIsExactOnIntegersForEveryLayout) {
           for (int64_t p = 0; p < k; ++p) ref += at(oa, i, p) * at(ob, p, j);
           ASSERT_EQ(c[size_t(i * ldc + j)], ref) << "ta " << ta << " tb " << tb << " at " << i << "," << j;
           // bf16 output: the fp32 accumulator rounded once to nearest even
-          ASSERT_EQ(cb[size_t(i * ldc + j)].bits, dmuon::float_to_bf16(static_cast<float>(ref)).bits);
+          ASSERT_EQ(cb[size_t(i * ldc + j)].bits, meshmuon::float_to_bf16(static_cast<float>(ref)).bits);
         }
     }
 }
 
 TEST(Bf16Matmul, LowerProductCoversTheLowerTriangle) {
-  if (!dmuon::cpu::bf16_matmul_info().available) GTEST_SKIP() << dmuon::cpu::bf16_matmul_info().error;
+  if (!meshmuon::cpu::bf16_matmul_info().available) GTEST_SKIP() << meshmuon::cpu::bf16_matmul_info().error;
   Bf16Matmul mm;
   for (int64_t s : {1, 127, 128, 129, 300}) {
     const int64_t k = 45;
@@ -534,11 +534,11 @@ TEST(Bf16Matmul, LowerProductCoversTheLowerTriangle) {
 
 NsOptions bf16_products(Schedule s, NsMethod method) {
   NsOptions o = options_for(s, method);
-  o.matmul_dtype = dmuon::DType::BF16;
+  o.matmul_dtype = meshmuon::DType::BF16;
   return o;
 }
 
-using dmuon::cpu::Bf16ProductPath;
+using meshmuon::cpu::Bf16ProductPath;
 
 std::string path_name(Bf16ProductPath p) { return p == Bf16ProductPath::OneDnn ? "onednn" : "widened"; }
 
@@ -547,15 +547,15 @@ std::string path_name(Bf16ProductPath p) { return p == Bf16ProductPath::OneDnn ?
 // path, which runs everywhere, is then the one that runs there.
 class ForcedBf16Path {
  public:
-  explicit ForcedBf16Path(Bf16ProductPath path) { dmuon::cpu::set_bf16_product_path_for_tests(path); }
-  ~ForcedBf16Path() { dmuon::cpu::set_bf16_product_path_for_tests(std::nullopt); }
+  explicit ForcedBf16Path(Bf16ProductPath path) { meshmuon::cpu::set_bf16_product_path_for_tests(path); }
+  ~ForcedBf16Path() { meshmuon::cpu::set_bf16_product_path_for_tests(std::nullopt); }
   static bool unavailable(Bf16ProductPath path) {
-    return path == Bf16ProductPath::OneDnn && !dmuon::cpu::bf16_matmul_info().available;
+    return path == Bf16ProductPath::OneDnn && !meshmuon::cpu::bf16_matmul_info().available;
   }
 };
 #define SKIP_IF_UNAVAILABLE(path)                                                           \
   if (ForcedBf16Path::unavailable(path))                                                   \
-  GTEST_SKIP() << "oneDNN path unavailable here (" << dmuon::cpu::bf16_matmul_info().error \
+  GTEST_SKIP() << "oneDNN path unavailable here (" << meshmuon::cpu::bf16_matmul_info().error \
                << "); the widened cases run instead"
 
 // Shapes past one 128-row block of lower_product and past one tile of the fp32 products, rank-
@@ -573,7 +573,7 @@ class OrthogonalizeBf16Products : public ::testing::TestWithParam<Bf16Param> {};
 // (unit roundoff 2^-8), which the iteration amplifies like any small σ — by up to the product of the a
 // coefficients (< 500 for these schedules) — measured up to 0.27 (as torch.optim.Muon's bf16 NS
 // does); that noise also enters ‖out − U f(Σ) Vᵀ‖, so the singular-vector check is for full rank.
-// Both paths (oneDNN, dmuon's widened products) meet the same bounds; the fp32 path meets them with
+// Both paths (oneDNN, meshmuon's widened products) meet the same bounds; the fp32 path meets them with
 // a 20x margin; the checker's negative control is CheckerCanFail.
 TEST_P(OrthogonalizeBf16Products, MatchesExactPolarFactorWithinBf16Error) {
   const auto [path, schedule, method, cs] = GetParam();
@@ -593,13 +593,13 @@ TEST_P(OrthogonalizeBf16Products, MatchesExactPolarFactorWithinBf16Error) {
   EXPECT_LT(c.null_max, 500 * std::ldexp(1.0, -9));
   for (float v : out) ASSERT_TRUE(std::isfinite(v));
   std::printf("bf16 products (%s) %s %dx%d r%d: sigma_err %.2e vector_err %.2e null %.2e\n",
-              path_name(path).c_str(), std::string(dmuon::to_string(method)).c_str(), cs.m, cs.n, cs.rank,
+              path_name(path).c_str(), std::string(meshmuon::to_string(method)).c_str(), cs.m, cs.n, cs.rank,
               c.sigma_err, c.vector_err, c.null_max);
 }
 
 std::string bf16_case_name(const ::testing::TestParamInfo<Bf16Param>& info) {
   const auto [path, s, meth, cs] = info.param;
-  return path_name(path) + "_" + std::string(dmuon::to_string(s)) + "_" + std::string(dmuon::to_string(meth)) +
+  return path_name(path) + "_" + std::string(meshmuon::to_string(s)) + "_" + std::string(meshmuon::to_string(meth)) +
          "_" + std::to_string(cs.m) + "x" + std::to_string(cs.n) + "r" + std::to_string(cs.rank);
 }
 
@@ -622,16 +622,16 @@ INSTANTIATE_TEST_SUITE_P(Paths, Bf16Paths,
 TEST_P(Bf16Paths, BitwiseAcrossThreadCountsAndRuns) {
   SKIP_IF_UNAVAILABLE(GetParam());
   ForcedBf16Path forced(GetParam());
-  const int saved = dmuon::blas_get_num_threads();
+  const int saved = meshmuon::blas_get_num_threads();
   for (NsMethod method : {NsMethod::Plain, NsMethod::Symmetric})
     for (auto [m, n] : {std::pair{300, 700}, std::pair{700, 300}, std::pair{260, 260}, std::pair{640, 1536}}) {
       const std::vector<float> in = make_input(m, n, std::min(m, n), 77u + m + n);
       Orthogonalizer orth(bf16_products(Schedule::Jordan, method));
-      dmuon::blas_set_num_threads(1);
+      meshmuon::blas_set_num_threads(1);
       std::vector<float> one(in.size()), other(in.size()), again(in.size());
       orth.run(in.data(), one.data(), m, n);
       for (int threads : {2, 3}) {
-        dmuon::blas_set_num_threads(threads);
+        meshmuon::blas_set_num_threads(threads);
         orth.run(in.data(), other.data(), m, n);
         EXPECT_EQ(one, other) << m << "x" << n << " on " << threads << " threads";
       }
@@ -645,7 +645,7 @@ TEST_P(Bf16Paths, BitwiseAcrossThreadCountsAndRuns) {
       f32.run(in.data(), again.data(), m, n);
       EXPECT_NE(again, other);
     }
-  dmuon::blas_set_num_threads(saved);
+  meshmuon::blas_set_num_threads(saved);
 }
 
 TEST_P(Bf16Paths, ZerosAndEmptyAndBadOptions) {
@@ -668,7 +668,7 @@ TEST_P(Bf16Paths, ZerosAndEmptyAndBadOptions) {
 // accumulation orders: their outputs agree to bf16's error, not bitwise.
 TEST(OrthogonalizeBf16Products, PathsAgreeToBf16Error) {
   if (ForcedBf16Path::unavailable(Bf16ProductPath::OneDnn))
-    GTEST_SKIP() << "oneDNN has no bf16 matmul here: " << dmuon::cpu::bf16_matmul_info().error;
+    GTEST_SKIP() << "oneDNN has no bf16 matmul here: " << meshmuon::cpu::bf16_matmul_info().error;
   const int m = 300, n = 700;
   const std::vector<float> in = make_input(m, n, m, 991);
   std::vector<float> a(in.size()), b(in.size());
@@ -689,8 +689,8 @@ TEST(OrthogonalizeBf16Products, PathsAgreeToBf16Error) {
 // Choosing a path: the environment's choice (auto: native oneDNN, else widened), and a forced oneDNN
 // where it cannot run is a clear error at construction, before anything runs.
 TEST(OrthogonalizeBf16Products, PathChoiceSaysWhatRunsAndWhy) {
-  const dmuon::cpu::Bf16Products chosen = dmuon::cpu::bf16_products();
-  const dmuon::cpu::Bf16MatmulInfo dnnl = dmuon::cpu::bf16_matmul_info();
+  const meshmuon::cpu::Bf16Products chosen = meshmuon::cpu::bf16_products();
+  const meshmuon::cpu::Bf16MatmulInfo dnnl = meshmuon::cpu::bf16_matmul_info();
   EXPECT_FALSE(chosen.reason.empty() && chosen.error.empty());
   if (!chosen.forced) {
     EXPECT_EQ(chosen.path, dnnl.available && dnnl.native ? Bf16ProductPath::OneDnn : Bf16ProductPath::Widened);
@@ -698,13 +698,13 @@ TEST(OrthogonalizeBf16Products, PathChoiceSaysWhatRunsAndWhy) {
   }
   ForcedBf16Path forced(Bf16ProductPath::OneDnn);
   if (dnnl.available) {
-    EXPECT_EQ(dmuon::cpu::bf16_products().kind, dnnl.native ? "native" : "onednn_emulated");
+    EXPECT_EQ(meshmuon::cpu::bf16_products().kind, dnnl.native ? "native" : "onednn_emulated");
     Orthogonalizer ok(bf16_products(Schedule::Jordan, NsMethod::Symmetric));
   } else {
     try {
       Orthogonalizer o(bf16_products(Schedule::Jordan, NsMethod::Symmetric));
       ADD_FAILURE() << "a forced oneDNN path without oneDNN must throw";
-    } catch (const dmuon::Error& e) {
+    } catch (const meshmuon::Error& e) {
       EXPECT_NE(std::string(e.what()).find("cannot form bf16 products"), std::string::npos) << e.what();
     }
   }

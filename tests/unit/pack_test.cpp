@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "dmuon/bf16.h"
-#include "dmuon/box.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/box.h"
 #include "exec/routes.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 TEST(Pack, CpuKernelMatchesTheReferenceOnRandomTables) {
@@ -134,4 +134,4 @@ TEST(Pack, BoxRunsPlaceEveryLocalElementAtItsGlobalIndex) {
 }
 
 }  // namespace
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

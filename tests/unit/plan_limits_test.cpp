@@ -10,12 +10,12 @@
 #include <functional>
 #include <random>
 
-#include "dmuon/comm.h"
-#include "dmuon/plan.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/plan.h"
 #include "plan/visit.h"
 #include "test_support.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 using test::expect_invalid;
@@ -201,7 +201,7 @@ TEST(PlanLimits, PlansAtTheLargestWorld) {
   }
   PlanOptions o;
   o.pins = StrategyRules::parse("tall:gram_allreduce");
-  // No timing here (benchmarks measure speed: `dmuon bench plan`): the quadratic planner took hours
+  // No timing here (benchmarks measure speed: `meshmuon bench plan`): the quadratic planner took hours
   // at 2^20 ranks, so ctest's timeout is the guard; the linear one plans it in ~0.3 s.
   const Plan plan = make_plan(inv, o);
   EXPECT_EQ(plan.entries()[0].strategy, Strategy::GramAllReduce);
@@ -210,4 +210,4 @@ TEST(PlanLimits, PlansAtTheLargestWorld) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

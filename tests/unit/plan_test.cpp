@@ -6,11 +6,11 @@
 #include <cmath>
 #include <map>
 
-#include "dmuon/plan.h"
+#include "meshmuon/plan.h"
 #include "plan/shard_table.h"
 #include "plan/transfers.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 // n matrices [rows, cols] sharded Shard(0) over `mesh` (FSDP), plus one replicated 2-D matrix.
@@ -398,4 +398,4 @@ TEST(Plan, ByteFiguresEqualTheTransferListMessageByMessage) {
   EXPECT_GE(plans, 30);
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -1,4 +1,4 @@
-// dmuon's fp32 products (kernels/cpu/products.h) and the worker pool under them
+// meshmuon's fp32 products (kernels/cpu/products.h) and the worker pool under them
 // (core/parallel_for.h): exact on integer-valued operands for every layout, bitwise the same on
 // every thread count, and split into several tiles where the sizes allow (so that the thread-count
 // check is not vacuous).
@@ -18,13 +18,13 @@
 #include <vector>
 
 #include "core/parallel_for.h"
-#include "dmuon/blas.h"
+#include "meshmuon/blas.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/products.h"
 
 namespace {
 
-using dmuon::cpu::TileEpilogue;
+using meshmuon::cpu::TileEpilogue;
 
 std::vector<float> small_ints(size_t count, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -48,15 +48,15 @@ float op_at(const std::vector<float>& x, int ld, bool trans, int i, int j) {
 }
 
 struct ThreadsGuard {
-  int saved = dmuon::blas_get_num_threads();
-  ~ThreadsGuard() { dmuon::blas_set_num_threads(saved); }
+  int saved = meshmuon::blas_get_num_threads();
+  ~ThreadsGuard() { meshmuon::blas_set_num_threads(saved); }
 };
 
 // Sums of at most 2^10 products of integers in [-8, 8] are exact in fp32: every tile, whatever its
 // split, must give the double reference exactly; alpha and beta are powers of two (exact too).
 TEST(Products, SgemmIsExactOnIntegersForEveryLayout) {
   ThreadsGuard guard;
-  dmuon::blas_set_num_threads(3);
+  meshmuon::blas_set_num_threads(3);
   const int m = 301, n = 517, k = 259, pad = 3;
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
@@ -65,7 +65,7 @@ TEST(Products, SgemmIsExactOnIntegersForEveryLayout) {
       const auto b = small_ints(size_t(tb ? n : k) * ldb, 11 + ta * 2 + tb);
       auto c = small_ints(size_t(m) * ldc, 21);
       const auto c0 = c;
-      dmuon::cpu::sgemm(ta, tb, m, n, k, 2.0f, a.data(), lda, b.data(), ldb, 0.5f, c.data(), ldc);
+      meshmuon::cpu::sgemm(ta, tb, m, n, k, 2.0f, a.data(), lda, b.data(), ldb, 0.5f, c.data(), ldc);
       for (int i = 0; i < m; ++i)
         for (int j = 0; j < ldc; ++j) {
           const size_t at = size_t(i) * ldc + j;
@@ -82,14 +82,14 @@ TEST(Products, SgemmIsExactOnIntegersForEveryLayout) {
 
 TEST(Products, SyrkLowerAndSymmAreExactOnIntegers) {
   ThreadsGuard guard;
-  dmuon::blas_set_num_threads(2);
+  meshmuon::blas_set_num_threads(2);
   for (int n : {1, 130, 700}) {
     const int k = 200;
     for (bool trans : {false, true}) {
       const int lda = trans ? n : k;
       const auto a = small_ints(size_t(trans ? k : n) * lda, 31 + n);
       std::vector<float> c(size_t(n) * n, std::nanf(""));
-      dmuon::cpu::ssyrk_lower(trans, n, k, 1.0f, a.data(), lda, 0.0f, c.data(), n);
+      meshmuon::cpu::ssyrk_lower(trans, n, k, 1.0f, a.data(), lda, 0.0f, c.data(), n);
       for (int i = 0; i < n; ++i)
         for (int j = 0; j <= i; ++j) {
           double ref = 0;
@@ -107,7 +107,7 @@ TEST(Products, SyrkLowerAndSymmAreExactOnIntegers) {
       const int rows = left ? n : w, cols = left ? w : n;
       const auto b = small_ints(size_t(rows) * cols, 51 + n + left);
       std::vector<float> c(b.size());
-      dmuon::cpu::ssymm_lower(left, rows, cols, 1.0f, s.data(), n, b.data(), cols, 0.0f, c.data(), cols);
+      meshmuon::cpu::ssymm_lower(left, rows, cols, 1.0f, s.data(), n, b.data(), cols, 0.0f, c.data(), cols);
       for (int i = 0; i < rows; ++i)
         for (int j = 0; j < cols; ++j) {
           double ref = 0;
@@ -130,11 +130,11 @@ TEST(Products, BitwiseOnEveryThreadCount) {
     std::vector<float> first;
     std::vector<float> sy_first;
     for (int threads : {1, 2, 3, 4}) {
-      dmuon::blas_set_num_threads(threads);
+      meshmuon::blas_set_num_threads(threads);
       std::vector<float> c(size_t(cs.m) * cs.n);
-      dmuon::cpu::sgemm(false, false, cs.m, cs.n, cs.k, 1.0f, a.data(), cs.k, b.data(), cs.n, 0.0f, c.data(), cs.n);
+      meshmuon::cpu::sgemm(false, false, cs.m, cs.n, cs.k, 1.0f, a.data(), cs.k, b.data(), cs.n, 0.0f, c.data(), cs.n);
       std::vector<float> sy(size_t(cs.m) * cs.m, 0.0f);
-      dmuon::cpu::ssyrk_lower(false, cs.m, cs.k, 1.0f, a.data(), cs.k, 0.0f, sy.data(), cs.m);
+      meshmuon::cpu::ssyrk_lower(false, cs.m, cs.k, 1.0f, a.data(), cs.k, 0.0f, sy.data(), cs.m);
       if (first.empty()) {
         first = c, sy_first = sy;
         continue;
@@ -148,16 +148,16 @@ TEST(Products, BitwiseOnEveryThreadCount) {
 // Negative control for the test above: these products really are split, and the tiles really run
 // on several threads (otherwise "bitwise on every thread count" would hold vacuously).
 TEST(Products, LargeProductsAreSplitAndRunOnSeveralThreads) {
-  const auto g = dmuon::cpu::sgemm_tiles(1024, 1024, 1024);
+  const auto g = meshmuon::cpu::sgemm_tiles(1024, 1024, 1024);
   EXPECT_GE(g.row_parts * g.col_parts, 8);
-  EXPECT_GE(dmuon::cpu::ssyrk_blocks(1024, 1024), 4);
-  EXPECT_EQ(dmuon::cpu::sgemm_tiles(32, 32, 32).row_parts * dmuon::cpu::sgemm_tiles(32, 32, 32).col_parts, 1);
+  EXPECT_GE(meshmuon::cpu::ssyrk_blocks(1024, 1024), 4);
+  EXPECT_EQ(meshmuon::cpu::sgemm_tiles(32, 32, 32).row_parts * meshmuon::cpu::sgemm_tiles(32, 32, 32).col_parts, 1);
   // The grid is a function of the sizes only.
   ThreadsGuard guard;
-  dmuon::blas_set_num_threads(1);
-  const auto one = dmuon::cpu::sgemm_tiles(768, 3072, 768);
-  dmuon::blas_set_num_threads(4);
-  const auto four = dmuon::cpu::sgemm_tiles(768, 3072, 768);
+  meshmuon::blas_set_num_threads(1);
+  const auto one = meshmuon::cpu::sgemm_tiles(768, 3072, 768);
+  meshmuon::blas_set_num_threads(4);
+  const auto four = meshmuon::cpu::sgemm_tiles(768, 3072, 768);
   EXPECT_EQ(one.row_parts, four.row_parts);
   EXPECT_EQ(one.col_parts, four.col_parts);
 
@@ -169,24 +169,24 @@ TEST(Products, LargeProductsAreSplitAndRunOnSeveralThreads) {
     std::lock_guard<std::mutex> lock(mu);
     seen.insert(std::this_thread::get_id());
   };
-  dmuon::blas_set_num_threads(3);
-  dmuon::cpu::sgemm(false, true, 1024, 1024, 1024, 1.0f, a.data(), 1024, a.data(), 1024, 0.0f, c.data(), 1024, &record);
+  meshmuon::blas_set_num_threads(3);
+  meshmuon::cpu::sgemm(false, true, 1024, 1024, 1024, 1.0f, a.data(), 1024, a.data(), 1024, 0.0f, c.data(), 1024, &record);
   EXPECT_GE(seen.size(), 2u);
 }
 
 // Negative control: on OpenBLAS's Haswell and Zen cores the library's own threaded driver gives
 // other bits on 2 threads than on 1 (what the tiles above avoid); SkylakeX keeps them.
 TEST(Products, TheBlasOwnThreadsChangeBitsOnHaswellAndZenCores) {
-  const auto& api = dmuon::cpu::blas();
+  const auto& api = meshmuon::cpu::blas();
   if (api.get_corename == nullptr) GTEST_SKIP() << "not OpenBLAS: " << api.library;
   const std::string core = api.get_corename();
   const int s = 256, k = 1024;
   const auto a = normals(size_t(s) * k, 91);
   std::vector<float> one(size_t(s) * s), two(one.size());
-  api.sgemm(dmuon::cpu::kRowMajor, dmuon::cpu::kNoTrans, dmuon::cpu::kTrans, s, s, k, 1.0f, a.data(), k, a.data(), k,
+  api.sgemm(meshmuon::cpu::kRowMajor, meshmuon::cpu::kNoTrans, meshmuon::cpu::kTrans, s, s, k, 1.0f, a.data(), k, a.data(), k,
             0.0f, one.data(), s);
   api.set_num_threads(2);
-  api.sgemm(dmuon::cpu::kRowMajor, dmuon::cpu::kNoTrans, dmuon::cpu::kTrans, s, s, k, 1.0f, a.data(), k, a.data(), k,
+  api.sgemm(meshmuon::cpu::kRowMajor, meshmuon::cpu::kNoTrans, meshmuon::cpu::kTrans, s, s, k, 1.0f, a.data(), k, a.data(), k,
             0.0f, two.data(), s);
   api.set_num_threads(1);
   if (core != "Haswell" && core != "Zen")
@@ -196,13 +196,13 @@ TEST(Products, TheBlasOwnThreadsChangeBitsOnHaswellAndZenCores) {
 }
 
 TEST(Products, TheBlasItselfRunsOnOneThread) {
-  // dmuon pins OpenBLAS to one thread and restores that if someone changed it.
-  const auto& api = dmuon::cpu::blas();
+  // meshmuon pins OpenBLAS to one thread and restores that if someone changed it.
+  const auto& api = meshmuon::cpu::blas();
   if (api.get_num_threads == nullptr) GTEST_SKIP() << "not OpenBLAS: " << api.library;
   EXPECT_EQ(api.get_num_threads(), 1);
   api.set_num_threads(2);
   std::vector<float> a = normals(256 * 256, 81), c(256 * 256);
-  dmuon::cpu::sgemm(false, false, 256, 256, 256, 1.0f, a.data(), 256, a.data(), 256, 0.0f, c.data(), 256);
+  meshmuon::cpu::sgemm(false, false, 256, 256, 256, 1.0f, a.data(), 256, a.data(), 256, 0.0f, c.data(), 256);
   EXPECT_EQ(api.get_num_threads(), 1);
 }
 
@@ -210,16 +210,16 @@ TEST(ParallelFor, RunsEveryIndexOnceOnAnyThreadCount) {
   for (int threads : {1, 2, 5}) {
     for (int64_t count : {0, 1, 7, 1000}) {
       std::vector<std::atomic<int>> hits(static_cast<size_t>(count));
-      dmuon::detail::parallel_for(count, threads, [&](int64_t i) { hits[static_cast<size_t>(i)]++; });
+      meshmuon::detail::parallel_for(count, threads, [&](int64_t i) { hits[static_cast<size_t>(i)]++; });
       for (int64_t i = 0; i < count; ++i) ASSERT_EQ(hits[size_t(i)].load(), 1) << threads << " threads, index " << i;
     }
   }
-  EXPECT_GE(dmuon::detail::parallel_pool_workers(), 1);
+  EXPECT_GE(meshmuon::detail::parallel_pool_workers(), 1);
 }
 
 TEST(ParallelFor, RethrowsTheFirstErrorAfterTheOthersFinished) {
   std::atomic<int> ran{0};
-  EXPECT_THROW(dmuon::detail::parallel_for(64, 3,
+  EXPECT_THROW(meshmuon::detail::parallel_for(64, 3,
                                            [&](int64_t i) {
                                              ran++;
                                              if (i == 5) throw std::runtime_error("tile 5");
@@ -228,7 +228,7 @@ TEST(ParallelFor, RethrowsTheFirstErrorAfterTheOthersFinished) {
   EXPECT_GE(ran.load(), 6);
   // The pool is still usable after a throw.
   std::atomic<int> after{0};
-  dmuon::detail::parallel_for(10, 3, [&](int64_t) { after++; });
+  meshmuon::detail::parallel_for(10, 3, [&](int64_t) { after++; });
   EXPECT_EQ(after.load(), 10);
 }
 
@@ -237,8 +237,8 @@ TEST(ParallelFor, ConcurrentCallersAndNestedCallsFinish) {
   std::vector<std::thread> callers;
   for (int t = 0; t < 4; ++t)
     callers.emplace_back([&] {
-      dmuon::detail::parallel_for(50, 3, [&](int64_t) {
-        dmuon::detail::parallel_for(4, 2, [&](int64_t) { total++; });
+      meshmuon::detail::parallel_for(50, 3, [&](int64_t) {
+        meshmuon::detail::parallel_for(4, 2, [&](int64_t) { total++; });
       });
     });
   for (auto& c : callers) c.join();

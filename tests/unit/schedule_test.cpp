@@ -8,20 +8,20 @@
 #include <string>
 #include <vector>
 
-#include "dmuon/orthogonalize.h"
+#include "meshmuon/orthogonalize.h"
 #include "test_support.h"
 
 namespace {
 
 template <class F>
 void expect_orth_invalid(F&& f, const std::string& needle) {
-  dmuon::test::expect_invalid(f, needle, "[orth]");
+  meshmuon::test::expect_invalid(f, needle, "[orth]");
 }
 
-using dmuon::Coefficients;
-using dmuon::NsMethod;
-using dmuon::NsOptions;
-using dmuon::Schedule;
+using meshmuon::Coefficients;
+using meshmuon::NsMethod;
+using meshmuon::NsOptions;
+using meshmuon::Schedule;
 
 // nanochat / modded-nanogpt: l0 = 1e-3, safety = 0.02, cushion = 0.02.
 const std::vector<Coefficients> kNanochat = {
@@ -49,19 +49,19 @@ void expect_same(const std::vector<Coefficients>& got, const std::vector<Coeffic
 }
 
 TEST(PolarExpress, MatchesNanochatList) {
-  expect_same(dmuon::polar_express_coefficients(5, 1e-3, 0.02, 0.02), kNanochat, 1e-12);
+  expect_same(meshmuon::polar_express_coefficients(5, 1e-3, 0.02, 0.02), kNanochat, 1e-12);
   NsOptions o;
   o.schedule = Schedule::PolarExpress;
-  expect_same(dmuon::make_schedule(o), kNanochat, 1e-12);  // the option defaults are nanochat's
+  expect_same(meshmuon::make_schedule(o), kNanochat, 1e-12);  // the option defaults are nanochat's
 }
 
 TEST(PolarExpress, MatchesPaperList) {
-  expect_same(dmuon::polar_express_coefficients(5, 1e-3, 0.0, 0.02407327424182761), kPaperRaw, 1e-12);
+  expect_same(meshmuon::polar_express_coefficients(5, 1e-3, 0.0, 0.02407327424182761), kPaperRaw, 1e-12);
 }
 
 TEST(PolarExpress, ComparisonCanFail) {
   // Negative control: the two lists differ by far more than the tolerance.
-  const auto got = dmuon::polar_express_coefficients(5, 1e-3, 0.02, 0.02);
+  const auto got = meshmuon::polar_express_coefficients(5, 1e-3, 0.02, 0.02);
   EXPECT_GT(std::fabs(got[0].c - kPaperRaw[0].c), 1.0);
   EXPECT_GT(std::fabs(got[4].a - kPaperRaw[4].a), 1e-3);
 }
@@ -82,7 +82,7 @@ std::pair<double, double> composed_range(const std::vector<Coefficients>& cs, do
 TEST(PolarExpress, OtherStepCountsMapIntoTheirBand) {
   double previous_err = 1.0;
   for (int steps : {1, 2, 3, 5, 8, 10}) {
-    const auto cs = dmuon::polar_express_coefficients(steps, 1e-3, 0.02, 0.02);
+    const auto cs = meshmuon::polar_express_coefficients(steps, 1e-3, 0.02, 0.02);
     ASSERT_EQ(cs.size(), size_t(steps));
     for (const Coefficients& c : cs) ASSERT_TRUE(std::isfinite(c.a) && std::isfinite(c.b) && std::isfinite(c.c));
     const auto [lo, hi] = composed_range(cs, 1e-3);
@@ -95,10 +95,10 @@ TEST(PolarExpress, OtherStepCountsMapIntoTheirBand) {
     previous_err = hi - 1;
   }
   // REFERENCE.md: 5 steps give 0.86 – 1.14; 8 steps converge far tighter.
-  const auto [lo5, hi5] = composed_range(dmuon::polar_express_coefficients(5, 1e-3, 0.02, 0.02), 1e-3);
+  const auto [lo5, hi5] = composed_range(meshmuon::polar_express_coefficients(5, 1e-3, 0.02, 0.02), 1e-3);
   EXPECT_NEAR(lo5, 0.8589, 1e-3);
   EXPECT_NEAR(hi5, 1.1411, 1e-3);
-  const auto [lo8, hi8] = composed_range(dmuon::polar_express_coefficients(8, 1e-3, 0.02, 0.02), 1e-3);
+  const auto [lo8, hi8] = composed_range(meshmuon::polar_express_coefficients(8, 1e-3, 0.02, 0.02), 1e-3);
   EXPECT_GT(lo8, 0.99);
   EXPECT_LT(hi8, 1.01);
 }
@@ -107,30 +107,30 @@ TEST(Schedule, NamedSchedulesAndCustom) {
   NsOptions o;
   o.schedule = Schedule::Jordan;
   o.steps = 3;
-  const auto j = dmuon::make_schedule(o);
+  const auto j = meshmuon::make_schedule(o);
   ASSERT_EQ(j.size(), 3u);
   EXPECT_EQ(j[2].a, 3.4445);
   EXPECT_EQ(j[2].b, -4.7750);
   EXPECT_EQ(j[2].c, 2.0315);
   o.schedule = Schedule::You;
   o.steps = 5;
-  const auto y = dmuon::make_schedule(o);
+  const auto y = meshmuon::make_schedule(o);
   EXPECT_EQ(y[0].a, 4.0848);
   EXPECT_EQ(y[4].c, 1.2012);
   o.schedule = Schedule::Custom;
   o.steps = 2;
   o.custom = {{1.5, -0.5, 0.0}, {2.0, -1.0, 0.25}};
-  const auto c = dmuon::make_schedule(o);
+  const auto c = meshmuon::make_schedule(o);
   EXPECT_EQ(c[1].c, 0.25);
   EXPECT_EQ(c[0].a, 1.5);
 }
 
 TEST(Schedule, NamesRoundTrip) {
   for (Schedule s : {Schedule::Jordan, Schedule::You, Schedule::PolarExpress, Schedule::Custom})
-    EXPECT_EQ(dmuon::parse_schedule(dmuon::to_string(s)), s);
+    EXPECT_EQ(meshmuon::parse_schedule(meshmuon::to_string(s)), s);
   for (NsMethod m : {NsMethod::Plain, NsMethod::Symmetric, NsMethod::Gram})
-    EXPECT_EQ(dmuon::parse_ns_method(dmuon::to_string(m)), m);
-  EXPECT_EQ(dmuon::to_string(Schedule::PolarExpress), "polar_express");
+    EXPECT_EQ(meshmuon::parse_ns_method(meshmuon::to_string(m)), m);
+  EXPECT_EQ(meshmuon::to_string(Schedule::PolarExpress), "polar_express");
 }
 
 
@@ -138,7 +138,7 @@ TEST(Schedule, BadOptionsThrowClearly) {
   auto with = [](auto edit) {
     NsOptions o;
     edit(o);
-    return [o] { dmuon::Orthogonalizer orth(o); };
+    return [o] { meshmuon::Orthogonalizer orth(o); };
   };
   expect_orth_invalid(with([](NsOptions& o) { o.steps = 0; }), "steps must be >= 1");
   expect_orth_invalid(with([](NsOptions& o) { o.schedule = Schedule::You; o.steps = 4; }), "exactly 5 steps");
@@ -153,26 +153,26 @@ TEST(Schedule, BadOptionsThrowClearly) {
   expect_orth_invalid(with([](NsOptions& o) { o.scale = 0; }), "scale");
   expect_orth_invalid(with([](NsOptions& o) { o.eps = -1; }), "eps");
   expect_orth_invalid(with([](NsOptions& o) { o.schedule = Schedule::PolarExpress; o.pe_l0 = 0; }), "l0");
-  expect_orth_invalid([] { dmuon::parse_schedule("muon"); }, "unknown schedule 'muon'");
-  expect_orth_invalid([] { dmuon::parse_ns_method("fast"); }, "unknown method 'fast'");
+  expect_orth_invalid([] { meshmuon::parse_schedule("muon"); }, "unknown schedule 'muon'");
+  expect_orth_invalid([] { meshmuon::parse_ns_method("fast"); }, "unknown method 'fast'");
 }
 
 TEST(Schedule, FlopCounts) {
   NsOptions o;
   const double m = 1024, n = 4096;
   o.method = NsMethod::Plain;
-  EXPECT_EQ(dmuon::ns_flops(1024, 4096, o), 20 * m * m * n + 10 * m * m * m);
-  EXPECT_EQ(dmuon::ns_flops(4096, 1024, o), 20 * m * m * n + 10 * m * m * m);  // tall: same
+  EXPECT_EQ(meshmuon::ns_flops(1024, 4096, o), 20 * m * m * n + 10 * m * m * m);
+  EXPECT_EQ(meshmuon::ns_flops(4096, 1024, o), 20 * m * m * n + 10 * m * m * m);  // tall: same
   o.method = NsMethod::Symmetric;
-  EXPECT_EQ(dmuon::ns_flops(1024, 4096, o), 15 * m * m * n + 5 * m * m * m);
+  EXPECT_EQ(meshmuon::ns_flops(1024, 4096, o), 15 * m * m * n + 5 * m * m * m);
   o.steps = 10;
-  EXPECT_EQ(dmuon::ns_flops(1024, 4096, o), 30 * m * m * n + 10 * m * m * m);
+  EXPECT_EQ(meshmuon::ns_flops(1024, 4096, o), 30 * m * m * n + 10 * m * m * m);
   o.steps = 5;
   o.method = NsMethod::Gram;
   // 6m²n for the products with X; 20m³ on the Gram side (see gram_ns.cpp).
-  EXPECT_EQ(dmuon::ns_flops(1024, 4096, o), 6 * m * m * n + 20 * m * m * m);
-  EXPECT_EQ(dmuon::ns_flops(1024, 1024, o), 15 * m * m * m + 5 * m * m * m);  // square: symmetric
-  EXPECT_EQ(dmuon::ns_flops(0, 4096, o), 0.0);
+  EXPECT_EQ(meshmuon::ns_flops(1024, 4096, o), 6 * m * m * n + 20 * m * m * m);
+  EXPECT_EQ(meshmuon::ns_flops(1024, 1024, o), 15 * m * m * m + 5 * m * m * m);  // square: symmetric
+  EXPECT_EQ(meshmuon::ns_flops(0, 4096, o), 0.0);
 }
 
 }  // namespace

@@ -14,39 +14,39 @@
 #include "../support/fake_device.h"
 #include "backend/backend.h"
 #include "comm/staging.h"
-#include "dmuon/comm.h"
-#include "dmuon/mesh_comms.h"
-#include "dmuon/sharded_params.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/mesh_comms.h"
+#include "meshmuon/sharded_params.h"
 #include "backend/select.h"
 
 namespace {
 
-using dmuon::DType;
-using dmuon::Mesh;
-using dmuon::ParamSpec;
-using dmuon::ShardedParams;
-using dmuon::ShardedParamsOptions;
-using dmuon::TensorView;
-using dmuon::detail::Backend;
-using dmuon::detail::Buffer;
-using dmuon::detail::MemoryKind;
-using dmuon::test::FakeDeviceBackend;
+using meshmuon::DType;
+using meshmuon::Mesh;
+using meshmuon::ParamSpec;
+using meshmuon::ShardedParams;
+using meshmuon::ShardedParamsOptions;
+using meshmuon::TensorView;
+using meshmuon::detail::Backend;
+using meshmuon::detail::Buffer;
+using meshmuon::detail::MemoryKind;
+using meshmuon::test::FakeDeviceBackend;
 
 std::vector<ParamSpec> model() {
   std::vector<ParamSpec> ps(2);
   ps[0].name = "w", ps[0].shape = {3, 4};
-  ps[1].name = "bias", ps[1].shape = {5}, ps[1].role = dmuon::Role::AdamW;
+  ps[1].name = "bias", ps[1].shape = {5}, ps[1].role = meshmuon::Role::AdamW;
   return ps;
 }
 
-std::shared_ptr<dmuon::MeshCommunicators> comms(std::shared_ptr<dmuon::detail::MemorySpace> space) {
-  return std::make_shared<dmuon::MeshCommunicators>(
-      std::shared_ptr<dmuon::Communicator>(dmuon::make_single_communicator(std::move(space))));
+std::shared_ptr<meshmuon::MeshCommunicators> comms(std::shared_ptr<meshmuon::detail::MemorySpace> space) {
+  return std::make_shared<meshmuon::MeshCommunicators>(
+      std::shared_ptr<meshmuon::Communicator>(meshmuon::make_single_communicator(std::move(space))));
 }
 
-std::unique_ptr<ShardedParams> make_on(const std::shared_ptr<Backend>& be, std::shared_ptr<dmuon::detail::MemorySpace> space,
+std::unique_ptr<ShardedParams> make_on(const std::shared_ptr<Backend>& be, std::shared_ptr<meshmuon::detail::MemorySpace> space,
                                        ShardedParamsOptions o = {}) {
-  const dmuon::detail::ScopedEngineDevice inject({be, space});
+  const meshmuon::detail::ScopedEngineDevice inject({be, space});
   return std::make_unique<ShardedParams>(comms(space), Mesh::parse(""), model(), o);
 }
 
@@ -66,7 +66,7 @@ TEST(ShardedParamsDevice, TensorsOnTheWrongDeviceAreNamedBeforeAnythingChanges) 
   fake->copy(sp->param(0).data, ones.data(), 48);
   // Host tensors handed to a ShardedParams on the (fake) device.
   std::vector<float> w(12, 2.0f), b(5, 3.0f);
-  const std::vector<TensorView> host = {TensorView(w.data(), dmuon::Shape{3, 4}), TensorView(b.data(), dmuon::Shape{5})};
+  const std::vector<TensorView> host = {TensorView(w.data(), meshmuon::Shape{3, 4}), TensorView(b.data(), meshmuon::Shape{5})};
   for (int which = 0; which < 2; ++which) {
     try {
       if (which == 0) sp->reduce_grads_from(host);
@@ -83,16 +83,16 @@ TEST(ShardedParamsDevice, TensorsOnTheWrongDeviceAreNamedBeforeAnythingChanges) 
   EXPECT_EQ(host_of(*fake, sp->grad(0)), std::vector<float>(12, 0.0f));  // nothing reduced
   EXPECT_EQ(host_of(*fake, sp->param(0)), ones);
   // Device tensors handed to a ShardedParams on the cpu backend.
-  ShardedParams cpu(comms(dmuon::detail::host_memory_space()), Mesh::parse(""), model());
+  ShardedParams cpu(comms(meshmuon::detail::host_memory_space()), Mesh::parse(""), model());
   std::vector<TensorView> dev = host;
-  dev[1].device = {dmuon::DeviceKind::Cuda, 0};
+  dev[1].device = {meshmuon::DeviceKind::Cuda, 0};
   try {
     cpu.reduce_grads_from(dev);
     FAIL() << "a cuda tensor accepted by the cpu backend";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("parameter 'bias'"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(host_of(*dmuon::detail::make_cpu_backend(), cpu.grad(0)), std::vector<float>(12, 0.0f));
+  EXPECT_EQ(host_of(*meshmuon::detail::make_cpu_backend(), cpu.grad(0)), std::vector<float>(12, 0.0f));
 }
 
 TEST(ShardedParamsDevice, DeviceOptionIsValidated) {
@@ -100,7 +100,7 @@ TEST(ShardedParamsDevice, DeviceOptionIsValidated) {
     ShardedParamsOptions o;
     o.device = bad;
     try {
-      ShardedParams sp(comms(dmuon::detail::host_memory_space()), Mesh::parse(""), model(), o);
+      ShardedParams sp(comms(meshmuon::detail::host_memory_space()), Mesh::parse(""), model(), o);
       FAIL() << bad;
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find("[fsdp] options.device"), std::string::npos) << e.what();
@@ -109,7 +109,7 @@ TEST(ShardedParamsDevice, DeviceOptionIsValidated) {
   ShardedParamsOptions o;
   o.device = "cuda:0";  // no device here (or no CUDA in the build): the backend's own error, on every rank
   try {
-    ShardedParams sp(comms(dmuon::detail::default_memory_space()), Mesh::parse(""), model(), o);
+    ShardedParams sp(comms(meshmuon::detail::default_memory_space()), Mesh::parse(""), model(), o);
     SUCCEED() << "a CUDA device is present";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("[cuda]"), std::string::npos) << e.what();
@@ -121,9 +121,9 @@ TEST(ShardedParamsDevice, DeviceOptionIsValidated) {
 TEST(ShardedParamsDevice, HostOnlyCommunicatorIsRefused) {
   auto fake = std::make_shared<FakeDeviceBackend>();
   try {
-    make_on(fake, dmuon::detail::host_memory_space());
+    make_on(fake, meshmuon::detail::host_memory_space());
     FAIL() << "expected an error";
-  } catch (const dmuon::Error& e) {
+  } catch (const meshmuon::Error& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("[fsdp] rank 0: backend 'fake-device' refused: the engine runs on cuda "), std::string::npos) << m;
     EXPECT_NE(m.find("carries host memory only"), std::string::npos) << m;
@@ -142,7 +142,7 @@ TEST(ShardedParamsDeviceDeathTest, HostPathOnFakeDeviceMemoryFaults) {
   float* g = sp->full_grad(0).f32();
   EXPECT_DEATH({ volatile float x = p[0]; (void)x; }, "");
   EXPECT_DEATH({ g[0] = 1.0f; }, "");
-  auto cpu = dmuon::detail::make_cpu_backend();
+  auto cpu = meshmuon::detail::make_cpu_backend();
   EXPECT_DEATH({ cpu->ordered_sum(g, DType::F32, 4, 3, p); }, "");
   EXPECT_DEATH({ cpu->convert(g, DType::BF16, p, DType::F32, 4); }, "");
   EXPECT_DEATH({ cpu->divide(p, 4, 3.0f); }, "");
@@ -156,16 +156,16 @@ TEST(ShardedParamsDeviceDeathTest, HostPathOnFakeDeviceMemoryFaults) {
 TEST(CudaShardedParams, BitwiseEqualsCpu) {
   std::shared_ptr<Backend> cuda;
   try {
-    cuda = dmuon::detail::make_cuda_backend(0);
+    cuda = meshmuon::detail::make_cuda_backend(0);
   } catch (const std::exception& e) {
     GTEST_SKIP() << e.what();
   }
   std::vector<std::vector<float>> results[2];
   for (int on_cuda = 0; on_cuda < 2; ++on_cuda) {
-    std::shared_ptr<Backend> be = on_cuda ? cuda : dmuon::detail::make_cpu_backend();
+    std::shared_ptr<Backend> be = on_cuda ? cuda : meshmuon::detail::make_cpu_backend();
     ShardedParamsOptions o;
     o.param_dtype = DType::BF16, o.reduce_dtype = DType::BF16, o.grad_divisor = 3;
-    auto sp = make_on(be, on_cuda ? dmuon::detail::default_memory_space() : dmuon::detail::host_memory_space(), o);
+    auto sp = make_on(be, on_cuda ? meshmuon::detail::default_memory_space() : meshmuon::detail::host_memory_space(), o);
     for (size_t i = 0; i < sp->size(); ++i) {
       std::vector<float> h(static_cast<size_t>(sp->param(i).numel()));
       for (size_t j = 0; j < h.size(); ++j) h[j] = 0.1f * static_cast<float>(j) - 0.37f * static_cast<float>(i);

@@ -8,7 +8,7 @@
 
 #include "comm/staging.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 class CountingHost final : public detail::MemorySpace {
@@ -62,17 +62,17 @@ TEST(PinnedPool, ReusesAndKeepsAtMostTheBound) {
 }
 
 TEST(StagingOptions, FromEnvironmentAndChecked) {
-  setenv("DMUON_STAGING_CHUNK_BYTES", "4096", 1);
-  unsetenv("DMUON_STAGING_POOL_BYTES");
+  setenv("MESHMUON_STAGING_CHUNK_BYTES", "4096", 1);
+  unsetenv("MESHMUON_STAGING_POOL_BYTES");
   detail::StagingOptions o = detail::staging_options_from_env();
   EXPECT_EQ(o.chunk_bytes, 4096u);
   EXPECT_EQ(o.pool_bytes, size_t{64} << 20);
-  setenv("DMUON_STAGING_POOL_BYTES", "4096", 1);  // below two chunks
+  setenv("MESHMUON_STAGING_POOL_BYTES", "4096", 1);  // below two chunks
   EXPECT_THROW(detail::staging_options_from_env(), std::invalid_argument);
-  setenv("DMUON_STAGING_CHUNK_BYTES", "-5", 1);
+  setenv("MESHMUON_STAGING_CHUNK_BYTES", "-5", 1);
   EXPECT_THROW(detail::staging_options_from_env(), std::invalid_argument);
-  unsetenv("DMUON_STAGING_CHUNK_BYTES");
-  unsetenv("DMUON_STAGING_POOL_BYTES");
+  unsetenv("MESHMUON_STAGING_CHUNK_BYTES");
+  unsetenv("MESHMUON_STAGING_POOL_BYTES");
   EXPECT_EQ(detail::staging_options_from_env().chunk_bytes, size_t{16} << 20);
 }
 
@@ -88,4 +88,4 @@ TEST(MemorySpace, HostSpaceHasNoDevices) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -15,12 +15,12 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "dmuon/error.h"
-#include "dmuon/local_optimizer.h"
-#include "dmuon/optimizer.h"
+#include "meshmuon/error.h"
+#include "meshmuon/local_optimizer.h"
+#include "meshmuon/optimizer.h"
 #include "state/state_offload.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 TEST(BackendCopy, CpuCopiesOnTheCallingThreadAndOnAStream) {
@@ -145,9 +145,9 @@ TEST(StateOffloadUnit, SlotPoolReusedAndBounded) {
 }
 
 }  // namespace
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 std::vector<ParamInfo> model() {
@@ -277,4 +277,4 @@ TEST(LocalOptimizerOffload, AStepThatThrowsLeavesNothingResident) {
 }
 
 }  // namespace
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -14,9 +14,9 @@
 #include <tuple>
 #include <vector>
 
-#include "dmuon/inventory.h"
+#include "meshmuon/inventory.h"
 
-namespace dmuon::test {
+namespace meshmuon::test {
 
 // A model of 2-D Muon matrices, (name, rows, cols) each.
 inline ModelDesc matrix_model(const std::string& name,
@@ -82,4 +82,4 @@ inline std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-}  // namespace dmuon::test
+}  // namespace meshmuon::test

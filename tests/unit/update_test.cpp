@@ -12,19 +12,19 @@
 #include <tuple>
 #include <vector>
 
-#include "dmuon/bf16.h"
-#include "dmuon/update.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/update.h"
 #include "test_support.h"
 
 namespace {
 
-using dmuon::BFloat16;
+using meshmuon::BFloat16;
 
-using dmuon::test::randn;
+using meshmuon::test::randn;
 
 std::vector<BFloat16> to_bf16(const std::vector<float>& v) {
   std::vector<BFloat16> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = dmuon::float_to_bf16(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) out[i] = meshmuon::float_to_bf16(v[i]);
   return out;
 }
 
@@ -51,13 +51,13 @@ float lerp_fp32(float start, float end, float weight) {
 
 // ---- momentum --------------------------------------------------------------------------------
 
-using MomentumCase = std::tuple<dmuon::MomentumKind, bool /*nesterov*/, bool /*bf16*/, int /*n*/>;
+using MomentumCase = std::tuple<meshmuon::MomentumKind, bool /*nesterov*/, bool /*bf16*/, int /*n*/>;
 class MomentumTest : public ::testing::TestWithParam<MomentumCase> {};
 
 TEST_P(MomentumTest, MatchesReferencesOverSteps) {
   const auto [kind, nesterov, bf16, n] = GetParam();
   const double mu = 0.95;
-  const dmuon::MomentumOptions opt{kind, mu, nesterov};
+  const meshmuon::MomentumOptions opt{kind, mu, nesterov};
   std::vector<float> buf(n, 0.0f), update(n);
   std::vector<double> buf_d(n, 0.0);
   std::vector<float> buf_f(n, 0.0f);  // exact fp32 reference
@@ -65,16 +65,16 @@ TEST_P(MomentumTest, MatchesReferencesOverSteps) {
     std::vector<float> g = randn(n, 100 + step);
     if (bf16) {  // the reference sees the same (rounded) values the kernel widens
       const auto gb = to_bf16(g);
-      for (int i = 0; i < n; ++i) g[i] = dmuon::bf16_to_float(gb[i]);
-      dmuon::momentum_step(opt, buf.data(), gb.data(), update.data(), n);
+      for (int i = 0; i < n; ++i) g[i] = meshmuon::bf16_to_float(gb[i]);
+      meshmuon::momentum_step(opt, buf.data(), gb.data(), update.data(), n);
     } else {
-      dmuon::momentum_step(opt, buf.data(), g.data(), update.data(), n);
+      meshmuon::momentum_step(opt, buf.data(), g.data(), update.data(), n);
     }
     std::vector<double> upd_d(n);
     std::vector<float> upd_f(n);
     const float mu_f = static_cast<float>(mu), w_f = static_cast<float>(1.0 - mu);
     for (int i = 0; i < n; ++i) {
-      if (kind == dmuon::MomentumKind::Ema) {
+      if (kind == meshmuon::MomentumKind::Ema) {
         buf_d[i] = mu * buf_d[i] + (1 - mu) * g[i];
         upd_d[i] = nesterov ? (1 - mu) * g[i] + mu * buf_d[i] : buf_d[i];
         buf_f[i] = lerp_fp32(buf_f[i], g[i], w_f);
@@ -98,20 +98,20 @@ TEST_P(MomentumTest, MatchesReferencesOverSteps) {
 
 INSTANTIATE_TEST_SUITE_P(
     KindsNesterovDtypes, MomentumTest,
-    ::testing::Combine(::testing::Values(dmuon::MomentumKind::Ema, dmuon::MomentumKind::HeavyBall),
+    ::testing::Combine(::testing::Values(meshmuon::MomentumKind::Ema, meshmuon::MomentumKind::HeavyBall),
                        ::testing::Bool(), ::testing::Bool(), ::testing::Values(0, 1, 17, 1031)));
 
 TEST(Momentum, UpdateMayAliasFp32GradButNotBuffer) {
   std::vector<float> g = randn(33, 7), buf = randn(33, 8), out(33);
   std::vector<float> g2 = g, buf2 = buf;
-  dmuon::momentum_step({}, buf.data(), g.data(), out.data(), 33);
-  dmuon::momentum_step({}, buf2.data(), g2.data(), g2.data(), 33);  // in place over the gradient
+  meshmuon::momentum_step({}, buf.data(), g.data(), out.data(), 33);
+  meshmuon::momentum_step({}, buf2.data(), g2.data(), g2.data(), 33);  // in place over the gradient
   expect_bitwise(out, g2, "aliased update");
-  EXPECT_THROW(dmuon::momentum_step({}, buf.data(), g.data(), buf.data() + 5, 20), std::invalid_argument);
-  EXPECT_THROW(dmuon::momentum_step({dmuon::MomentumKind::Ema, 1.0, true}, buf.data(), g.data(),
+  EXPECT_THROW(meshmuon::momentum_step({}, buf.data(), g.data(), buf.data() + 5, 20), std::invalid_argument);
+  EXPECT_THROW(meshmuon::momentum_step({meshmuon::MomentumKind::Ema, 1.0, true}, buf.data(), g.data(),
                                     out.data(), 33),
                std::invalid_argument);
-  EXPECT_THROW(dmuon::momentum_step({}, nullptr, g.data(), out.data(), 3), std::invalid_argument);
+  EXPECT_THROW(meshmuon::momentum_step({}, nullptr, g.data(), out.data(), 3), std::invalid_argument);
 }
 
 TEST(Momentum, TorchLerpPicksItsBranchByWeight) {
@@ -126,7 +126,7 @@ TEST(Momentum, TorchLerpPicksItsBranchByWeight) {
     if (large == small) continue;
     ++found;
     std::vector<float> buf{a[i]}, g{b[i]}, out(1);
-    dmuon::momentum_step({dmuon::MomentumKind::Ema, 0.3, false}, buf.data(), g.data(), out.data(), 1);
+    meshmuon::momentum_step({meshmuon::MomentumKind::Ema, 0.3, false}, buf.data(), g.data(), out.data(), 1);
     ASSERT_EQ(buf[0], large) << "a " << a[i] << " b " << b[i];
   }
   EXPECT_GT(found, 0);
@@ -136,31 +136,31 @@ TEST(Momentum, TorchLerpPicksItsBranchByWeight) {
 
 TEST(LrRule, GlobalShapesTallWideSquareExpert) {
   const double lr = 0.02;
-  struct Case { dmuon::Shape shape; bool expert; double a, b; };
+  struct Case { meshmuon::Shape shape; bool expert; double a, b; };
   const Case cases[] = {{{1024, 256}, false, 1024, 256}, {{256, 1024}, false, 256, 1024},
                         {{97, 97}, false, 97, 97},       {{8, 384, 96}, true, 384, 96},
                         {{3, 5, 7}, true, 5, 7},         {{1, 4096}, false, 1, 4096}};
   for (const Case& c : cases) {
-    const dmuon::MatrixDims d = dmuon::matrix_dims(c.shape, c.expert);
+    const meshmuon::MatrixDims d = meshmuon::matrix_dims(c.shape, c.expert);
     ASSERT_EQ(d.rows, c.a);
     ASSERT_EQ(d.cols, c.b);
     ASSERT_EQ(d.batch, c.expert ? c.shape[0] : 1);
     const double original = lr * std::sqrt(c.a > c.b ? c.a / c.b : 1.0);
     const double rms = lr * 0.2 * std::sqrt(c.a > c.b ? c.a : c.b);
-    EXPECT_NEAR(dmuon::adjusted_lr(lr, dmuon::LrRule::Original, d.rows, d.cols), original, 1e-15);
-    EXPECT_NEAR(dmuon::adjusted_lr(lr, dmuon::LrRule::MatchRmsAdamw, d.rows, d.cols), rms, 1e-15);
-    EXPECT_EQ(dmuon::adjusted_lr(lr, dmuon::LrRule::None, d.rows, d.cols), lr);
+    EXPECT_NEAR(meshmuon::adjusted_lr(lr, meshmuon::LrRule::Original, d.rows, d.cols), original, 1e-15);
+    EXPECT_NEAR(meshmuon::adjusted_lr(lr, meshmuon::LrRule::MatchRmsAdamw, d.rows, d.cols), rms, 1e-15);
+    EXPECT_EQ(meshmuon::adjusted_lr(lr, meshmuon::LrRule::None, d.rows, d.cols), lr);
   }
   // Known values: tall 4:1 doubles the lr; 0.2·sqrt(1024) = 6.4.
-  EXPECT_DOUBLE_EQ(dmuon::adjusted_lr(0.02, dmuon::LrRule::Original, 1024, 256), 0.04);
-  EXPECT_DOUBLE_EQ(dmuon::adjusted_lr(0.02, dmuon::LrRule::Original, 256, 1024), 0.02);
-  EXPECT_DOUBLE_EQ(dmuon::adjusted_lr(1.0, dmuon::LrRule::MatchRmsAdamw, 256, 1024), 6.4);
-  EXPECT_THROW(dmuon::matrix_dims({16}, false), std::invalid_argument);
-  EXPECT_THROW(dmuon::matrix_dims({4, 4, 4}, false), std::invalid_argument);
-  EXPECT_THROW(dmuon::matrix_dims({4, 4}, true), std::invalid_argument);
-  EXPECT_EQ(dmuon::parse_lr_rule("match_rms_adamw"), dmuon::LrRule::MatchRmsAdamw);
-  EXPECT_EQ(dmuon::to_string(dmuon::LrRule::Original), "original");
-  EXPECT_THROW(dmuon::parse_lr_rule("moonlight"), std::invalid_argument);
+  EXPECT_DOUBLE_EQ(meshmuon::adjusted_lr(0.02, meshmuon::LrRule::Original, 1024, 256), 0.04);
+  EXPECT_DOUBLE_EQ(meshmuon::adjusted_lr(0.02, meshmuon::LrRule::Original, 256, 1024), 0.02);
+  EXPECT_DOUBLE_EQ(meshmuon::adjusted_lr(1.0, meshmuon::LrRule::MatchRmsAdamw, 256, 1024), 6.4);
+  EXPECT_THROW(meshmuon::matrix_dims({16}, false), std::invalid_argument);
+  EXPECT_THROW(meshmuon::matrix_dims({4, 4, 4}, false), std::invalid_argument);
+  EXPECT_THROW(meshmuon::matrix_dims({4, 4}, true), std::invalid_argument);
+  EXPECT_EQ(meshmuon::parse_lr_rule("match_rms_adamw"), meshmuon::LrRule::MatchRmsAdamw);
+  EXPECT_EQ(meshmuon::to_string(meshmuon::LrRule::Original), "original");
+  EXPECT_THROW(meshmuon::parse_lr_rule("moonlight"), std::invalid_argument);
 }
 
 // ---- weight decay + update -------------------------------------------------------------------
@@ -173,7 +173,7 @@ TEST_P(ApplyTest, DecoupledAndCautiousMatchReferences) {
   const std::vector<float> p0 = randn(n, 11), u = randn(n, 12, 0.05f);
   for (bool cautious : {false, true}) {
     std::vector<float> p = p0;
-    dmuon::apply_update({lr, lr_adj, wd, cautious}, p.data(), u.data(), n);
+    meshmuon::apply_update({lr, lr_adj, wd, cautious}, p.data(), u.data(), n);
     std::vector<double> want(n);
     std::vector<float> want_f(n);
     for (int i = 0; i < n; ++i) {
@@ -199,41 +199,41 @@ INSTANTIATE_TEST_SUITE_P(Sizes, ApplyTest, ::testing::Values(0, 1, 7, 64, 1009))
 TEST(Apply, DecayUsesUnadjustedLr) {
   // U = 0: only the decay acts, p·(1 − lr·wd) with the UNADJUSTED lr (negative control: adjusted).
   std::vector<float> p{2.0f}, u{0.0f};
-  dmuon::apply_update({0.5, 5.0, 0.5, false}, p.data(), u.data(), 1);
+  meshmuon::apply_update({0.5, 5.0, 0.5, false}, p.data(), u.data(), 1);
   EXPECT_EQ(p[0], 1.5f);
   p = {2.0f};
-  dmuon::apply_update({0.5, 5.0, 0.5, true}, p.data(), u.data(), 1);
+  meshmuon::apply_update({0.5, 5.0, 0.5, true}, p.data(), u.data(), 1);
   EXPECT_EQ(p[0], 1.5f);
 }
 
 TEST(Apply, AdjustedDecayLrMatchesHandComputedUpdate) {
   // decay_lr = adjusted (nanochat): the decay uses the adjusted lr, for plain and cautious decay.
   // Values chosen so every scalar and product is exact in fp32: lr 0.25, lr_adj 0.5, wd 0.5.
-  using dmuon::DecayLr;
+  using meshmuon::DecayLr;
   const double lr = 0.25, lr_adj = 0.5, wd = 0.5;
   // U = 0: p·(1 − lr_adj·wd) = 2·0.75 = 1.5 (unadjusted: 2·(1 − 0.125) = 1.75, the negative control)
   for (bool cautious : {false, true}) {
     std::vector<float> p{2.0f}, u{0.0f};
-    dmuon::apply_update({lr, lr_adj, wd, cautious, DecayLr::Adjusted}, p.data(), u.data(), 1);
+    meshmuon::apply_update({lr, lr_adj, wd, cautious, DecayLr::Adjusted}, p.data(), u.data(), 1);
     EXPECT_EQ(p[0], 1.5f) << "cautious " << cautious;
     p = {2.0f};
-    dmuon::apply_update({lr, lr_adj, wd, cautious, DecayLr::Unadjusted}, p.data(), u.data(), 1);
+    meshmuon::apply_update({lr, lr_adj, wd, cautious, DecayLr::Unadjusted}, p.data(), u.data(), 1);
     EXPECT_EQ(p[0], 1.75f) << "cautious " << cautious;
   }
   // U ≠ 0, p = [2, 2], U = [1, −1]: plain p − lr_adj·wd·p − lr_adj·U = [2 − 0.5 − 0.5, 2 − 0.5 + 0.5];
   // cautious: element 1 has U·p < 0, so no decay there: [1, 2.5].
   std::vector<float> p{2.0f, 2.0f}, u{1.0f, -1.0f};
-  dmuon::apply_update({lr, lr_adj, wd, false, DecayLr::Adjusted}, p.data(), u.data(), 2);
+  meshmuon::apply_update({lr, lr_adj, wd, false, DecayLr::Adjusted}, p.data(), u.data(), 2);
   EXPECT_EQ(p, (std::vector<float>{1.0f, 2.0f}));
   p = {2.0f, 2.0f};
-  dmuon::apply_update({lr, lr_adj, wd, true, DecayLr::Adjusted}, p.data(), u.data(), 2);
+  meshmuon::apply_update({lr, lr_adj, wd, true, DecayLr::Adjusted}, p.data(), u.data(), 2);
   EXPECT_EQ(p, (std::vector<float>{1.0f, 2.5f}));
-  EXPECT_EQ(dmuon::decay_lr_value({lr, lr_adj, wd, false, DecayLr::Adjusted}), lr_adj);
-  EXPECT_EQ(dmuon::decay_lr_value({lr, lr_adj, wd, false, DecayLr::Unadjusted}), lr);
-  EXPECT_EQ(dmuon::parse_decay_lr("adjusted"), DecayLr::Adjusted);
-  EXPECT_EQ(dmuon::to_string(DecayLr::Unadjusted), "unadjusted");
-  dmuon::test::expect_invalid([] { (void)dmuon::parse_decay_lr("scaled"); }, "decay_lr 'scaled'", "[optim]");
-  EXPECT_THROW(dmuon::apply_update({lr, lr_adj, wd, false, static_cast<DecayLr>(7)}, p.data(), u.data(), 2),
+  EXPECT_EQ(meshmuon::decay_lr_value({lr, lr_adj, wd, false, DecayLr::Adjusted}), lr_adj);
+  EXPECT_EQ(meshmuon::decay_lr_value({lr, lr_adj, wd, false, DecayLr::Unadjusted}), lr);
+  EXPECT_EQ(meshmuon::parse_decay_lr("adjusted"), DecayLr::Adjusted);
+  EXPECT_EQ(meshmuon::to_string(DecayLr::Unadjusted), "unadjusted");
+  meshmuon::test::expect_invalid([] { (void)meshmuon::parse_decay_lr("scaled"); }, "decay_lr 'scaled'", "[optim]");
+  EXPECT_THROW(meshmuon::apply_update({lr, lr_adj, wd, false, static_cast<DecayLr>(7)}, p.data(), u.data(), 2),
                std::invalid_argument);
 }
 
@@ -247,7 +247,7 @@ TEST(Apply, CautiousMaskSignEdgeCases) {
   const double lr = 0.25, lr_adj = 0.5, wd = 0.5;
   for (const Case& c : cases) {
     std::vector<float> p{c.p}, u{c.u};
-    dmuon::apply_update({lr, lr_adj, wd, true}, p.data(), u.data(), 1);
+    meshmuon::apply_update({lr, lr_adj, wd, true}, p.data(), u.data(), 1);
     const float step = static_cast<float>(lr_adj) * c.u;
     const float decay = c.decays ? static_cast<float>(lr * wd) * c.p : 0.0f;
     EXPECT_EQ(p[0], c.p - (step + decay)) << "p " << c.p << " u " << c.u;
@@ -275,7 +275,7 @@ TEST(Apply, CautiousMaskIsTheConditionalFormulaOnLongVectors) {
   }
   const double lr = 0.02, lr_adj = 0.04, wd = 0.1;
   std::vector<float> got = p;
-  dmuon::apply_update({lr, lr_adj, wd, true}, got.data(), u.data(), n);
+  meshmuon::apply_update({lr, lr_adj, wd, true}, got.data(), u.data(), n);
   const float lr_wd = static_cast<float>(lr * wd), step_lr = static_cast<float>(lr_adj);
   int kept = 0, dropped = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -294,10 +294,10 @@ TEST(Apply, CautiousMaskIsTheConditionalFormulaOnLongVectors) {
 
 TEST(Apply, RejectsBadArguments) {
   std::vector<float> p(4), u(4);
-  EXPECT_THROW(dmuon::apply_update({-1.0, 0.1, 0.1, false}, p.data(), u.data(), 4), std::invalid_argument);
-  EXPECT_THROW(dmuon::apply_update({0.1, 0.1, -0.1, false}, p.data(), u.data(), 4), std::invalid_argument);
-  EXPECT_THROW(dmuon::apply_update({0.1, 0.1, 0.1, false}, p.data(), p.data() + 1, 3), std::invalid_argument);
-  EXPECT_THROW(dmuon::apply_update({0.1, 0.1, 0.1, false}, p.data(), u.data(), -1), std::invalid_argument);
+  EXPECT_THROW(meshmuon::apply_update({-1.0, 0.1, 0.1, false}, p.data(), u.data(), 4), std::invalid_argument);
+  EXPECT_THROW(meshmuon::apply_update({0.1, 0.1, -0.1, false}, p.data(), u.data(), 4), std::invalid_argument);
+  EXPECT_THROW(meshmuon::apply_update({0.1, 0.1, 0.1, false}, p.data(), p.data() + 1, 3), std::invalid_argument);
+  EXPECT_THROW(meshmuon::apply_update({0.1, 0.1, 0.1, false}, p.data(), u.data(), -1), std::invalid_argument);
 }
 
 // ---- NorMuon ---------------------------------------------------------------------------------
@@ -309,7 +309,7 @@ class NorMuonTest : public ::testing::TestWithParam<Shape2> {};
 TEST_P(NorMuonTest, MatchesDoubleReferenceOverSteps) {
   const auto [m, n] = GetParam();
   const double beta2 = 0.95;
-  const int len = static_cast<int>(dmuon::normuon_state_size(m, n));
+  const int len = static_cast<int>(meshmuon::normuon_state_size(m, n));
   ASSERT_EQ(len, m >= n ? m : n);
   std::vector<float> v(len, 0.0f);
   std::vector<double> v_ref(len, 0.0);
@@ -320,12 +320,12 @@ TEST_P(NorMuonTest, MatchesDoubleReferenceOverSteps) {
       for (int j = 0; j < n; ++j) u[i * n + j] *= 1.0f + 0.1f * static_cast<float>((i + 2 * j) % 7);
     std::vector<double> u_ref(u.begin(), u.end());
     std::vector<float> u_split = u, v_split = v, mean(len);
-    dmuon::normuon_apply(u.data(), m, n, v.data(), beta2);
-    dmuon::normuon_mean_square(u_split.data(), m, n, mean.data());
-    dmuon::normuon_finish(u_split.data(), m, n, mean.data(), v_split.data(), beta2);
+    meshmuon::normuon_apply(u.data(), m, n, v.data(), beta2);
+    meshmuon::normuon_mean_square(u_split.data(), m, n, mean.data());
+    meshmuon::normuon_finish(u_split.data(), m, n, mean.data(), v_split.data(), beta2);
     expect_bitwise(u_split, u, "split passes vs apply");
     expect_bitwise(v_split, v, "split passes vs apply (state)");
-    dmuon::test::normuon_reference(u_ref.data(), m, n, v_ref.data(), beta2);
+    meshmuon::test::normuon_reference(u_ref.data(), m, n, v_ref.data(), beta2);
     // fp32 state and scaling vs double: a few roundings per step, relative 1e-5 is ample.
     expect_near_rel(v, v_ref, 1e-5, 1e-12, "v");
     expect_near_rel(u, u_ref, 1e-5, 1e-3, "U");
@@ -343,15 +343,15 @@ TEST(NorMuon, NormUsesTheWholeMatrix) {
   std::vector<float> u = randn(m * n, 5), v(m, 0.0f), mean(m);
   for (int j = 0; j < n; ++j) u[j] *= 10.0f;  // one row much larger
   std::vector<float> whole = u, vw = v;
-  dmuon::normuon_apply(whole.data(), m, n, vw.data(), 0.9);
+  meshmuon::normuon_apply(whole.data(), m, n, vw.data(), 0.9);
   std::vector<float> half(u.begin(), u.begin() + m / 2 * n), vh(m / 2, 0.0f);
-  dmuon::normuon_apply(half.data(), m / 2, n, vh.data(), 0.9);
+  meshmuon::normuon_apply(half.data(), m / 2, n, vh.data(), 0.9);
   bool differs = false;
   for (int i = 0; i < m / 2 * n; ++i) differs = differs || half[i] != whole[i];
   EXPECT_TRUE(differs);
   // The zero matrix stays zero (no division by zero).
   std::vector<float> z(m * n, 0.0f), vz(m, 0.0f);
-  dmuon::normuon_apply(z.data(), m, n, vz.data(), 0.9);
+  meshmuon::normuon_apply(z.data(), m, n, vz.data(), 0.9);
   for (float x : z) EXPECT_EQ(x, 0.0f);
 }
 
@@ -368,13 +368,13 @@ TEST_P(AdamWTest, MatchesReferencesOverSteps) {
   std::vector<float> p_f = p, m_f(n, 0.0f), v_f(n, 0.0f);
   for (int t = 1; t <= 6; ++t) {
     std::vector<float> g = randn(n, 40 + t, 0.1f);
-    const dmuon::AdamWOptions o{lr, b1, b2, eps, wd, t};
+    const meshmuon::AdamWOptions o{lr, b1, b2, eps, wd, t};
     if (bf16) {
       const auto gb = to_bf16(g);
-      for (int i = 0; i < n; ++i) g[i] = dmuon::bf16_to_float(gb[i]);
-      dmuon::adamw_step(o, p.data(), gb.data(), m.data(), v.data(), n);
+      for (int i = 0; i < n; ++i) g[i] = meshmuon::bf16_to_float(gb[i]);
+      meshmuon::adamw_step(o, p.data(), gb.data(), m.data(), v.data(), n);
     } else {
-      dmuon::adamw_step(o, p.data(), g.data(), m.data(), v.data(), n);
+      meshmuon::adamw_step(o, p.data(), g.data(), m.data(), v.data(), n);
     }
     const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
     for (int i = 0; i < n; ++i) {
@@ -408,16 +408,16 @@ INSTANTIATE_TEST_SUITE_P(SizesDtypesDecay, AdamWTest,
 TEST(AdamW, FirstStepIsBiasCorrected) {
   // t = 1 with zero state: m̂ = g, v̂ = g², so p moves by lr·g/(|g| + eps) ≈ lr·sign(g).
   std::vector<float> p{0.0f, 0.0f}, g{0.5f, -2.0f}, m(2, 0.0f), v(2, 0.0f);
-  dmuon::adamw_step({0.1, 0.9, 0.999, 1e-8, 0.0, 1}, p.data(), g.data(), m.data(), v.data(), 2);
+  meshmuon::adamw_step({0.1, 0.9, 0.999, 1e-8, 0.0, 1}, p.data(), g.data(), m.data(), v.data(), 2);
   EXPECT_NEAR(p[0], -0.1, 1e-6);
   EXPECT_NEAR(p[1], 0.1, 1e-6);
-  EXPECT_THROW(dmuon::adamw_step({0.1, 0.9, 0.999, 1e-8, 0.0, 0}, p.data(), g.data(), m.data(),
+  EXPECT_THROW(meshmuon::adamw_step({0.1, 0.9, 0.999, 1e-8, 0.0, 0}, p.data(), g.data(), m.data(),
                                  v.data(), 2),
                std::invalid_argument);
-  EXPECT_THROW(dmuon::adamw_step({0.1, 1.0, 0.999, 1e-8, 0.0, 1}, p.data(), g.data(), m.data(),
+  EXPECT_THROW(meshmuon::adamw_step({0.1, 1.0, 0.999, 1e-8, 0.0, 1}, p.data(), g.data(), m.data(),
                                  v.data(), 2),
                std::invalid_argument);
-  EXPECT_THROW(dmuon::adamw_step({0.1, 0.9, 0.999, 0.0, 0.0, 1}, p.data(), g.data(), m.data(),
+  EXPECT_THROW(meshmuon::adamw_step({0.1, 0.9, 0.999, 0.0, 0.0, 1}, p.data(), g.data(), m.data(),
                                  v.data(), 2),
                std::invalid_argument);
 }

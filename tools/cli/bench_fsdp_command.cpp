@@ -1,10 +1,10 @@
-// `dmuon bench fsdp`: times ShardedParams' unshard and reduce_grads on a model (a preset's
+// `meshmuon bench fsdp`: times ShardedParams' unshard and reduce_grads on a model (a preset's
 // parameters, or --params N of --rows x --cols) and, in the same run and on the same bytes, the raw
 // collectives they replace: all_gather_v of the same per-rank counts (unshard), reduce_scatter_v of
 // the same sizes over the shard group plus all_reduce of each rank's shard over the replicate group
 // (reduce). Prints medians (slowest rank), GB/s and fused/raw ratios (raw seconds / fused seconds:
 // 1 = as fast as the bare collectives), and on HSDP the overlap: bucketed vs one bucket.
-// Example: mpirun -np 4 --oversubscribe build/bin/dmuon bench fsdp --model gpt2-124m --mesh dp_replicate=2,dp_shard=2
+// Example: mpirun -np 4 --oversubscribe build/bin/meshmuon bench fsdp --model gpt2-124m --mesh dp_replicate=2,dp_shard=2
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,11 +17,11 @@
 
 #include "commands.h"
 #include "distributed_bench.h"
-#include "dmuon/bf16.h"
-#include "dmuon/error.h"
-#include "dmuon/sharded_params.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/error.h"
+#include "meshmuon/sharded_params.h"
 
-namespace dmuon::cli {
+namespace meshmuon::cli {
 namespace {
 
 struct FsdpArgs {
@@ -252,4 +252,4 @@ void add_bench_fsdp_command(CLI::App& bench) {
   cmd->callback([a] { run_distributed([&] { run(*a); }); });
 }
 
-}  // namespace dmuon::cli
+}  // namespace meshmuon::cli

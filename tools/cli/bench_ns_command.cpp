@@ -1,6 +1,6 @@
-// `dmuon bench ns`: times one orthogonalization (median of --repeats after a warm-up) next to a plain
+// `meshmuon bench ns`: times one orthogonalization (median of --repeats after a warm-up) next to a plain
 // SGEMM of the same sizes measured in the same run, and reports the result's singular values.
-// Example: dmuon bench ns --shape 1024x4096 --schedule polar_express --steps 5 --compare
+// Example: meshmuon bench ns --shape 1024x4096 --schedule polar_express --steps 5 --compare
 #include <lapacke.h>
 
 #include <algorithm>
@@ -18,13 +18,13 @@
 
 #include "backend/cuda_bench.h"
 #include "commands.h"
-#include "dmuon/blas.h"
-#include "dmuon/error.h"
-#include "dmuon/orthogonalize.h"
+#include "meshmuon/blas.h"
+#include "meshmuon/error.h"
+#include "meshmuon/orthogonalize.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/products.h"
 
-namespace dmuon::cli {
+namespace meshmuon::cli {
 namespace {
 
 struct BenchNsArgs {
@@ -64,7 +64,7 @@ std::pair<int64_t, int64_t> parse_shape(const std::string& s) {
     if (x != std::string::npos) m = std::stoll(s.substr(0, x)), n = std::stoll(s.substr(x + 1));
   } catch (const std::exception&) {
   }
-  DMUON_CHECK(m > 0 && n > 0, "[bench] --shape must be MxN with positive sizes (e.g. 1024x4096), got '", s, "'");
+  MESHMUON_CHECK(m > 0 && n > 0, "[bench] --shape must be MxN with positive sizes (e.g. 1024x4096), got '", s, "'");
   return {m, n};
 }
 
@@ -77,7 +77,7 @@ std::vector<double> singular_values(const std::vector<float>& x, int64_t m, int6
                    g.data(), s);
   std::vector<double> gd(g.begin(), g.end()), w(static_cast<size_t>(s));
   const int info = LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'N', 'L', s, gd.data(), s, w.data());
-  DMUON_CHECK_RUNTIME(info == 0, "[bench] LAPACKE_dsyevd failed with info=", info);
+  MESHMUON_CHECK_RUNTIME(info == 0, "[bench] LAPACKE_dsyevd failed with info=", info);
   std::vector<double> sv(w.size());
   for (size_t i = 0; i < w.size(); ++i) sv[i] = std::sqrt(std::max(0.0, w[w.size() - 1 - i]));
   return sv;
@@ -124,7 +124,7 @@ void run_bench_cuda(const BenchNsArgs& a, const NsOptions& base, const std::vect
               << "\n";
     return;
   }
-  std::printf("dmuon bench ns --device cuda: %s, %s, %s, %d steps, method %s, median of %d after %d warm-up\n",
+  std::printf("meshmuon bench ns --device cuda: %s, %s, %s, %d steps, method %s, median of %d after %d warm-up\n",
               device.c_str(), shape.c_str(), a.schedule.c_str(), a.steps, a.method.c_str(), a.repeats, a.warmup);
   std::printf("%-6s %10s %8s %9s %15s %13s %10s %10s\n", "dtype", "ms", "TFLOP", "TFLOP/s", "cuBLAS TFLOP/s",
               "vs cuBLAS", "sigma_min", "sigma_max");
@@ -149,14 +149,14 @@ void run_bench_cuda(const BenchNsArgs& a, const NsOptions& base, const std::vect
 
 void run_bench(const BenchNsArgs& a) {
   const auto [m, n] = parse_shape(a.shape);
-  DMUON_CHECK(a.repeats >= 1, "[bench] --repeats must be >= 1, got ", a.repeats);
-  DMUON_CHECK(a.warmup >= 0, "[bench] --warmup must be >= 0, got ", a.warmup);
-  DMUON_CHECK(a.batch >= 1, "[bench] --batch must be >= 1, got ", a.batch);
-  DMUON_CHECK(a.batch == 1 || a.device == "cuda", "[bench] --batch times the cuda backend's batched products; add --device cuda");
+  MESHMUON_CHECK(a.repeats >= 1, "[bench] --repeats must be >= 1, got ", a.repeats);
+  MESHMUON_CHECK(a.warmup >= 0, "[bench] --warmup must be >= 0, got ", a.warmup);
+  MESHMUON_CHECK(a.batch >= 1, "[bench] --batch must be >= 1, got ", a.batch);
+  MESHMUON_CHECK(a.batch == 1 || a.device == "cuda", "[bench] --batch times the cuda backend's batched products; add --device cuda");
   if (a.threads > 0) blas_set_num_threads(a.threads);
   NsOptions base;
   base.schedule = parse_schedule(a.schedule);
-  DMUON_CHECK(base.schedule != Schedule::Custom, "[bench] --schedule custom needs coefficients; use jordan, you or polar_express");
+  MESHMUON_CHECK(base.schedule != Schedule::Custom, "[bench] --schedule custom needs coefficients; use jordan, you or polar_express");
   base.steps = a.steps;
   base.scale = a.scale;
   std::vector<NsMethod> methods;
@@ -167,14 +167,14 @@ void run_bench(const BenchNsArgs& a) {
   std::vector<DType> dtypes;
   if (a.matmul == "fp32" || a.matmul == "both") dtypes.push_back(DType::F32);
   if (a.matmul == "bf16" || a.matmul == "both") dtypes.push_back(DType::BF16);
-  DMUON_CHECK(!dtypes.empty(), "[bench] --matmul-dtype must be fp32, bf16 or both, got '", a.matmul, "'");
+  MESHMUON_CHECK(!dtypes.empty(), "[bench] --matmul-dtype must be fp32, bf16 or both, got '", a.matmul, "'");
 
   std::mt19937_64 rng(12345);
   std::normal_distribution<float> normal;
   std::vector<float> g(size_t(m * n));
   for (float& v : g) v = normal(rng);
-  DMUON_CHECK(a.device == "cpu" || a.device == "cuda", "[bench] --device must be cpu or cuda, got '", a.device, "'");
-  DMUON_CHECK(!(a.compare && a.device == "cuda"),
+  MESHMUON_CHECK(a.device == "cpu" || a.device == "cuda", "[bench] --device must be cpu or cuda, got '", a.device, "'");
+  MESHMUON_CHECK(!(a.compare && a.device == "cuda"),
               "[bench] --compare runs the cpu methods only; with --device cuda pick one with --method");
   if (a.device == "cuda") return run_bench_cuda(a, base, dtypes, g, m, n);
   std::vector<float> out(g.size());
@@ -192,7 +192,7 @@ void run_bench(const BenchNsArgs& a) {
     }
   // SGEMM baseline of the sizes involved: s×l·l×s (the Gram matrix) and s×s·s×l (the update), by
   // the BLAS's own threaded driver on the same thread count (the best a caller of the BLAS gets;
-  // dmuon's products run it on one thread per tile), and by dmuon's tiled products.
+  // meshmuon's products run it on one thread per tile), and by meshmuon's tiled products.
   const int s = static_cast<int>(std::min(m, n)), l = static_cast<int>(std::max(m, n));
   std::vector<float> gs(size_t(s) * s, 0.01f), ys(size_t(s) * l);
   const cpu::BlasApi& blas = cpu::blas();
@@ -254,7 +254,7 @@ void run_bench(const BenchNsArgs& a) {
                         {"matmul_dtype", std::string(to_string(r.matmul))}, {"seconds", r.seconds},
                         {"times", r.times}, {"flops", r.flops}, {"gflops", r.flops / r.seconds / 1e9},
                         {"sgemm_gflops", sgemm_gflops}, {"sgemm_nt_gflops", sgemm_nt_gflops},
-                        {"sgemm_nn_gflops", sgemm_nn_gflops}, {"dmuon_sgemm_gflops", tiled_gflops},
+                        {"sgemm_nn_gflops", sgemm_nn_gflops}, {"meshmuon_sgemm_gflops", tiled_gflops},
                         {"efficiency_vs_sgemm", r.flops / r.seconds / 1e9 / sgemm_gflops},
                         {"sigma_min", r.sigma_min}, {"sigma_max", r.sigma_max},
                         {"threads", info.threads}, {"shape", shape}, {"schedule", a.schedule},
@@ -270,18 +270,18 @@ void run_bench(const BenchNsArgs& a) {
       nlohmann::json j = {{"shape", shape}, {"schedule", a.schedule}, {"steps", a.steps},
                           {"threads", info.threads}, {"sgemm_gflops", sgemm_gflops},
                           {"sgemm_nt_gflops", sgemm_nt_gflops}, {"sgemm_nn_gflops", sgemm_nn_gflops},
-                          {"dmuon_sgemm_gflops", tiled_gflops}, {"blas_core", info.corename},
+                          {"meshmuon_sgemm_gflops", tiled_gflops}, {"blas_core", info.corename},
                           {"methods", nlohmann::json::array()}};
       for (const Result& r : results) j["methods"].push_back(to_json(r));
       std::cout << j.dump(2) << "\n";
     }
     return;
   }
-  std::printf("dmuon bench ns: %s, %s, %d steps, %d threads (BLAS core %s), median of %d after %d warm-up\n",
+  std::printf("meshmuon bench ns: %s, %s, %d steps, %d threads (BLAS core %s), median of %d after %d warm-up\n",
               shape.c_str(), a.schedule.c_str(), a.steps, info.threads, info.corename.c_str(), a.repeats,
               a.warmup);
   std::printf("SGEMM baseline (the BLAS's own threads): %.1f GFLOP/s (X·Xᵀ %dx%dx%d NT %.1f, Z·X %dx%dx%d NN %.1f); "
-              "dmuon's tiled products on the same pair: %.1f (%.2fx)\n",
+              "meshmuon's tiled products on the same pair: %.1f (%.2fx)\n",
               sgemm_gflops, s, s, l, sgemm_nt_gflops, s, l, s, sgemm_nn_gflops, tiled_gflops, tiled_gflops / sgemm_gflops);
   std::printf("%-15s %10s %8s %8s %9s %10s %10s %10s %10s\n", "method", "ms", "GFLOP", "GFLOP/s",
               "vs SGEMM", "vs plain", "sigma_min", "sigma_max", "dsigma/sym");
@@ -329,4 +329,4 @@ void add_bench_ns_command(CLI::App& bench) {
   cmd->callback([args] { run_bench(*args); });
 }
 
-}  // namespace dmuon::cli
+}  // namespace meshmuon::cli

@@ -1,6 +1,6 @@
-// `dmuon bench plan`: planning speed and memory at scale (target: deepseek-v3 at 1,024 ranks in
+// `meshmuon bench plan`: planning speed and memory at scale (target: deepseek-v3 at 1,024 ranks in
 // < 1 s and < 1 GiB), with the same model at 8 ranks timed in the same run as the baseline.
-// Example: dmuon bench plan --model deepseek-v3 --parallel dp_shard=1024 --repeat 5 [--json]
+// Example: meshmuon bench plan --model deepseek-v3 --parallel dp_shard=1024 --repeat 5 [--json]
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -14,7 +14,7 @@
 #include "commands.h"
 #include "plan_options.h"
 
-namespace dmuon::cli {
+namespace meshmuon::cli {
 namespace {
 
 double max_rss_mib() {
@@ -83,4 +83,4 @@ void add_bench_plan_command(CLI::App& bench) {
   });
 }
 
-}  // namespace dmuon::cli
+}  // namespace meshmuon::cli

@@ -1,7 +1,7 @@
-// `dmuon bench step`: times dmuon::Optimizer::step on a model with seeded synthetic gradients (each
+// `meshmuon bench step`: times meshmuon::Optimizer::step on a model with seeded synthetic gradients (each
 // rank fills its local box deterministically), per strategy, with the single-process
 // orthogonalization time of all Muon matrices as the reference (measured in the same run).
-// Example: mpirun -np 2 build/bin/dmuon bench step --model gpt2-124m --parallel dp_shard=2 --compare --json
+// Example: mpirun -np 2 build/bin/meshmuon bench step --model gpt2-124m --parallel dp_shard=2 --compare --json
 // --device cuda runs the engine on the cuda backend: parameters and gradients in device memory, the
 // communicator staging them (mpi: several ranks may share one GPU) or copying them (single); the
 // reference stays the CPU's single-process orthogonalization.
@@ -17,13 +17,13 @@
 #include "backend/backend.h"
 #include "commands.h"
 #include "distributed_bench.h"
-#include "dmuon/blas.h"
-#include "dmuon/error.h"
-#include "dmuon/optimizer.h"
+#include "meshmuon/blas.h"
+#include "meshmuon/error.h"
+#include "meshmuon/optimizer.h"
 #include "backend/select.h"
 #include "plan_options.h"
 
-namespace dmuon::cli {
+namespace meshmuon::cli {
 namespace {
 
 struct StepArgs {
@@ -156,7 +156,7 @@ nlohmann::json run_strategy(const std::shared_ptr<Communicator>& comm, const Inv
 
 void run(const StepArgs& a) {
   const std::string backend = bench_backend(a.backend);
-  DMUON_CHECK(parse_device(a.device).has_value(), "[bench] --device must be cpu, cuda or cuda:N (got '", a.device, "')");
+  MESHMUON_CHECK(parse_device(a.device).has_value(), "[bench] --device must be cpu, cuda or cuda:N (got '", a.device, "')");
   // the single communicator of a device engine copies device buffers; mpi stages them
   std::shared_ptr<Communicator> comm =
       backend == "single" ? make_single_communicator(a.device) : make_communicator(backend);
@@ -230,4 +230,4 @@ void add_bench_step_command(CLI::App& bench) {
   cmd->callback([a] { run_distributed([&] { run(*a); }); });
 }
 
-}  // namespace dmuon::cli
+}  // namespace meshmuon::cli

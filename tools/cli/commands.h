@@ -1,10 +1,10 @@
-// Subcommands of the `dmuon` CLI; each lives in its own <name>_command.cpp and registers itself on
+// Subcommands of the `meshmuon` CLI; each lives in its own <name>_command.cpp and registers itself on
 // the parent it is given. Callbacks throw; only main() turns exceptions into exit codes.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
-namespace dmuon::cli {
+namespace meshmuon::cli {
 
 void add_info_command(CLI::App& app);
 void add_bench_ns_command(CLI::App& bench);
@@ -13,4 +13,4 @@ void add_bench_plan_command(CLI::App& bench);
 void add_bench_step_command(CLI::App& bench);
 void add_bench_fsdp_command(CLI::App& bench);
 
-}  // namespace dmuon::cli
+}  // namespace meshmuon::cli

@@ -4,10 +4,10 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "dmuon/comm.h"
-#include "dmuon/error.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::cli {
+namespace meshmuon::cli {
 
 std::string bench_backend(const std::string& backend) {
   if (!backend.empty()) return backend;
@@ -30,11 +30,11 @@ void run_distributed(const std::function<void()>& body) {
     body();
   } catch (const Error& e) {
     if (std::getenv("OMPI_COMM_WORLD_SIZE") && mpi_available()) {  // a broken job cannot finalize
-      std::fprintf(stderr, "dmuon: error: %s\n", e.what());
+      std::fprintf(stderr, "meshmuon: error: %s\n", e.what());
       abort_all(1);
     }
     throw;
   }
 }
 
-}  // namespace dmuon::cli
+}  // namespace meshmuon::cli

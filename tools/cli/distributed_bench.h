@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "dmuon/comm.h"
+#include "meshmuon/comm.h"
 
-namespace dmuon::cli {
+namespace meshmuon::cli {
 
 // `backend` when given, else "mpi" under mpirun (OMPI_COMM_WORLD_SIZE set) and "single" outside.
 std::string bench_backend(const std::string& backend);
@@ -19,9 +19,9 @@ double upper_median(std::vector<double> v);
 // COLLECTIVE: the largest x over the ranks of `c` (x >= 0; exact: its bits are max-reduced as int64).
 double slowest(Communicator& c, double x);
 
-// Runs a distributed benchmark. A dmuon::Error under mpirun (a timeout or broken collective) is
+// Runs a distributed benchmark. A meshmuon::Error under mpirun (a timeout or broken collective) is
 // printed and ends the whole job through abort_all(1): MPI could not finalize after it. Elsewhere
 // (and for other exceptions) the error propagates to main().
 void run_distributed(const std::function<void()>& body);
 
-}  // namespace dmuon::cli
+}  // namespace meshmuon::cli

@@ -1,5 +1,5 @@
-// `dmuon info [--json]`: version, BLAS library, core and threads, the CPU, and what runs the bf16
-// products there (native oneDNN, dmuon's widened products, or oneDNN's emulation) with their cost
+// `meshmuon info [--json]`: version, BLAS library, core and threads, the CPU, and what runs the bf16
+// products there (native oneDNN, meshmuon's widened products, or oneDNN's emulation) with their cost
 // relative to fp32 measured now, and what ns_matmul_dtype "auto" picks.
 #include <cstdio>
 #include <iostream>
@@ -9,14 +9,14 @@
 
 #include "commands.h"
 #include "core/cpu_features.h"
-#include "dmuon/blas.h"
-#include "dmuon/orthogonalize.h"
-#include "dmuon/version.h"
+#include "meshmuon/blas.h"
+#include "meshmuon/orthogonalize.h"
+#include "meshmuon/version.h"
 
-namespace dmuon::cli {
+namespace meshmuon::cli {
 
 void add_info_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("info", "Show the version, the BLAS dmuon computes with, the CPU and its bf16 products");
+  auto* cmd = app.add_subcommand("info", "Show the version, the BLAS meshmuon computes with, the CPU and its bf16 products");
   auto as_json = std::make_shared<bool>(false);
   cmd->add_flag("--json", *as_json, "Print JSON");
   cmd->callback([as_json] {
@@ -41,11 +41,11 @@ void add_info_command(CLI::App& app) {
       std::cout << j.dump(2) << "\n";
       return;
     }
-    std::printf("dmuon %s\n", std::string(kVersion).c_str());
+    std::printf("meshmuon %s\n", std::string(kVersion).c_str());
     std::printf("BLAS      %s\n", info.library.c_str());
     std::printf("core      %s%s\n", info.corename.c_str(), info.coretype_ok ? "" : "  (slow: set OPENBLAS_CORETYPE)");
     std::printf("config    %s\n", info.config.c_str());
-    std::printf("threads   %d (dmuon splits each product into tiles; the BLAS runs one thread per tile)\n", info.threads);
+    std::printf("threads   %d (meshmuon splits each product into tiles; the BLAS runs one thread per tile)\n", info.threads);
     std::printf("cpu       %s (%s)\n", cpu.c_str(),
                 cpu_bf16.native ? "avx512_bf16 / amx_bf16: bf16 arithmetic in hardware" : "no bf16 arithmetic in hardware");
     if (!bf16.error.empty()) {
@@ -60,4 +60,4 @@ void add_info_command(CLI::App& app) {
   });
 }
 
-}  // namespace dmuon::cli
+}  // namespace meshmuon::cli

@@ -1,12 +1,12 @@
-// `dmuon plan`: the plan for a model on a mesh, per-strategy costs, and whole-model baselines.
-// Example: dmuon plan --model llama3-8b --parallel dp_shard=64 [--strategy auto] [--json]
+// `meshmuon plan`: the plan for a model on a mesh, per-strategy costs, and whole-model baselines.
+// Example: meshmuon plan --model llama3-8b --parallel dp_shard=64 [--strategy auto] [--json]
 #include <iostream>
 #include <memory>
 
 #include "commands.h"
 #include "plan_options.h"
 
-namespace dmuon::cli {
+namespace meshmuon::cli {
 
 void add_plan_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("plan", "Show how each parameter's orthogonalization is distributed and what it costs");
@@ -24,4 +24,4 @@ void add_plan_command(CLI::App& app) {
   });
 }
 
-}  // namespace dmuon::cli
+}  // namespace meshmuon::cli

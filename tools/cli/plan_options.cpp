@@ -1,12 +1,12 @@
-// Options shared by `dmuon plan` and `dmuon bench plan` (docs/plan.md lists them).
+// Options shared by `meshmuon plan` and `meshmuon bench plan` (docs/plan.md lists them).
 #include "plan_options.h"
 
 #include <fstream>
 #include <sstream>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::cli {
+namespace meshmuon::cli {
 
 void add_plan_args(CLI::App& cmd, PlanArgs& a) {
   cmd.add_option("--model", a.model, "Preset: gpt2-124m, nanochat-d20, llama3-8b, llama3-70b, qwen3-30b-a3b, deepseek-v3")
@@ -43,7 +43,7 @@ PlanOptions make_plan_options(const PlanArgs& a) {
   o.comm_dtype = parse_dtype(a.comm_dtype, "--comm-dtype");
   if (a.machine.size() > 5 && a.machine.substr(a.machine.size() - 5) == ".json") {
     std::ifstream in(a.machine);
-    DMUON_CHECK(in.good(), "[plan] cannot read machine profile '", a.machine, "'");
+    MESHMUON_CHECK(in.good(), "[plan] cannot read machine profile '", a.machine, "'");
     std::stringstream ss;
     ss << in.rdbuf();
     o.machine = MachineProfile::from_json(ss.str());
@@ -55,7 +55,7 @@ PlanOptions make_plan_options(const PlanArgs& a) {
   o.ns.method = parse_ns_method(a.method);
   o.ns.steps = a.ns_steps;
   // chunk_bytes is int64: bound the MiB so the conversion cannot overflow (2^40 MiB = 1 EiB)
-  DMUON_CHECK(a.chunk_mib > 0 && a.chunk_mib <= 1099511627776.0, "[plan] --chunk-mib is ", a.chunk_mib,
+  MESHMUON_CHECK(a.chunk_mib > 0 && a.chunk_mib <= 1099511627776.0, "[plan] --chunk-mib is ", a.chunk_mib,
               "; give a positive number of at most 1099511627776 (2^40)");
   o.chunk_bytes = static_cast<int64_t>(a.chunk_mib * 1024 * 1024);
   o.window = a.window;
@@ -68,4 +68,4 @@ PlanOptions make_plan_options(const PlanArgs& a) {
   return o;
 }
 
-}  // namespace dmuon::cli
+}  // namespace meshmuon::cli

@@ -1,4 +1,4 @@
-// Options shared by `dmuon plan` and `dmuon bench plan`: model, parallel layout and planner options.
+// Options shared by `meshmuon plan` and `meshmuon bench plan`: model, parallel layout and planner options.
 #pragma once
 
 #include <memory>
@@ -7,10 +7,10 @@
 
 #include <CLI/CLI.hpp>
 
-#include "dmuon/inventory.h"
-#include "dmuon/plan.h"
+#include "meshmuon/inventory.h"
+#include "meshmuon/plan.h"
 
-namespace dmuon::cli {
+namespace meshmuon::cli {
 
 inline constexpr const char* kDefaultParallel = "dp_shard=8";
 
@@ -27,6 +27,6 @@ struct PlanArgs {
 
 void add_plan_args(CLI::App& cmd, PlanArgs& a);
 Inventory make_inventory(const PlanArgs& a);
-PlanOptions make_plan_options(const PlanArgs& a);  // reads DMUON_STRATEGY
+PlanOptions make_plan_options(const PlanArgs& a);  // reads MESHMUON_STRATEGY
 
-}  // namespace dmuon::cli
+}  // namespace meshmuon::cli

@@ -7,12 +7,12 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "dmuon/bf16.h"
-#include "dmuon/blas.h"
-#include "dmuon/error.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/blas.h"
+#include "meshmuon/error.h"
 #include "kernels/cpu/products.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 class CpuBackend final : public Backend {
@@ -21,14 +21,14 @@ class CpuBackend final : public Backend {
   Device device() const override { return {}; }
   BackendCaps capabilities() const override {
     BackendCaps c;
-    c.bf16_products = true;  // oneDNN's or dmuon's widened products (kernels/cpu/bf16_products.h)
+    c.bf16_products = true;  // oneDNN's or meshmuon's widened products (kernels/cpu/bf16_products.h)
     return c;
   }
 
   Buffer allocate(size_t bytes, MemoryKind kind) override {
-    DMUON_CHECK(kind != MemoryKind::Device, "[cpu] the cpu backend has no device memory; allocate host memory");
+    MESHMUON_CHECK(kind != MemoryKind::Device, "[cpu] the cpu backend has no device memory; allocate host memory");
     void* p = bytes ? std::calloc(bytes, 1) : nullptr;
-    DMUON_CHECK_RUNTIME(bytes == 0 || p, "[cpu] out of host memory allocating ", bytes, " bytes");
+    MESHMUON_CHECK_RUNTIME(bytes == 0 || p, "[cpu] out of host memory allocating ", bytes, " bytes");
     return Buffer(p, bytes, kind, {}, [](void* q) { std::free(q); });
   }
   void copy(void* dst, const void* src, size_t bytes) override {
@@ -49,14 +49,14 @@ class CpuBackend final : public Backend {
     momentum_step(o, buf, grad, update);
   }
   void apply_update(const ApplyOptions& o, float* param, const float* update, int64_t n) override {
-    dmuon::apply_update(o, param, update, n);
+    meshmuon::apply_update(o, param, update, n);
   }
   void adamw(const AdamWOptions& o, float* param, const TensorView& grad, float* m, float* v) override {
     adamw_step(o, param, grad, m, v);
   }
   void qk_clip_rows(const QkTag& tag, std::span<const float> logits, double threshold, float* w, int64_t row_begin,
                     int64_t row_end, int64_t cols) override {
-    dmuon::qk_clip_rows(tag, logits, threshold, w, row_begin, row_end, cols);
+    meshmuon::qk_clip_rows(tag, logits, threshold, w, row_begin, row_end, cols);
   }
   void round_to_comm(float* x, int64_t n, DType comm) override {
     if (comm == DType::F32) return;
@@ -180,4 +180,4 @@ std::shared_ptr<Backend> make_cpu_backend() {
   return cpu;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

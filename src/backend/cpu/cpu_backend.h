@@ -4,9 +4,9 @@
 
 #include "backend/backend.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 std::unique_ptr<Stream> make_cpu_stream(bool threaded);
 void cpu_pack(std::span<const PackRun> runs, std::span<std::byte* const> bases);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -3,9 +3,9 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/pack.h"
-#include "dmuon/bf16.h"
+#include "meshmuon/bf16.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 void cpu_pack(std::span<const PackRun> runs, std::span<std::byte* const> bases) {
   static constexpr float kNegZero = -0.0f;
@@ -69,4 +69,4 @@ void pack_reference(std::span<const PackRun> runs, std::span<std::byte* const> b
       }
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -9,7 +9,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -101,4 +101,4 @@ class CpuStream final : public Stream {
 
 std::unique_ptr<Stream> make_cpu_stream(bool threaded) { return std::make_unique<CpuStream>(threaded); }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -14,9 +14,9 @@
 #include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "core/dl_symbol.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 // ---- cuBLASLt, loaded at run time ------------------------------------------------------------------
@@ -43,7 +43,7 @@ struct CublasLt {
 // Only the soname of cuBLAS 13 (another version could choose other algorithms).
 CublasLt load_lt() {
   CublasLt api;
-  open_cublas_family("DMUON_CUBLASLT_LIBRARY", "libcublasLt.so.13", "cuBLASLt (bf16 Newton–Schulz products)",
+  open_cublas_family("MESHMUON_CUBLASLT_LIBRARY", "libcublasLt.so.13", "cuBLASLt (bf16 Newton–Schulz products)",
                      "missing cublasLt entry points", [&api](void* h, const char*) {
                        return bind_symbol(h, "cublasLtCreate", api.create) && bind_symbol(h, "cublasLtDestroy", api.destroy) &&
                               bind_symbol(h, "cublasLtMatmulDescCreate", api.desc_create) &&
@@ -392,4 +392,4 @@ void set_batched_gemm_probe(bool on) {
   for (auto& [key, plan] : plans) plan.batch_ok.clear();  // verdicts made under the other setting go
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

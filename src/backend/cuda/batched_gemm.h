@@ -20,7 +20,7 @@
 // only, so every batch of a shape runs the same per-matrix arithmetic.
 //
 // libcublasLt is dlopen'd on first use, like cuBLAS, and required for bf16 products (a rank without
-// it would compute other bits): $DMUON_CUBLASLT_LIBRARY, libcublasLt.so.13, the nvidia-cublas
+// it would compute other bits): $MESHMUON_CUBLASLT_LIBRARY, libcublasLt.so.13, the nvidia-cublas
 // wheel's.
 #pragma once
 
@@ -31,7 +31,7 @@
 
 struct cublasContext;  // cublasHandle_t (cublas_api.h, which the tests built against this header lack)
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // Column-major D_i (m×n, fp32, ld ldd) = op(A_i)·op(B_i) for i < batch, A_i = a + i·stride_a elements
 // (B, D alike); A and B bf16 (fp32 accumulation) or fp32 (true fp32 products).
@@ -53,7 +53,7 @@ struct GemmCall {
 // Enqueues the batch on `stream` (the calling thread's current stream on `device`, which is
 // current), through `blas` (the thread's cuBLAS handle on that stream) where a product is one
 // cublasGemmEx per matrix. A probe takes stream-ordered memory of its own and synchronizes
-// `stream` once. Throws dmuon::Error when cuBLASLt cannot be loaded (bf16 products).
+// `stream` once. Throws meshmuon::Error when cuBLASLt cannot be loaded (bf16 products).
 void batched_gemm(const GemmCall& c, int64_t batch, int device, cudaStream_t stream, cublasContext* blas);
 
 // What batched_gemm did since the process started (tests and the bench read it).
@@ -70,4 +70,4 @@ BatchedGemmCounters batched_gemm_counters();
 // the probe's tests). On by default.
 void set_batched_gemm_probe(bool on);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -5,14 +5,14 @@
 
 #include "core/dl_symbol.h"
 #include "core/library_loader.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 Cublas load_cublas() {
   Cublas api;
-  open_cublas_family("DMUON_CUBLAS_LIBRARY", "libcublas.so.13", "cuBLAS",
+  open_cublas_family("MESHMUON_CUBLAS_LIBRARY", "libcublas.so.13", "cuBLAS",
                      "missing cublasCreate_v2/Destroy_v2/SetStream_v2/SetMathMode/Sgemm_v2/GemmEx",
                      [&api](void* h, const char* name) {
                        api.library = name;
@@ -29,7 +29,7 @@ Cublas load_cublas() {
 
 void open_cublas_family(const char* env, const char* soname, const char* what, const char* missing,
                         const std::function<bool(void*, const char*)>& bind) {
-  std::string wheel = DMUON_CUBLAS_WHEEL_DIR;
+  std::string wheel = MESHMUON_CUBLAS_WHEEL_DIR;
   if (!wheel.empty()) wheel = concat(wheel, "/", soname);
   const char* user = std::getenv(env);
   const char* candidates[] = {user, soname, wheel.empty() ? nullptr : wheel.c_str()};
@@ -70,4 +70,4 @@ void gemm(cublasHandle_t h, bool ta, bool tb, int m, int n, int k, const void* A
              what);
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -2,7 +2,7 @@
 // (cudaMalloc / cudaMallocHost / calloc), copies, fences and the element-wise kernels of
 // cuda_kernels.cu (the cpu kernels' bits). Its other pieces: the stream (cuda_stream.h); Newton–Schulz
 // batched over matrices of one shape (cuda_ns.h), its products through cuBLASLt / cuBLAS
-// (batched_gemm.h: a matrix's bits do not depend on its batch), both dlopen'd at first use (libdmuon
+// (batched_gemm.h: a matrix's bits do not depend on its batch), both dlopen'd at first use (libmeshmuon
 // links only the static cudart, so it loads and runs its cpu paths on machines without a GPU, a
 // driver or cuBLAS); the calling thread's current stream and resources (thread_resources.h); the
 // device scope (device_guard.h).
@@ -35,11 +35,11 @@
 #include "backend/cuda/device_guard.h"
 #include "backend/cuda/event_pool.h"
 #include "backend/cuda/thread_resources.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/update_args.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 // Ends a kernel call: its launch errors; the work stays queued on the thread's stream.
@@ -71,7 +71,7 @@ class CudaBackend final : public Backend {
     switch (kind) {
       case MemoryKind::Host:
         p = std::calloc(bytes, 1);
-        DMUON_CHECK_RUNTIME(p, "[cuda] out of host memory allocating ", bytes, " bytes");
+        MESHMUON_CHECK_RUNTIME(p, "[cuda] out of host memory allocating ", bytes, " bytes");
         return Buffer(p, bytes, kind, {}, [](void* q) { std::free(q); });
       case MemoryKind::PinnedHost:
         check_cuda(cudaMallocHost(&p, bytes), concat("cudaMallocHost of ", bytes, " bytes").c_str());
@@ -168,7 +168,7 @@ class CudaBackend final : public Backend {
   template <class Item, class Launch>
   void launch_table(const std::vector<Item>& items, int64_t blocks, Launch launch, const char* what) {
     if (items.empty()) return;
-    DMUON_CHECK(blocks <= INT_MAX && items.size() <= INT_MAX, "[cuda] ", what, ": ", items.size(), " tensors need ", blocks,
+    MESHMUON_CHECK(blocks <= INT_MAX && items.size() <= INT_MAX, "[cuda] ", what, ": ", items.size(), " tensors need ", blocks,
                 " blocks; at most ", INT_MAX);
     const DeviceGuard guard = enter();
     const size_t bytes = items.size() * sizeof(Item);
@@ -182,7 +182,7 @@ class CudaBackend final : public Backend {
     items.reserve(tensors.size());
     int64_t blocks = 0;
     for (const MomentumTensor& t : tensors) {  // every tensor checked before the launch
-      DMUON_CHECK(t.grad.is_contiguous(), "[momentum] gradient view is not contiguous");
+      MESHMUON_CHECK(t.grad.is_contiguous(), "[momentum] gradient view is not contiguous");
       const int64_t n = t.grad.numel();
       cpu::check_momentum_args(t.o, t.buf, t.grad.data, t.update, n);
       if (n == 0) continue;
@@ -221,7 +221,7 @@ class CudaBackend final : public Backend {
     items.reserve(tensors.size());
     int64_t blocks = 0;
     for (const AdamWTensor& t : tensors) {  // every tensor checked before the launch
-      DMUON_CHECK(t.grad.is_contiguous(), "[adamw] gradient view is not contiguous");
+      MESHMUON_CHECK(t.grad.is_contiguous(), "[adamw] gradient view is not contiguous");
       const int64_t n = t.grad.numel();
       const cpu::AdamScalars sc = cpu::adamw_args(t.o, t.param, t.grad.data, t.exp_avg, t.exp_avg_sq, n);
       if (n == 0) continue;
@@ -235,11 +235,11 @@ class CudaBackend final : public Backend {
                     int64_t row_end, int64_t cols) override {
     validate_qk_tag(tag, "<unnamed>");
     validate_qk_logits(tag, logits, "<unnamed>");
-    DMUON_CHECK(std::isfinite(tau) && tau > 0, "[qk_clip] threshold ", tau, " must be finite and > 0");
-    DMUON_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= qk_tag_rows(tag), "[qk_clip] row range [",
+    MESHMUON_CHECK(std::isfinite(tau) && tau > 0, "[qk_clip] threshold ", tau, " must be finite and > 0");
+    MESHMUON_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= qk_tag_rows(tag), "[qk_clip] row range [",
                 row_begin, ", ", row_end, ") is outside the ", qk_tag_rows(tag), " rows of the tagged parameter");
-    DMUON_CHECK(cols >= 0, "[qk_clip] cols ", cols, " is negative");
-    DMUON_CHECK(w != nullptr || row_begin == row_end || cols == 0, "[qk_clip] rows is null");
+    MESHMUON_CHECK(cols >= 0, "[qk_clip] cols ", cols, " is negative");
+    MESHMUON_CHECK(w != nullptr || row_begin == row_end || cols == 0, "[qk_clip] rows is null");
     const int64_t rows = row_end - row_begin;
     if (rows == 0 || cols == 0) return;
     std::vector<float> f(static_cast<size_t>(rows));  // the factors on the host (double math, as the cpu)
@@ -305,7 +305,7 @@ class CudaBackend final : public Backend {
       items.push_back({g.data, g.numel(), blocks, g.dtype == DType::BF16, static_cast<int32_t>(i)});
       blocks += cuda::multi_tensor_blocks(g.numel());
     }
-    DMUON_CHECK(blocks <= INT_MAX && views.size() <= INT_MAX, "[cuda] non-finite scan: ", views.size(), " tensors need ",
+    MESHMUON_CHECK(blocks <= INT_MAX && views.size() <= INT_MAX, "[cuda] non-finite scan: ", views.size(), " tensors need ",
                 blocks, " blocks; at most ", INT_MAX);
     const DeviceGuard guard = enter();
     // the flags, then the table (256-byte aligned), in the thread's scratch
@@ -337,7 +337,7 @@ class CudaBackend final : public Backend {
   // The Orthogonalizer carries the options and the schedule (validated as on the cpu); its run() is
   // the cpu kernel, so on this backend only muon_units uses it.
   std::unique_ptr<Orthogonalizer> make_orthogonalizer(const NsOptions& o) override {
-    DMUON_CHECK(!o.bf16_rounding,
+    MESHMUON_CHECK(!o.bf16_rounding,
                 "[cuda] bf16_rounding (torch's bf16 emulation) is not implemented on the cuda backend; use "
                 "matmul_dtype bf16 or the cpu backend");
     return std::make_unique<Orthogonalizer>(o);
@@ -392,10 +392,10 @@ std::shared_ptr<Backend> make_cuda_backend(int device) {
   if (!cuda_device_available(&why)) throw_error(concat("[cuda] no CUDA device: ", why));
   int count = 0;
   check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
-  DMUON_CHECK_RUNTIME(device >= 0 && device < count, "[cuda] device ", device, " requested but only ", count,
+  MESHMUON_CHECK_RUNTIME(device >= 0 && device < count, "[cuda] device ", device, " requested but only ", count,
                       " CUDA device(s) are visible");
   const DeviceGuard guard(device);  // creates the device's context, leaves the caller's device current
   return std::make_shared<CudaBackend>(device);
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -7,7 +7,7 @@
 
 #include "backend/backend.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // Whether the CUDA runtime sees at least one device; `why` gets the runtime's reason when not
 // ("CUDA driver version is insufficient...", "no CUDA-capable device is detected", ...). Never throws.
@@ -25,4 +25,4 @@ size_t set_cuda_ns_batch_bytes(size_t bytes);
 // previous value.
 bool set_upload_ring_eager_release(bool on);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

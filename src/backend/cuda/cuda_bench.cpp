@@ -1,4 +1,4 @@
-// Internal: `dmuon bench ns --device cuda` (cuda_bench.h). The orthogonalization is the backend's own
+// Internal: `meshmuon bench ns --device cuda` (cuda_bench.h). The orthogonalization is the backend's own
 // (Backend::muon_units, stream-ordered on the legacy stream, as the events); the GEMM baseline calls cuBLAS on a
 // handle of its own in the backend's configuration (make_blas_handle, gemm: fp32 without TF32), timed by events.
 #include "backend/cuda_bench.h"
@@ -12,9 +12,9 @@
 #include "backend/backend.h"
 #include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/cuda_kernels.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 void check(cudaError_t e, const char* what) {
@@ -59,9 +59,9 @@ double cuda_ns_flops_done(int64_t m, int64_t n, const NsOptions& options) {
 
 CudaNsTiming time_ns_cuda(const NsOptions& options, const float* g, int64_t m, int64_t n, int warmup, int repeats,
                           int64_t batch) {
-  DMUON_CHECK(m > 0 && n > 0 && m <= INT32_MAX && n <= INT32_MAX, "[bench] shape ", m, "x", n, " out of range");
-  DMUON_CHECK(repeats >= 1 && warmup >= 0, "[bench] repeats must be >= 1 and warmup >= 0");
-  DMUON_CHECK(batch >= 1, "[bench] --batch must be >= 1, got ", batch);
+  MESHMUON_CHECK(m > 0 && n > 0 && m <= INT32_MAX && n <= INT32_MAX, "[bench] shape ", m, "x", n, " out of range");
+  MESHMUON_CHECK(repeats >= 1 && warmup >= 0, "[bench] repeats must be >= 1 and warmup >= 0");
+  MESHMUON_CHECK(batch >= 1, "[bench] --batch must be >= 1, got ", batch);
   auto be = make_cuda_backend(0);  // throws "[cuda] no CUDA device: ..." without one
   CudaNsTiming out;
   cudaDeviceProp prop{};
@@ -138,4 +138,4 @@ CudaNsTiming time_ns_cuda(const NsOptions& options, const float* g, int64_t m, i
   return out;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

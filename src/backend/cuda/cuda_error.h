@@ -1,12 +1,12 @@
-// Internal: CUDA runtime results as the cuda backend reports them: errors as dmuon::Error
+// Internal: CUDA runtime results as the cuda backend reports them: errors as meshmuon::Error
 // "[cuda] <what>: <runtime's text>", and the event queries whose "not ready" is no error.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 inline void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw_error(concat("[cuda] ", what, ": ", cudaGetErrorString(e)));
@@ -26,4 +26,4 @@ inline cudaError_t elapsed_ms(float* ms, cudaEvent_t start, cudaEvent_t end) {
   return r;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

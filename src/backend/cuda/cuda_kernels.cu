@@ -10,7 +10,7 @@
 
 #include "backend/cuda/cuda_kernels.h"
 
-namespace dmuon::cuda {
+namespace meshmuon::cuda {
 namespace {
 
 constexpr int kThreads = 256;
@@ -19,10 +19,10 @@ cudaError_t done() { return cudaGetLastError(); }
 
 }  // namespace
 
-#define DMUON_GRID_LOOP(i, n) \
+#define MESHMUON_GRID_LOOP(i, n) \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-#define DMUON_LAUNCH(kernel, grid, block, stream) kernel<<<(grid), (block), 0, (stream)>>>
+#define MESHMUON_LAUNCH(kernel, grid, block, stream) kernel<<<(grid), (block), 0, (stream)>>>
 
 #include "backend/cuda/device_code.cuh"
 
-}  // namespace dmuon::cuda
+}  // namespace meshmuon::cuda

@@ -16,7 +16,7 @@
 #include "backend/pack.h"
 #include "kernels/cpu/adam_scalars.h"
 
-namespace dmuon::cuda {
+namespace meshmuon::cuda {
 
 using detail::PackConv;
 using detail::PackRun;
@@ -31,7 +31,7 @@ cudaError_t apply_multi(const ApplyItem* items, int count, int64_t blocks, cudaS
 cudaError_t adamw_multi(const AdamWItem* items, int count, int64_t blocks, cudaStream_t s);
 // rows × cols row-major, row r scaled by factors[r] (device) unless that factor is exactly 1.
 cudaError_t scale_rows(float* w, const float* factors, int64_t rows, int64_t cols, cudaStream_t s);
-// x ← fp32(bf16(x)) (round to nearest even, NaN → 0x7FC0, as dmuon/bf16.h).
+// x ← fp32(bf16(x)) (round to nearest even, NaN → 0x7FC0, as meshmuon/bf16.h).
 cudaError_t round_bf16(float* x, int64_t n, cudaStream_t s);
 cudaError_t first_non_finite_multi(const NonFiniteItem* items, int count, int64_t blocks, unsigned long long* flags,
                                    cudaStream_t s);
@@ -113,4 +113,4 @@ cudaError_t ordered_sum(const void* blocks, bool bf16, int64_t n, int blocks_n, 
 // x[i] = x[i] / d (IEEE division: -prec-div=true).
 cudaError_t divide(float* x, int64_t n, float d, cudaStream_t s);
 
-}  // namespace dmuon::cuda
+}  // namespace meshmuon::cuda

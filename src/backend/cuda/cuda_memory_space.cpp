@@ -8,9 +8,9 @@
 #include <mutex>
 
 #include "backend/memory_space.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 void check(cudaError_t e, const char* what) {
@@ -79,4 +79,4 @@ std::shared_ptr<MemorySpace> cuda_memory_space() {
   return space;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -19,11 +19,11 @@
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/device_guard.h"
 #include "backend/cuda/thread_resources.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/ns_kernels.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 // The scratch a muon_batch call takes at most at a time (set_cuda_ns_batch_bytes): the batch is cut
@@ -41,7 +41,7 @@ class CudaNs {
   void muon_batch(Orthogonalizer& orth, std::span<const Backend::UnitRef> units, int64_t rows, int64_t cols,
                   float* v_mean, double beta2, DType comm) {
     if (rows == 0 || cols == 0) return;
-    DMUON_CHECK(rows <= INT_MAX && cols <= INT_MAX, "[orth] matrix ", rows, "x", cols,
+    MESHMUON_CHECK(rows <= INT_MAX && cols <= INT_MAX, "[orth] matrix ", rows, "x", cols,
                 " exceeds the BLAS int range; split it or orthogonalize per expert");
     const int64_t len = normuon_state_size(rows, cols);
     std::vector<Matrix> mats;
@@ -50,7 +50,7 @@ class CudaNs {
         mats.push_back({r.u + e * rows * cols, r.v != nullptr ? r.v + e * len : nullptr});
     if (mats.empty()) return;
     for (const Matrix& x : mats)
-      DMUON_CHECK(x.v == nullptr || v_mean != nullptr, "[cuda] muon_units: NorMuon needs the v_mean scratch");
+      MESHMUON_CHECK(x.v == nullptr || v_mean != nullptr, "[cuda] muon_units: NorMuon needs the v_mean scratch");
     const DeviceGuard guard = enter();
     const bool bf16 = orth.options().matmul_dtype == DType::BF16;
     NsPointers unused;
@@ -80,7 +80,7 @@ class CudaNs {
                           const GramReduce& reduce, DType comm) {
     const DeviceGuard guard = enter();
     const int64_t ld = wide ? n : m, numel = m * n, ss = sd * sd;
-    DMUON_CHECK(sd <= INT_MAX && ld <= INT_MAX && m <= INT_MAX && n <= INT_MAX, "[cuda] gram_newton_schulz: ", m, "x",
+    MESHMUON_CHECK(sd <= INT_MAX && ld <= INT_MAX && m <= INT_MAX && n <= INT_MAX, "[cuda] gram_newton_schulz: ", m, "x",
                 n, " (Gram side ", sd, ") exceeds the BLAS int range");
     // A, A², the copy of X and the norm in the thread's scratch, each 256-byte aligned
     const auto up = [](size_t b) { return (b + 255) / 256 * 256; };
@@ -330,4 +330,4 @@ void cuda_gram_newton_schulz(Backend& backend, int device, const NsOptions& ns, 
   CudaNs(backend, device).gram_newton_schulz(ns, x, m, n, wide, sd, reduce, comm);
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -10,7 +10,7 @@
 
 #include "backend/backend.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // Backend::muon_batch on `device`, for `backend` (its fence and comm rounding): the matrices of
 // every unit, set_cuda_ns_batch_bytes (cuda_backend.h) of scratch at a time. A matrix's bits do not
@@ -22,4 +22,4 @@ void cuda_muon_batch(Backend& backend, int device, Orthogonalizer& orth, std::sp
 void cuda_gram_newton_schulz(Backend& backend, int device, const NsOptions& ns, float* x, int64_t m, int64_t n,
                              bool wide, int64_t sd, const GramReduce& reduce, DType comm);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

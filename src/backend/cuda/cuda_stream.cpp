@@ -15,7 +15,7 @@
 #include "backend/cuda/event_pool.h"
 #include "backend/cuda/thread_resources.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 class CudaStream final : public Stream {
@@ -168,4 +168,4 @@ std::unique_ptr<Stream> make_cuda_stream(int device, bool threaded, JobEnd end) 
   return std::make_unique<CudaStream>(device, threaded, end);
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

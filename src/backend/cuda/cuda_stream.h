@@ -6,7 +6,7 @@
 
 #include "backend/backend.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // A CudaStream on `device`: its host jobs run in order (on a worker thread when `threaded`, else on
 // the caller's thread) with its cudaStream_t as the thread's current stream (tl_stream,
@@ -16,4 +16,4 @@ namespace dmuon::detail {
 // of its results wait for a fence the job records.
 std::unique_ptr<Stream> make_cuda_stream(int device, bool threaded, JobEnd end);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -5,8 +5,8 @@
 //
 // The includer opens a namespace and provides:
 //   kThreads                         the block size of the one-dimensional launches (256)
-//   DMUON_GRID_LOOP(i, n)            a grid-stride loop over [0, n)
-//   DMUON_LAUNCH(kernel, grid, block, stream)(args...)   a launch
+//   MESHMUON_GRID_LOOP(i, n)            a grid-stride loop over [0, n)
+//   MESHMUON_LAUNCH(kernel, grid, block, stream)(args...)   a launch
 //   done()                           the launch's error (cudaGetLastError on a GPU)
 //   dim3, cudaStream_t, cudaError_t, blockIdx, threadIdx, blockDim, gridDim, __syncthreads
 //   the CUDA intrinsics the kernels call (__fadd_rn, __fmul_rn, __fmaf_rn, __dadd_rn, ...)

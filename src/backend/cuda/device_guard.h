@@ -6,11 +6,11 @@
 
 #include "backend/cuda/cuda_error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // Makes `device` current until the end of the scope; then the device that was current before is
 // current again (torch's current device on the caller's thread is left as it was). Throws
-// dmuon::Error "[cuda] cudaGetDevice / cudaSetDevice: ..." when the runtime refuses.
+// meshmuon::Error "[cuda] cudaGetDevice / cudaSetDevice: ..." when the runtime refuses.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
@@ -28,4 +28,4 @@ class DeviceGuard {
   int previous_ = -1;  // the caller's device
 };
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

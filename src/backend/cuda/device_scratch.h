@@ -3,7 +3,7 @@
 // (tests/support/cuda_on_host.h) share one definition.
 #pragma once
 
-namespace dmuon::cuda {
+namespace meshmuon::cuda {
 
 // Σ x² (sum_squares) sums at most this many block partials: its `partials` scratch holds as many
 // doubles.
@@ -17,4 +17,4 @@ struct NormuonScratch {
   float* ratio;
 };
 
-}  // namespace dmuon::cuda
+}  // namespace meshmuon::cuda

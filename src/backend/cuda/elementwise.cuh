@@ -2,7 +2,7 @@
 // each update kernel's arithmetic on one element (the cpu kernels' operations in their order), the
 // multi-tensor kernels, whose blocks find their tensor in a table (multi_tensor.h), and the
 // element-wise kernels of one tensor (conversions, QK-clip's row scaling). The includer provides
-// DMUON_GRID_LOOP and the CUDA intrinsics used here (__fmul_rn, __fadd_rn, __fsub_rn, __fdiv_rn,
+// MESHMUON_GRID_LOOP and the CUDA intrinsics used here (__fmul_rn, __fadd_rn, __fsub_rn, __fdiv_rn,
 // __fsqrt_rn, __fmaf_rn, __uint_as_float, __float_as_uint, fabsf, atomicMin).
 #pragma once
 
@@ -129,21 +129,21 @@ __global__ void adamw_multi_kernel(const AdamWItem* items, int count) {
 
 // x ← fp32(bf16(x)) (the comm dtype's rounding of a whole buffer).
 __global__ void round_bf16_kernel(float* x, int64_t n) {
-  DMUON_GRID_LOOP(i, n) x[i] = bf16_bits_to_float(float_to_bf16_bits(x[i]));
+  MESHMUON_GRID_LOOP(i, n) x[i] = bf16_bits_to_float(float_to_bf16_bits(x[i]));
 }
 
 __global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t n) {
-  DMUON_GRID_LOOP(i, n) y[i] = float_to_bf16_bits(x[i]);
+  MESHMUON_GRID_LOOP(i, n) y[i] = float_to_bf16_bits(x[i]);
 }
 
 __global__ void from_bf16_kernel(const uint16_t* x, float* y, int64_t n) {
-  DMUON_GRID_LOOP(i, n) y[i] = bf16_bits_to_float(x[i]);
+  MESHMUON_GRID_LOOP(i, n) y[i] = bf16_bits_to_float(x[i]);
 }
 
 // QK-clip: row r of a rows × cols matrix scaled by factors[r], rows whose factor is exactly 1 left
 // untouched (as the cpu scale_rows).
 __global__ void scale_rows_kernel(float* w, const float* factors, int64_t rows, int64_t cols) {
-  DMUON_GRID_LOOP(i, rows * cols) {
+  MESHMUON_GRID_LOOP(i, rows * cols) {
     const float f = factors[i / cols];
     if (f != 1.0f) w[i] = __fmul_rn(w[i], f);
   }

@@ -3,7 +3,7 @@
 
 #include "backend/cuda/cuda_error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 EventPool::EventPool(bool timing) : flags_(timing ? cudaEventDefault : cudaEventDisableTiming) {}
 
@@ -30,4 +30,4 @@ void EventPool::put(cudaEvent_t e) noexcept {
   free_.push_back(e);
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

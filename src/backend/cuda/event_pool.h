@@ -7,7 +7,7 @@
 #include <mutex>
 #include <vector>
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // Events for reuse, shared by threads: a fence's event goes back when its last copy is gone (CUDA's
 // waits take the event's state when they are enqueued), an upload's when its ring region is written
@@ -20,7 +20,7 @@ class EventPool {
   EventPool(const EventPool&) = delete;
   EventPool& operator=(const EventPool&) = delete;
 
-  // A free event, or a new one (throws dmuon::Error when CUDA cannot make one).
+  // A free event, or a new one (throws meshmuon::Error when CUDA cannot make one).
   cudaEvent_t take();
   void put(cudaEvent_t e) noexcept;
 
@@ -30,4 +30,4 @@ class EventPool {
   std::vector<cudaEvent_t> free_;
 };
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

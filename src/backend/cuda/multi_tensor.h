@@ -8,7 +8,7 @@
 
 #include "kernels/cpu/adam_scalars.h"
 
-namespace dmuon::cuda {
+namespace meshmuon::cuda {
 
 using cpu::AdamScalars;
 
@@ -67,4 +67,4 @@ struct AdamWItem {
   int32_t pad;
 };
 
-}  // namespace dmuon::cuda
+}  // namespace meshmuon::cuda

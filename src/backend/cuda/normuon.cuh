@@ -2,7 +2,7 @@
 // operations in the same order): the mean squares per row or column, the two ordered sums, the
 // state's EMA and the scaling. The sums go through shared memory and barriers;
 // tests/unit/cuda_kernels_host_test.cpp runs them on the host (tests/support/cuda_on_host.h),
-// bitwise against the cpu kernels. The includer provides kThreads, DMUON_GRID_LOOP, torch_lerp
+// bitwise against the cpu kernels. The includer provides kThreads, MESHMUON_GRID_LOOP, torch_lerp
 // (elementwise.cuh) and the CUDA intrinsics used here (__fmul_rn, __fdiv_rn, __fsqrt_rn, __dadd_rn,
 // __dmul_rn, __ddiv_rn, __dsqrt_rn, __double2float_rn).
 #pragma once
@@ -12,7 +12,7 @@
 // Per column (rows < cols): thread t walks column t, so a warp reads 32 neighbouring floats of a
 // row at a time (coalesced).
 __global__ void normuon_column_mean_square_kernel(const float* u, int64_t rows, int64_t cols, float* v_mean) {
-  DMUON_GRID_LOOP(t, cols) {
+  MESHMUON_GRID_LOOP(t, cols) {
     double sum = 0;
     for (int64_t i = 0; i < rows; ++i) {
       const double x = u[i * cols + t];
@@ -106,7 +106,7 @@ __global__ void normuon_ratio_kernel(const float* v_mean, const float* step, int
 
 // pass 2a: v ← lerp(v, v_mean, 1 − β₂); step = 1 / sqrt(max(v, 1e-10)).
 __global__ void normuon_step_kernel(const float* v_mean, float* v, float* step, int64_t len, float w) {
-  DMUON_GRID_LOOP(i, len) {
+  MESHMUON_GRID_LOOP(i, len) {
     const float vi = torch_lerp(v[i], v_mean[i], w);
     v[i] = vi;
     step[i] = __fdiv_rn(1.0f, __fsqrt_rn(vi < 1e-10f ? 1e-10f : vi));
@@ -117,7 +117,7 @@ __global__ void normuon_step_kernel(const float* v_mean, float* v, float* step, 
 __global__ void normuon_scale_kernel(float* u, int64_t rows, int64_t cols, const float* step, const float* ratio,
                                      bool per_row) {
   const float r = *ratio;
-  DMUON_GRID_LOOP(i, rows * cols) {
+  MESHMUON_GRID_LOOP(i, rows * cols) {
     const int64_t t = per_row ? i / cols : i % cols;
     u[i] = __fmul_rn(u[i], __fmul_rn(step[t], r));
   }

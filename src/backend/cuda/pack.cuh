@@ -2,7 +2,7 @@
 // conversion): each element of a pack table (pack.h) finds its run by binary search over the runs'
 // element prefix sums and moves 32 or 16 bits at the alignment its addresses have.
 // tests/unit/cuda_kernels_host_test.cpp runs it on the host against pack_reference, misaligned
-// items included. The includer provides DMUON_GRID_LOOP, PackRun / PackConv and __uint_as_float.
+// items included. The includer provides MESHMUON_GRID_LOOP, PackRun / PackConv and __uint_as_float.
 #pragma once
 
 // A pack run's items sit back to back in a message (routes.cpp): an fp32 item after a bf16 item of
@@ -47,7 +47,7 @@ __device__ __forceinline__ void store_u16(std::byte* p, uint16_t v) {
 
 __global__ void pack_kernel(const PackRun* runs, const int64_t* prefix, int nruns, std::byte* const* bases,
                             int64_t total) {
-  DMUON_GRID_LOOP(e, total) {
+  MESHMUON_GRID_LOOP(e, total) {
     int lo = 0, hi = nruns - 1;  // the run holding element e: prefix[r] <= e < prefix[r + 1]
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;

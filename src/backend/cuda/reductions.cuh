@@ -1,7 +1,7 @@
 // Internal: Σ x² for Newton–Schulz's norm on the device (device_code.cuh): a fixed tree through
 // shared memory, the same bits on every run. tests/unit/cuda_kernels_host_test.cpp runs it on the
 // host (tests/support/cuda_on_host.h: one fiber per CUDA thread, __syncthreads a switch) against the
-// tree it promises. The includer provides kThreads, DMUON_GRID_LOOP, __dadd_rn and __dmul_rn.
+// tree it promises. The includer provides kThreads, MESHMUON_GRID_LOOP, __dadd_rn and __dmul_rn.
 #pragma once
 
 // Σ x² in double, deterministic: a grid fixed by n (kSumSquaresBlocks at most), one partial per block
@@ -10,7 +10,7 @@
 __global__ void sum_squares_partial_kernel(const float* x, int64_t n, double* partials) {
   __shared__ double partial[kThreads];
   double acc = 0;
-  DMUON_GRID_LOOP(i, n) {
+  MESHMUON_GRID_LOOP(i, n) {
     const double v = x[i];
     acc = __dadd_rn(acc, __dmul_rn(v, v));
   }

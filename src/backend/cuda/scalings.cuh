@@ -4,7 +4,7 @@
 // added in order), and Muon+'s renormalization after the last step, from the device's Σ x² (the fixed
 // tree of reductions.cuh: deterministic, not the cpu's order). tests/unit/cuda_kernels_host_test.cpp
 // runs them on the host. The includer provides kThreads, kRowTile / kRowWarps / stage_row_tile (normuon.cuh),
-// DMUON_GRID_LOOP and the CUDA intrinsics used here (__fmul_rn, __dadd_rn, __dmul_rn, __ddiv_rn,
+// MESHMUON_GRID_LOOP and the CUDA intrinsics used here (__fmul_rn, __dadd_rn, __dmul_rn, __ddiv_rn,
 // __dsqrt_rn, __double2float_rn).
 #pragma once
 
@@ -60,7 +60,7 @@ __global__ void muon_eq_target_kernel(const double* row_sq, int64_t rows, double
 // element (in and out may be the same matrix).
 __global__ void muon_eq_scale_kernel(const float* in, float* out, int64_t rows, int64_t cols, const double* row_sq,
                                      const double* target, double min_row_norm) {
-  DMUON_GRID_LOOP(k, rows * cols) {
+  MESHMUON_GRID_LOOP(k, rows * cols) {
     const double norm = __dsqrt_rn(row_sq[k / cols]);
     const float s = __double2float_rn(__ddiv_rn(*target, norm > min_row_norm ? norm : min_row_norm));
     out[k] = __fmul_rn(in[k], s);
@@ -71,5 +71,5 @@ __global__ void muon_eq_scale_kernel(const float* in, float* out, int64_t rows, 
 __global__ void muon_plus_kernel(float* x, int64_t n, const double* norm2, int64_t side, double min_norm) {
   const double norm = __dsqrt_rn(*norm2);
   const float s = __double2float_rn(__ddiv_rn(__dsqrt_rn(static_cast<double>(side)), norm > min_norm ? norm : min_norm));
-  DMUON_GRID_LOOP(i, n) x[i] = __fmul_rn(x[i], s);
+  MESHMUON_GRID_LOOP(i, n) x[i] = __fmul_rn(x[i], s);
 }

@@ -10,7 +10,7 @@
 #include "backend/cuda/cuda_error.h"
 #include "backend/cuda/upload_ring.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 thread_local constinit cudaStream_t tl_stream = nullptr;
 
@@ -104,4 +104,4 @@ void thread_download(int device, void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, h.p, bytes);
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -8,7 +8,7 @@
 
 #include <cstddef>
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // The current stream of this thread (nullptr: the legacy default stream): a CudaStream's while one
 // of its jobs runs on the thread (cuda_stream.cpp sets it), else the legacy default stream.
@@ -42,4 +42,4 @@ void thread_upload(int device, void* dst, const void* src, size_t bytes);
 // (a copy into pageable memory is staged by CUDA and waits on its own): one host wait.
 void thread_download(int device, void* dst, const void* src, size_t bytes);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -10,7 +10,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 namespace {
 
 std::atomic<bool> eager_release{true};  // set_upload_ring_eager_release
@@ -75,4 +75,4 @@ void UploadRing::release() noexcept {
 
 bool set_upload_ring_eager_release(bool on) { return eager_release.exchange(on); }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -10,7 +10,7 @@
 
 #include "backend/cuda/event_pool.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // Uploads through a ring of pinned memory, so that cudaMemcpyAsync stays asynchronous: a copy from
 // pageable memory may synchronize the stream first (CUDA stages it), a host wait per pack call. A
@@ -47,4 +47,4 @@ class UploadRing {
   std::unique_ptr<EventPool> events_;  // made at the first upload; destroys the events last
 };
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

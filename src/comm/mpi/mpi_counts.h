@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 inline constexpr int64_t kMpiMaxCount = INT_MAX;  // 2^31-1 elements per count or displacement
 
@@ -43,4 +43,4 @@ inline int64_t mpi_unit(std::initializer_list<std::span<const int64_t>> values, 
   return g <= limit && max / g <= limit ? g : 0;
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -1,15 +1,15 @@
 // MPI lifecycle for the mpi backend: init on first use (MPI_THREAD_SERIALIZED), finalize at exit only
-// if dmuon initialized MPI and no collective is stuck, bf16 reduction ops, abort_all.
+// if meshmuon initialized MPI and no collective is stuck, bf16 reduction ops, abort_all.
 #include "comm/mpi/mpi_runtime.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
-#include "dmuon/bf16.h"
-#include "dmuon/error.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace detail {
 namespace {
 
@@ -52,24 +52,24 @@ MpiRuntime init_runtime() {
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  DMUON_CHECK_RUNTIME(!finalized, "[mpi] MPI was already finalized; create dmuon communicators before MPI_Finalize");
+  MESHMUON_CHECK_RUNTIME(!finalized, "[mpi] MPI was already finalized; create meshmuon communicators before MPI_Finalize");
   if (!initialized) {
-    DMUON_CHECK_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &rt.thread_level));
+    MESHMUON_CHECK_MPI(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &rt.thread_level));
     rt.we_initialized = true;
     std::atexit(finalize_at_exit);
   } else {
-    DMUON_CHECK_MPI(MPI_Query_thread(&rt.thread_level));
+    MESHMUON_CHECK_MPI(MPI_Query_thread(&rt.thread_level));
   }
-  // An application that initialized MPI itself with FUNNELED must make every dmuon call from its
+  // An application that initialized MPI itself with FUNNELED must make every meshmuon call from its
   // main thread; below FUNNELED, even a compute thread beside MPI is not allowed.
-  DMUON_CHECK_RUNTIME(rt.thread_level >= MPI_THREAD_FUNNELED, "[mpi] MPI runs at thread level ", rt.thread_level,
-                      "; dmuon needs MPI_THREAD_SERIALIZED (or FUNNELED with every call on the main "
+  MESHMUON_CHECK_RUNTIME(rt.thread_level >= MPI_THREAD_FUNNELED, "[mpi] MPI runs at thread level ", rt.thread_level,
+                      "; meshmuon needs MPI_THREAD_SERIALIZED (or FUNNELED with every call on the main "
                       "thread): initialize with MPI_Init_thread");
-  DMUON_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rt.world_rank));
-  DMUON_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &rt.world_size));
-  DMUON_CHECK_MPI(MPI_Op_create(bf16_sum, 1, &rt.bf16_ops[static_cast<int>(ReduceOp::Sum)]));
-  DMUON_CHECK_MPI(MPI_Op_create(bf16_max, 1, &rt.bf16_ops[static_cast<int>(ReduceOp::Max)]));
-  DMUON_CHECK_MPI(MPI_Op_create(bf16_min, 1, &rt.bf16_ops[static_cast<int>(ReduceOp::Min)]));
+  MESHMUON_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rt.world_rank));
+  MESHMUON_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &rt.world_size));
+  MESHMUON_CHECK_MPI(MPI_Op_create(bf16_sum, 1, &rt.bf16_ops[static_cast<int>(ReduceOp::Sum)]));
+  MESHMUON_CHECK_MPI(MPI_Op_create(bf16_max, 1, &rt.bf16_ops[static_cast<int>(ReduceOp::Max)]));
+  MESHMUON_CHECK_MPI(MPI_Op_create(bf16_min, 1, &rt.bf16_ops[static_cast<int>(ReduceOp::Min)]));
   return rt;
 }
 
@@ -127,4 +127,4 @@ void abort_all(int code) {
   std::_Exit(code);
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -1,5 +1,5 @@
 // Process-wide MPI state for the mpi backend: lifecycle, the broken-after-timeout flag, type and
-// op mapping, and DMUON_CHECK_MPI. Internal: only src/comm/mpi includes mpi.h.
+// op mapping, and MESHMUON_CHECK_MPI. Internal: only src/comm/mpi includes mpi.h.
 #pragma once
 
 // C API only: Open MPI's deprecated C++ bindings would need libmpi_cxx.
@@ -8,15 +8,15 @@
 #endif
 #include <mpi.h>
 
-#include "dmuon/comm.h"
+#include "meshmuon/comm.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 struct MpiRuntime {
   int world_rank = 0;
   int world_size = 1;
   int thread_level = MPI_THREAD_SINGLE;
-  bool we_initialized = false;  // then dmuon finalizes MPI at exit
+  bool we_initialized = false;  // then meshmuon finalizes MPI at exit
   bool broken = false;          // a wait timed out: no new collectives, no MPI_Finalize while stuck
   int stuck = 0;                // collectives still posted after their wait timed out
   MPI_Op bf16_ops[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // indexed by ReduceOp
@@ -28,16 +28,16 @@ MpiRuntime& mpi_runtime();
 MPI_Datatype mpi_datatype(CommType t);
 MPI_Op mpi_op(ReduceOp op, CommType t);
 
-// Throws dmuon::Error "[mpi] rank R: <call> failed: <MPI error string>".
+// Throws meshmuon::Error "[mpi] rank R: <call> failed: <MPI error string>".
 [[noreturn]] void mpi_fail(const char* call, int code);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail
 
-// DMUON_CHECK_MPI(MPI_Ibarrier(comm, &req)): throws dmuon::Error naming the call, the MPI error
-// string and the world rank when the call does not return MPI_SUCCESS (communicators made by dmuon
+// MESHMUON_CHECK_MPI(MPI_Ibarrier(comm, &req)): throws meshmuon::Error naming the call, the MPI error
+// string and the world rank when the call does not return MPI_SUCCESS (communicators made by meshmuon
 // use MPI_ERRORS_RETURN, so failures come back here instead of aborting).
-#define DMUON_CHECK_MPI(expr)                                                 \
+#define MESHMUON_CHECK_MPI(expr)                                                 \
   do {                                                                        \
-    const int dmuon_mpi_rc_ = (expr);                                         \
-    if (dmuon_mpi_rc_ != MPI_SUCCESS) ::dmuon::detail::mpi_fail(#expr, dmuon_mpi_rc_); \
+    const int meshmuon_mpi_rc_ = (expr);                                         \
+    if (meshmuon_mpi_rc_ != MPI_SUCCESS) ::meshmuon::detail::mpi_fail(#expr, meshmuon_mpi_rc_); \
   } while (0)

@@ -34,7 +34,7 @@
 #include "comm/staging.h"
 #include "comm/mpi/mpi_runtime.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 class StagedOp;
 
@@ -120,4 +120,4 @@ std::shared_ptr<StagedOp> staged_broadcast(Staging& s, OutBuffer buf, int root);
 std::shared_ptr<StagedOp> staged_barrier(Staging& s);
 std::shared_ptr<StagedOp> staged_p2p(Staging& s, std::span<const P2pOp> ops);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -11,10 +11,10 @@
 #include "comm/mpi/mpi_runtime.h"
 #include "comm/mpi/mpi_staging.h"
 #include "comm/work_impl.h"
-#include "dmuon/comm_transport.h"
-#include "dmuon/error.h"
+#include "meshmuon/comm_transport.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 using detail::MpiRuntime;
@@ -51,7 +51,7 @@ class MpiOp final : public MpiTimedOp {
   MPI_Request* add() { return &requests.emplace_back(MPI_REQUEST_NULL); }  // call before posting, one at a time
   bool test() override {
     int flag = 0;
-    DMUON_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE));
+    MESHMUON_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE));
     return completed(flag != 0);
   }
 };
@@ -85,8 +85,8 @@ class UnitType {
   UnitType(CommType t, int64_t unit) : type_(detail::mpi_datatype(t)) {
     if (unit == 1) return;
     MPI_Datatype basic = type_;
-    DMUON_CHECK_MPI(MPI_Type_contiguous(static_cast<int>(unit), basic, &type_));
-    DMUON_CHECK_MPI(MPI_Type_commit(&type_));
+    MESHMUON_CHECK_MPI(MPI_Type_contiguous(static_cast<int>(unit), basic, &type_));
+    MESHMUON_CHECK_MPI(MPI_Type_commit(&type_));
     owned_ = true;
   }
   ~UnitType() {
@@ -147,10 +147,10 @@ class MpiTransport final : public Transport {
   static std::shared_ptr<MpiTransport> wrap(MPI_Comm comm, std::shared_ptr<detail::MemorySpace> space,
                                             detail::StagingOptions options, bool staged,
                                             std::chrono::milliseconds drain_timeout) {
-    DMUON_CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+    MESHMUON_CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
     int rank = 0, size = 0;
-    DMUON_CHECK_MPI(MPI_Comm_rank(comm, &rank));
-    DMUON_CHECK_MPI(MPI_Comm_size(comm, &size));
+    MESHMUON_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+    MESHMUON_CHECK_MPI(MPI_Comm_size(comm, &size));
     return std::make_shared<MpiTransport>(comm, rank, size, std::move(space), options, staged, drain_timeout);
   }
 
@@ -174,7 +174,7 @@ class MpiTransport final : public Transport {
     w->arrays[2] = to_int(recv_counts, unit);
     w->arrays[3] = to_int(recv_displs, unit);
     const UnitType t(send.type, unit);
-    DMUON_CHECK_MPI(MPI_Ialltoallv(nonnull(send.data), w->arrays[0].data(), w->arrays[1].data(), t.get(),
+    MESHMUON_CHECK_MPI(MPI_Ialltoallv(nonnull(send.data), w->arrays[0].data(), w->arrays[1].data(), t.get(),
                                    nonnull(recv.data), w->arrays[2].data(), w->arrays[3].data(), t.get(), comm_,
                                    w->add()));
     return w;
@@ -189,7 +189,7 @@ class MpiTransport final : public Transport {
     w->arrays[0] = to_int(recv_counts, unit);
     w->arrays[1] = to_int(recv_displs, unit);
     const UnitType t(send.type, unit);
-    DMUON_CHECK_MPI(MPI_Iallgatherv(nonnull(send.data), static_cast<int>(static_cast<int64_t>(send.count) / unit),
+    MESHMUON_CHECK_MPI(MPI_Iallgatherv(nonnull(send.data), static_cast<int>(static_cast<int64_t>(send.count) / unit),
                                     t.get(), nonnull(recv.data), w->arrays[0].data(), w->arrays[1].data(), t.get(),
                                     comm_, w->add()));
     return w;
@@ -199,12 +199,12 @@ class MpiTransport final : public Transport {
     if (staging_) return staged(detail::staged_reduce_scatter_v(*staging_, send, recv, recv_counts, op));
     // Reductions need the basic type (bf16 sums are a user op on elements): no unit type here, and
     // the total must fit too (MPI_Ireduce_scatter adds the counts up in an int).
-    DMUON_CHECK(static_cast<int64_t>(send.count) <= detail::kMpiMaxCount, "[mpi] reduce_scatter: ", send.count,
+    MESHMUON_CHECK(static_cast<int64_t>(send.count) <= detail::kMpiMaxCount, "[mpi] reduce_scatter: ", send.count,
                 " elements in all exceed the 2^31-1 elements (C int counts) one MPI_Ireduce_scatter can address; "
                 "split the buffer into smaller chunks");
     auto w = std::make_unique<MpiOp>();
     w->arrays[0] = to_int(recv_counts);
-    DMUON_CHECK_MPI(MPI_Ireduce_scatter(nonnull(send.data), nonnull(recv.data), w->arrays[0].data(),
+    MESHMUON_CHECK_MPI(MPI_Ireduce_scatter(nonnull(send.data), nonnull(recv.data), w->arrays[0].data(),
                                         detail::mpi_datatype(send.type), detail::mpi_op(op, send.type), comm_,
                                         w->add()));
     return w;
@@ -217,7 +217,7 @@ class MpiTransport final : public Transport {
     const bool in_place = send.data == recv.data;
     for (const detail::MpiPiece& p : detail::mpi_pieces(static_cast<int64_t>(send.count))) {
       const void* src = in_place ? MPI_IN_PLACE : nonnull(at(send.data, p.offset, send.type));
-      DMUON_CHECK_MPI(MPI_Iallreduce(src, nonnull(const_cast<std::byte*>(at(recv.data, p.offset, recv.type))), p.count,
+      MESHMUON_CHECK_MPI(MPI_Iallreduce(src, nonnull(const_cast<std::byte*>(at(recv.data, p.offset, recv.type))), p.count,
                                      detail::mpi_datatype(send.type), detail::mpi_op(op, send.type), comm_, w->add()));
     }
     return w;
@@ -227,7 +227,7 @@ class MpiTransport final : public Transport {
     if (staging_) return staged(detail::staged_broadcast(*staging_, buf, root));
     auto w = std::make_unique<MpiOp>();
     for (const detail::MpiPiece& p : detail::mpi_pieces(static_cast<int64_t>(buf.count)))
-      DMUON_CHECK_MPI(MPI_Ibcast(nonnull(const_cast<std::byte*>(at(buf.data, p.offset, buf.type))), p.count,
+      MESHMUON_CHECK_MPI(MPI_Ibcast(nonnull(const_cast<std::byte*>(at(buf.data, p.offset, buf.type))), p.count,
                                  detail::mpi_datatype(buf.type), root, comm_, w->add()));
     return w;
   }
@@ -235,7 +235,7 @@ class MpiTransport final : public Transport {
   std::unique_ptr<TransportOp> barrier() override {
     if (staging_) return staged(detail::staged_barrier(*staging_));
     auto w = std::make_unique<MpiOp>();
-    DMUON_CHECK_MPI(MPI_Ibarrier(comm_, w->add()));
+    MESHMUON_CHECK_MPI(MPI_Ibarrier(comm_, w->add()));
     return w;
   }
 
@@ -244,7 +244,7 @@ class MpiTransport final : public Transport {
   std::shared_ptr<Transport> split(std::span<const int> colors, std::span<const int> keys, const std::string&) override {
     const int color = colors[static_cast<size_t>(rank_)], key = keys[static_cast<size_t>(rank_)];
     MPI_Comm sub = MPI_COMM_NULL;
-    DMUON_CHECK_MPI(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub));
+    MESHMUON_CHECK_MPI(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub));
     if (sub == MPI_COMM_NULL) return nullptr;
     return wrap(sub, space_, options_, staged(), drain_timeout_);
   }
@@ -259,9 +259,9 @@ class MpiTransport final : public Transport {
       for (const detail::MpiPiece& p : detail::mpi_pieces(static_cast<int64_t>(o.buf.count))) {
         const std::byte* data = at(o.buf.data, p.offset, o.buf.type);
         if (o.is_send)
-          DMUON_CHECK_MPI(MPI_Isend(nonnull(data), p.count, t, o.peer, kP2pTag, comm_, w->add()));
+          MESHMUON_CHECK_MPI(MPI_Isend(nonnull(data), p.count, t, o.peer, kP2pTag, comm_, w->add()));
         else
-          DMUON_CHECK_MPI(MPI_Irecv(nonnull(const_cast<std::byte*>(data)), p.count, t, o.peer, kP2pTag, comm_, w->add()));
+          MESHMUON_CHECK_MPI(MPI_Irecv(nonnull(const_cast<std::byte*>(data)), p.count, t, o.peer, kP2pTag, comm_, w->add()));
       }
     }
     return w;
@@ -272,7 +272,7 @@ class MpiTransport final : public Transport {
 
   // all_to_all_v / all_gather_v: counts or displacements past MPI's int limit with no common unit.
   static void check_unit(int64_t unit, std::string_view op) {
-    DMUON_CHECK(unit > 0, "[mpi] ", op, ": counts or displacements exceed the 2^31-1 elements (C int) MPI can address "
+    MESHMUON_CHECK(unit > 0, "[mpi] ", op, ": counts or displacements exceed the 2^31-1 elements (C int) MPI can address "
                 "and share no factor that brings them under it; split the exchange into smaller chunks");
   }
 
@@ -298,11 +298,11 @@ std::unique_ptr<Communicator> make_mpi_communicator() {
 
 std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<detail::MemorySpace> space,
                                                     detail::StagingOptions options) {
-  DMUON_CHECK(space != nullptr, "[mpi] make_mpi_communicator: the memory space is null");
+  MESHMUON_CHECK(space != nullptr, "[mpi] make_mpi_communicator: the memory space is null");
   detail::check_staging_options(options);
   const MpiRuntime& rt = detail::mpi_runtime();
-  DMUON_CHECK_RUNTIME(!rt.broken, "[mpi] rank ", rt.world_rank,
-                      ": cannot make a communicator after a collective timed out; end the job (dmuon::abort_all)");
+  MESHMUON_CHECK_RUNTIME(!rt.broken, "[mpi] rank ", rt.world_rank,
+                      ": cannot make a communicator after a collective timed out; end the job (meshmuon::abort_all)");
   // MPI_Comm_idup (not MPI_Comm_dup) so that a missing rank ends in a timeout error, not a hang.
   auto root = std::make_shared<detail::CommRoot>();
   root->backend = "mpi", root->world_rank = rt.world_rank;
@@ -314,19 +314,19 @@ std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<detail::Memo
   };
   MPI_Comm comm = MPI_COMM_NULL;
   auto dup = std::make_unique<MpiOp>();
-  DMUON_CHECK_MPI(MPI_Comm_idup(MPI_COMM_WORLD, &comm, dup->add()));
+  MESHMUON_CHECK_MPI(MPI_Comm_idup(MPI_COMM_WORLD, &comm, dup->add()));
   wait(std::move(dup), "comm_dup", "make_mpi_communicator", "MPI_COMM_WORLD");
   // Staging is on when any rank may hold device memory; the chunk size must agree (it sets the rounds).
   int64_t agree[3] = {space->has_devices() ? 1 : 0, static_cast<int64_t>(options.chunk_bytes),
                       -static_cast<int64_t>(options.chunk_bytes)};
   auto all = std::make_unique<MpiOp>();
-  DMUON_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, agree, 3, MPI_INT64_T, MPI_MAX, comm, all->add()));
+  MESHMUON_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, agree, 3, MPI_INT64_T, MPI_MAX, comm, all->add()));
   wait(std::move(all), "all_reduce", "staging agreement", "world");
-  DMUON_CHECK(agree[1] == -agree[2], "[mpi] rank ", rt.world_rank, ": the staging chunk size differs between ranks (",
-              -agree[2], " to ", agree[1], " bytes); set DMUON_STAGING_CHUNK_BYTES alike on every rank");
+  MESHMUON_CHECK(agree[1] == -agree[2], "[mpi] rank ", rt.world_rank, ": the staging chunk size differs between ranks (",
+              -agree[2], " to ", agree[1], " bytes); set MESHMUON_STAGING_CHUNK_BYTES alike on every rank");
   auto transport = MpiTransport::wrap(comm, std::move(space), options, agree[0] > 0, detail::default_timeout_from_env());
   const int rank = transport->rank(), size = transport->size();
   return make_communicator(std::move(transport), rank, size, "world", rt.world_rank);
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -1,4 +1,4 @@
-// The nccl communicator's bootstrap (dmuon/comm_nccl.h): each rank checks its device and loads
+// The nccl communicator's bootstrap (meshmuon/comm_nccl.h): each rank checks its device and loads
 // libnccl, rank 0 makes the unique id, one exchange (the caller's, or MPI's) gives every rank that
 // id and every peer's failure, then the root communicator is made (non-blocking, polled under the
 // default timeout) and wrapped in the nccl transport (nccl_transport.h) under the Communicator base.
@@ -17,11 +17,11 @@
 #include "comm/nccl/nccl_loader.h"
 #include "comm/nccl/nccl_transport.h"
 #include "comm/work_impl.h"
-#include "dmuon/comm_nccl.h"
-#include "dmuon/comm_transport.h"
-#include "dmuon/error.h"
+#include "meshmuon/comm_nccl.h"
+#include "meshmuon/comm_transport.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 using detail::concat;
@@ -29,7 +29,7 @@ using detail::DeviceGuard;
 using detail::NcclShared;
 using detail::throw_error;
 
-// The number of visible devices; throws dmuon::Error naming the runtime's reason when there is none.
+// The number of visible devices; throws meshmuon::Error naming the runtime's reason when there is none.
 int require_devices(int rank) {
   int devices = 0;
   const cudaError_t probe = cudaGetDeviceCount(&devices);
@@ -66,12 +66,12 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, CommExc
     if (device < 0) {
       if (cudaGetDevice(&device) != cudaSuccess) device = 0;
     }
-    DMUON_CHECK(device < devices, "[nccl] rank ", rank, ": device ", device, " does not exist (", devices,
+    MESHMUON_CHECK(device < devices, "[nccl] rank ", rank, ": device ", device, " does not exist (", devices,
                 " visible)");
     api_ptr = &detail::nccl_api();
     if (rank == 0) {
       const ncclResult_t r = api_ptr->get_unique_id(&hello.id);
-      DMUON_CHECK_RUNTIME(r == ncclSuccess, "[nccl] rank 0: ncclGetUniqueId failed: ", api_ptr->get_error_string(r));
+      MESHMUON_CHECK_RUNTIME(r == ncclSuccess, "[nccl] rank 0: ncclGetUniqueId failed: ", api_ptr->get_error_string(r));
     }
     hello.ok = 1;
   } catch (const std::exception& e) {
@@ -81,13 +81,13 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, CommExc
   const auto* mine = reinterpret_cast<const std::byte*>(&hello);
   const std::vector<std::byte> all = exchange(std::span<const std::byte>(mine, sizeof(hello)));
   if (failure) std::rethrow_exception(failure);
-  DMUON_CHECK(all.size() == sizeof(hello) * static_cast<size_t>(size), "[nccl] make_nccl_communicator: the exchange "
+  MESHMUON_CHECK(all.size() == sizeof(hello) * static_cast<size_t>(size), "[nccl] make_nccl_communicator: the exchange "
               "returned ", all.size(), " bytes; expected ", size, " blobs of ", sizeof(hello), " bytes");
   for (int r = 0; r < size; ++r) {
     NcclHello peer;
     std::memcpy(&peer, all.data() + static_cast<size_t>(r) * sizeof(peer), sizeof(peer));
     peer.reason[sizeof(peer.reason) - 1] = '\0';
-    DMUON_CHECK_RUNTIME(peer.ok == 1, "[nccl] rank ", rank, ": rank ", r, " of ", size,
+    MESHMUON_CHECK_RUNTIME(peer.ok == 1, "[nccl] rank ", rank, ": rank ", r, " of ", size,
                         " could not prepare its nccl communicator '", name, "', so no rank makes one: ", peer.reason);
     if (r == 0) hello.id = peer.id;  // rank 0's
   }
@@ -149,4 +149,4 @@ std::unique_ptr<Communicator> make_nccl_communicator() {
 
 bool nccl_available() { return true; }
 
-}  // namespace dmuon
+}  // namespace meshmuon

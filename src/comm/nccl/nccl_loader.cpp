@@ -11,12 +11,12 @@
 #include "comm/nccl/nccl_probe.h"
 #include "core/dl_symbol.h"
 #include "core/library_loader.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 NcclApi load_nccl(const char* only) {
-  std::string wheel = DMUON_NCCL_WHEEL_DIR;
+  std::string wheel = MESHMUON_NCCL_WHEEL_DIR;
   if (!wheel.empty()) wheel += "/libnccl.so.2";
   std::vector<const char*> candidates;
   if (only != nullptr) {
@@ -55,7 +55,7 @@ NcclApi load_nccl(const char* only) {
   if (lib.handle == nullptr) {
     const std::string tried = lib.tried();
     throw_error(concat("[nccl] could not load libnccl; tried ", tried.empty() ? std::string("nothing") : tried,
-                       ". pip install nvidia-nccl-cu13 (scripts/requirements.txt) or set DMUON_NCCL_LIBRARY to the "
+                       ". pip install nvidia-nccl-cu13 (scripts/requirements.txt) or set MESHMUON_NCCL_LIBRARY to the "
                        "path of libnccl.so.2"));
   }
   if (api.get_version(&api.version) != ncclSuccess) api.version = 0;
@@ -68,7 +68,7 @@ const NcclApi& nccl_api() {
   static std::optional<NcclApi> api;
   std::lock_guard<std::mutex> lock(mu);
   if (!api) {
-    const char* user = std::getenv("DMUON_NCCL_LIBRARY");
+    const char* user = std::getenv("MESHMUON_NCCL_LIBRARY");
     api = load_nccl(user != nullptr && *user != '\0' ? user : nullptr);
   }
   return *api;
@@ -79,4 +79,4 @@ std::string nccl_probe(const char* only) {
   return concat(api.library, " (NCCL ", api.version / 10000, ".", api.version / 100 % 100, ".", api.version % 100, ")");
 }
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

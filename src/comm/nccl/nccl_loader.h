@@ -1,11 +1,11 @@
-// Internal: libnccl loaded at run time (dlopen), so libdmuon never depends on it.
+// Internal: libnccl loaded at run time (dlopen), so libmeshmuon never depends on it.
 #pragma once
 
 #include <nccl.h>
 
 #include <string>
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 struct NcclApi {
   decltype(&ncclGetVersion) get_version = nullptr;
@@ -33,9 +33,9 @@ struct NcclApi {
 
 // Loads libnccl and resolves every symbol above: `only` if not null (nothing else is tried), else
 // libnccl.so.2 on the loader path, else the nvidia-nccl-cu13 wheel's copy found at configure time.
-// Throws dmuon::Error naming what was tried, nvidia-nccl-cu13 and DMUON_NCCL_LIBRARY. Not cached.
+// Throws meshmuon::Error naming what was tried, nvidia-nccl-cu13 and MESHMUON_NCCL_LIBRARY. Not cached.
 NcclApi load_nccl(const char* only);
-// load_nccl(DMUON_NCCL_LIBRARY or null), once per process (a failure is retried on the next call).
+// load_nccl(MESHMUON_NCCL_LIBRARY or null), once per process (a failure is retried on the next call).
 const NcclApi& nccl_api();
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

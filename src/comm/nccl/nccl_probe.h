@@ -3,9 +3,9 @@
 
 #include <string>
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 // Loads libnccl (`only` if not null, else the usual search: nccl_loader.h) and resolves every symbol
-// the nccl communicator uses; returns "<library> (NCCL x.y.z)". Throws dmuon::Error naming what was
+// the nccl communicator uses; returns "<library> (NCCL x.y.z)". Throws meshmuon::Error naming what was
 // tried and nvidia-nccl-cu13. Needs no GPU. Defined only in builds with the nccl communicator.
 std::string nccl_probe(const char* only);
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

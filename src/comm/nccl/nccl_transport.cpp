@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "backend/cuda/device_guard.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 using detail::concat;
@@ -305,10 +305,10 @@ class NcclTransport final : public Transport {
   // a peer that cannot connect fails the construction on every rank instead of hanging a step.
   // Above kEagerP2pRanks (every pair's buffers cost device memory) pairs connect at first use; the
   // engine's point-to-point runs on shard-group communicators, which are smaller.
-  // DMUON_NCCL_CONNECT=lazy skips the warm-up.
+  // MESHMUON_NCCL_CONNECT=lazy skips the warm-up.
   static constexpr int kEagerP2pRanks = 64;
   void connect_eagerly(const std::string& name) {
-    const char* mode = std::getenv("DMUON_NCCL_CONNECT");
+    const char* mode = std::getenv("MESHMUON_NCCL_CONNECT");
     if (mode != nullptr && std::string_view(mode) == "lazy") return;
     const bool p2p = size_ <= kEagerP2pRanks;
     auto op = run([&](Ops& o) {
@@ -334,7 +334,7 @@ class NcclTransport final : public Transport {
         throw_error(concat("[nccl] rank ", shared_->world_rank, ": connecting communicator '", name, "' (rank ", rank_,
                            " of ", size_, ": an all-reduce", p2p ? " and a send / receive with every peer" : "",
                            ") did not finish within ", static_cast<double>(shared_->timeout.count()) / 1000.0,
-                           " s; a peer died or cannot connect; NCCL aborted (DMUON_NCCL_CONNECT=lazy connects at "
+                           " s; a peer died or cannot connect; NCCL aborted (MESHMUON_NCCL_CONNECT=lazy connects at "
                            "first use instead)"));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -445,4 +445,4 @@ std::shared_ptr<Transport> make_nccl_transport(std::shared_ptr<NcclShared> share
 }
 
 }  // namespace detail
-}  // namespace dmuon
+}  // namespace meshmuon

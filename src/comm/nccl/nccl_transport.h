@@ -1,8 +1,8 @@
-// Internal: the nccl transport, a Transport (dmuon/comm_transport.h) over one NCCL communicator,
+// Internal: the nccl transport, a Transport (meshmuon/comm_transport.h) over one NCCL communicator,
 // and NcclShared, what the NCCL communicators of one root and its splits share (the loaded library,
 // the device, the timeout, the abort of them all). nccl_transport.cpp runs the operations;
 // nccl_bootstrap.cpp makes the root. libnccl is dlopen'd (nccl_loader.h); cudart is the static one
-// libdmuon already links.
+// libmeshmuon already links.
 //
 // Every NCCL communicator is non-blocking (config.blocking = 0): init, split and group ends may
 // return ncclInProgress and are polled with ncclCommGetAsyncError under a deadline
@@ -21,10 +21,10 @@
 #include <vector>
 
 #include "comm/nccl/nccl_loader.h"
-#include "dmuon/comm_transport.h"
-#include "dmuon/error.h"
+#include "meshmuon/comm_transport.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::detail {
+namespace meshmuon::detail {
 
 // The NCCL communicators of one root and its splits: aborted together on a timeout.
 struct NcclShared {
@@ -71,8 +71,8 @@ struct NcclShared {
 // The transport of `comm` (rank `rank` of `size`; the caller has put it in shared->comms) on
 // shared->device, connected eagerly (its connect_eagerly: a warm-up under the default timeout that
 // aborts every communicator of the root and throws when a peer does not connect) unless
-// DMUON_NCCL_CONNECT=lazy. `name` names the communicator in that error.
+// MESHMUON_NCCL_CONNECT=lazy. `name` names the communicator in that error.
 std::shared_ptr<Transport> make_nccl_transport(std::shared_ptr<NcclShared> shared, ncclComm_t comm, int rank, int size,
                                                const std::string& name);
 
-}  // namespace dmuon::detail
+}  // namespace meshmuon::detail

@@ -1,19 +1,19 @@
 // Built instead of nccl_loader.cpp, nccl_transport.cpp and nccl_bootstrap.cpp when the build has no
 // CUDA or no NCCL headers, so callers need no #ifdef: every way to make an nccl communicator throws
-// dmuon::Error naming the cause.
+// meshmuon::Error naming the cause.
 #include "comm/nccl/nccl_args.h"
-#include "dmuon/comm_nccl.h"
-#include "dmuon/error.h"
+#include "meshmuon/comm_nccl.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 [[noreturn]] void unavailable() {
-#ifdef DMUON_HAVE_CUDA
-  detail::throw_error("[nccl] dmuon was built without the NCCL headers (pip install nvidia-nccl-cu13, then "
+#ifdef MESHMUON_HAVE_CUDA
+  detail::throw_error("[nccl] meshmuon was built without the NCCL headers (pip install nvidia-nccl-cu13, then "
                       "reconfigure; the configure summary says what was missing); use the mpi communicator");
 #else
-  detail::throw_error("[nccl] dmuon was built without CUDA; reconfigure with -DDMUON_WITH_CUDA=ON on a machine "
+  detail::throw_error("[nccl] meshmuon was built without CUDA; reconfigure with -DMESHMUON_WITH_CUDA=ON on a machine "
                       "with the CUDA toolkit and nvidia-nccl-cu13, or use the mpi communicator");
 #endif
 }
@@ -27,4 +27,4 @@ std::unique_ptr<Communicator> make_nccl_communicator(int rank, int size, CommExc
 std::unique_ptr<Communicator> make_nccl_communicator() { unavailable(); }
 bool nccl_available() { return false; }
 
-}  // namespace dmuon
+}  // namespace meshmuon

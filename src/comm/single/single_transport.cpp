@@ -9,17 +9,17 @@
 #include <optional>
 #include <stdexcept>
 
-#ifdef DMUON_HAVE_CUDA
+#ifdef MESHMUON_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
 #include "comm/staging.h"
-#include "dmuon/comm.h"
-#include "dmuon/comm_transport.h"
-#include "dmuon/device.h"
-#include "dmuon/error.h"
+#include "meshmuon/comm.h"
+#include "meshmuon/comm_transport.h"
+#include "meshmuon/device.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 // One posted send or recv; `error` is set when its partner did not fit (count or type).
@@ -159,26 +159,26 @@ std::unique_ptr<Communicator> make_single_communicator(std::shared_ptr<detail::M
 
 std::unique_ptr<Communicator> make_single_communicator(std::string_view device) {
   const std::optional<Device> d = parse_device(device);
-  DMUON_CHECK(d.has_value(), "[comm] make_single_communicator: device must be cpu, cuda or cuda:N (got '", device,
+  MESHMUON_CHECK(d.has_value(), "[comm] make_single_communicator: device must be cpu, cuda or cuda:N (got '", device,
               "')");
   if (d->kind == DeviceKind::Cpu) return make_single_communicator();
   std::shared_ptr<detail::MemorySpace> space = detail::default_memory_space();
-  DMUON_CHECK_RUNTIME(space->has_devices(), "[comm] make_single_communicator('", device,
+  MESHMUON_CHECK_RUNTIME(space->has_devices(), "[comm] make_single_communicator('", device,
                       "'): no usable CUDA device in this process (",
-#ifdef DMUON_HAVE_CUDA
+#ifdef MESHMUON_HAVE_CUDA
                       "no driver or no GPU visible",
 #else
-                      "dmuon was built without CUDA",
+                      "meshmuon was built without CUDA",
 #endif
                       "); use device 'cpu'");
-#ifdef DMUON_HAVE_CUDA
+#ifdef MESHMUON_HAVE_CUDA
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) (void)cudaGetLastError(), count = 0;
-  DMUON_CHECK(d->index < count, "[comm] make_single_communicator('", device, "'): this process sees ", count,
+  MESHMUON_CHECK(d->index < count, "[comm] make_single_communicator('", device, "'): this process sees ", count,
               " CUDA device", count == 1 ? "" : "s", " (cuda:0 to cuda:", count - 1,
               "); name one of them (CUDA_VISIBLE_DEVICES renumbers them from 0)");
 #endif
   return make_single_communicator(std::move(space));
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -1,7 +1,7 @@
 // Internal: AdamW's per-step fp32 scalars (plain data; included by host and device code).
 #pragma once
 
-namespace dmuon::cpu {
+namespace meshmuon::cpu {
 
 struct AdamScalars {
   float keep;      // 1 - lr*wd
@@ -13,4 +13,4 @@ struct AdamScalars {
   float neg_step;  // -lr / (1 - beta1^t)
 };
 
-}  // namespace dmuon::cpu
+}  // namespace meshmuon::cpu

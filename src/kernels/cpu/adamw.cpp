@@ -2,17 +2,17 @@
 // single-tensor CPU path does.
 #include <functional>
 
-#include "dmuon/update.h"
+#include "meshmuon/update.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/update_args.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 using cpu::AdamScalars;
 
 template <class G>
-DMUON_SIMD_CLONES void adamw_loop(const AdamScalars s, float* p, const G* grad, float* m, float* v,
+MESHMUON_SIMD_CLONES void adamw_loop(const AdamScalars s, float* p, const G* grad, float* m, float* v,
                                   int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = cpu::to_f32(grad[i]);
@@ -47,7 +47,7 @@ void adamw_step(const AdamWOptions& o, float* p, const BFloat16* g, float* m, fl
 }
 
 void adamw_step(const AdamWOptions& o, float* p, const TensorView& grad, float* m, float* v) {
-  DMUON_CHECK(grad.is_contiguous(), "[adamw] gradient view is not contiguous");
+  MESHMUON_CHECK(grad.is_contiguous(), "[adamw] gradient view is not contiguous");
   if (grad.dtype == DType::BF16) {
     adamw_impl(o, p, static_cast<const BFloat16*>(grad.data), m, v, grad.numel());
   } else {
@@ -55,4 +55,4 @@ void adamw_step(const AdamWOptions& o, float* p, const TensorView& grad, float* 
   }
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -11,15 +11,15 @@
 
 #include "core/dl_symbol.h"
 #include "core/library_loader.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-#if DMUON_HAVE_DNNL_HEADERS
+#if MESHMUON_HAVE_DNNL_HEADERS
 #include <oneapi/dnnl/dnnl_types.h>
 #endif
 
-namespace dmuon::cpu {
+namespace meshmuon::cpu {
 
-#if DMUON_HAVE_DNNL_HEADERS
+#if MESHMUON_HAVE_DNNL_HEADERS
 namespace {
 
 struct DnnlApi {
@@ -54,7 +54,7 @@ struct DnnlApi {
 };
 
 void check(dnnl_status_t status, const char* what) {
-  DMUON_CHECK_RUNTIME(status == dnnl_success, "[orth] oneDNN ", what, " failed with status ",
+  MESHMUON_CHECK_RUNTIME(status == dnnl_success, "[orth] oneDNN ", what, " failed with status ",
                       static_cast<int>(status));
 }
 
@@ -91,7 +91,7 @@ void probe(DnnlApi& api) {
 
 DnnlApi load() {
   DnnlApi api;
-  const char* user = std::getenv("DMUON_DNNL_LIBRARY");
+  const char* user = std::getenv("MESHMUON_DNNL_LIBRARY");
   const char* name = (user != nullptr && *user != '\0') ? user : "libdnnl.so.2";
   const char* candidates[] = {name};
   const detail::OpenedLibrary lib =
@@ -119,7 +119,7 @@ DnnlApi load() {
     api.info.error = f.opened ? detail::concat(name, " ", f.why, "; install Debian's libdnnl2 (oneDNN 2.x)")
                               : detail::concat("could not load ", name, " (", f.why,
                                                "); install oneDNN 2.x (apt-get install libdnnl2) or set "
-                                               "DMUON_DNNL_LIBRARY");
+                                               "MESHMUON_DNNL_LIBRARY");
     return api;
   }
   void* h = lib.handle;
@@ -215,7 +215,7 @@ Bf16MatmulInfo bf16_matmul_info() { return dnnl().info; }
 
 void require_bf16_matmul(const char* who) {
   const Bf16MatmulInfo& info = dnnl().info;
-  DMUON_CHECK_RUNTIME(info.available, "[orth] ", who, ": oneDNN cannot form bf16 products here: ", info.error);
+  MESHMUON_CHECK_RUNTIME(info.available, "[orth] ", who, ": oneDNN cannot form bf16 products here: ", info.error);
 }
 
 Bf16Matmul::Bf16Matmul() : impl_(std::make_unique<Impl>()) {
@@ -240,7 +240,7 @@ struct Bf16Matmul::Impl {
 
 Bf16MatmulInfo bf16_matmul_info() {
   Bf16MatmulInfo info;
-  info.error = "dmuon was built without oneDNN headers (apt-get install libdnnl-dev, then rebuild)";
+  info.error = "meshmuon was built without oneDNN headers (apt-get install libdnnl-dev, then rebuild)";
   return info;
 }
 
@@ -290,4 +290,4 @@ void Bf16Matmul::lower_product(int64_t s, int64_t k, Bf16Operand a, Bf16Operand 
   }
 }
 
-}  // namespace dmuon::cpu
+}  // namespace meshmuon::cpu

@@ -1,7 +1,7 @@
 // oneDNN's bf16 matrix products, one of the two paths of the CPU's bf16 Newton–Schulz products
 // (bf16_products.h): inputs bf16, accumulation fp32 (AVX512-BF16 / AMX kernels where the CPU has
 // them, emulation on other AVX-512 CPUs, none on AVX2-only ones). oneDNN (Debian libdnnl2) is loaded
-// at run time, like the BLAS, so libdmuon does not depend on it.
+// at run time, like the BLAS, so libmeshmuon does not depend on it.
 //
 // Determinism: oneDNN's matmul does not split the reduction dimension across threads, so a product
 // is bitwise the same for any thread count (tested); every product of a given shape runs the same
@@ -12,9 +12,9 @@
 #include <memory>
 #include <string>
 
-#include "dmuon/dtype.h"
+#include "meshmuon/dtype.h"
 
-namespace dmuon::cpu {
+namespace meshmuon::cpu {
 
 // What oneDNN offers for bf16 products here: library and version, and the kernel it picks for a
 // probe product (256×256×256, bf16 in, fp32 out).
@@ -28,7 +28,7 @@ struct Bf16MatmulInfo {
 };
 // Loads oneDNN and probes it on first use (cached; never throws).
 Bf16MatmulInfo bf16_matmul_info();
-// Throws dmuon::Error naming what is missing when oneDNN cannot form bf16 products.
+// Throws meshmuon::Error naming what is missing when oneDNN cannot form bf16 products.
 void require_bf16_matmul(const char* who);
 
 // Row-major views: element (i, j) of a matrix view is data[i * ld + j]; with `trans`, the view is
@@ -61,7 +61,7 @@ class Bf16Matmul {
 
   // Number of OpenMP threads the products use (oneDNN's OpenMP runtime, set on the calling thread).
   // Returns the previous value, to be restored with set_threads when done: the runtime may be the
-  // same libgomp the caller's other libraries use (PyTorch's CPU wheel does), and dmuon must not
+  // same libgomp the caller's other libraries use (PyTorch's CPU wheel does), and meshmuon must not
   // change their thread count.
   int set_threads(int n);
 
@@ -70,4 +70,4 @@ class Bf16Matmul {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace dmuon::cpu
+}  // namespace meshmuon::cpu

@@ -1,4 +1,4 @@
-// The choice between oneDNN's and dmuon's widened bf16 products (bf16_products.h).
+// The choice between oneDNN's and meshmuon's widened bf16 products (bf16_products.h).
 #include "kernels/cpu/bf16_products.h"
 
 #include <time.h>
@@ -11,16 +11,16 @@
 #include <string_view>
 #include <vector>
 
-#include "dmuon/blas.h"
-#include "dmuon/error.h"
-#include "dmuon/orthogonalize.h"
+#include "meshmuon/blas.h"
+#include "meshmuon/error.h"
+#include "meshmuon/orthogonalize.h"
 #include "kernels/cpu/bf16_matmul.h"
 #include "kernels/cpu/products.h"
 
-namespace dmuon::cpu {
+namespace meshmuon::cpu {
 namespace {
 
-constexpr const char* kEnv = "DMUON_BF16_PRODUCTS";
+constexpr const char* kEnv = "MESHMUON_BF16_PRODUCTS";
 
 Bf16Products widened(std::string reason, bool forced) {
   Bf16Products p;
@@ -47,7 +47,7 @@ Bf16Products onednn(const Bf16MatmulInfo& info, std::string reason, bool forced)
   return p;
 }
 
-// What the environment asks for; DMUON_BF16_PRODUCTS is read once.
+// What the environment asks for; MESHMUON_BF16_PRODUCTS is read once.
 Bf16Products choose(std::optional<Bf16ProductPath> forced_path) {
   const Bf16MatmulInfo info = bf16_matmul_info();
   std::string_view want = "auto";
@@ -62,7 +62,7 @@ Bf16Products choose(std::optional<Bf16ProductPath> forced_path) {
     if (info.available) return onednn(info, "forced by " + std::string(kEnv) + "=onednn", true);
     Bf16Products p = widened("", true);
     p.error = detail::concat(kEnv, "=onednn, but oneDNN cannot form bf16 products here: ", info.error,
-                             "; unset it (dmuon then widens the bf16 operands to fp32, same contract)");
+                             "; unset it (meshmuon then widens the bf16 operands to fp32, same contract)");
     return p;
   }
   if (want != "auto") {
@@ -93,7 +93,7 @@ Bf16Products bf16_products() {
 Bf16Products require_bf16_products(const char* who) {
   Bf16Products p = bf16_products();
   if (p.error.rfind("invalid ", 0) == 0) throw std::invalid_argument(detail::concat("[orth] ", who, ": ", p.error));
-  DMUON_CHECK_RUNTIME(p.error.empty(), "[orth] ", who, ": ", p.error);
+  MESHMUON_CHECK_RUNTIME(p.error.empty(), "[orth] ", who, ": ", p.error);
   return p;
 }
 
@@ -101,9 +101,9 @@ void set_bf16_product_path_for_tests(std::optional<Bf16ProductPath> path) {
   g_override.store(path ? static_cast<int>(*path) : -1);
 }
 
-}  // namespace dmuon::cpu
+}  // namespace meshmuon::cpu
 
-namespace dmuon {
+namespace meshmuon {
 
 Bf16ProductsInfo bf16_products_info() {
   const cpu::Bf16Products p = cpu::bf16_products();
@@ -116,7 +116,7 @@ DType auto_matmul_dtype() {
 }
 
 Bf16Cost measure_bf16_cost(int size, int repeats) {
-  DMUON_CHECK(size >= 1 && repeats >= 1, "[orth] measure_bf16_cost: size and repeats must be >= 1, got ", size,
+  MESHMUON_CHECK(size >= 1 && repeats >= 1, "[orth] measure_bf16_cost: size and repeats must be >= 1, got ", size,
               " and ", repeats);
   std::mt19937_64 rng(0);
   std::normal_distribution<float> normal;
@@ -148,4 +148,4 @@ Bf16Cost measure_bf16_cost(int size, int repeats) {
   return cost;
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -1,4 +1,4 @@
-// Run-time BLAS loading. dlopen (rather than link-time) lets libdmuon set OPENBLAS_CORETYPE before
+// Run-time BLAS loading. dlopen (rather than link-time) lets libmeshmuon set OPENBLAS_CORETYPE before
 // OpenBLAS initializes, so C++, CLI and Python users all get the fast kernels without doing anything.
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/products.h"
@@ -13,15 +13,15 @@
 #include "core/cpu_features.h"
 #include "core/dl_symbol.h"
 #include "core/library_loader.h"
-#include "dmuon/blas.h"
-#include "dmuon/error.h"
+#include "meshmuon/blas.h"
+#include "meshmuon/error.h"
 
-namespace dmuon::cpu {
+namespace meshmuon::cpu {
 namespace {
 
 BlasApi load() {
   detail::prepare_blas_environment();  // in case the load-time constructor did not run (static link)
-  const char* user = std::getenv("DMUON_BLAS_LIBRARY");
+  const char* user = std::getenv("MESHMUON_BLAS_LIBRARY");
   const char* candidates[] = {user, "libopenblas.so.0", "libopenblas.so", "libcblas.so.3"};
   BlasApi api;
   const detail::OpenedLibrary lib =
@@ -30,20 +30,20 @@ BlasApi load() {
         (void)detail::bind_symbol(handle, "cblas_sgemm", api.sgemm);
         (void)detail::bind_symbol(handle, "cblas_ssyrk", api.ssyrk);
         if (api.sgemm == nullptr || api.ssyrk == nullptr) return std::string("no cblas_sgemm/cblas_ssyrk");
-        api.library = name;  // the candidate itself: $DMUON_BLAS_LIBRARY or a literal, both outlive the api
+        api.library = name;  // the candidate itself: $MESHMUON_BLAS_LIBRARY or a literal, both outlive the api
         return std::string();
       });
   if (lib.handle == nullptr)
     detail::throw_error(detail::concat("[blas] could not load a CBLAS library; tried ", lib.tried(),
                                        ". Install OpenBLAS (apt-get install libopenblas0) or set "
-                                       "DMUON_BLAS_LIBRARY to a library exporting cblas_sgemm"));
+                                       "MESHMUON_BLAS_LIBRARY to a library exporting cblas_sgemm"));
   void* handle = lib.handle;
   (void)detail::bind_symbol(handle, "cblas_ssymm", api.ssymm);
   (void)detail::bind_symbol(handle, "openblas_set_num_threads", api.set_num_threads);
   (void)detail::bind_symbol(handle, "openblas_get_num_threads", api.get_num_threads);
   (void)detail::bind_symbol(handle, "openblas_get_corename", api.get_corename);
   (void)detail::bind_symbol(handle, "openblas_get_config", api.get_config);
-  // dmuon's products (products.h) split the work over threads themselves, in pieces that do not
+  // meshmuon's products (products.h) split the work over threads themselves, in pieces that do not
   // depend on the thread count; OpenBLAS's own threads would split it differently per count.
   if (api.get_num_threads != nullptr && api.set_num_threads != nullptr) {
     api.default_threads = std::max(1, api.get_num_threads());
@@ -59,9 +59,9 @@ const BlasApi& blas() {
   return api;
 }
 
-}  // namespace dmuon::cpu
+}  // namespace meshmuon::cpu
 
-namespace dmuon {
+namespace meshmuon {
 
 BlasInfo blas_info() {
   const cpu::BlasApi& api = cpu::blas();
@@ -87,4 +87,4 @@ void blas_set_num_threads(int n) { cpu::set_product_threads(n); }
 
 int blas_get_num_threads() { return cpu::product_threads(); }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -1,9 +1,9 @@
-// The CBLAS entry points dmuon uses, resolved at run time from the loaded BLAS (see dmuon/blas.h).
+// The CBLAS entry points meshmuon uses, resolved at run time from the loaded BLAS (see meshmuon/blas.h).
 // All matrices are row-major fp32. Thread-safe after the first call to blas(). Kernels call the
 // products of products.h, which run these entry points one tile at a time on one thread each.
 #pragma once
 
-namespace dmuon::cpu {
+namespace meshmuon::cpu {
 
 enum BlasOrder : int { kRowMajor = 101 };
 enum BlasTranspose : int { kNoTrans = 111, kTrans = 112 };
@@ -23,13 +23,13 @@ struct BlasApi {
   char* (*get_corename)() = nullptr;       // OpenBLAS only
   char* (*get_config)() = nullptr;         // OpenBLAS only
   const char* library = "";
-  // OpenBLAS's thread count when it was loaded (its OPENBLAS_NUM_THREADS logic), before dmuon set it
+  // OpenBLAS's thread count when it was loaded (its OPENBLAS_NUM_THREADS logic), before meshmuon set it
   // to 1: the default of product_threads(). 1 for other libraries.
   int default_threads = 1;
 };
 
-// Loads the BLAS on first use and sets OpenBLAS to one thread (dmuon's products split the work
-// themselves); throws dmuon::Error naming the libraries tried when none loads.
+// Loads the BLAS on first use and sets OpenBLAS to one thread (meshmuon's products split the work
+// themselves); throws meshmuon::Error naming the libraries tried when none loads.
 const BlasApi& blas();
 
-}  // namespace dmuon::cpu
+}  // namespace meshmuon::cpu

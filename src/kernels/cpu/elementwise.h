@@ -1,22 +1,22 @@
 // Scalar building blocks of the update kernels, written to round exactly as torch's CPU kernels do
-// (see include/dmuon/update.h), and the argument checks they share.
+// (see include/meshmuon/update.h), and the argument checks they share.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
-#include "dmuon/bf16.h"
-#include "dmuon/error.h"
+#include "meshmuon/bf16.h"
+#include "meshmuon/error.h"
 
 // Hot loops get an AVX2+FMA clone chosen at load time; fma is exactly rounded, so every clone gives
 // the same bits (the default clone calls libm's fmaf).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DMUON_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define MESHMUON_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
-#define DMUON_SIMD_CLONES
+#define MESHMUON_SIMD_CLONES
 #endif
 
-namespace dmuon::cpu {
+namespace meshmuon::cpu {
 
 // torch.lerp on the CPU (vectorized path): one fused multiply-add, base chosen by |w| < 0.5.
 inline float torch_lerp(float a, float b, float w) {
@@ -31,13 +31,13 @@ inline float to_f32(BFloat16 x) { return bf16_to_float(x); }
 inline float to_scalar(double x) { return static_cast<float>(x); }
 
 inline void check_buffer(const void* p, int64_t n, const char* area, const char* what) {
-  DMUON_CHECK(n >= 0, "[", area, "] element count ", n, " is negative");
-  DMUON_CHECK(p != nullptr || n == 0, "[", area, "] ", what, " is null with ", n, " elements");
+  MESHMUON_CHECK(n >= 0, "[", area, "] element count ", n, " is negative");
+  MESHMUON_CHECK(p != nullptr || n == 0, "[", area, "] ", what, " is null with ", n, " elements");
 }
 
 inline void check_unit_interval(double x, const char* area, const char* what) {
-  DMUON_CHECK(std::isfinite(x) && x >= 0.0 && x < 1.0, "[", area, "] ", what, " ", x,
+  MESHMUON_CHECK(std::isfinite(x) && x >= 0.0 && x < 1.0, "[", area, "] ", what, " ", x,
               " is outside [0, 1)");
 }
 
-}  // namespace dmuon::cpu
+}  // namespace meshmuon::cpu

@@ -10,7 +10,7 @@
 #include "kernels/cpu/ns_kernels.h"
 #include "kernels/cpu/products.h"
 
-namespace dmuon::cpu {
+namespace meshmuon::cpu {
 namespace {
 
 // Σ x² over `count` values in double: 8 interleaved partial sums, combined pairwise.
@@ -52,4 +52,4 @@ void muon_plus(float* x, int64_t m, int64_t n) {
   });
 }
 
-}  // namespace dmuon::cpu
+}  // namespace meshmuon::cpu

@@ -9,7 +9,7 @@
 #include "kernels/cpu/products.h"
 #include "kernels/cpu/ns_kernels.h"
 
-namespace dmuon::cpu {
+namespace meshmuon::cpu {
 
 void gram_newton_schulz(float* x0, float* out, int64_t m, int64_t n,
                         const std::vector<Coefficients>& coefficients, NsScratch& scratch) {
@@ -61,4 +61,4 @@ void gram_newton_schulz(float* x0, float* out, int64_t m, int64_t n,
   apply_left_factor(q, x, out, m, n);
 }
 
-}  // namespace dmuon::cpu
+}  // namespace meshmuon::cpu

@@ -1,15 +1,15 @@
 // Momentum kernels (EMA as torch.optim.Muon, heavy ball as Motif / Dion), fp32 or bf16 gradients.
 #include <functional>
 
-#include "dmuon/update.h"
+#include "meshmuon/update.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/update_args.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 template <class G>
-DMUON_SIMD_CLONES void ema_loop(float* buf, const G* grad, float* update, int64_t n, float w_grad,
+MESHMUON_SIMD_CLONES void ema_loop(float* buf, const G* grad, float* update, int64_t n, float w_grad,
                                 float mu, bool nesterov) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = cpu::to_f32(grad[i]);
@@ -20,7 +20,7 @@ DMUON_SIMD_CLONES void ema_loop(float* buf, const G* grad, float* update, int64_
 }
 
 template <class G>
-DMUON_SIMD_CLONES void heavy_ball_loop(float* buf, const G* grad, float* update, int64_t n, float mu,
+MESHMUON_SIMD_CLONES void heavy_ball_loop(float* buf, const G* grad, float* update, int64_t n, float mu,
                                        bool nesterov) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = cpu::to_f32(grad[i]);
@@ -55,7 +55,7 @@ void momentum_step(const MomentumOptions& o, float* buf, const BFloat16* grad, f
 }
 
 void momentum_step(const MomentumOptions& o, float* buf, const TensorView& grad, float* update) {
-  DMUON_CHECK(grad.is_contiguous(), "[momentum] gradient view is not contiguous");
+  MESHMUON_CHECK(grad.is_contiguous(), "[momentum] gradient view is not contiguous");
   if (grad.dtype == DType::BF16) {
     momentum_impl(o, buf, static_cast<const BFloat16*>(grad.data), update, grad.numel());
   } else {
@@ -63,4 +63,4 @@ void momentum_step(const MomentumOptions& o, float* buf, const TensorView& grad,
   }
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -7,7 +7,7 @@
 #include "kernels/cpu/products.h"
 #include "kernels/cpu/ns_kernels.h"
 
-namespace dmuon::cpu {
+namespace meshmuon::cpu {
 namespace {
 
 constexpr int kTile = 16;  // cache tile for the O(s²) triangle mirror
@@ -89,4 +89,4 @@ void newton_schulz(const float* x0, float* out, int64_t m, int64_t n,
   if (cur != out) std::memcpy(out, cur, static_cast<size_t>(m * n) * sizeof(float));
 }
 
-}  // namespace dmuon::cpu
+}  // namespace meshmuon::cpu

@@ -3,14 +3,14 @@
 #include <algorithm>
 #include <vector>
 
-#include "dmuon/update.h"
+#include "meshmuon/update.h"
 #include "kernels/cpu/elementwise.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 void check_matrix(const float* u, int64_t rows, int64_t cols, const void* state, const char* what) {
-  DMUON_CHECK(rows >= 0 && cols >= 0, "[normuon] matrix shape ", rows, "x", cols, " is negative");
+  MESHMUON_CHECK(rows >= 0 && cols >= 0, "[normuon] matrix shape ", rows, "x", cols, " is negative");
   cpu::check_buffer(u, rows * cols, "normuon", "update");
   cpu::check_buffer(state, normuon_state_size(rows, cols), "normuon", what);
 }
@@ -94,4 +94,4 @@ void normuon_apply(float* u, int64_t rows, int64_t cols, float* v, double beta2)
   normuon_finish(u, rows, cols, v_mean.data(), v, beta2);
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -5,11 +5,11 @@
 #include <cmath>
 #include <cstring>
 
-#include "dmuon/bf16.h"
+#include "meshmuon/bf16.h"
 #include "kernels/cpu/products.h"
 #include "kernels/cpu/ns_kernels.h"
 
-namespace dmuon::cpu {
+namespace meshmuon::cpu {
 namespace {
 
 inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
@@ -63,4 +63,4 @@ void newton_schulz_bf16(const float* in, float* out, int64_t m, int64_t n, const
   std::memcpy(out, x, static_cast<size_t>(count) * sizeof(float));
 }
 
-}  // namespace dmuon::cpu
+}  // namespace meshmuon::cpu

@@ -9,7 +9,7 @@
 // below bf16's resolution of R's large ones (tested: σ errors of 0.5 on a rank-20 200×500 input,
 // against 0.015 for this kernel), so Orthogonalizer rejects it.
 //
-// One iteration, two product engines (bf16_products.h): oneDNN on bf16 storage, and dmuon's widened
+// One iteration, two product engines (bf16_products.h): oneDNN on bf16 storage, and meshmuon's widened
 // products, where the same bf16 values are stored as fp32 and multiplied by the fp32 products
 // (exact: a product of two bf16 values fits fp32's mantissa).
 #include <algorithm>
@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "dmuon/bf16.h"
+#include "meshmuon/bf16.h"
 #include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/ns_kernels.h"
 #include "kernels/cpu/products.h"
@@ -27,29 +27,29 @@
 // The element-wise passes get an AVX-512 clone next to the generic one (picked at load time);
 // -ffp-contract=off (CMakeLists) keeps both clones' arithmetic identical.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DMUON_ELEMENTWISE __attribute__((target_clones("avx512f", "default")))
+#define MESHMUON_ELEMENTWISE __attribute__((target_clones("avx512f", "default")))
 #else
-#define DMUON_ELEMENTWISE
+#define MESHMUON_ELEMENTWISE
 #endif
-#define DMUON_INLINE inline __attribute__((always_inline))
+#define MESHMUON_INLINE inline __attribute__((always_inline))
 
-namespace dmuon::cpu {
+namespace meshmuon::cpu {
 namespace {
 
 // Branch-free fp32 -> bf16 (the numerics of float_to_bf16 in bf16.h: nearest even, NaN -> 0x7FC0),
 // written so that the row loops below vectorize.
-DMUON_INLINE uint16_t bf16_bits(float f) {
+MESHMUON_INLINE uint16_t bf16_bits(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
   const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
   return (u & 0x7FFFFFFFu) > 0x7F800000u ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
 }
-DMUON_INLINE float bf16_value(uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); }
+MESHMUON_INLINE float bf16_value(uint16_t bits) { return std::bit_cast<float>(uint32_t{bits} << 16); }
 
 // A bf16 operand held as its bits (oneDNN) or as the fp32 of the same value (widened).
-DMUON_INLINE void store(uint16_t& dst, float v) { dst = bf16_bits(v); }
-DMUON_INLINE void store(float& dst, float v) { dst = bf16_value(bf16_bits(v)); }
-DMUON_INLINE float load(uint16_t v) { return bf16_value(v); }
-DMUON_INLINE float load(float v) { return v; }
+MESHMUON_INLINE void store(uint16_t& dst, float v) { dst = bf16_bits(v); }
+MESHMUON_INLINE void store(float& dst, float v) { dst = bf16_value(bf16_bits(v)); }
+MESHMUON_INLINE float load(uint16_t v) { return bf16_value(v); }
+MESHMUON_INLINE float load(float v) { return v; }
 
 constexpr int64_t kTile = 32;  // tile of the mirror: its row and column writes stay in cache
 
@@ -58,14 +58,14 @@ constexpr int64_t kTile = 32;  // tile of the mirror: its row and column writes 
 
 // out = bf16(in · inv), element by element (rows of `cols`).
 template <class T>
-DMUON_INLINE void scale_body(const float* __restrict in, float inv, T* __restrict out, int64_t begin, int64_t end) {
+MESHMUON_INLINE void scale_body(const float* __restrict in, float inv, T* __restrict out, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) store(out[i], in[i] * inv);
 }
 
 // Copies the lower triangle of the s×s matrix onto its upper triangle, for the source row blocks
 // [b0, b1) of kTile rows (block ib writes only columns [ib, ib + kTile) of the rows above it).
 template <class T>
-DMUON_INLINE void mirror_body(T* a, int64_t s, int64_t b0, int64_t b1) {
+MESHMUON_INLINE void mirror_body(T* a, int64_t s, int64_t b0, int64_t b1) {
   for (int64_t ib = b0 * kTile; ib < std::min(b1 * kTile, s); ib += kTile)
     for (int64_t jb = 0; jb <= ib; jb += kTile)
       for (int64_t j = jb; j < std::min(jb + kTile, s); ++j) {
@@ -76,7 +76,7 @@ DMUON_INLINE void mirror_body(T* a, int64_t s, int64_t b0, int64_t b1) {
 
 // Rows [r0, r1) of the lower triangle of the fp32 G, each entry rounded once.
 template <class T>
-DMUON_INLINE void lower_body(int64_t s, const float* g, T* out, int64_t r0, int64_t r1) {
+MESHMUON_INLINE void lower_body(int64_t s, const float* g, T* out, int64_t r0, int64_t r1) {
   for (int64_t i = r0; i < r1; ++i) {
     const float* gi = g + i * s;
     T* oi = out + i * s;
@@ -87,7 +87,7 @@ DMUON_INLINE void lower_body(int64_t s, const float* g, T* out, int64_t r0, int6
 // Rows [r0, r1) of z = bf16(a·I + b·A + c·A2), A the bf16 matrix `ab` (full, symmetric), A2 fp32:
 // the lower triangle (plain: every entry), each entry rounded once.
 template <class T>
-DMUON_INLINE void polynomial_body(int64_t s, const T* ab, const float* a2, float a, float b, float c, bool plain,
+MESHMUON_INLINE void polynomial_body(int64_t s, const T* ab, const float* a2, float a, float b, float c, bool plain,
                                   T* z, int64_t r0, int64_t r1) {
   for (int64_t i = r0; i < r1; ++i) {
     const T* ai = ab + i * s;
@@ -100,35 +100,35 @@ DMUON_INLINE void polynomial_body(int64_t s, const T* ab, const float* a2, float
 }
 
 // Rounds every element of the rows×cols block (row stride ld) to a bf16 value in place.
-DMUON_INLINE void round_block_body(float* x, int64_t rows, int64_t cols, int64_t ld) {
+MESHMUON_INLINE void round_block_body(float* x, int64_t rows, int64_t cols, int64_t ld) {
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < cols; ++j) store(x[i * ld + j], x[i * ld + j]);
 }
 
 // The cloned entry points, one per storage kind.
-DMUON_ELEMENTWISE void scale_range(const float* in, float inv, uint16_t* out, int64_t b, int64_t e) {
+MESHMUON_ELEMENTWISE void scale_range(const float* in, float inv, uint16_t* out, int64_t b, int64_t e) {
   scale_body(in, inv, out, b, e);
 }
-DMUON_ELEMENTWISE void scale_range(const float* in, float inv, float* out, int64_t b, int64_t e) {
+MESHMUON_ELEMENTWISE void scale_range(const float* in, float inv, float* out, int64_t b, int64_t e) {
   scale_body(in, inv, out, b, e);
 }
-DMUON_ELEMENTWISE void mirror_blocks(uint16_t* a, int64_t s, int64_t b0, int64_t b1) { mirror_body(a, s, b0, b1); }
-DMUON_ELEMENTWISE void mirror_blocks(float* a, int64_t s, int64_t b0, int64_t b1) { mirror_body(a, s, b0, b1); }
-DMUON_ELEMENTWISE void lower_rows(int64_t s, const float* g, uint16_t* out, int64_t r0, int64_t r1) {
+MESHMUON_ELEMENTWISE void mirror_blocks(uint16_t* a, int64_t s, int64_t b0, int64_t b1) { mirror_body(a, s, b0, b1); }
+MESHMUON_ELEMENTWISE void mirror_blocks(float* a, int64_t s, int64_t b0, int64_t b1) { mirror_body(a, s, b0, b1); }
+MESHMUON_ELEMENTWISE void lower_rows(int64_t s, const float* g, uint16_t* out, int64_t r0, int64_t r1) {
   lower_body(s, g, out, r0, r1);
 }
-DMUON_ELEMENTWISE void lower_rows(int64_t s, const float* g, float* out, int64_t r0, int64_t r1) {
+MESHMUON_ELEMENTWISE void lower_rows(int64_t s, const float* g, float* out, int64_t r0, int64_t r1) {
   lower_body(s, g, out, r0, r1);
 }
-DMUON_ELEMENTWISE void polynomial_rows(int64_t s, const uint16_t* ab, const float* a2, float a, float b, float c,
+MESHMUON_ELEMENTWISE void polynomial_rows(int64_t s, const uint16_t* ab, const float* a2, float a, float b, float c,
                                        bool plain, uint16_t* z, int64_t r0, int64_t r1) {
   polynomial_body(s, ab, a2, a, b, c, plain, z, r0, r1);
 }
-DMUON_ELEMENTWISE void polynomial_rows(int64_t s, const float* ab, const float* a2, float a, float b, float c,
+MESHMUON_ELEMENTWISE void polynomial_rows(int64_t s, const float* ab, const float* a2, float a, float b, float c,
                                        bool plain, float* z, int64_t r0, int64_t r1) {
   polynomial_body(s, ab, a2, a, b, c, plain, z, r0, r1);
 }
-DMUON_ELEMENTWISE void round_block(float* x, int64_t rows, int64_t cols, int64_t ld) {
+MESHMUON_ELEMENTWISE void round_block(float* x, int64_t rows, int64_t cols, int64_t ld) {
   round_block_body(x, rows, cols, ld);
 }
 
@@ -189,7 +189,7 @@ struct OneDnnEngine {
   static float* out(float* p) { return p; }
 };
 
-// dmuon's widened products: bf16 values stored as fp32, fp32 products (products.h).
+// meshmuon's widened products: bf16 values stored as fp32, fp32 products (products.h).
 struct WidenedEngine {
   using T = float;
   void gram(const GramSide& g, const T* x, bool plain, float* r) {
@@ -276,4 +276,4 @@ void newton_schulz_bf16_products(const float* in, float inv, float* out, int64_t
   iterate(e, in, inv, out, g, coefficients, plain, bits(sc.xb), bits(sc.xb2), r, sq, bits(sc.rb), bits(sc.zb));
 }
 
-}  // namespace dmuon::cpu
+}  // namespace meshmuon::cpu

@@ -7,12 +7,12 @@
 #include <memory>
 #include <vector>
 
-#include "dmuon/dtype.h"
-#include "dmuon/orthogonalize.h"
+#include "meshmuon/dtype.h"
+#include "meshmuon/orthogonalize.h"
 #include "kernels/cpu/bf16_matmul.h"
 #include "kernels/cpu/bf16_products.h"
 
-namespace dmuon::cpu {
+namespace meshmuon::cpu {
 
 // Scratch owned by an Orthogonalizer; vectors grow to the largest matrix seen and are reused.
 struct NsScratch {
@@ -83,4 +83,4 @@ void muon_plus(float* x, int64_t m, int64_t n);
 void gram_newton_schulz(float* x0, float* out, int64_t m, int64_t n,
                         const std::vector<Coefficients>& coefficients, NsScratch& scratch);
 
-}  // namespace dmuon::cpu
+}  // namespace meshmuon::cpu

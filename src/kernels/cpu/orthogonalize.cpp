@@ -7,14 +7,14 @@
 #include <cstring>
 #include <utility>
 
-#include "dmuon/blas.h"
-#include "dmuon/error.h"
-#include "dmuon/orthogonalize.h"
+#include "meshmuon/blas.h"
+#include "meshmuon/error.h"
+#include "meshmuon/orthogonalize.h"
 #include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/ns_kernels.h"
 #include "kernels/cpu/products.h"
 
-namespace dmuon {
+namespace meshmuon {
 
 struct Orthogonalizer::Workspace : cpu::NsScratch {};
 
@@ -30,10 +30,10 @@ bool overlaps(const void* a, const void* b, size_t bytes) {
 Orthogonalizer::Orthogonalizer(NsOptions options)
     : options_(std::move(options)), coefficients_(make_schedule(options_)) {
   if (options_.matmul_dtype == DType::BF16) {  // checked before any allocation
-    DMUON_CHECK(!options_.bf16_rounding,
+    MESHMUON_CHECK(!options_.bf16_rounding,
                 "[orth] matmul_dtype bf16 and bf16_rounding (torch's bf16 emulation) exclude each "
                 "other; choose one");
-    DMUON_CHECK(options_.method != NsMethod::Gram,
+    MESHMUON_CHECK(options_.method != NsMethod::Gram,
                 "[orth] method gram needs matmul_dtype fp32: Gram Newton-Schulz iterates on X·Xᵀ, "
                 "whose small eigenvalues bf16 cannot resolve next to its large ones (singular "
                 "values off by up to 0.5 on low-rank inputs); use method symmetric with bf16 "
@@ -64,13 +64,13 @@ Orthogonalizer& Orthogonalizer::operator=(Orthogonalizer&& other) noexcept {
 }
 
 void Orthogonalizer::run(const float* in, float* out, int64_t m, int64_t n) {
-  DMUON_CHECK(m >= 0 && n >= 0, "[orth] matrix shape must be non-negative, got ", m, "x", n);
-  DMUON_CHECK(m <= INT_MAX && n <= INT_MAX, "[orth] matrix ", m, "x", n,
+  MESHMUON_CHECK(m >= 0 && n >= 0, "[orth] matrix shape must be non-negative, got ", m, "x", n);
+  MESHMUON_CHECK(m <= INT_MAX && n <= INT_MAX, "[orth] matrix ", m, "x", n,
               " exceeds the BLAS int range; split it or orthogonalize per expert");
   if (m == 0 || n == 0) return;
   const size_t bytes = static_cast<size_t>(m * n) * sizeof(float);
-  DMUON_CHECK(in != nullptr && out != nullptr, "[orth] null data pointer for a ", m, "x", n, " matrix");
-  DMUON_CHECK(in == out || !overlaps(in, out, bytes),
+  MESHMUON_CHECK(in != nullptr && out != nullptr, "[orth] null data pointer for a ", m, "x", n, " matrix");
+  MESHMUON_CHECK(in == out || !overlaps(in, out, bytes),
               "[orth] 'in' and 'out' overlap without being equal; pass the same pointer for in-place");
   if (ws_ == nullptr) {  // a moved-from Orthogonalizer stays usable
     ws_ = new Workspace;
@@ -117,14 +117,14 @@ void Orthogonalizer::polar(const float* in, float* out, int64_t m, int64_t n) {
 }
 
 void Orthogonalizer::run(const TensorView& in, const TensorView& out) {
-  DMUON_CHECK(in.dtype == DType::F32 && out.dtype == DType::F32,
+  MESHMUON_CHECK(in.dtype == DType::F32 && out.dtype == DType::F32,
               "[orth] orthogonalization is fp32 only; got in ", to_string(in.dtype), ", out ",
               to_string(out.dtype), " (convert bf16 gradients to fp32 first)");
-  DMUON_CHECK(in.ndim() == 2 || in.ndim() == 3, "[orth] input must be [m, n] or [B, m, n], got shape ",
+  MESHMUON_CHECK(in.ndim() == 2 || in.ndim() == 3, "[orth] input must be [m, n] or [B, m, n], got shape ",
               in.shape.to_string());
-  DMUON_CHECK(in.shape == out.shape, "[orth] in and out shapes differ: ", in.shape.to_string(), " vs ",
+  MESHMUON_CHECK(in.shape == out.shape, "[orth] in and out shapes differ: ", in.shape.to_string(), " vs ",
               out.shape.to_string());
-  DMUON_CHECK(in.is_contiguous() && out.is_contiguous(),
+  MESHMUON_CHECK(in.is_contiguous() && out.is_contiguous(),
               "[orth] in and out must be contiguous row-major views; copy strided views first");
   const bool batched = in.ndim() == 3;
   const int64_t batch = batched ? in.shape[0] : 1;
@@ -132,9 +132,9 @@ void Orthogonalizer::run(const TensorView& in, const TensorView& out) {
   const float* src = static_cast<const float*>(in.data);
   float* dst = static_cast<float*>(out.data);
   if (batch * m * n == 0) return;
-  DMUON_CHECK(src == dst || !overlaps(src, dst, in.nbytes()),
+  MESHMUON_CHECK(src == dst || !overlaps(src, dst, in.nbytes()),
               "[orth] 'in' and 'out' overlap without being equal; pass the same view for in-place");
   for (int64_t b = 0; b < batch; ++b) run(src + b * m * n, dst + b * m * n, m, n);
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -3,10 +3,10 @@
 #include <cmath>
 #include <limits>
 
-#include "dmuon/error.h"
-#include "dmuon/orthogonalize.h"
+#include "meshmuon/error.h"
+#include "meshmuon/orthogonalize.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 // long double (x87 extended on x86-64) keeps the 4x4 solves and the composition well inside the
@@ -75,12 +75,12 @@ Quintic optimal_quintic(Real l, Real u) {
 
 std::vector<Coefficients> polar_express_coefficients(int steps, double l0, double safety,
                                                      double cushion) {
-  DMUON_CHECK(steps >= 1, "[orth] polar_express steps must be >= 1, got ", steps);
-  DMUON_CHECK(std::isfinite(l0) && l0 > 0 && l0 <= 1,
+  MESHMUON_CHECK(steps >= 1, "[orth] polar_express steps must be >= 1, got ", steps);
+  MESHMUON_CHECK(std::isfinite(l0) && l0 > 0 && l0 <= 1,
               "[orth] polar_express l0 (smallest singular value to map) must be in (0, 1], got ", l0);
-  DMUON_CHECK(std::isfinite(safety) && safety >= 0 && safety < 1,
+  MESHMUON_CHECK(std::isfinite(safety) && safety >= 0 && safety < 1,
               "[orth] polar_express safety must be in [0, 1), got ", safety);
-  DMUON_CHECK(std::isfinite(cushion) && cushion >= 0 && cushion < 1,
+  MESHMUON_CHECK(std::isfinite(cushion) && cushion >= 0 && cushion < 1,
               "[orth] polar_express cushion must be in [0, 1), got ", cushion);
   std::vector<Coefficients> out;
   Real l = l0, u = 1;
@@ -102,4 +102,4 @@ std::vector<Coefficients> polar_express_coefficients(int steps, double l0, doubl
   return out;
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "core/parallel_for.h"
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 #include "kernels/cpu/blas.h"
 
-namespace dmuon::cpu {
+namespace meshmuon::cpu {
 namespace {
 
 // Tiles of 128 to 512 rows and columns run within a few percent of one whole single-threaded call
@@ -40,7 +40,7 @@ int bound(int size, int parts, int i) {
 template <class F>
 void run_tiles(int tiles, F&& f) {
   const BlasApi& api = blas();
-  // dmuon's products run OpenBLAS on one thread (blas.cpp sets it at load); a count changed since
+  // meshmuon's products run OpenBLAS on one thread (blas.cpp sets it at load); a count changed since
   // by someone else in the process would bring back its thread-dependent splits.
   if (api.get_num_threads != nullptr && api.get_num_threads() != 1) api.set_num_threads(1);
   if (tiles == 1) return f(0);
@@ -63,7 +63,7 @@ int product_threads() {
 }
 
 void set_product_threads(int n) {
-  DMUON_CHECK(n >= 1, "[blas] thread count must be >= 1, got ", n);
+  MESHMUON_CHECK(n >= 1, "[blas] thread count must be >= 1, got ", n);
   (void)blas();  // loads the BLAS (and pins OpenBLAS to one thread) before the first product
   g_threads.store(n, std::memory_order_relaxed);
 }
@@ -88,7 +88,7 @@ void parallel_rows(int64_t rows, int64_t cols, const std::function<void(int64_t,
 }
 
 ScopedProductThreads::ScopedProductThreads(int n) : previous_(t_threads) {
-  DMUON_CHECK(n >= 1, "[blas] thread count must be >= 1, got ", n);
+  MESHMUON_CHECK(n >= 1, "[blas] thread count must be >= 1, got ", n);
   t_threads = n;
 }
 ScopedProductThreads::~ScopedProductThreads() { t_threads = previous_; }
@@ -188,4 +188,4 @@ void ssymm_lower(bool left, int m, int n, float alpha, const float* a, int lda, 
   });
 }
 
-}  // namespace dmuon::cpu
+}  // namespace meshmuon::cpu

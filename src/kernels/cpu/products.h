@@ -1,4 +1,4 @@
-// dmuon's fp32 matrix products on the CPU, parallel and deterministic. The result C is cut into tiles
+// meshmuon's fp32 matrix products on the CPU, parallel and deterministic. The result C is cut into tiles
 // whose bounds depend only on the product's sizes; each tile is ONE single-threaded BLAS call over
 // the whole reduction dimension; the tiles run on product_threads() threads (core/parallel_for.h).
 // So a product's bits depend on its sizes, operands and the BLAS core, never on the thread count.
@@ -10,10 +10,10 @@
 #include <cstdint>
 #include <functional>
 
-namespace dmuon::cpu {
+namespace meshmuon::cpu {
 
-// Threads the products use (default: OpenBLAS's count when dmuon loaded it, which follows
-// OPENBLAS_NUM_THREADS; dmuon then runs OpenBLAS itself on one thread). Process-wide, unless the
+// Threads the products use (default: OpenBLAS's count when meshmuon loaded it, which follows
+// OPENBLAS_NUM_THREADS; meshmuon then runs OpenBLAS itself on one thread). Process-wide, unless the
 // calling thread holds a ScopedProductThreads.
 int product_threads();
 void set_product_threads(int n);  // n >= 1
@@ -63,4 +63,4 @@ struct TileGrid {
 TileGrid sgemm_tiles(int m, int n, int k);
 int ssyrk_blocks(int n, int k);
 
-}  // namespace dmuon::cpu
+}  // namespace meshmuon::cpu

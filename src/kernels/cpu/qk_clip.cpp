@@ -1,13 +1,13 @@
 // QK-clip row scaling (MuonClip) for MHA, GQA and MLA projections, on any contiguous row range.
-#include "dmuon/qk_clip.h"
+#include "meshmuon/qk_clip.h"
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 
-#include "dmuon/error.h"
+#include "meshmuon/error.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 constexpr struct {
@@ -42,7 +42,7 @@ std::string_view to_string(QkKind k) {
 QkKind parse_qk_kind(std::string_view name) {
   for (const auto& e : kKindNames)
     if (e.name == name) return e.kind;
-  DMUON_CHECK(false, "[qk_clip] unknown QK kind '", name, "'; use q, k, q_nope, q_pe, k_nope or kv");
+  MESHMUON_CHECK(false, "[qk_clip] unknown QK kind '", name, "'; use q, k, q_nope, q_pe, k_nope or kv");
   return QkKind::Q;
 }
 
@@ -50,17 +50,17 @@ int64_t qk_tag_rows(const QkTag& t) { return int64_t{t.heads} * block_rows(t); }
 
 void validate_qk_tag(const QkTag& t, std::string_view param, int64_t global_rows) {
   const std::string_view kind = to_string(t.kind);
-  DMUON_CHECK(kind != "?", "[qk_clip] parameter '", param, "' has an invalid QK kind");
-  DMUON_CHECK(t.heads > 0 && t.head_dim > 0, "[qk_clip] parameter '", param, "' (", kind,
+  MESHMUON_CHECK(kind != "?", "[qk_clip] parameter '", param, "' has an invalid QK kind");
+  MESHMUON_CHECK(t.heads > 0 && t.head_dim > 0, "[qk_clip] parameter '", param, "' (", kind,
               "): heads ", t.heads, " and head_dim ", t.head_dim, " must be > 0");
-  DMUON_CHECK(t.rope_dim == 0 || t.kind == QkKind::Q, "[qk_clip] parameter '", param, "' (", kind,
+  MESHMUON_CHECK(t.rope_dim == 0 || t.kind == QkKind::Q, "[qk_clip] parameter '", param, "' (", kind,
               "): rope_dim is only for kind q (MLA wq_b); tag q_pe rows with kind q_pe instead");
-  DMUON_CHECK(t.rope_dim >= 0 && t.rope_dim <= t.head_dim, "[qk_clip] parameter '", param,
+  MESHMUON_CHECK(t.rope_dim >= 0 && t.rope_dim <= t.head_dim, "[qk_clip] parameter '", param,
               "': rope_dim ", t.rope_dim, " must be in [0, head_dim = ", t.head_dim, "]");
-  DMUON_CHECK(t.v_dim == 0 || t.kind == QkKind::Kv, "[qk_clip] parameter '", param, "' (", kind,
+  MESHMUON_CHECK(t.v_dim == 0 || t.kind == QkKind::Kv, "[qk_clip] parameter '", param, "' (", kind,
               "): v_dim is only for kind kv (MLA wkv_b)");
-  DMUON_CHECK(t.v_dim >= 0, "[qk_clip] parameter '", param, "': v_dim ", t.v_dim, " is negative");
-  DMUON_CHECK(global_rows < 0 || global_rows == qk_tag_rows(t), "[qk_clip] parameter '", param,
+  MESHMUON_CHECK(t.v_dim >= 0, "[qk_clip] parameter '", param, "': v_dim ", t.v_dim, " is negative");
+  MESHMUON_CHECK(global_rows < 0 || global_rows == qk_tag_rows(t), "[qk_clip] parameter '", param,
               "' (", kind, ") has ", global_rows, " rows but its tag describes ", qk_tag_rows(t),
               " (heads ", t.heads, " x ", block_rows(t), " rows per head)");
 }
@@ -68,15 +68,15 @@ void validate_qk_tag(const QkTag& t, std::string_view param, int64_t global_rows
 void validate_qk_logits(const QkTag& t, std::span<const float> logits, std::string_view param) {
   const int64_t n = static_cast<int64_t>(logits.size());
   if (key_side(t.kind)) {
-    DMUON_CHECK(n > 0 && n % t.heads == 0, "[qk_clip] parameter '", param, "' (layer ", t.layer,
+    MESHMUON_CHECK(n > 0 && n % t.heads == 0, "[qk_clip] parameter '", param, "' (layer ", t.layer,
                 ", ", to_string(t.kind), " with ", t.heads, " key heads) got ", n,
                 " query-head logits; give a positive multiple of ", t.heads);
   } else {
-    DMUON_CHECK(n == t.heads, "[qk_clip] parameter '", param, "' (layer ", t.layer, ", ",
+    MESHMUON_CHECK(n == t.heads, "[qk_clip] parameter '", param, "' (layer ", t.layer, ", ",
                 to_string(t.kind), ") got ", n, " query-head logits; expected ", t.heads);
   }
   for (int64_t h = 0; h < n; ++h)
-    DMUON_CHECK(std::isfinite(logits[h]), "[qk_clip] layer ", t.layer, ": max logit of head ", h,
+    MESHMUON_CHECK(std::isfinite(logits[h]), "[qk_clip] layer ", t.layer, ": max logit of head ", h,
                 " is ", logits[h], "; logits must be finite");
 }
 
@@ -104,12 +104,12 @@ void qk_clip_rows(const QkTag& t, std::span<const float> logits, double tau, flo
                   int64_t row_begin, int64_t row_end, int64_t cols) {
   validate_qk_tag(t, "<unnamed>");
   validate_qk_logits(t, logits, "<unnamed>");
-  DMUON_CHECK(std::isfinite(tau) && tau > 0, "[qk_clip] threshold ", tau, " must be finite and > 0");
-  DMUON_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= qk_tag_rows(t),
+  MESHMUON_CHECK(std::isfinite(tau) && tau > 0, "[qk_clip] threshold ", tau, " must be finite and > 0");
+  MESHMUON_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= qk_tag_rows(t),
               "[qk_clip] row range [", row_begin, ", ", row_end, ") is outside the ",
               qk_tag_rows(t), " rows of the tagged parameter");
-  DMUON_CHECK(cols >= 0, "[qk_clip] cols ", cols, " is negative");
-  DMUON_CHECK(rows != nullptr || row_begin == row_end || cols == 0, "[qk_clip] rows is null");
+  MESHMUON_CHECK(cols >= 0, "[qk_clip] cols ", cols, " is negative");
+  MESHMUON_CHECK(rows != nullptr || row_begin == row_end || cols == 0, "[qk_clip] rows is null");
   for (int64_t r = row_begin; r < row_end; ++r) {
     const float f = qk_clip_row_factor(t, logits, tau, r);
     if (f == 1.0f) continue;
@@ -118,4 +118,4 @@ void qk_clip_rows(const QkTag& t, std::span<const float> logits, double tau, flo
   }
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -3,10 +3,10 @@
 #include <cmath>
 #include <string>
 
-#include "dmuon/error.h"
-#include "dmuon/orthogonalize.h"
+#include "meshmuon/error.h"
+#include "meshmuon/orthogonalize.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
 // Keller Jordan's Muon quintic, also torch.optim.Muon's default.
@@ -58,11 +58,11 @@ NsMethod parse_ns_method(std::string_view name) {
 }
 
 std::vector<Coefficients> make_schedule(const NsOptions& o) {
-  DMUON_CHECK(o.steps >= 1, "[orth] steps must be >= 1, got ", o.steps);
-  DMUON_CHECK(std::isfinite(o.scale) && o.scale > 0,
+  MESHMUON_CHECK(o.steps >= 1, "[orth] steps must be >= 1, got ", o.steps);
+  MESHMUON_CHECK(std::isfinite(o.scale) && o.scale > 0,
               "[orth] scale (normalization s in |G|_F*s) must be finite and > 0, got ", o.scale);
-  DMUON_CHECK(std::isfinite(o.eps) && o.eps >= 0, "[orth] eps must be finite and >= 0, got ", o.eps);
-  DMUON_CHECK(!(o.bf16_rounding && (o.muon_eq || o.muon_plus)), "[orth] ", o.muon_eq ? "muon_eq" : "muon_plus",
+  MESHMUON_CHECK(std::isfinite(o.eps) && o.eps >= 0, "[orth] eps must be finite and >= 0, got ", o.eps);
+  MESHMUON_CHECK(!(o.bf16_rounding && (o.muon_eq || o.muon_plus)), "[orth] ", o.muon_eq ? "muon_eq" : "muon_plus",
               " is not combined with bf16_rounding (the emulation of torch.optim.Muon's bf16 iteration, which has "
               "neither); turn bf16_rounding off (matmul_dtype bf16 gives bf16 products) or turn ",
               o.muon_eq ? "muon_eq" : "muon_plus", " off");
@@ -72,7 +72,7 @@ std::vector<Coefficients> make_schedule(const NsOptions& o) {
       out.assign(static_cast<size_t>(o.steps), kJordan);
       break;
     case Schedule::You:
-      DMUON_CHECK(o.steps == 5, "[orth] schedule 'you' has exactly 5 steps, got steps=", o.steps,
+      MESHMUON_CHECK(o.steps == 5, "[orth] schedule 'you' has exactly 5 steps, got steps=", o.steps,
                   "; set steps=5 or use polar_express for other step counts");
       out.assign(std::begin(kYou), std::end(kYou));
       break;
@@ -80,7 +80,7 @@ std::vector<Coefficients> make_schedule(const NsOptions& o) {
       out = polar_express_coefficients(o.steps, o.pe_l0, o.pe_safety, o.pe_cushion);
       break;
     case Schedule::Custom:
-      DMUON_CHECK(static_cast<int>(o.custom.size()) == o.steps, "[orth] custom schedule has ",
+      MESHMUON_CHECK(static_cast<int>(o.custom.size()) == o.steps, "[orth] custom schedule has ",
                   o.custom.size(), " coefficient triples but steps=", o.steps,
                   "; give one (a, b, c) per step");
       out = o.custom;
@@ -88,7 +88,7 @@ std::vector<Coefficients> make_schedule(const NsOptions& o) {
   }
   for (size_t t = 0; t < out.size(); ++t) {
     const Coefficients& c = out[t];
-    DMUON_CHECK(std::isfinite(c.a) && std::isfinite(c.b) && std::isfinite(c.c),
+    MESHMUON_CHECK(std::isfinite(c.a) && std::isfinite(c.b) && std::isfinite(c.c),
                 "[orth] coefficients of step ", t, " are not finite (a=", c.a, ", b=", c.b,
                 ", c=", c.c, ")");
   }
@@ -131,4 +131,4 @@ double ns_flops(int64_t m, int64_t n, const NsOptions& options) {
   return 0;
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

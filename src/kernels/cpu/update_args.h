@@ -5,10 +5,10 @@
 
 #include <cstdint>
 
-#include "dmuon/update.h"
+#include "meshmuon/update.h"
 #include "kernels/cpu/adam_scalars.h"
 
-namespace dmuon::cpu {
+namespace meshmuon::cpu {
 
 // Throws std::invalid_argument "[momentum] ...": momentum outside [0, 1), negative count, a null
 // buffer with elements, update overlapping buf.
@@ -19,4 +19,4 @@ void check_apply_args(const ApplyOptions& o, const float* param, const float* up
 // in double from the step count, as Python computes them, each rounded once to fp32).
 AdamScalars adamw_args(const AdamWOptions& o, const float* p, const void* grad, const float* m, const float* v, int64_t n);
 
-}  // namespace dmuon::cpu
+}  // namespace meshmuon::cpu

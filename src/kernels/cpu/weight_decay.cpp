@@ -5,21 +5,21 @@
 #include <cstdint>
 #include <functional>
 
-#include "dmuon/update.h"
+#include "meshmuon/update.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/update_args.h"
 
-namespace dmuon {
+namespace meshmuon {
 namespace {
 
-DMUON_SIMD_CLONES void decoupled_loop(float* p, const float* u, int64_t n, float keep, float neg_lr) {
+MESHMUON_SIMD_CLONES void decoupled_loop(float* p, const float* u, int64_t n, float keep, float neg_lr) {
   for (int64_t i = 0; i < n; ++i) {
     const float decayed = p[i] * keep;       // param.mul_(1 - lr*wd)
     p[i] = std::fma(u[i], neg_lr, decayed);  // param.add_(U, alpha=-adjusted_lr)
   }
 }
 
-DMUON_SIMD_CLONES void cautious_loop(float* p, const float* u, int64_t n, float lr_adj, float lr_wd) {
+MESHMUON_SIMD_CLONES void cautious_loop(float* p, const float* u, int64_t n, float lr_adj, float lr_wd) {
   for (int64_t i = 0; i < n; ++i) {
     const float x = p[i];
     // keep the decay where the fp32 product u·x >= 0 (nanochat's (g * p) >= 0), else +0: lr_wd·x
@@ -36,7 +36,7 @@ DMUON_SIMD_CLONES void cautious_loop(float* p, const float* u, int64_t n, float 
 }  // namespace
 
 double adjusted_lr(double lr, LrRule rule, int64_t rows, int64_t cols) {
-  DMUON_CHECK(rows > 0 && cols > 0, "[update] LR rule needs a non-empty matrix shape, got ", rows,
+  MESHMUON_CHECK(rows > 0 && cols > 0, "[update] LR rule needs a non-empty matrix shape, got ", rows,
               "x", cols);
   const double a = static_cast<double>(rows), b = static_cast<double>(cols);
   switch (rule) {
@@ -50,7 +50,7 @@ double adjusted_lr(double lr, LrRule rule, int64_t rows, int64_t cols) {
 MatrixDims matrix_dims(const Shape& shape, bool expert_stack) {
   if (shape.ndim() == 2 && !expert_stack) return {shape[0], shape[1], 1};
   if (shape.ndim() == 3 && expert_stack) return {shape[1], shape[2], shape[0]};
-  DMUON_CHECK(false, "[update] shape ", shape.to_string(),
+  MESHMUON_CHECK(false, "[update] shape ", shape.to_string(),
               expert_stack ? " is not a 3-D expert stack [E, A, B]" : " is not a 2-D matrix",
               "; Muon takes matrices and expert stacks, route other shapes to AdamW");
   return {};
@@ -71,4 +71,4 @@ void apply_update(const ApplyOptions& o, float* param, const float* update, int6
   }
 }
 
-}  // namespace dmuon
+}  // namespace meshmuon

@@ -1,15 +1,15 @@
-"""Cases of the c10d communicator (dmuon/torch/_c10d.py), run by test_torchrun.py under torchrun
+"""Cases of the c10d communicator (meshmuon/torch/_c10d.py), run by test_torchrun.py under torchrun
 (or mpirun for `bytes`, which compares both communicators in one job). Prints "CASE <name> OK" on
 rank 0 per passing case; any failure aborts the job (exit code != 0).
 - transport: every transport operation against its exact meaning (uneven and scattered blocks,
   a communicator whose rank order is the reverse of the process group's, bf16 sums rounded after
   each addition, uint64 max/min above 2^63, uint8 sums wrapping, self-sends matched in order).
-- timeout: rank 1 never steps; the others raise dmuon.DmuonError naming the op within
-  DMUON_TIMEOUT_S (then the job ends through os._exit: communication is unusable).
+- timeout: rank 1 never steps; the others raise meshmuon.MeshmuonError naming the op within
+  MESHMUON_TIMEOUT_S (then the job ends through os._exit: communication is unusable).
 - hold: an optimizer kept alive past exit by a daemon thread is still released at exit.
-- nccl_bootstrap: the nccl communicator for CUDA parameters (dmuon/torch/_comms.py), bootstrapped
+- nccl_bootstrap: the nccl communicator for CUDA parameters (meshmuon/torch/_comms.py), bootstrapped
   over torch.distributed: every rank joins the one all_gather_object exchange and, on a machine
-  without a GPU, every rank raises dmuon.DmuonError naming its missing device (no hang).
+  without a GPU, every rank raises meshmuon.MeshmuonError naming its missing device (no hang).
 - bytes (under mpirun): the same plain-tensor step on the MPI and on the c10d communicator gives
   bitwise the same parameters and the same byte counters (and both equal the plan's prediction).
 Run by hand: python -m torch.distributed.run --standalone --nproc-per-node 3 c10d_cases.py --cases transport
@@ -27,11 +27,11 @@ import torch.nn as nn
 
 torch.set_num_threads(1)
 
-import dmuon  # noqa: E402
-import dmuon.torch as dt  # noqa: E402
+import meshmuon  # noqa: E402
+import meshmuon.torch as dt  # noqa: E402
 from harness import guarded, run_cases, say  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from dmuon.torch import _c10d, _comms  # noqa: E402
+from meshmuon.torch import _c10d, _comms  # noqa: E402
 
 
 def done(op) -> None:
@@ -170,8 +170,8 @@ def case_transport() -> None:
 
 
 def case_timeout() -> None:
-    """Rank 1 never steps; the others' step raises DmuonError naming the op, within the timeout."""
-    limit = float(os.environ["DMUON_TIMEOUT_S"])
+    """Rank 1 never steps; the others' step raises MeshmuonError naming the op, within the timeout."""
+    limit = float(os.environ["MESHMUON_TIMEOUT_S"])
     model = nn.Sequential(nn.Linear(32, 32, bias=False), nn.Linear(32, 16, bias=False))
     opt = dt.Muon(model.parameters(), lr=0.02)
     assert opt.engine == "distributed" and _comms._HOST_COMM.backend == "c10d"
@@ -185,7 +185,7 @@ def case_timeout() -> None:
     t0 = time.time()
     try:
         opt.step()
-    except dmuon.DmuonError as e:
+    except meshmuon.MeshmuonError as e:
         took = time.time() - t0
         msg = str(e)
         print(f"TIMEOUT rank {dist.get_rank()} after {took:.1f} s: {msg}", flush=True)
@@ -196,7 +196,7 @@ def case_timeout() -> None:
         # communication is unusable afterwards: the next step refuses to post
         try:
             opt.step()
-        except dmuon.DmuonError as e2:
+        except meshmuon.MeshmuonError as e2:
             assert "unusable" in str(e2), str(e2)
         else:
             raise AssertionError("a step after the timeout was accepted")
@@ -244,11 +244,11 @@ def case_bytes() -> None:
 
 def case_hold() -> None:
     """A daemon thread keeps an optimizer (engine + communicator) alive past the end of the script:
-    dmuon's exit hook must still release the native objects in order, so that nanobind reports no
-    leaked Optimizer / Communicator. DMUON_TEST_NO_SHUTDOWN=1 removes the hook (negative control)."""
+    meshmuon's exit hook must still release the native objects in order, so that nanobind reports no
+    leaked Optimizer / Communicator. MESHMUON_TEST_NO_SHUTDOWN=1 removes the hook (negative control)."""
     import atexit
     import threading
-    if os.environ.get("DMUON_TEST_NO_SHUTDOWN") == "1":
+    if os.environ.get("MESHMUON_TEST_NO_SHUTDOWN") == "1":
         atexit.unregister(_comms.shutdown)
     model = nn.Linear(16, 16, bias=False)
     opt = dt.Muon(model.parameters(), lr=0.02)
@@ -259,7 +259,7 @@ def case_hold() -> None:
 
 
 def case_nccl_bootstrap() -> None:
-    from dmuon import _core
+    from meshmuon import _core
     if torch.cuda.is_available():
         say("SKIP nccl_bootstrap: a GPU is present (this case checks the no-device path)")
         return
@@ -276,7 +276,7 @@ def case_nccl_bootstrap() -> None:
     try:
         try:
             _comms.communicator(dist.get_world_size(), "cuda:0")
-        except _core.DmuonError as e:
+        except _core.MeshmuonError as e:
             msg = str(e)
         else:
             raise AssertionError("the nccl communicator came up without a GPU")
@@ -286,7 +286,7 @@ def case_nccl_bootstrap() -> None:
         assert msg.startswith(f"[nccl] rank {dist.get_rank()}: no CUDA device: "), msg
         assert calls == [512], calls  # the failing rank still joined the exchange
     else:
-        assert msg.startswith("[nccl] dmuon was built without"), msg
+        assert msg.startswith("[nccl] meshmuon was built without"), msg
     assert "cuda:0" not in _comms._DEVICE_COMMS
 
 
@@ -299,7 +299,7 @@ def main() -> None:
     ap.add_argument("--cases", required=True)
     args = ap.parse_args()
     dt.init_distributed(master_port=int(os.environ.get("MASTER_PORT", "29512")))
-    dmuon.blas_set_num_threads(1)
+    meshmuon.blas_set_num_threads(1)
     run_cases({"transport": case_transport, "timeout": case_timeout, "bytes": case_bytes,
                "hold": case_hold, "nccl_bootstrap": case_nccl_bootstrap}, args.cases)
 

@@ -1,7 +1,7 @@
-"""Multi-rank cases of dmuon.torch.Muon on DTensors (and plain tensors), run under mpirun by test_dist.py and under
+"""Multi-rank cases of meshmuon.torch.Muon on DTensors (and plain tensors), run under mpirun by test_dist.py and under
 torchrun by test_torchrun.py (the c10d communicator; --comm picks one) (one launch per
 world size runs several cases). Each case steps a sharded model with deterministic gradients and
-compares parameters and state (full tensors) BITWISE with the single-process dmuon run of the same
+compares parameters and state (full tensors) BITWISE with the single-process meshmuon run of the same
 model; it also checks that the engine's local box is the DTensor's local shard (values and offsets).
 Run by hand: OPENBLAS_NUM_THREADS=1 mpirun -np 4 --oversubscribe python dist_cases.py --cases fsdp
 Prints "CASE <name> OK" (rank 0) per passing case; any failure aborts the job (exit code != 0).
@@ -19,8 +19,8 @@ import torch.nn as nn
 
 torch.set_num_threads(1)
 
-import dmuon  # noqa: E402
-import dmuon.torch as dt  # noqa: E402
+import meshmuon  # noqa: E402
+import meshmuon.torch as dt  # noqa: E402
 from harness import expect_same_error, guarded, run_cases, say  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
@@ -81,7 +81,7 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 class Reference:
-    """The single-process dmuon run (plain tensors, dmuon.LocalOptimizer) of a model. Under mpirun
+    """The single-process meshmuon run (plain tensors, meshmuon.LocalOptimizer) of a model. Under mpirun
     plain tensors would go to the distributed engine: engine="local" keeps this run local."""
 
     def __init__(self, model, normuon=False):
@@ -271,7 +271,7 @@ def case_plain(world):
     if rank() == 1:
         opt.param_groups[0]["lr"] = 0.03
     before = model.fc1.weight.detach().clone()
-    expect_same_error(opt.step, dmuon.DmuonError,
+    expect_same_error(opt.step, meshmuon.MeshmuonError,
                       "group 0 option 'lr' is 0.02 on " + others + "; 0.03 on rank 1")
     assert same(model.fc1.weight.detach(), before)
 
@@ -367,7 +367,7 @@ def case_agreement(world):
     if rank() == 1:
         opt.zero_grad(set_to_none=True)
     before = w._local_tensor.clone()
-    expect_same_error(opt.step, dmuon.DmuonError,
+    expect_same_error(opt.step, meshmuon.MeshmuonError,
                       "parameter 'w' has no gradient on rank 1 but has one on " + others)
     unchanged(0, before)
     grads()
@@ -378,7 +378,7 @@ def case_agreement(world):
     if rank() == 1:
         opt.param_groups[0]["lr"] = 0.03
     before = w._local_tensor.clone()
-    expect_same_error(opt.step, dmuon.DmuonError,
+    expect_same_error(opt.step, meshmuon.MeshmuonError,
                       "group 0 option 'lr' is 0.02 on " + others + "; 0.03 on rank 1")
     unchanged(1, before)
     opt.param_groups[0]["lr"] = 0.02
@@ -394,13 +394,13 @@ def case_agreement(world):
     lin2.weight.grad = None if rank() == 1 else distribute_tensor(torch.ones(6, 4), mesh, [Shard(0)],
                                                                  src_data_rank=None)
     before = w._local_tensor.clone()
-    expect_same_error(opt2.step, dmuon.DmuonError,
+    expect_same_error(opt2.step, meshmuon.MeshmuonError,
                       "parameter 'b' has no gradient on rank 1 but has one on " + others)
     assert same(w._local_tensor, before)
     # 5. non_finite policy differs: refused at construction, before any step
     expect_same_error(lambda: dt.Muon([dict(params=[("w", w)])],
                                       non_finite="skip" if rank() == 1 else "raise"),
-                      dmuon.DmuonError, "non_finite raise on " + others + "; ")
+                      meshmuon.MeshmuonError, "non_finite raise on " + others + "; ")
 
 
 def main():
@@ -412,7 +412,7 @@ def main():
     args = ap.parse_args()
     rank_, world = dt.init_distributed(master_port=int(os.environ.get("MASTER_PORT", "29511")),
                                        comm=args.comm)
-    dmuon.blas_set_num_threads(1)
+    meshmuon.blas_set_num_threads(1)
     say(f"COMM {dt._comms.communicator(world, 'cpu').backend}")
     cases = {
         "fsdp": lambda: case_fsdp(world), "hsdp": lambda: case_hsdp(world),

@@ -29,7 +29,7 @@ def launch_mpirun(script: Path, ranks: int, args: list[str], cwd: Path, timeout:
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MASTER_PORT=str(free_port()),
                PYTHONWARNINGS="ignore")
-    env.pop("DMUON_COMM", None)  # the scripts choose their communicator themselves
+    env.pop("MESHMUON_COMM", None)  # the scripts choose their communicator themselves
     cmd = [MPIRUN, "-np", str(ranks), "--oversubscribe", "--bind-to", "none", sys.executable,
            str(script), *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=str(cwd))
@@ -79,12 +79,12 @@ def expect_same_error(fn: Callable[[], object], kind: type, *needles: str) -> st
 
 
 def guarded(main: Callable[[], None]) -> None:
-    """Runs main(); on any exception prints it and aborts the whole job (dmuon.abort_all)."""
+    """Runs main(); on any exception prints it and aborts the whole job (meshmuon.abort_all)."""
     try:
         main()
     except BaseException:
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
-        import dmuon
-        dmuon.abort_all(1)
+        import meshmuon
+        meshmuon.abort_all(1)

@@ -1,4 +1,4 @@
-"""Multi-rank cases of dmuon.torch.Muon's distributed-engine options (issue 13), run under mpirun by
+"""Multi-rank cases of meshmuon.torch.Muon's distributed-engine options (issue 13), run under mpirun by
 test_options_mpi.py: strategy pins (per parameter, per group, default) change `opt.plan()` and give
 bitwise the same parameters as the cost model's plan; chunk_bytes / window change the chunks (plan
 and step counters) and not the bits; replica split / duplicate on an HSDP mesh; machine; bad values
@@ -18,8 +18,8 @@ import torch.nn as nn
 
 torch.set_num_threads(1)
 
-import dmuon  # noqa: E402
-import dmuon.torch as dt  # noqa: E402
+import meshmuon  # noqa: E402
+import meshmuon.torch as dt  # noqa: E402
 from harness import guarded, run_cases  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
@@ -109,7 +109,7 @@ def case_pins(world):
     assert plan.json["per_rank"]["flops_mean"] > auto.json["per_rank"]["flops_mean"], \
         (auto.strategies, plan.json["per_rank"], auto.json["per_rank"])
     check_bytes(opt)
-    # per parameter (a rule string, as DMUON_STRATEGY) over a default
+    # per parameter (a rule string, as MESHMUON_STRATEGY) over a default
     model, opt = train(mesh, strategy="fc2.*:agrs;default:owner_a2a")
     plan = opt.plan()
     assert plan.strategies["fc2.weight"] == "agrs" and plan.strategies["fc1.weight"] == "owner_a2a", \
@@ -177,7 +177,7 @@ def case_stats(world):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         opt.step()
     names = {e.name for e in prof.events()}
-    assert {"dmuon.step", "dmuon.collect_grads", "dmuon.engine", "dmuon.write_back"} <= names, names
+    assert {"meshmuon.step", "meshmuon.collect_grads", "meshmuon.engine", "meshmuon.write_back"} <= names, names
     assert all(p.grad is None for p in model.parameters())  # none_grad on DTensors
     stats = opt.last_step_stats
     for key in ("bytes_sent", "bytes_recv", "comm_wait_seconds", "orthogonalize_seconds", "overlap",
@@ -223,7 +223,7 @@ def main():
     ap.add_argument("--cases", required=True)
     args = ap.parse_args()
     _, world = dt.init_distributed(master_port=int(os.environ.get("MASTER_PORT", "29512")))
-    dmuon.blas_set_num_threads(1)
+    meshmuon.blas_set_num_threads(1)
     cases = dict(pins=case_pins, chunks=case_chunks, replica=case_replica, machine=case_machine,
                  stats=case_stats, offload=case_offload)
     run_cases({name: (lambda f=f: f(world)) for name, f in cases.items()}, args.cases)

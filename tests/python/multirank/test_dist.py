@@ -1,8 +1,8 @@
-"""dmuon.torch.Muon on DTensors under mpirun: FSDP2 at 2 and 4 ranks (uneven and empty shards, an
+"""meshmuon.torch.Muon on DTensors under mpirun: FSDP2 at 2 and 4 ranks (uneven and empty shards, an
 expert stack), HSDP 2x2 with NorMuon, TP + FSDP (_StridedShard), torchtitan-style experts on a
 second mesh, plain tensors at 2 ranks (the distributed engine, replicated), bad input, and DCP save
 at 4 ranks -> load at 2 (FSDP) and at 4 (HSDP) -> continue; all BITWISE against the single-process
-dmuon run (dist_cases.py has the cases).
+meshmuon run (dist_cases.py has the cases).
 Run: python -m pytest tests/python/multirank -q   (three mpirun launches, about 40 s on 2 cores)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""dmuon.torch.Muon's distributed-engine options under mpirun at 2 ranks (options_cases.py has the
+"""meshmuon.torch.Muon's distributed-engine options under mpirun at 2 ranks (options_cases.py has the
 cases): strategy pins per parameter / group / default change opt.plan() and not the bits, chunk_bytes
 and window change the chunks, replica split / duplicate on HSDP, machine, bad values raise on every
 rank, last_step_stats bytes equal the plan's prediction, profiler ranges and none_grad on DTensors,

@@ -1,11 +1,11 @@
-"""dmuon.torch.Muon under torchrun: the engine on the job's torch.distributed process group (the c10d
-communicator, dmuon/torch/_c10d.py), no MPI. The mpirun suite's cases (dist_cases.py) at 4, 2 and 3
+"""meshmuon.torch.Muon under torchrun: the engine on the job's torch.distributed process group (the c10d
+communicator, meshmuon/torch/_c10d.py), no MPI. The mpirun suite's cases (dist_cases.py) at 4, 2 and 3
 ranks, BITWISE against the single-process run as under mpirun, and ZeRO with reduce_grads and bf16
 masters at 2 ranks (zero_cases.py); the transport's operations against
 their exact meaning (c10d_cases.py transport, 3 ranks); a rank that never steps makes the others
-raise dmuon.DmuonError naming the op within DMUON_TIMEOUT_S (no hang); MPI and c10d communicators
+raise meshmuon.MeshmuonError naming the op within MESHMUON_TIMEOUT_S (no hang); MPI and c10d communicators
 in one mpirun job give the same bytes and bits; and every run ends without nanobind's leak report
-(negative control: without dmuon's exit hook an optimizer kept alive past exit is reported).
+(negative control: without meshmuon's exit hook an optimizer kept alive past exit is reported).
 Run: python -m pytest tests/python/multirank/test_torchrun.py -q   (2.5 minutes on 2 loaded cores)."""
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ pytest.importorskip("torch.distributed.run")
 
 def _env(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DMUON_COMM"):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "MESHMUON_COMM"):
         env.pop(k, None)
     env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **extra)
     return env
@@ -107,18 +107,18 @@ def test_nccl_bootstrap_over_torch_distributed(tmp_path):
 
 
 def test_leak_check_negative_control(tmp_path):
-    # without dmuon's exit hook, the optimizer a daemon thread keeps is reported as leaked: the
+    # without meshmuon's exit hook, the optimizer a daemon thread keeps is reported as leaked: the
     # check above can fail
-    proc = torchrun(2, C10D_CASES, ["--cases", "hold"], tmp_path, DMUON_TEST_NO_SHUTDOWN="1")
+    proc = torchrun(2, C10D_CASES, ["--cases", "hold"], tmp_path, MESHMUON_TEST_NO_SHUTDOWN="1")
     ok(proc, "c10d_cases hold without the exit hook")
     lines = leaked(proc)
-    assert any("dmuon._core.Optimizer" in line for line in lines), proc.stderr[-3000:]
-    assert any("dmuon._core.Communicator" in line for line in lines), proc.stderr[-3000:]
+    assert any("meshmuon._core.Optimizer" in line for line in lines), proc.stderr[-3000:]
+    assert any("meshmuon._core.Communicator" in line for line in lines), proc.stderr[-3000:]
 
 
 def test_timeout_raises_on_the_waiting_ranks(tmp_path):
     t0 = time.time()
-    proc = torchrun(2, C10D_CASES, ["--cases", "timeout"], tmp_path, timeout=120, DMUON_TIMEOUT_S="4")
+    proc = torchrun(2, C10D_CASES, ["--cases", "timeout"], tmp_path, timeout=120, MESHMUON_TIMEOUT_S="4")
     took = time.time() - t0
     stdout = ok(proc, "c10d_cases timeout")
     assert "CASE timeout OK rank 0" in stdout, stdout + proc.stderr[-3000:]

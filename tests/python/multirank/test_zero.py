@@ -1,7 +1,7 @@
-"""dmuon.torch.Muon with zero=True (ZeRO over plain replicated parameters), reduce_grads, bf16
+"""meshmuon.torch.Muon with zero=True (ZeRO over plain replicated parameters), reduce_grads, bf16
 parameters with fp32 masters (plain, and FSDP2 DTensor shards with a DCP round trip) and FSDP2's
 MixedPrecisionPolicy, under mpirun at 2, 3 (uneven shards) and 4 ranks, and a DCP checkpoint of
-ZeRO state saved at 4 ranks and loaded at 2; all BITWISE against the single-process dmuon run given
+ZeRO state saved at 4 ranks and loaded at 2; all BITWISE against the single-process meshmuon run given
 the same reduced gradients (zero_cases.py has the cases). One-process ZeRO (a one-rank world) runs
 here without mpirun.
 Run: python -m pytest tests/python/multirank/test_zero.py -q   (four mpirun launches, 52 CPU-seconds;
@@ -17,7 +17,7 @@ from harness import MPIRUN, launch_mpirun
 import torch
 import torch.nn as nn
 
-import dmuon.torch as dt
+import meshmuon.torch as dt
 
 SCRIPT = Path(__file__).with_name("zero_cases.py")
 needs_mpi = pytest.mark.skipif(MPIRUN is None, reason="mpirun (Open MPI) is not installed")

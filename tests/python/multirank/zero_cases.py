@@ -1,6 +1,6 @@
-"""Multi-rank cases of dmuon.torch.Muon with zero=True / reduce_grads / bf16 masters and FSDP2's
+"""Multi-rank cases of meshmuon.torch.Muon with zero=True / reduce_grads / bf16 masters and FSDP2's
 MixedPrecisionPolicy, run under mpirun by test_zero.py (one launch per world size runs several cases).
-Every case compares BITWISE with the single-process dmuon run (engine="local") given the same
+Every case compares BITWISE with the single-process meshmuon run (engine="local") given the same
 reduced gradients, computed on every rank in the documented order (fp32 sums in rank order, one
 division). Run by hand:
   OPENBLAS_NUM_THREADS=1 mpirun -np 3 --oversubscribe python zero_cases.py --cases bitwise,reduce_float
@@ -18,8 +18,8 @@ import torch.nn as nn
 
 torch.set_num_threads(1)
 
-import dmuon  # noqa: E402
-import dmuon.torch as dt  # noqa: E402
+import meshmuon  # noqa: E402
+import meshmuon.torch as dt  # noqa: E402
 from harness import expect_same_error, guarded, run_cases, say  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor  # noqa: E402
@@ -89,7 +89,7 @@ def rne_bf16(x: torch.Tensor) -> torch.Tensor:
 
 
 class Reference:
-    """The single-process dmuon run on an fp32 copy of the model, stepped with given gradients."""
+    """The single-process meshmuon run on an fp32 copy of the model, stepped with given gradients."""
 
     def __init__(self, model, normuon=True):
         self.model = copy.deepcopy(model).to(torch.float32)
@@ -334,7 +334,7 @@ def case_bad_options(world):
         p.grad = local_grad(name, p.shape, 0, rank(), False)
     if rank() == 1:
         model.fc1.weight.grad = None
-    expect_same_error(opt.step, dmuon.DmuonError, "parameter 'fc1.weight' has no gradient on rank 1")
+    expect_same_error(opt.step, meshmuon.MeshmuonError, "parameter 'fc1.weight' has no gradient on rank 1")
     for name, p in model.named_parameters():
         assert same(p.detach(), before[name]), name
 
@@ -352,8 +352,8 @@ class Mlp(nn.Module):
 
 def case_fsdp_mp(world):
     """FSDP2 fully_shard with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): fp32
-    sharded parameters, bf16 compute, fp32 reduced gradients; dmuon.torch.Muon on the DTensor shards.
-    After every step the parameters are bitwise the one-process dmuon run stepped with the same
+    sharded parameters, bf16 compute, fp32 reduced gradients; meshmuon.torch.Muon on the DTensor shards.
+    After every step the parameters are bitwise the one-process meshmuon run stepped with the same
     (FSDP-reduced) gradients; the loss decreases. The loss against a one-process bf16-autocast run
     of the same global batch is reported (not bitwise: gloo's reduce-scatter order, bf16 compute)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -508,7 +508,7 @@ KEPT = []  # what case_state_dict_kept_at_exit leaves referenced when the job en
 
 def case_state_dict_kept_at_exit(world):
     """A state_dict() result still referenced at exit (its DTensors alias the engine's memory: the
-    engine, its sharded parameters and its communicator) must not outlive dmuon's release at exit:
+    engine, its sharded parameters and its communicator) must not outlive meshmuon's release at exit:
     test_zero.py's launch asserts that nanobind reports no leak."""
     torch.manual_seed(6)
     for keep_optimizer in (True, False):  # with the optimizer kept too, and with it gone
@@ -526,7 +526,7 @@ def main():
     ap.add_argument("--ckpt", default="zero_ckpt")
     args = ap.parse_args()
     _, world = dt.init_distributed(master_port=int(os.environ.get("MASTER_PORT", "29512")))
-    dmuon.blas_set_num_threads(1)
+    meshmuon.blas_set_num_threads(1)
     cases = {"bitwise": case_bitwise, "reduce_int": case_reduce_int,
              "reduce_float": case_reduce_float, "bf16": case_bf16, "state_dict": case_state_dict,
              "bad_options": case_bad_options, "bf16_replicated": case_bf16_replicated,

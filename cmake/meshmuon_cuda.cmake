@@ -1,0 +1,87 @@
+# MESHMUON_WITH_CUDA = AUTO | ON | OFF decides whether src/backend/cuda is built.
+#   AUTO: on when nvcc and the cuBLAS headers are found, else off (the summary says why).
+#   ON:   the same search; anything missing is a configure error naming it.
+# nvcc: CMAKE_CUDA_COMPILER, $CUDACXX, $CUDA_HOME/bin, /usr/local/cuda/bin or PATH.
+# cuBLAS headers: MESHMUON_CUBLAS_INCLUDE_DIR, the toolkit's include dir, or the PyPI wheel
+# nvidia-cublas (site-packages/nvidia/cu13/include or nvidia/cublas/include, found through python3).
+# Outputs: MESHMUON_CUDA_ENABLED, MESHMUON_CUDA_WHY, MESHMUON_CUBLAS_INCLUDE_DIR, MESHMUON_CUBLAS_LIBRARY_DIR
+# (the wheel's lib dir, baked in as a dlopen fallback), CMAKE_CUDA_ARCHITECTURES (default 90).
+string(TOUPPER "${MESHMUON_WITH_CUDA}" _meshmuon_cuda_mode)
+if(_meshmuon_cuda_mode MATCHES "^(1|YES|TRUE|Y)$")
+  set(_meshmuon_cuda_mode ON)
+elseif(_meshmuon_cuda_mode MATCHES "^(0|NO|FALSE|N)$")
+  set(_meshmuon_cuda_mode OFF)
+endif()
+if(NOT _meshmuon_cuda_mode MATCHES "^(AUTO|ON|OFF)$")
+  message(FATAL_ERROR "MESHMUON_WITH_CUDA must be AUTO, ON or OFF (got '${MESHMUON_WITH_CUDA}')")
+endif()
+
+set(MESHMUON_CUDA_ENABLED OFF)
+set(MESHMUON_CUDA_WHY "-DMESHMUON_WITH_CUDA=OFF")
+if(NOT _meshmuon_cuda_mode STREQUAL "OFF")
+  set(_meshmuon_missing "")
+  # nvcc
+  if(NOT CMAKE_CUDA_COMPILER)
+    find_program(MESHMUON_NVCC nvcc HINTS ENV CUDACXX ENV CUDA_HOME ENV CUDA_PATH /usr/local/cuda
+                 PATH_SUFFIXES bin NO_CACHE)
+    if(MESHMUON_NVCC)
+      set(_meshmuon_nvcc "${MESHMUON_NVCC}")
+    endif()
+  else()
+    set(_meshmuon_nvcc "${CMAKE_CUDA_COMPILER}")
+  endif()
+  if(NOT _meshmuon_nvcc)
+    list(APPEND _meshmuon_missing "nvcc (install the CUDA toolkit or set CUDACXX / CUDA_HOME)")
+  endif()
+  # cuBLAS headers: the toolkit's, else the nvidia-cublas wheel's.
+  set(_meshmuon_cublas_hints "")
+  if(_meshmuon_nvcc)
+    get_filename_component(_meshmuon_cuda_root "${_meshmuon_nvcc}" DIRECTORY)
+    get_filename_component(_meshmuon_cuda_root "${_meshmuon_cuda_root}" DIRECTORY)
+    list(APPEND _meshmuon_cublas_hints "${_meshmuon_cuda_root}/include")
+  endif()
+  find_program(MESHMUON_PYTHON3 NAMES python3 python NO_CACHE)
+  if(MESHMUON_PYTHON3)
+    execute_process(COMMAND "${MESHMUON_PYTHON3}" -c
+      "import site, sys; print(';'.join(site.getsitepackages() + [site.getusersitepackages()] + sys.path))"
+      OUTPUT_VARIABLE _meshmuon_site OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    foreach(_d IN LISTS _meshmuon_site)
+      if(_d AND IS_DIRECTORY "${_d}/nvidia")
+        list(APPEND _meshmuon_cublas_hints "${_d}/nvidia/cu13/include" "${_d}/nvidia/cublas/include")
+      endif()
+    endforeach()
+  endif()
+  find_path(MESHMUON_CUBLAS_INCLUDE_DIR cublas_api.h HINTS ${_meshmuon_cublas_hints} NO_DEFAULT_PATH)
+  if(NOT MESHMUON_CUBLAS_INCLUDE_DIR)
+    find_path(MESHMUON_CUBLAS_INCLUDE_DIR cublas_api.h)
+  endif()
+  if(NOT MESHMUON_CUBLAS_INCLUDE_DIR)
+    list(APPEND _meshmuon_missing "the cuBLAS headers (pip install nvidia-cublas, see scripts/requirements.txt, or -DMESHMUON_CUBLAS_INCLUDE_DIR=...)")
+  else()
+    get_filename_component(_meshmuon_cublas_lib "${MESHMUON_CUBLAS_INCLUDE_DIR}/../lib" ABSOLUTE)
+    if(EXISTS "${_meshmuon_cublas_lib}/libcublas.so.13")
+      set(MESHMUON_CUBLAS_LIBRARY_DIR "${_meshmuon_cublas_lib}")
+    endif()
+  endif()
+
+  if(_meshmuon_missing)
+    list(JOIN _meshmuon_missing "; " _meshmuon_missing_text)
+    if(_meshmuon_cuda_mode STREQUAL "ON")
+      message(FATAL_ERROR "MESHMUON_WITH_CUDA=ON but ${_meshmuon_missing_text} not found; or configure with -DMESHMUON_WITH_CUDA=OFF")
+    endif()
+    set(MESHMUON_CUDA_WHY "AUTO: not found: ${_meshmuon_missing_text}")
+  else()
+    if(NOT CMAKE_CUDA_COMPILER)
+      set(CMAKE_CUDA_COMPILER "${_meshmuon_nvcc}")
+    endif()
+    if(NOT CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)  # H100 / H200; one arch keeps the compile short
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    set(MESHMUON_CUDA_ENABLED ON)
+    set(MESHMUON_CUDA_WHY "")
+  endif()
+endif()

@@ -1,0 +1,1 @@
+"""meshmuon.bench: benchmarks run as `python -m meshmuon.bench <command>` (see __main__.py)."""

@@ -1,0 +1,216 @@
+"""Param-group keys of meshmuon.torch.Muon: defaults per algorithm, validation of group dicts, and their
+translation to the engine's GroupOptions (done at every step, so LR schedulers and edits to any key
+take effect)."""
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any
+
+import torch
+
+from .. import _core
+from . import _foreign, _precision
+
+# Keller Jordan's quintic coefficients, torch.optim.Muon's default.
+JORDAN = (3.4445, -4.7750, 2.0315)
+
+# Defaults of a Muon group: torch.optim.Muon's first, then meshmuon's extra options.
+MUON_DEFAULTS: dict[str, Any] = {
+    "lr": 1e-3,
+    "weight_decay": 0.1,
+    "momentum": 0.95,
+    "nesterov": True,
+    "ns_coefficients": JORDAN,
+    "eps": 1e-7,
+    "ns_steps": 5,
+    "adjust_lr_fn": None,         # None / "original", "match_rms_adamw", "none"
+    "ns_schedule": None,          # None: "jordan" for the default coefficients, else "custom";
+                                  # or "jordan", "you", "polar_express", "custom"
+    "ns_method": "symmetric",     # "plain", "symmetric" (SYRK), "gram" (Gram Newton-Schulz)
+    "ns_scale": 1.0,              # X0 = G / max(|G|_F * ns_scale, eps)
+    "eps_mode": "clamp",          # "clamp" as torch.optim.Muon, or "add": / (|G| * s + eps)
+    "ns_bf16": False,             # emulate torch.optim.Muon's bf16 Newton-Schulz rounding
+    "ns_matmul_dtype": "auto",    # "fp32", "bf16" (products from bf16 operands), or "auto": the
+                                  # fastest of this machine (bf16 where native or on CUDA, else fp32)
+    "momentum_kind": "ema",       # "ema" (torch lerp) or "heavy_ball" (buf = mu * buf + g)
+    "cautious_wd": False,
+    "decay_lr": "unadjusted",     # the weight decay's lr: "unadjusted" (the group's lr) or "adjusted"
+                                  # (after adjust_lr_fn's shape rule, as nanochat)
+    "muon_eq": False,             # MuonEq row equilibration before Newton-Schulz (nanochat)
+    "muon_plus": False,           # Muon+ renormalization after it: |U|_F = sqrt(min(m, n)) (nanochat)
+    "normuon": False,
+    "normuon_beta2": 0.95,
+    "qk_clip_threshold": 0.0,     # tau > 0 enables QK-clip on parameters tagged by qk_layout
+    "expert_stacks": False,       # True: 3-D parameters are [E, A, B] stacks of E matrices
+    "strategy": None,             # distributed engine: pin the group's parameters to a strategy
+}
+
+# Defaults of an AdamW group: torch.optim.AdamW's.
+ADAMW_DEFAULTS: dict[str, Any] = {
+    "lr": 1e-3,
+    "betas": (0.9, 0.999),
+    "eps": 1e-8,
+    "weight_decay": 0.01,
+}
+
+SHARED_KEYS = {"lr", "weight_decay", "eps"}
+MUON_ONLY = set(MUON_DEFAULTS) - SHARED_KEYS
+ADAMW_ONLY = set(ADAMW_DEFAULTS) - SHARED_KEYS
+# Keys fixed at construction: the engine's state layout depends on them.
+STRUCTURAL = ("algorithm", "normuon", "expert_stacks")
+ALGORITHMS = ("muon", "adamw")
+
+
+def _scalar(value: Any) -> float:
+    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+
+
+# Keys a group may carry besides the algorithms' options: torch's own (params; initial_lr, which LR
+# schedulers add; param_names, which torch adds for named parameters, so a group dict used for one
+# optimizer can build another, as with torch's optimizers) and a free-form label.
+GENERIC_KEYS = {"params", "algorithm", "name", "initial_lr", "param_names"}
+# What other Muon implementations call their group keys, and meshmuon's spelling (nanochat's `kind` and
+# `beta2`, Motif's `use_muon`, Dion-style `mu`, ...): named in the error for an unknown key.
+KEY_HINTS: dict[str, str] = {
+    "kind": "algorithm='muon' or algorithm='adamw'",
+    "use_muon": "algorithm='muon' (True) or algorithm='adamw' (False)",
+    "beta2": "normuon=True, normuon_beta2=... in a Muon group (NorMuon's second moment), or "
+             "betas=(beta1, beta2) in an AdamW group",
+    "beta1": "momentum=... in a Muon group, or betas=(beta1, beta2) in an AdamW group",
+    "mu": "momentum",
+    "ns_coeffs": "ns_coefficients",
+    "backend_steps": "ns_steps",
+    "nesterov_momentum": "nesterov",
+    "wd": "weight_decay",
+    "learning_rate": "lr",
+    "adjust_lr": "adjust_lr_fn",
+    "cautious_weight_decay": "cautious_wd",
+    "qk_clip_tau": "qk_clip_threshold",
+    "muoneq": "muon_eq",
+    "row_equilibration": "muon_eq",
+    "muonplus": "muon_plus",
+    "renormalize": "muon_plus",
+    "adjusted_decay": "decay_lr='adjusted'",
+    "pin": "strategy",
+    "clip_config": "the constructor's clip_config=dict(q_proj=..., k_proj=..., head_dim=...)",
+    "none_grad": "the constructor's none_grad=True",
+}
+
+
+def check_unknown_keys(group: dict, index: int) -> None:
+    """ValueError naming every key no algorithm knows (silently ignoring one, e.g. nanochat's
+    `beta2`, would quietly leave NorMuon off), with meshmuon's key for it."""
+    hints = unknown_key_hints(group, index)
+    if hints:
+        raise ValueError(f"[torch] param group {index}: unknown keys {', '.join(hints)}; meshmuon's "
+                         f"group keys are {known_keys()}")
+
+
+def known_keys() -> list[str]:
+    """The group keys meshmuon knows, sorted (without `params`)."""
+    return sorted((GENERIC_KEYS | set(MUON_DEFAULTS) | set(ADAMW_DEFAULTS)) - {"params"})
+
+
+def unknown_key_hints(group: dict, index: int) -> list[str]:
+    """The group's keys no algorithm knows and the group does not declare foreign (`foreign_keys`),
+    each with meshmuon's key for it where there is one."""
+    known = GENERIC_KEYS | set(MUON_DEFAULTS) | set(ADAMW_DEFAULTS)
+    unknown = sorted(k for k in group if k not in known | _foreign.declared(group, index, known))
+    hints = []
+    for key in unknown:
+        hint = KEY_HINTS.get(key)
+        if hint is None:
+            close = difflib.get_close_matches(key, sorted(known - {"params"}), n=1, cutoff=0.6)
+            hint = close[0] if close else None
+        hints.append(f"{key!r} (use {hint})" if hint else f"{key!r}")
+    return hints
+
+
+def check_group_keys(group: dict, index: int) -> str:
+    """Returns the group's algorithm; ValueError for an unknown key (naming meshmuon's key for it), an
+    unknown algorithm or the other algorithm's keys (a typo guard: `betas` in a Muon group,
+    `momentum` in an AdamW group)."""
+    check_unknown_keys(group, index)
+    algorithm = group.get("algorithm", "muon")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"[torch] param group {index}: algorithm {algorithm!r} is not one of "
+                         f"{ALGORITHMS}")
+    wrong = sorted((ADAMW_ONLY if algorithm == "muon" else MUON_ONLY) & set(group))
+    if wrong:
+        raise ValueError(f"[torch] param group {index} ({algorithm}): keys {wrong} belong to the "
+                         f"other algorithm; remove them or set algorithm accordingly")
+    return algorithm
+
+
+DECAY_LRS = ("unadjusted", "adjusted")
+
+
+def _flag(group: dict, key: str, index: int) -> bool:
+    """A boolean key: True or False only (a typo such as "false" must not turn an option on)."""
+    value = group[key]
+    if not isinstance(value, bool):
+        raise ValueError(f"[torch] param group {index}: {key}={value!r}; use True or False")
+    return value
+
+
+def _ns_options(group: dict, ns: "_core.NsOptions", index: int) -> None:
+    schedule = group["ns_schedule"]
+    coefficients = tuple(float(c) for c in group["ns_coefficients"])
+    if len(coefficients) != 3:
+        raise ValueError(f"[torch] param group {index}: ns_coefficients must be (a, b, c)")
+    if schedule is None:
+        schedule = "jordan" if coefficients == JORDAN else "custom"
+    ns.schedule = schedule
+    ns.steps = int(group["ns_steps"])
+    if schedule == "custom":
+        ns.custom = [coefficients] * ns.steps
+    ns.method = group["ns_method"]
+    ns.scale = float(group["ns_scale"])
+    ns.eps = float(group["eps"])
+    ns.eps_mode = group["eps_mode"]
+    ns.bf16_rounding = bool(group["ns_bf16"])
+    ns.muon_eq = _flag(group, "muon_eq", index)
+    ns.muon_plus = _flag(group, "muon_plus", index)
+    ns.matmul_dtype = _precision.matmul_dtype(group)
+
+
+def apply_group(options: "_core.GroupOptions", group: dict, index: int) -> None:
+    """Writes the hyperparameters of torch param group `group` into the engine's GroupOptions.
+    Enum names and ranges are checked by the engine (ValueError naming the group and field)."""
+    _foreign.sync(group)  # aliased foreign keys (docs/migration.md) are the source of their values
+    options.lr = _scalar(group["lr"])
+    options.weight_decay = _scalar(group["weight_decay"])
+    if group.get("algorithm", "muon") == "adamw":
+        beta1, beta2 = group["betas"]
+        options.beta1, options.beta2 = _scalar(beta1), _scalar(beta2)
+        options.eps = _scalar(group["eps"])
+        return
+    options.momentum = _scalar(group["momentum"])
+    options.nesterov = bool(group["nesterov"])
+    options.momentum_kind = group["momentum_kind"]
+    rule = group["adjust_lr_fn"]
+    options.lr_rule = "original" if rule is None else rule
+    options.cautious_wd = bool(group["cautious_wd"])
+    decay_lr = group["decay_lr"]
+    if decay_lr not in DECAY_LRS:
+        raise ValueError(f"[torch] param group {index}: decay_lr={decay_lr!r}; use 'unadjusted' (the "
+                         f"group's lr) or 'adjusted' (the lr after adjust_lr_fn, as nanochat)")
+    options.decay_lr = decay_lr
+    options.normuon_beta2 = _scalar(group["normuon_beta2"])
+    options.qk_clip_threshold = _scalar(group["qk_clip_threshold"])
+    ns = options.ns  # a copy: write it back whole
+    _ns_options(group, ns, index)
+    options.ns = ns
+
+
+def make_group_options(group: dict, index: int) -> "_core.GroupOptions":
+    """A fresh GroupOptions for a torch param group, validated (ValueError naming the field)."""
+    options = _core.GroupOptions()
+    options.algorithm = group.get("algorithm", "muon")
+    options.normuon = bool(group.get("normuon", False))
+    apply_group(options, group, index)
+    options.validate(index)
+    if not math.isfinite(options.lr):
+        raise ValueError(f"[torch] param group {index}: lr must be finite")
+    return options

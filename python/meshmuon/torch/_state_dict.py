@@ -1,0 +1,147 @@
+"""Reading a state dict into meshmuon.torch.Muon: what kind of dict it is (meshmuon's own, torch.optim.Muon's,
+or another optimizer's), torch.optim.Muon's translated to meshmuon's, and the checks made before
+anything is modified (docs/python.md, "State dicts")."""
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional
+
+import torch
+
+from ._options import GENERIC_KEYS, MUON_DEFAULTS, STRUCTURAL
+
+# torch.optim.Muon's group keys (torch 2.9+; its defaults are meshmuon's Muon defaults) and state keys.
+TORCH_MUON_KEYS = {"lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps",
+                   "ns_steps", "adjust_lr_fn"}
+TORCH_MUON_STATE = {"momentum_buffer"}
+
+# Group keys that give away another optimizer's state dict, and its name.
+_FOREIGN = (
+    ("kind", "nanochat's MuonAdamW / DistMuonAdamW (groups with 'kind')"),
+    ("use_muon", "a Moonlight / Motif-style Muon (groups with 'use_muon')"),
+    ("amsgrad", "torch.optim.Adam / AdamW (groups with 'betas' and 'amsgrad')"),
+    ("betas", "an Adam-family optimizer (groups with 'betas')"),
+    ("dampening", "torch.optim.SGD (groups with 'dampening')"),
+)
+
+
+def kind_of(state_dict: Any) -> str:
+    """'meshmuon' (groups carry `algorithm`), 'torch_muon' (torch.optim.Muon's keys only), or a
+    ValueError saying which optimizer's dict this is and what to do."""
+    if not isinstance(state_dict, dict) or not isinstance(state_dict.get("param_groups"), list):
+        raise ValueError(f"[torch] load_state_dict takes an optimizer state dict (a dict with "
+                         f"'state' and 'param_groups'), got {type(state_dict).__name__}")
+    groups = state_dict["param_groups"]
+    if groups and all("algorithm" in g for g in groups):
+        return "meshmuon"
+    keys = set().union(*(set(g) for g in groups)) if groups else set()
+    state_keys = set().union(*(set(v) for v in state_dict.get("state", {}).values()
+                               if isinstance(v, dict)))
+    foreign = keys - TORCH_MUON_KEYS - GENERIC_KEYS
+    if not foreign and "algorithm" not in keys and state_keys <= TORCH_MUON_STATE:
+        return "torch_muon"
+    name = next((name for key, name in _FOREIGN if key in keys), None)
+    if name is not None:
+        what = f"it looks like a state dict of {name}"
+    elif foreign or state_keys - TORCH_MUON_STATE:
+        what = (f"it is another optimizer's (group keys {sorted(foreign)}, state keys "
+                f"{sorted(state_keys)})")
+    else:
+        what = "its groups mix meshmuon's (with 'algorithm') and groups without"
+    raise ValueError(f"[torch] this state dict is not meshmuon.torch.Muon's or torch.optim.Muon's (the "
+                     f"two meshmuon loads): {what}. meshmuon does not convert other optimizers' state: "
+                     f"load it into the optimizer that saved it, or start meshmuon's state fresh "
+                     f"(load the model's weights only)")
+
+
+def from_torch_muon(state_dict: dict, groups: list[dict]) -> dict:
+    """torch.optim.Muon's dict as meshmuon's: each group a Muon group (ValueError where this
+    optimizer's group at that index is not), `momentum_buffer` kept (torch's and meshmuon's EMA
+    momentum are the same: buf = lerp(buf, g, 1 - momentum), Nesterov input lerp(g, buf,
+    momentum)), `step` 0 where torch keeps none, a parameter without state (torch makes it at its
+    first gradient) a zero buffer. The dict itself is not modified."""
+    saved_groups = state_dict["param_groups"]
+    for g, (saved, group) in enumerate(zip(saved_groups, groups)):
+        if group.get("algorithm", "muon") != "muon":
+            raise ValueError(f"[torch] param group {g}: the loaded torch.optim.Muon group is a Muon "
+                             f"group but this optimizer's is {group.get('algorithm')!r}; give the "
+                             f"Muon parameters' groups first, in torch.optim.Muon's order")
+        if group.get("normuon"):
+            raise ValueError(f"[torch] param group {g}: normuon=True needs NorMuon's second moment "
+                             f"(normuon_v), which torch.optim.Muon does not keep; load it into a "
+                             f"group with normuon=False")
+        if group.get("momentum_kind", "ema") != "ema":
+            raise ValueError(f"[torch] param group {g}: momentum_kind={group.get('momentum_kind')!r}"
+                             f" but torch.optim.Muon's momentum buffer is an EMA (lerp); load it "
+                             f"into a group with momentum_kind='ema'")
+    state = {}
+    saved_state = state_dict.get("state", {})
+    for saved in saved_groups:
+        for key in saved.get("params", []):
+            entry = dict(saved_state.get(key, {}))
+            entry.setdefault("step", torch.tensor(0.0))
+            state[key] = entry
+    return dict(state_dict, state=state,
+                param_groups=[dict(g, algorithm="muon") for g in saved_groups])
+
+
+def check(state_dict: dict, groups: list[dict], engine: Any, fresh_ok: bool) -> list[dict]:
+    """The per-parameter saved state of `state_dict` in engine order, after checking groups,
+    algorithms, structural keys and state shapes (ValueError naming the first difference) before
+    anything is modified. `fresh_ok`: a parameter without saved state (or without a key) starts
+    from zeros (torch.optim.Muon's dicts) instead of raising."""
+    saved_groups = state_dict.get("param_groups", [])
+    if len(saved_groups) != len(groups):
+        raise ValueError(f"[torch] loaded state dict has {len(saved_groups)} parameter groups, "
+                         f"this optimizer has {len(groups)}")
+    for g, (saved, group) in enumerate(zip(saved_groups, groups)):
+        for key in STRUCTURAL:
+            default = "muon" if key == "algorithm" else MUON_DEFAULTS.get(key)
+            if saved.get(key, default) != group.get(key, default):
+                raise ValueError(f"[torch] param group {g}: loaded {key}={saved.get(key, default)!r} "
+                                 f"but this optimizer has {group.get(key, default)!r}")
+        if len(saved.get("params", [])) != len(group["params"]):
+            raise ValueError(f"[torch] param group {g}: loaded state dict has "
+                             f"{len(saved.get('params', []))} parameters in it, this optimizer "
+                             f"{len(group['params'])}")
+    saved_state = state_dict.get("state", {})
+    # As the base class: saved parameters map to ours by position in the groups (their keys are
+    # indices, or FQNs in DCP's get_optimizer_state_dict / set_optimizer_state_dict).
+    saved_keys = [k for saved in saved_groups for k in saved.get("params", [])]
+    entries = []
+    for i, key in enumerate(saved_keys):
+        entry = saved_state.get(key)
+        if entry is None and not fresh_ok:
+            raise ValueError(f"[torch] loaded state dict has no state for parameter {key!r} "
+                             f"('{engine.names[i]}')")
+        entry = entry or {}
+        for name, tensor in engine.state(i).items():
+            value = entry.get(name)
+            if value is None and fresh_ok:
+                continue
+            if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(tensor.shape):
+                raise ValueError(f"[torch] loaded state of '{engine.names[i]}' lacks "
+                                 f"'{name}' of shape {tuple(tensor.shape)}")
+        entries.append(entry)
+    return entries
+
+
+def loaded_groups(state_dict: dict, groups: list[dict]) -> list[dict]:
+    """The param groups after loading, as the base class makes them: the saved groups (copied),
+    with this optimizer's params (and param_names where the dict has none); keys the saved group
+    lacks (torch.optim.Muon's dicts, or dicts older than a key) keep this optimizer's values."""
+    out = []
+    for saved, group in zip(copy.deepcopy(state_dict["param_groups"]), groups):
+        saved["params"] = group["params"]
+        for key, value in group.items():
+            saved.setdefault(key, value)
+        out.append(saved)
+    return out
+
+
+def step_count(entry: dict) -> Optional[int]:
+    """The saved step count (a tensor or a number), None where there is none."""
+    step = entry.get("step")
+    if step is None:
+        return None
+    return int(step.item() if isinstance(step, torch.Tensor) else step)

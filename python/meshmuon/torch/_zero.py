@@ -1,0 +1,216 @@
+"""Data-parallel ZeRO for meshmuon.torch.Muon (docs/python.md, "ZeRO", "reduce_grads").
+
+ZeroOptions checks Muon's options zero / reduce_grads / check_replicas. ZeroEngine (`zero=True`;
+the interface of _engine.Engine: params, names, kind, core, state(i), options(g), step_count,
+set_step_count, last_stats, step; _factory.make_engine() picks it): plain parameters replicated on
+every rank (a data-parallel job) are sharded Shard(0) over the world INSIDE the optimizer by a
+native meshmuon.ShardedParams: fp32 master shards in one flat buffer (state key "master", as the
+masters of _master.py), optimizer state only for this rank's rows, a meshmuon.Optimizer over the
+shards (the planner's usual sharded strategies), then one all-gather (direct landing) writes the
+masters into every rank's full torch parameters (fp32 bits, or bf16 rounded to nearest even). With
+`reduce_grads` the step reduces each rank's local .grad to the shard owners in the documented fixed
+order (fp32 sums in rank order, one division); without it the (DDP-reduced) .grad is sliced locally.
+Bitwise the one-process step given the same (reduced) gradients.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import torch
+
+from .. import _core
+from . import _comms, _device
+from ._engine import CoreDelegate, current_engine_options, engine_core_options, param_name
+from ._layouts import as_layout, is_dtensor
+from ._master import MASTER
+from ._options import make_group_options
+
+REDUCE_GRADS = (None, "mean", "sum")
+
+
+class ZeroOptions:
+    """The ZeRO options of meshmuon.torch.Muon, checked (ValueError naming the option) before anything
+    is built."""
+
+    def __init__(self, zero: Any, reduce_grads: Any, check_replicas: Any, engine: Optional[str]):
+        if not isinstance(zero, bool):
+            raise ValueError(f"[torch] zero={zero!r}; use True (ZeRO: optimizer state and work "
+                             f"split over the ranks) or False")
+        if reduce_grads not in REDUCE_GRADS:
+            raise ValueError(f"[torch] reduce_grads={reduce_grads!r}; use 'mean', 'sum' or None")
+        if not isinstance(check_replicas, bool):
+            raise ValueError(f"[torch] check_replicas={check_replicas!r}; use True or False")
+        if reduce_grads is not None and not zero:
+            raise ValueError(f"[torch] reduce_grads={reduce_grads!r} needs zero=True: the step "
+                             f"reduces local gradients to the shard owners of ZeRO; without "
+                             f"zero, all-reduce the gradients first (DDP) and leave reduce_grads=None")
+        if check_replicas and (not zero or reduce_grads is not None):
+            raise ValueError("[torch] check_replicas=True checks that the already-reduced gradients "
+                             "agree on every rank: it needs zero=True and reduce_grads=None")
+        if zero and engine is not None:
+            raise ValueError(f"[torch] engine={engine!r} with zero=True: ZeRO has its own engine; "
+                             f"leave engine=None")
+        self.zero, self.reduce_grads, self.check_replicas = zero, reduce_grads, check_replicas
+
+
+class ZeroEngine(CoreDelegate):
+    """ZeRO-1/2 over plain replicated parameters (see the module docstring). COLLECTIVE: construction
+    and step() on every rank in the same order."""
+
+    kind = "zero"
+
+    def __init__(self, param_groups: list[dict], qk_tags: dict, non_finite: str, comm_dtype: str,
+                 zero: ZeroOptions):
+        self.params: list[torch.Tensor] = [p for g in param_groups for p in g["params"]]
+        self.reduce_grads, self.check_replicas = zero.reduce_grads, zero.check_replicas
+        _comms.release_at_exit(self)
+        specs, groups, self.names = [], [], []
+        for g, group in enumerate(param_groups):  # every check before any collective
+            pg = _core.ParamGroup()
+            pg.options = make_group_options(group, g)
+            muon = group.get("algorithm", "muon") == "muon"
+            indices = []
+            for j, p in enumerate(group["params"]):
+                name = param_name(group, g, j)
+                if is_dtensor(p):
+                    raise ValueError(f"[torch] zero=True shards plain (replicated) parameters, but "
+                                     f"parameter '{name}' is a DTensor (FSDP2 / TP): leave zero=False, "
+                                     f"DTensor parameters already keep their state on the shard")
+                if p.ndim == 0:
+                    raise ValueError(f"[torch] zero=True shards parameters by rows, but parameter "
+                                     f"'{name}' is a 0-dim scalar: make it shape [1] or leave zero=False")
+                spec = _core.ParamSpec()
+                spec.name, spec.shape = name, list(p.shape)
+                spec.role = "muon" if muon else "adamw"
+                spec.expert = muon and p.ndim == 3 and bool(group.get("expert_stacks"))
+                tag = qk_tags.get(id(p))
+                if tag is not None:
+                    spec.qk = tag
+                indices.append(len(specs))
+                specs.append(spec)
+                self.names.append(name)
+            pg.params = indices
+            groups.append(pg)
+        self.device = _device.engine_device(self.params, self.names)
+        world = _comms.world_size()
+        self.mesh = None
+        if world > 1:
+            if not torch.distributed.is_initialized():
+                raise ValueError(f"[torch] zero=True on {world} ranks needs torch.distributed (its "
+                                 f"state is DTensors over the ranks): call "
+                                 f"meshmuon.torch.init_distributed() before building the optimizer")
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.tensor import Shard
+            self.mesh = init_device_mesh(self.device.split(":")[0], (world,), mesh_dim_names=("zero",))
+            self._layout = (self.mesh, (Shard(0),))
+        comm = _comms.communicator(world, self.device)
+        mesh = _core.Mesh([("dp_shard", world)] if world > 1 else [])
+        self.sp = _core.ShardedParams(comm, mesh, specs, reduce=self.reduce_grads or "mean",
+                                      device=self.device)
+        # the distributed engine's options of the constructor (window, chunk_bytes, strategy pins,
+        # replica, machine, timeout_s, exact), as for _engine.Engine; the device's cost model by
+        # default; the optimizer runs on the masters' device
+        options = engine_core_options(current_engine_options(), self.device)
+        del options["device"]
+        self.core = self.sp.make_optimizer(groups, non_finite, comm_dtype, **options)
+        self.rows = []
+        for i, p in enumerate(self.params):  # masters from this rank's rows of its replica
+            rows = self.sp.local_box(i)
+            begin, end = rows[0] if rows else (0, 0)
+            self.rows.append((begin, end))
+            self.sp.param(i).copy_(p.detach()[begin:end])
+        self.masters = [self.sp.param(i) for i in range(len(self.params))]
+        self.grad_shards = list(self.sp.grads())
+        _comms.track_engine_tensors(self.masters + self.grad_shards)  # emptied at exit (_comms)
+        self._state_cache: dict[int, dict[str, torch.Tensor]] = {}
+        self._stats: dict = {}
+
+    # ---- the interface Muon uses ---------------------------------------------------------------
+
+    def state(self, i: int) -> dict[str, torch.Tensor]:
+        """This rank's shard of parameter i's state (and its fp32 master, key "master"): DTensors
+        Shard(0) over the world mesh aliasing the engine's memory (plain full tensors on one rank)."""
+        cached = self._state_cache.get(i)
+        if cached is None:
+            layout = self._layout if self.mesh is not None else None
+            p = self.params[i]
+            cached = {key: as_layout(self.core.state(i, key), layout, p, key)
+                      for key in self.core.state_keys(i)}
+            cached[MASTER] = as_layout(self.masters[i], layout, p, MASTER)
+            _comms.track_engine_tensors(cached.values())  # emptied at exit (_comms)
+            self._state_cache[i] = cached
+        return dict(cached)
+
+    def last_stats(self) -> Optional[dict]:
+        """The optimizer step's counters (meshmuon::StepStats) plus reduce_seconds, reduce_bytes_sent,
+        reduce_bytes_recv (reduce_grads) and unshard_seconds."""
+        return dict(self.core.last_stats(), **self._stats) if self._stats else None
+
+    def step(self, params: list[torch.Tensor], grads: list[Optional[torch.Tensor]],
+             qk_logits: dict[int, list[float]]) -> bool:
+        stats = {}
+        if self.reduce_grads is not None:
+            full = [None if g is None else g.detach().contiguous() for g in grads]
+            _device.wait_for_caller(self.device)  # what the caller's stream writes into them
+            t0 = time.perf_counter()
+            self.sp.reduce_grads_from(full)
+            r = self.sp.last_reduce_stats()
+            stats.update(reduce_seconds=time.perf_counter() - t0, reduce_bytes_sent=r["bytes_sent"],
+                         reduce_bytes_recv=r["bytes_recv"])
+            # a gradient absent on one rank only: the step's agreement raises on every rank
+            shards = [None if g is None else self.grad_shards[i] for i, g in enumerate(grads)]
+        else:
+            if self.check_replicas:
+                self._check_replicas(grads)
+            shards = []
+            for (begin, end), g in zip(self.rows, grads):
+                shards.append(None if g is None else g.detach().contiguous()[begin:end])
+        self.core.set_stream(_device.caller_stream(self.device))  # ordered on the device, as _engine's
+        applied = self.core.step(_device.engine_arrays(self.masters), _device.engine_arrays(shards), qk_logits)
+        if applied:  # agreed on every rank, so the all-gather is collective
+            # The masters the step wrote are read on this thread's stream, after the step's tail
+            # (the step queued it there); unshard_into completes before it returns.
+            t0 = time.perf_counter()
+            targets = [p.detach() for p in params]
+            shadows = [t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
+                       for t in targets]
+            self.sp.unshard_into(shadows)  # a non-contiguous parameter through a contiguous copy
+            for t, shadow in zip(targets, shadows):
+                if shadow is not t:
+                    t.copy_(shadow)
+            stats["unshard_seconds"] = time.perf_counter() - t0
+        self._stats = stats
+        return applied
+
+    def _check_replicas(self, grads: list[Optional[torch.Tensor]]) -> None:
+        """check_replicas=True: every rank's gradient must be bitwise the same (DDP-reduced). One
+        all-reduce of per-parameter digests (presence, bit sums); ValueError on every rank naming the
+        first parameter that differs."""
+        import torch.distributed as dist
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return
+        digests = torch.zeros(len(grads), 3, dtype=torch.int64)
+        for i, g in enumerate(grads):
+            if g is None:
+                continue
+            bits = g.detach().contiguous().view(torch.int16 if g.element_size() == 2 else torch.int32)
+            wide = bits.reshape(-1).to(torch.int64)
+            digests[i, 0] = 1
+            digests[i, 1] = wide.sum()
+            digests[i, 2] = (wide * (torch.arange(wide.numel(), dtype=torch.int64, device=wide.device)
+                                     % 65521 + 1)).sum()
+        both = torch.cat([digests.reshape(-1), -digests.reshape(-1)])
+        if self.device != "cpu" and "gloo" not in str(dist.get_backend()):
+            both = both.to(self.device)  # a process group without gloo reduces device tensors only
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        n = digests.numel()
+        both = both.cpu()
+        differs = (both[:n] != -both[n:]).reshape(-1, 3).any(dim=1)
+        if bool(differs.any()):
+            i = int(differs.nonzero()[0, 0])
+            raise ValueError(f"[torch] check_replicas: the gradient of '{self.names[i]}' differs "
+                             f"between ranks (or is None on some); with zero=True and "
+                             f"reduce_grads=None every rank must hold the same, already reduced "
+                             f"gradient (DDP); pass reduce_grads='mean' to reduce local gradients "
+                             f"inside step()")

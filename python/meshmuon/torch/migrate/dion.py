@@ -1,0 +1,102 @@
+"""Dion's Muon (microsoft/dion, dion/muon.py with megabatch_base.py) → meshmuon.torch.Muon, with the
+groups' own keys (`mu`, `epsilon`, `beta1`, `beta2`, ...) kept as live aliases of meshmuon's."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from ._common import (GroupTranslation, bool_key, check_choice, muon_kwargs, no_state_keys,
+                      plain_update, source_groups, tensors)
+
+PEER = "Dion Muon"
+
+
+def from_dion(params: Any, distributed_mesh: Any = None, lr: float = 0.01, mu: float = 0.95,
+              betas: tuple[float, float] = (0.9, 0.95), weight_decay: float = 0.01,
+              cautious_wd: bool = False, epsilon: float = 1e-8, nesterov: bool = False,
+              adjust_lr: Optional[str] = "spectral_norm", flatten: bool = False,
+              use_gram_newton_schulz: bool = False, use_triton: bool = False,
+              use_polar_express: bool = True,
+              newton_schulz_func: Optional[Callable] = None) -> dict:
+    """Keyword arguments of meshmuon.torch.Muon equivalent to Dion's `Muon(params, ...)` with the same
+    arguments: `opt = meshmuon.torch.Muon(**from_dion(param_groups, lr=0.02))`.
+
+    `params`: Dion's groups (`algorithm` "muon" or "adamw"; keys `lr`, `mu`, `beta1`, `beta2`,
+    `weight_decay`, `cautious_wd`, `epsilon`, `nesterov`, `adjust_lr`, `flatten`), or a Dion Muon
+    that has not stepped. Muon groups map to heavy-ball momentum (`mu` aliased to `momentum`;
+    buf ← mu·buf + g, Nesterov g + mu·buf), Polar Express with X / (|X|_F·1.02 + epsilon)
+    (`use_polar_express=True`, also with `use_triton`) or You's schedule with X / (|X|_F + epsilon)
+    (`epsilon` aliased to `eps`, `eps_mode='add'`), decay with the unadjusted lr (cautious if
+    `cautious_wd`: the same mask U·p ≥ 0) and the update with the adjusted lr: `adjust_lr`
+    "rms_norm" → `match_rms_adamw`, None → `none`, "spectral_norm" (lr·sqrt(A/B)) → `original`
+    (lr·sqrt(max(1, A/B))), equal only when A ≥ B: a group with a wide matrix (A < B) under
+    "spectral_norm" is refused, naming the parameter (meshmuon has no unclamped rule). 3-D
+    parameters (flatten=False) become expert stacks. AdamW groups map `beta1` / `beta2` (aliased
+    to `betas`), `epsilon` (to `eps`), `lr`, `weight_decay` to meshmuon's AdamW (torch's fused AdamW
+    rule, as Dion). `distributed_mesh` is not needed (meshmuon reads DTensor layouts itself).
+    Refused, naming them: Lion (or any other algorithm), Gram Newton-Schulz, a custom
+    `newton_schulz_func`, `num_heads` > 1, `split_sizes`, `flatten` with 3-D+ parameters, cautious
+    decay in AdamW groups, a nonzero group `step` (Dion has stepped)."""
+    del distributed_mesh  # meshmuon takes the layout from the parameters (DTensors)
+    if use_gram_newton_schulz or newton_schulz_func is not None:
+        what = "use_gram_newton_schulz" if use_gram_newton_schulz else "newton_schulz_func"
+        raise ValueError(f"[migrate] {PEER}: {what} is not translated (another orthogonalizer "
+                         f"than Dion's polar_express / newton_schulz5); meshmuon's ns_method='gram' "
+                         f"is Gram Newton-Schulz with its own normalization (docs/python.md)")
+    ns = (dict(ns_schedule="polar_express", ns_scale=1.02) if use_polar_express or use_triton
+          else dict(ns_schedule="you", ns_scale=1.0))
+    defaults = dict(lr=lr, mu=mu, beta1=betas[0], beta2=betas[1], weight_decay=weight_decay,
+                    cautious_wd=cautious_wd, algorithm="muon", step=0, epsilon=epsilon,
+                    nesterov=nesterov, flatten=flatten, adjust_lr=adjust_lr)
+    groups = []
+    for index, group in enumerate(source_groups(params, PEER)):
+        t = GroupTranslation(PEER, index, group, defaults)
+        algorithm = t.get("algorithm")
+        check_choice(t, "algorithm", algorithm, ("muon", "adamw"))
+        no_state_keys(t, "step")
+        t.set(algorithm=algorithm, lr=t.get("lr"), weight_decay=t.get("weight_decay"),
+              eps=t.alias("epsilon", "eps"))
+        if algorithm == "muon":
+            _muon_group(t, ns)
+        else:
+            if bool_key(t, "cautious_wd"):
+                raise t.fail("cautious_wd=True in an AdamW group: meshmuon's AdamW has no cautious "
+                             "weight decay; use cautious_wd=False for this group")
+            t.set(betas=(t.alias("beta1", "betas[0]"), t.alias("beta2", "betas[1]")))
+            t.ignore("mu", "nesterov", "flatten", "adjust_lr")
+        groups.append(t.finish())
+    return muon_kwargs(groups)
+
+
+def _muon_group(t: GroupTranslation, ns: dict) -> None:
+    params = tensors(t.source)
+    flatten = bool_key(t, "flatten")
+    t.fix("flatten")
+    for key in ("num_heads", "split_sizes"):
+        t.read.add(key)
+        value = t.source.get(key)
+        if value is not None and value != 1:
+            raise t.fail(f"{key}={value!r} is not translated (meshmuon orthogonalizes each matrix "
+                         f"whole); remove it")
+    for j, p in enumerate(params):
+        if p.ndim > 3 or (p.ndim == 3 and flatten):
+            raise t.fail(f"parameter {j} has shape {tuple(p.shape)} with flatten={flatten}: meshmuon "
+                         f"takes 2-D matrices and 3-D [E, A, B] stacks (flatten=False)")
+    rule = t.fix("adjust_lr")
+    check_choice(t, "adjust_lr", rule, ("spectral_norm", "rms_norm", None))
+    if rule == "spectral_norm":
+        for j, p in enumerate(params):
+            rows, cols = p.shape[-2], p.shape[-1]
+            if rows < cols:
+                raise t.fail(f"parameter {j} has shape {tuple(p.shape)} (A < B): Dion's "
+                             f"spectral_norm lr·sqrt(A/B) = lr·{(rows / cols) ** 0.5:.3g} there, "
+                             f"meshmuon's 'original' lr·sqrt(max(1, A/B)) = lr; meshmuon has no "
+                             f"unclamped rule: use adjust_lr='rms_norm' or None, or put the "
+                             f"wide matrices in a group with adjust_lr='rms_norm' or None")
+    t.set(momentum=t.alias("mu", "momentum"), nesterov=bool_key(t, "nesterov"),
+          momentum_kind="heavy_ball", ns_steps=5, eps_mode="add",
+          cautious_wd=bool_key(t, "cautious_wd"),
+          adjust_lr_fn={"spectral_norm": "original", "rms_norm": "match_rms_adamw",
+                        None: "none"}[rule],
+          normuon=False, expert_stacks=any(p.ndim == 3 for p in params), **ns)
+    plain_update(t)
+    t.ignore("beta1", "beta2")

@@ -1,0 +1,80 @@
+"""nanochat's MuonAdamW (karpathy/nanochat, nanochat/optim.py) → meshmuon.torch.Muon, with the groups'
+own keys (`kind`, `beta2`, `initial_lr`) kept so that base_train.py's schedule loop runs unedited."""
+from __future__ import annotations
+
+from typing import Any
+
+from ._common import (GroupTranslation, check_choice, engine_flag, has_key, muon_kwargs,
+                      source_groups)
+
+PEER = "nanochat"
+# nanochat's Polar Express: X / (|X|_F * 1.01 + 1e-6), then the 5-step table of arXiv 2505.16932
+# (safety 0.02, cushion 0.02), which is meshmuon's `polar_express` schedule at 5 steps.
+NS_EPS = 1e-6
+
+
+def from_nanochat(params: Any, *, muon_eq: bool = True, muon_plus: bool = True,
+                  decay_lr: str = "adjusted", ns_scale: float = 1.01) -> dict:
+    """Keyword arguments of meshmuon.torch.Muon equivalent to nanochat's `MuonAdamW(param_groups)`:
+    `opt = meshmuon.torch.Muon(**from_nanochat(param_groups))`.
+
+    `params`: nanochat's group list (as `GPT.setup_optimizer` builds it: dicts with `kind='adamw'`
+    (`lr`, `betas`, `eps`, `weight_decay`) or `kind='muon'` (`lr`, `momentum`, `ns_steps`, `beta2`,
+    `weight_decay`)), or a MuonAdamW that has not stepped. nanochat has no defaults: a missing key is
+    a ValueError, as it is a KeyError in nanochat's step.
+
+    Each Muon group maps to: EMA Nesterov momentum (`momentum`), MuonEq row equilibration
+    (`muon_eq`), normalization X / (|X|·ns_scale + 1e-6) (`ns_scale`, `eps=1e-6`,
+    `eps_mode='add'`), Polar Express (`ns_schedule='polar_express'`, `ns_steps` must be 5: nanochat
+    takes the first `ns_steps` rows of its 5-row table, meshmuon computes a schedule per step count),
+    Muon+ renormalization (`muon_plus`), NorMuon (`normuon=True`, `normuon_beta2` aliased to the
+    group's `beta2`), cautious weight decay (`cautious_wd=True`) and lr·sqrt(max(1, A/B))
+    (`adjust_lr_fn='original'`) in both the update and the decay (`decay_lr='adjusted'`).
+    AdamW groups keep `lr`, `betas`, `eps`, `weight_decay` (the same update rule).
+
+    `kind` and any other key nanochat does not read stay in the group as foreign keys, so a loop
+    that reads `group['kind']` and writes `lr`, `momentum`, `weight_decay` (or `beta2`) works.
+    The keyword arguments describe the nanochat version migrated from (this snapshot's values are
+    the defaults): `muon_eq`, `muon_plus` (False for versions without MuonEq / Muon+), `decay_lr`
+    ("adjusted": decay with the shape-adjusted lr, as nanochat; "unadjusted": meshmuon's default) and
+    `ns_scale` (1.02 in earlier versions). Where this meshmuon build lacks a key a value needs
+    (`muon_eq`, `muon_plus`, `decay_lr`), a ValueError names it."""
+    if decay_lr not in ("adjusted", "unadjusted"):
+        raise ValueError(f"[migrate] {PEER}: decay_lr={decay_lr!r}; use 'adjusted' (nanochat's) "
+                         f"or 'unadjusted'")
+    groups = []
+    for index, group in enumerate(source_groups(params, PEER)):
+        t = GroupTranslation(PEER, index, group, defaults={})
+        kind = t.fix("kind")  # kept for the script (nanochat's loop reads it); meshmuon: algorithm
+        check_choice(t, "kind", kind, ("muon", "adamw"))
+        t.set(algorithm=kind, lr=t.get("lr"), weight_decay=t.get("weight_decay"))
+        if kind == "adamw":
+            t.set(betas=tuple(t.get("betas")), eps=t.get("eps"))
+        else:
+            _muon_group(t, muon_eq, muon_plus, decay_lr, ns_scale)
+        groups.append(t.finish())
+    return muon_kwargs(groups)
+
+
+def _muon_group(t: GroupTranslation, muon_eq: bool, muon_plus: bool, decay_lr: str,
+                ns_scale: float) -> None:
+    ns_steps = t.get("ns_steps")
+    if ns_steps != 5:
+        raise t.fail(f"ns_steps={ns_steps!r}: nanochat runs the first ns_steps rows of its 5-step "
+                     f"Polar Express table, meshmuon's polar_express schedule is computed per step "
+                     f"count and equals that table only at 5 steps; use ns_steps=5")
+    beta2 = t.alias("beta2", "normuon_beta2")
+    t.set(momentum=t.get("momentum"), momentum_kind="ema", nesterov=True,
+          ns_schedule="polar_express", ns_steps=5, ns_scale=ns_scale, eps=NS_EPS, eps_mode="add",
+          normuon=True, normuon_beta2=beta2, cautious_wd=True, adjust_lr_fn="original",
+          expert_stacks=False)
+    engine_flag(t, "muon_eq", muon_eq, "nanochat's MuonEq row equilibration",
+                "pass muon_eq=False to migrate without it (the update then differs from nanochat's)")
+    engine_flag(t, "muon_plus", muon_plus, "nanochat's Muon+ renormalization",
+                "pass muon_plus=False to migrate without it (the update then differs)")
+    if has_key("decay_lr"):
+        t.set(decay_lr=decay_lr)
+    elif decay_lr != "unadjusted":
+        raise t.fail("nanochat decays with the shape-adjusted lr, which needs meshmuon's group key "
+                     "'decay_lr'; this meshmuon build does not have it: pass decay_lr='unadjusted' "
+                     "to decay with the unadjusted lr (differs for tall matrices)")

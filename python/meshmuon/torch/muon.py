@@ -1,0 +1,567 @@
+"""meshmuon.torch.Muon: a torch.optim.Optimizer whose step runs in meshmuon's native engine, with the
+numerics of torch.optim.Muon (Muon groups) and torch.optim.AdamW (AdamW groups). See docs/python.md.
+"""
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch
+
+from . import _clip, _comms, _device, _group_checks, _plan, _precision, _state_dict
+from ._engine import KINDS, engine_options, qk_tag
+from ._factory import make_engine
+from ._layouts import is_dtensor
+from ._zero import ZeroOptions
+from ._options import (ADAMW_DEFAULTS, MUON_DEFAULTS, MUON_ONLY, STRUCTURAL, apply_group,
+                       check_group_keys)
+from ._profile import StepPhases
+
+_GRAD_DTYPES = (torch.float32, torch.bfloat16)
+_LR_RULES = (None, "original", "match_rms_adamw", "none")  # adjust_lr_fn: torch's two, and "none"
+
+
+def _copy_into(bound: torch.Tensor, value: torch.Tensor) -> None:
+    """Copies a loaded state value into the engine's tensor: a DTensor of the same layout locally,
+    another layout after redistributing it, a plain (full) tensor by taking this rank's shard."""
+    if not is_dtensor(bound):
+        bound.copy_(value.full_tensor() if is_dtensor(value) else value)
+        return
+    from torch.distributed.tensor import distribute_tensor
+    if is_dtensor(value):
+        if value.device_mesh != bound.device_mesh or tuple(value.placements) != tuple(bound.placements):
+            value = value.redistribute(bound.device_mesh, bound.placements)
+        local = value._local_tensor
+    else:
+        local = distribute_tensor(value, bound.device_mesh, bound.placements,
+                                  src_data_rank=None)._local_tensor
+    bound._local_tensor.copy_(local)
+
+
+def _device_zero(tensor: torch.Tensor) -> None:
+    (tensor._local_tensor if is_dtensor(tensor) else tensor).zero_()
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon (and AdamW) with a native step.
+
+    Groups are explicit: `algorithm="muon"` (the default; 2-D matrices, or 3-D expert stacks
+    [E, A, B] in groups with `expert_stacks=True`) or `algorithm="adamw"` (any shape).
+    `meshmuon.torch.param_groups(model)` builds them. Muon defaults follow torch.optim.Muon; keyword-
+    only arguments are meshmuon's options (see docs/python.md for every group key). AdamW groups
+    default to torch.optim.AdamW's hyperparameters, overridden by `adamw_defaults`.
+
+    QK-clip: `qk_layout={param_or_name_or_module: dict(layer=, kind=, heads=, head_dim=,
+    rope_dim=0, v_dim=0)}` tags attention weights once; a Muon group with qk_clip_threshold > 0
+    then needs `step(qk_logits={layer: per-query-head max logits})`.
+
+    State (created eagerly, the same keys for every parameter of an algorithm): Muon
+    `momentum_buffer` (+ `normuon_v`, the factored second moment [A, 1] or [1, B], with NorMuon),
+    AdamW `exp_avg`, `exp_avg_sq`; every parameter has `step` (fp32 0-dim tensor). The tensors
+    alias the engine's memory: they are updated in place, their data_ptr never changes.
+
+    DTensor parameters (FSDP2 / HSDP / TP / EP; launch with mpirun and call
+    meshmuon.torch.init_distributed()) run on the distributed engine over their local shards; their
+    state tensors are DTensors with the parameter's mesh and placements (DCP reshards them). Plain
+    tensors of a job of several ranks with a meshmuon communicator (mpirun) run there too, replicated.
+    Construction and step() are then collective. `engine="local"` / `"distributed"` overrides the
+    choice (tests, diagnostics). See docs/python.md.
+
+    The distributed engine's options `window`, `chunk_bytes`, `strategy` (pins: {glob: strategy,
+    "default": strategy} or "glob:strategy;..."; also a group key), `replica`, `machine`,
+    `timeout_s`, `allow_inexact` are checked by both engines and ignored by the local one.
+    `offload_state=True` (both engines) keeps the optimizer state in pinned host memory and stages
+    each chunk's state to the device ahead of use (bitwise the same results; on the cpu backend the
+    same copies, a cost: it is there so the mechanism is tested); `last_step_stats` then reports
+    offload_bytes_in / offload_bytes_out and peak_state_resident_bytes.
+    `none_grad=True` frees each .grad the step used; `clip_config` tags QK-clip weights by names
+    (Motif-style). `opt.plan()` returns the plan, `opt.last_step_stats` the last step's figures; the
+    step opens torch.profiler ranges meshmuon.step / .collect_grads / .engine / .write_back.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_coefficients: tuple[float, float, float] = MUON_DEFAULTS["ns_coefficients"],
+        eps: float = 1e-7,
+        ns_steps: int = 5,
+        adjust_lr_fn: Optional[str] = None,
+        *,
+        ns_schedule: Optional[str] = None,
+        ns_method: str = "symmetric",
+        ns_scale: float = 1.0,
+        eps_mode: str = "clamp",
+        ns_bf16: bool = False,
+        ns_matmul_dtype: str = "auto",
+        momentum_kind: str = "ema",
+        cautious_wd: bool = False,
+        decay_lr: str = "unadjusted",
+        muon_eq: bool = False,
+        muon_plus: bool = False,
+        normuon: bool = False,
+        normuon_beta2: float = 0.95,
+        qk_clip_threshold: float = 0.0,
+        comm_dtype: str = "fp32",
+        qk_layout: Optional[dict] = None,
+        adamw_defaults: Optional[dict] = None,
+        non_finite: str = "raise",
+        threads: Optional[int] = None,
+        offload_state: bool = False,
+        window: int = 2,
+        chunk_bytes: int = 32 << 20,
+        strategy: Optional[Any] = None,
+        replica: str = "auto",
+        machine: Optional[Any] = None,
+        timeout_s: Optional[float] = None,
+        allow_inexact: bool = False,
+        none_grad: bool = False,
+        clip_config: Optional[dict] = None,
+        engine: Optional[str] = None,
+        zero: bool = False,
+        reduce_grads: Optional[str] = None,
+        check_replicas: bool = False,
+    ) -> None:
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:  # torch's check and wording
+            raise ValueError(f"[torch] Tensor lr must be 1-element (got shape {tuple(lr.shape)}); "
+                             f"pass a float or a 1-element tensor")
+        if adjust_lr_fn not in _LR_RULES:  # torch's wording (code matches on it), meshmuon's rules
+            raise ValueError(f"[torch] Adjust learning rate function {adjust_lr_fn} is not "
+                             f"supported; use one of {_LR_RULES}")
+        self._zero = ZeroOptions(zero, reduce_grads, check_replicas, engine)  # docs/python.md, ZeRO
+        if non_finite not in ("raise", "skip"):
+            raise ValueError(f"[torch] non_finite={non_finite!r}; use 'raise' or 'skip'")
+        if comm_dtype not in ("fp32", "bf16"):
+            raise ValueError(f"[torch] comm_dtype={comm_dtype!r}; use 'fp32' or 'bf16'")
+        # The distributed engine's options (docs/python.md): checked here for both engines; the
+        # local engine (one process) ignores them.
+        self._dist_args = dict(window=window, chunk_bytes=chunk_bytes, replica=replica,
+                               timeout_s=timeout_s, allow_inexact=allow_inexact, machine=machine)
+        self._dist_options = _plan.check_dist_options(**self._dist_args)
+        self._strategy = _plan.check_strategy(strategy)
+        if not isinstance(none_grad, bool):
+            raise ValueError(f"[torch] none_grad={none_grad!r}; use True (free each .grad once the "
+                             f"step has used it) or False")
+        self._none_grad = none_grad
+        clip_threshold = _clip.check_clip_config(clip_config)
+        if clip_threshold is not None:
+            if qk_clip_threshold not in (0.0, clip_threshold):
+                raise ValueError(f"[torch] qk_clip_threshold={qk_clip_threshold!r} and "
+                                 f"clip_config['threshold']={clip_threshold!r} differ; give one")
+            qk_clip_threshold = clip_threshold
+        self._clip_config, self._clip_masks = clip_config, {}
+        self._last_phases: Optional[StepPhases] = None
+        self._comm_dtype = comm_dtype
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"[torch] threads={threads!r}; use an int >= 1, or None for the BLAS "
+                             f"thread count")
+        self._threads = 0 if threads is None else threads
+        if not isinstance(offload_state, bool):
+            raise ValueError(f"[torch] offload_state={offload_state!r}; use True (optimizer state in "
+                             f"pinned host memory, staged to the device chunk by chunk) or False")
+        self._offload_state = offload_state
+        if engine is not None and engine not in KINDS:
+            raise ValueError(f"[torch] engine={engine!r}; use None (automatic), 'local' or "
+                             f"'distributed'")
+        self._engine_kind = engine
+        defaults = dict(MUON_DEFAULTS, lr=lr, weight_decay=weight_decay, momentum=momentum,
+                        nesterov=nesterov, ns_coefficients=tuple(ns_coefficients), eps=eps,
+                        ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, ns_schedule=ns_schedule,
+                        ns_method=ns_method, ns_scale=ns_scale, eps_mode=eps_mode, ns_bf16=ns_bf16,
+                        ns_matmul_dtype=ns_matmul_dtype,
+                        momentum_kind=momentum_kind, cautious_wd=cautious_wd, decay_lr=decay_lr,
+                        muon_eq=muon_eq, muon_plus=muon_plus, normuon=normuon,
+                        normuon_beta2=normuon_beta2, qk_clip_threshold=qk_clip_threshold,
+                        algorithm="muon")
+        self._adamw_defaults = dict(ADAMW_DEFAULTS, **(adamw_defaults or {}))
+        unknown = sorted(set(self._adamw_defaults) - set(ADAMW_DEFAULTS))
+        if unknown:
+            raise ValueError(f"[torch] adamw_defaults: unknown keys {unknown}; use "
+                             f"{sorted(ADAMW_DEFAULTS)}")
+        self._non_finite = non_finite
+        self._qk_layout = dict(qk_layout or {})
+        self._engine = None
+        self.engine_builds = 0  # how often the engine's inventory was built (tests, diagnostics)
+        params = _group_checks.checked_param_list(params)  # every group's unknown keys named at once
+        super().__init__(params, defaults)
+        _comms.release_at_exit(self)  # its state aliases engine memory: cleared at exit
+        self._rebuild_engine()
+
+    # ---- groups --------------------------------------------------------------------------------
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """As torch.optim.Optimizer.add_param_group, with the group's algorithm defaults and
+        meshmuon's checks first (TypeError / ValueError before anything changes); rebuilds the
+        engine's inventory when the optimizer already exists (state of existing parameters kept)."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(param_group)}")
+        index = len(self.param_groups)
+        algorithm = check_group_keys(param_group, index)
+        self._check_params(param_group, index, algorithm)
+        user_keys = set(param_group)
+        param_group["algorithm"] = algorithm
+        if algorithm == "adamw":
+            for key, value in self._adamw_defaults.items():
+                param_group.setdefault(key, value)
+        super().add_param_group(param_group)
+        if algorithm == "adamw":  # drop the Muon keys the base class filled in from self.defaults
+            for key in MUON_ONLY - user_keys:
+                param_group.pop(key, None)
+        if self._engine is not None:
+            try:
+                self._rebuild_engine()
+            except Exception:
+                self.param_groups.pop()
+                raise
+
+    def _check_params(self, group: dict, index: int, algorithm: str) -> None:
+        raw = group.get("params")
+        if raw is None:
+            raise ValueError(f"[torch] param group {index} has no 'params'")
+        if isinstance(raw, torch.Tensor):
+            raw = [raw]
+        elif isinstance(raw, set):
+            raise TypeError("optimizer parameters need to be organized in ordered collections, "
+                            "but the ordering of tensors in sets will change between runs. "
+                            "Please use a list instead.")
+        raw = _group_checks.without_duplicates(list(raw))  # torch's warning; each kept once
+        group["params"] = raw  # a generator is consumed once: the base class gets the list
+        lr = group.get("lr")
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError(f"[torch] param group {index}: Tensor lr must be 1-element (got shape "
+                             f"{tuple(lr.shape)}); pass a float or a 1-element tensor")
+        params = [p[1] if isinstance(p, tuple) and len(p) == 2 else p for p in raw]
+        owner = {id(p): k for k, g in enumerate(self.param_groups) for p in g["params"]}
+        expert = bool(group.get("expert_stacks", self.defaults.get("expert_stacks", False)))
+        for j, p in enumerate(params):
+            name = f" '{raw[j][0]}'" if isinstance(raw[j], tuple) else ""
+            where = f"param group {index} ({algorithm}), parameter {j}{name}"
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"[torch] {where} is a {torch.typename(p)}, not a Tensor")
+            if p.dtype not in (torch.float32, torch.bfloat16):
+                raise TypeError(f"[torch] {where} is {p.dtype}; meshmuon takes fp32 parameters, or "
+                                f"bf16 ones with fp32 masters (gradients may be fp32 or bf16)")
+            _device.check_tensor_device(p, where)
+            # Non-contiguous plain parameters are stepped through a contiguous shadow
+            # (_engine.Engine.step); a DTensor's local shard must be contiguous (_layouts).
+            if id(p) in owner:  # the base class's wording, which code matches on
+                raise ValueError(f"[torch] some parameters appear in more than one parameter group: "
+                                 f"{where} (shape {tuple(p.shape)}) is already in param group "
+                                 f"{owner[id(p)]}; put each parameter in exactly one group")
+            if algorithm == "muon":
+                if p.ndim == 3 and not expert:
+                    raise ValueError(f"[torch] {where} has shape {tuple(p.shape)} (3-D) in a Muon "
+                                     f"group; set expert_stacks=True on the group for [E, A, B] "
+                                     f"expert stacks, or put it in an AdamW group")
+                if p.ndim not in (2, 3):
+                    raise ValueError(f"[torch] {where} has shape {tuple(p.shape)} ({p.ndim}-D); "
+                                     f"Muon takes 2-D matrices (and 3-D expert stacks): put it "
+                                     f"in an AdamW group (meshmuon.torch.param_groups does this)")
+
+    def _qk_tags(self) -> dict:
+        """Resolves qk_layout keys (parameter, module with .weight, or parameter name) to tags."""
+        by_name = {}
+        for group in self.param_groups:
+            for name, p in zip(group.get("param_names", []), group["params"]):
+                by_name[name] = p
+        muon_ids = {id(p) for g in self.param_groups if g["algorithm"] == "muon"
+                    for p in g["params"]}
+        tags = {}
+        for key, spec in self._qk_layout.items():
+            if isinstance(key, str):
+                if key not in by_name:
+                    raise ValueError(f"[torch] qk_layout names {key!r}, which is not a parameter "
+                                     f"name of this optimizer (pass named parameters or the "
+                                     f"tensor itself)")
+                p, where = by_name[key], key
+            elif isinstance(key, torch.nn.Module):
+                p, where = getattr(key, "weight", None), type(key).__name__
+            else:
+                p, where = key, f"tensor of shape {tuple(getattr(key, 'shape', ()))}"
+            if not isinstance(p, torch.Tensor) or id(p) not in muon_ids:
+                raise ValueError(f"[torch] qk_layout[{where}] is not a parameter of a Muon group "
+                                 f"of this optimizer")
+            tags[id(p)] = qk_tag(spec, where)
+        if self._clip_config is not None:  # Motif-style names and head indices -> the same tags
+            named = {name: (by_name[name], g["algorithm"]) for g in self.param_groups
+                     for name in g.get("param_names", [])}
+            layout, self._clip_masks = _clip.resolve_clip_config(self._clip_config, named)
+            for name, spec in layout.items():
+                if id(by_name[name]) in tags:
+                    raise ValueError(f"[torch] {name!r} is tagged by both qk_layout and clip_config; "
+                                     f"use one")
+                tags[id(by_name[name])] = qk_tag(spec, name)
+        return tags
+
+    def _engine_options(self) -> dict:
+        """The distributed engine's options with the strategy pins of the constructor and of the
+        groups' `strategy` keys (the local engine ignores them)."""
+        rules, default = self._strategy
+        groups = [([n for n in g.get("param_names", [])] or
+                   [f"param_groups[{i}][{j}]" for j in range(len(g["params"]))],
+                   _plan.group_strategy(g, i)) for i, g in enumerate(self.param_groups)]
+        return dict(self._dist_options, strategy=_plan.strategy_rules(rules, default, groups),
+                    offload_state=self._offload_state)
+
+    def _rebuild_engine(self) -> None:
+        old, old_index = self._engine, {}
+        if old is not None:
+            old_index = {id(p): i for i, p in enumerate(old.params)}
+        # The core: distributed for DTensors, and for plain tensors of a multi-rank job with a
+        # meshmuon communicator (replicated; the planner places the work); local otherwise.
+        _precision.check_groups(self.param_groups)
+        with engine_options(self._engine_options()):
+            engine = make_engine(self.param_groups, self._qk_tags(), self._non_finite,
+                                 self._comm_dtype, self._threads, self._engine_kind, self._zero)
+        # Each parameter's "step" (a 0-d float32 tensor, as torch's optimizers keep it) is a view of
+        # one counter vector, so a step counts them all with one add (a foreach add over 48 0-d CPU
+        # tensors costs ~60 us a step; the vector's add ~2 us).
+        counts = torch.zeros(len(engine.params), dtype=torch.float32, device="cpu")
+        step_tensors = []
+        for i, p in enumerate(engine.params):
+            state = engine.state(i)
+            j = old_index.get(id(p))
+            if j is not None:  # carry the state of parameters the old engine had
+                for key, value in old.state(j).items():
+                    if key in state:
+                        _copy_into(state[key], value)
+                engine.set_step_count(i, old.step_count(j))
+            step = counts[i]
+            step.fill_(float(engine.step_count(i)))
+            state["step"] = step
+            step_tensors.append(step)
+            self.state[p] = state
+        self._engine, self._step_counts, self._step_tensors = engine, counts, step_tensors
+        self._built = [{k: g.get(k) for k in STRUCTURAL} for g in self.param_groups]
+        self._built_strategy = [g.get("strategy") for g in self.param_groups]
+        self.engine_builds += 1
+
+    # ---- step ----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None, *,
+             qk_logits: Optional[dict] = None) -> float | None:
+        """One optimizer step (see torch.optim.Optimizer.step). `qk_logits` (keyword only, after
+        the base class's `closure`): {layer: per-query-head max pre-softmax logits} for QK-clip.
+        Parameters whose .grad is None are left untouched (state included), as torch does.
+        With the distributed engine the step is COLLECTIVE: every rank calls it, also a rank whose
+        gradients are all None, and the ranks agree on which gradients exist, step counts,
+        hyperparameters and policies; any difference raises meshmuon.MeshmuonError on every rank,
+        naming it, before anything is modified."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        # Profiler ranges meshmuon.step > meshmuon.collect_grads, meshmuon.engine, meshmuon.write_back (and
+        # their wall times in last_step_stats).
+        with StepPhases("meshmuon.step") as phases:
+            return self._step(loss, qk_logits, phases)
+
+    def _step(self, loss, qk_logits: Optional[dict], phases: StepPhases):
+        phases.phase("meshmuon.collect_grads")
+        engine = self._engine
+        for g, group in enumerate(self.param_groups):
+            for key in STRUCTURAL:
+                if key in group and group[key] != self._built[g].get(key):
+                    raise ValueError(f"[torch] param group {g}: {key} changed after construction "
+                                     f"(the state layout depends on it); build a new optimizer")
+            if group.get("strategy") != self._built_strategy[g]:
+                raise ValueError(f"[torch] param group {g}: strategy changed after construction (the "
+                                 f"plan is made once); build a new optimizer")
+        grads, present = [], []
+        for i, p in enumerate(engine.params):
+            grad = p.grad
+            if grad is None:  # left untouched by the engine (values, state, step), as torch does
+                grads.append(None)
+                continue
+            if grad.dtype not in _GRAD_DTYPES:
+                raise TypeError(f"[torch] gradient of '{engine.names[i]}' is {grad.dtype}; "
+                                f"gradients must be float32 or bfloat16")
+            if grad.is_sparse or grad.layout != torch.strided:
+                raise TypeError(f"[torch] gradient of '{engine.names[i]}' is sparse; meshmuon needs "
+                                f"dense gradients")
+            grads.append(grad.detach() if grad.requires_grad else grad)
+            present.append(i)
+        if not present and engine.kind == "local":
+            return loss  # one process, nothing to do (a distributed step is collective: it runs)
+        _precision.check_groups(self.param_groups)
+        for g, group in enumerate(self.param_groups):
+            apply_group(engine.options(g), group, g)
+        logits = _clip.mask_logits(self._logits(qk_logits), self._clip_masks)
+        phases.phase("meshmuon.engine")
+        self._last_phases = phases
+        applied = engine.step(engine.params, grads, logits)
+        phases.phase("meshmuon.write_back")
+        if applied:
+            if len(present) == len(grads):
+                self._step_counts.add_(1.0)
+            elif present:
+                counts = self._step_counts  # (not the default dtype or device: they may have changed)
+                counts.index_add_(0, torch.tensor(present, device=counts.device),
+                                  torch.ones(len(present), dtype=counts.dtype, device=counts.device))
+        if self._none_grad:  # Motif's none_grad: the step has consumed the gradients
+            for i in present:
+                engine.params[i].grad = None
+        return loss
+
+    @staticmethod
+    def _logits(qk_logits) -> dict:
+        if qk_logits is None:
+            return {}
+        if not isinstance(qk_logits, dict):
+            raise TypeError("[torch] qk_logits must be a dict {layer: per-head max logits}")
+        out = {}
+        for layer, value in qk_logits.items():
+            if isinstance(value, torch.Tensor):
+                value = value.detach().to(torch.float32).cpu().reshape(-1).tolist()
+            out[int(layer)] = [float(v) for v in value]
+        return out
+
+    # ---- state dict ----------------------------------------------------------------------------
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As torch.optim.Optimizer.load_state_dict, in its order: the load_state_dict pre-hooks
+        (a returned dict replaces the input), the checks (ValueError before anything changes when
+        groups, algorithms or state shapes differ, or the dict is another optimizer's), the values
+        copied into the engine's state tensors (which stay the ones in self.state, same data_ptr),
+        then the post-hooks (they see the loaded state; a value they replace in self.state is
+        copied into the engine). Loads meshmuon's dicts and torch.optim.Muon's (docs/python.md)."""
+        state_dict = dict(state_dict)  # as the base class: hooks may edit the (shallow) copy
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        kind = _state_dict.kind_of(state_dict)
+        if kind == "torch_muon":
+            if len(state_dict["param_groups"]) != len(self.param_groups):
+                raise ValueError(f"[torch] loaded torch.optim.Muon state dict has "
+                                 f"{len(state_dict['param_groups'])} parameter groups, this "
+                                 f"optimizer has {len(self.param_groups)}")
+            state_dict = _state_dict.from_torch_muon(state_dict, self.param_groups)
+        entries = _state_dict.check(state_dict, self.param_groups, self._engine,
+                                    fresh_ok=kind == "torch_muon")
+        groups = _state_dict.loaded_groups(state_dict, self.param_groups)
+        for group, built in zip(groups, self._built_strategy):
+            if group.get("strategy") != built:  # the plan was made with these; a checkpoint keeps it
+                group["strategy"] = built
+        self.param_groups = groups
+        self._load_entries(entries, fresh=kind == "torch_muon")
+        self._built = [{k: g.get(k) for k in STRUCTURAL} for g in self.param_groups]
+        for hook in self._optimizer_load_state_dict_post_hooks.values():
+            hook(self)
+        self._adopt_replaced_state()
+
+    def _load_entries(self, entries: list[dict], fresh: bool = False) -> None:
+        """Copies saved per-parameter state (engine order) into the engine's state tensors and
+        step counts; self.state[p] is the engine's state again. `fresh`: what an entry lacks
+        starts from zero (torch.optim.Muon's dicts)."""
+        engine = self._engine
+        for i, (p, entry) in enumerate(zip(engine.params, entries)):
+            bound = engine.state(i)
+            for key, tensor in bound.items():
+                value = entry.get(key)
+                if value is None and fresh:
+                    _device_zero(tensor)
+                elif value is not tensor:  # the values as saved (bf16 masters kept fp32)
+                    _copy_into(tensor, value)
+            count = _state_dict.step_count(entry) or 0
+            engine.set_step_count(i, count)
+            bound["step"] = self._step_tensors[i]
+            bound["step"].fill_(float(count))
+            self.state[p] = bound
+
+    def _adopt_replaced_state(self) -> None:
+        """A state value replaced in self.state (by a load_state_dict post-hook) is copied into
+        the engine's tensor, which takes its place again; the step count likewise."""
+        engine = self._engine
+        for i, p in enumerate(engine.params):
+            current = self.state.get(p, {})
+            bound = engine.state(i)
+            for key, tensor in bound.items():
+                value = current.get(key)
+                if value is not None and value is not tensor:
+                    _copy_into(tensor, value)
+            step = current.get("step")
+            if step is not None and step is not self._step_tensors[i]:
+                count = _state_dict.step_count(current)
+                engine.set_step_count(i, count)
+                self._step_tensors[i].fill_(float(count))
+            bound["step"] = self._step_tensors[i]
+            self.state[p] = bound
+
+    # ---- copy and pickle -----------------------------------------------------------------------
+
+    # What a copy rebuilds its engine from: the constructor's checked options (not the engine).
+    _CONFIG = ("_zero", "_dist_args", "_strategy", "_none_grad", "_clip_config", "_comm_dtype",
+               "_threads", "_offload_state", "_engine_kind", "_adamw_defaults", "_non_finite",
+               "_qk_layout", "engine_builds")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The base class's (defaults, state, param_groups) and the constructor's options; the
+        engine is not pickled: __setstate__ builds a new one (copy.deepcopy and pickle)."""
+        state = super().__getstate__()
+        state.update({key: self.__dict__[key] for key in self._CONFIG})
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A copy (copy.deepcopy) or an unpickled optimizer: its own engine, built from its groups
+        (as the constructor does), with the saved state loaded: its next step equals the
+        original's. In a job of several ranks building the engine is collective: every rank copies
+        (or unpickles) at the same point (docs/python.md)."""
+        saved = state.get("state", {})
+        had_differentiable = "differentiable" in state.get("defaults", {})
+        super().__setstate__(dict(state, state={}))
+        self.state = defaultdict(dict)
+        if not had_differentiable:  # the base class adds it; meshmuon's groups have no such key
+            self.defaults.pop("differentiable", None)
+        builds = self.engine_builds
+        self._dist_options = _plan.check_dist_options(**self._dist_args)
+        self._clip_masks, self._last_phases, self._engine = {}, None, None
+        _comms.release_at_exit(self)
+        self._rebuild_engine()
+        self.engine_builds = builds
+        self._load_entries([saved.get(p, {}) for p in self._engine.params], fresh=True)
+        for key, value in saved.items():  # entries not keyed by a parameter (hooks may add them)
+            if not isinstance(key, torch.Tensor):
+                self.state[key] = value
+
+    @property
+    def engine(self) -> str:
+        """Which engine runs the step: 'local' (meshmuon.LocalOptimizer in this process: one process,
+        or plain tensors without a meshmuon communicator) or 'distributed' (meshmuon.Optimizer over MPI:
+        DTensor parameters, or plain tensors of a job of several ranks under mpirun)."""
+        return self._engine.kind
+
+    @property
+    def last_step_stats(self) -> dict:
+        """This rank's counters of the last step that ran the engine, for both engines (all zero,
+        `applied` False, before the first): the fields of meshmuon::StepStats (step_seconds,
+        orthogonalize_seconds, update_seconds, pack_seconds; distributed also comm_wait_seconds,
+        agree_seconds, comm_seconds, overlap, bytes_sent / bytes_recv and their predictions, chunks,
+        collectives: zero on one rank; with offload_state offload_bytes_in / offload_bytes_out and
+        peak_state_resident_bytes, zero without), the wall times of the Python phases (python_step_seconds,
+        collect_grads_seconds, engine_call_seconds, write_back_seconds), `engine`, and the product
+        precision: `cpu_model`, `bf16_native`, `bf16_products` (what formed the bf16 products:
+        'unused' when every Muon group ran fp32 products, else 'native', 'widened',
+        'onednn_emulated' or 'cuda').
+        See docs/python.md."""
+        stats = dict(self._engine.last_stats() or {})
+        times = self._last_phases.times if self._last_phases is not None else {}
+        stats.update(engine=self._engine.kind,
+                     python_step_seconds=times.get("meshmuon.step", 0.0),
+                     collect_grads_seconds=times.get("meshmuon.collect_grads", 0.0),
+                     engine_call_seconds=times.get("meshmuon.engine", 0.0),
+                     write_back_seconds=times.get("meshmuon.write_back", 0.0))
+        info = _precision.cpu_info()
+        stats.update(cpu_model=info["model"], bf16_native=bool(info["bf16_native"]),
+                     bf16_products=_precision.products_of(self.param_groups))
+        return stats
+
+    def plan(self) -> _plan.Plan:
+        """The plan the engine runs (docs/python.md, "Plans"): `str(plan)` prints like `meshmuon plan`,
+        `plan.to_json()` / `plan.json` give its JSON, `plan.strategies` / `.decisions` / `.chunks`
+        per Muon parameter, `plan.bytes_sent_max`, `.world_size`. The local engine's plan is one
+        rank's: every matrix computed in place (`local`, `expert_local`), nothing sent."""
+        return _plan.plan_of(self._engine)
