@@ -38,4 +38,15 @@ using AcceptLibrary = std::function<std::string(void* handle, const char* name)>
 OpenedLibrary open_first_library(std::span<const char* const> candidates, int flags = RTLD_NOW | RTLD_LOCAL,
                                  const AcceptLibrary& accept = {});
 
+// Where meshmuon's code was loaded from, to find the libraries a pip install puts beside it (a wheel's
+// dependencies come from PyPI: scipy-openblas32 under site-packages, oneDNN and Open MPI under the
+// environment's prefix/lib). All three are "" when meshmuon is not inside an installed `meshmuon`
+// package (a build tree, libmeshmuon.so in /usr/local): the plain sonames are tried then.
+struct InstallLocation {
+  std::string module;         // the shared object or executable holding this code (resolved path)
+  std::string site_packages;  // .../site-packages when module is .../site-packages/meshmuon[/bin]/x
+  std::string prefix_lib;     // the environment's lib folder: site_packages/../../../lib (a venv's, conda's)
+};
+const InstallLocation& install_location();
+
 }  // namespace meshmuon::detail
