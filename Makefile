@@ -1,6 +1,7 @@
 # meshmuon: the human entry point.
 #   make test   set up what is missing, build, run every test (README's test command; CI runs it)
 #   make build  build everything; the CLI lands at build/bin/meshmuon
+#   make wheel  the manylinux_2_28 wheel: dist/meshmuon-<version>-<python>-manylinux_2_28_x86_64.whl
 #   make demo   the main job: a 10.7M-parameter char GPT, FSDP2 on 4 CPU ranks (torchrun), meshmuon vs AdamW vs torch.optim.Muon
 #   make bench  the orthogonalization benchmark on 1024x4096 (all methods, SGEMM baseline)
 #   make train-cpp  the C++ trainer (examples/train_cpp): char MLP LM, FSDP on 2 CPU ranks, ~1 min
@@ -15,7 +16,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 
-.PHONY: all setup configure build test demo bench train-cpp clean
+.PHONY: all setup configure build test wheel cleanroom demo bench train-cpp clean
 
 all: build
 
@@ -31,8 +32,17 @@ build: configure
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure --timeout 600
+	@$(MAKE) --no-print-directory cleanroom
 	@$(PYTHON) -m pip install -q --no-build-isolation --disable-pip-version-check --root-user-action=ignore .
 	@$(PYTHON) -m pytest tests/python tests/demo -q
+
+# The wheel a user installs (scripts/build_wheel.sh: zig for glibc 2.28, auditwheel), then the
+# clean-room test of it (tests/wheel/cleanroom.sh: a fresh venv, compilers and Debian libraries hidden).
+wheel: setup
+	@bash scripts/build_wheel.sh
+
+cleanroom: wheel
+	@bash tests/wheel/cleanroom.sh
 
 # The training demo (examples/train_gpt): installs the package as `make test` does, then trains three times.
 demo: build
@@ -52,4 +62,4 @@ train-cpp: build
 	  $(BUILD)/bin/train_cpp --ckpt-dir $(BUILD)/train_cpp_ckpt --ckpt-every 200 $(TRAIN_CPP_ARGS)
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-wheel dist

@@ -1,7 +1,6 @@
 // `meshmuon bench ns`: times one orthogonalization (median of --repeats after a warm-up) next to a plain
 // SGEMM of the same sizes measured in the same run, and reports the result's singular values.
 // Example: meshmuon bench ns --shape 1024x4096 --schedule polar_express --steps 5 --compare
-#include <lapacke.h>
 
 #include <algorithm>
 #include <chrono>
@@ -76,7 +75,7 @@ std::vector<double> singular_values(const std::vector<float>& x, int64_t m, int6
   cpu::ssyrk_lower(m > n, s, static_cast<int>(std::max(m, n)), 1.0f, x.data(), static_cast<int>(n), 0.0f,
                    g.data(), s);
   std::vector<double> gd(g.begin(), g.end()), w(static_cast<size_t>(s));
-  const int info = LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'N', 'L', s, gd.data(), s, w.data());
+  const int info = cpu::lapacke_dsyevd()(cpu::kRowMajor, 'N', 'L', s, gd.data(), s, w.data());
   MESHMUON_CHECK_RUNTIME(info == 0, "[bench] LAPACKE_dsyevd failed with info=", info);
   std::vector<double> sv(w.size());
   for (size_t i = 0; i < w.size(); ++i) sv[i] = std::sqrt(std::max(0.0, w[w.size() - 1 - i]));

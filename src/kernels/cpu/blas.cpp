@@ -19,30 +19,47 @@
 namespace meshmuon::cpu {
 namespace {
 
+// Binds prefix + name (PyPI's scipy-openblas32 exports scipy_cblas_sgemm, scipy_openblas_...).
+template <class F>
+bool bind(void* handle, const char* prefix, const char* name, F& fn) {
+  return detail::bind_symbol(handle, (std::string(prefix) + name).c_str(), fn);
+}
+
 BlasApi load() {
   detail::prepare_blas_environment();  // in case the load-time constructor did not run (static link)
   const char* user = std::getenv("MESHMUON_BLAS_LIBRARY");
-  const char* candidates[] = {user, "libopenblas.so.0", "libopenblas.so", "libcblas.so.3"};
+  // Installed from a wheel: the scipy-openblas32 package beside meshmuon in site-packages comes first.
+  const std::string& site = detail::install_location().site_packages;
+  const std::string wheel = site.empty() ? std::string() : site + "/scipy_openblas32/lib/libscipy_openblas.so";
+  const char* candidates[] = {user, wheel.c_str(), "libopenblas.so.0", "libopenblas.so", "libcblas.so.3"};
+  static std::string kept;  // the candidate kept; outlives the api (blas() holds it for the process)
   BlasApi api;
   const detail::OpenedLibrary lib =
-      detail::open_first_library(candidates, RTLD_NOW | RTLD_LOCAL, [&api](void* handle, const char* name) {
+      detail::open_first_library(candidates, RTLD_NOW | RTLD_LOCAL, [&api](void* handle, const char*) {
         api = BlasApi{};
-        (void)detail::bind_symbol(handle, "cblas_sgemm", api.sgemm);
-        (void)detail::bind_symbol(handle, "cblas_ssyrk", api.ssyrk);
-        if (api.sgemm == nullptr || api.ssyrk == nullptr) return std::string("no cblas_sgemm/cblas_ssyrk");
-        api.library = name;  // the candidate itself: $MESHMUON_BLAS_LIBRARY or a literal, both outlive the api
-        return std::string();
+        for (const char* prefix : {"", "scipy_"}) {
+          (void)bind(handle, prefix, "cblas_sgemm", api.sgemm);
+          (void)bind(handle, prefix, "cblas_ssyrk", api.ssyrk);
+          if (api.sgemm != nullptr && api.ssyrk != nullptr) {
+            api.prefix = prefix;
+            return std::string();
+          }
+        }
+        return std::string("no cblas_sgemm/cblas_ssyrk (nor scipy_cblas_sgemm/scipy_cblas_ssyrk)");
       });
   if (lib.handle == nullptr)
     detail::throw_error(detail::concat("[blas] could not load a CBLAS library; tried ", lib.tried(),
-                                       ". Install OpenBLAS (apt-get install libopenblas0) or set "
-                                       "MESHMUON_BLAS_LIBRARY to a library exporting cblas_sgemm"));
+                                       ". Install OpenBLAS (pip install scipy-openblas32, or apt-get install "
+                                       "libopenblas0) or set MESHMUON_BLAS_LIBRARY to a library exporting cblas_sgemm"));
+  kept = lib.name;
+  api.library = kept.c_str();
   void* handle = lib.handle;
-  (void)detail::bind_symbol(handle, "cblas_ssymm", api.ssymm);
-  (void)detail::bind_symbol(handle, "openblas_set_num_threads", api.set_num_threads);
-  (void)detail::bind_symbol(handle, "openblas_get_num_threads", api.get_num_threads);
-  (void)detail::bind_symbol(handle, "openblas_get_corename", api.get_corename);
-  (void)detail::bind_symbol(handle, "openblas_get_config", api.get_config);
+  (void)bind(handle, api.prefix, "cblas_ssymm", api.ssymm);
+  (void)bind(handle, api.prefix, "openblas_set_num_threads", api.set_num_threads);
+  (void)bind(handle, api.prefix, "openblas_get_num_threads", api.get_num_threads);
+  (void)bind(handle, api.prefix, "openblas_get_corename", api.get_corename);
+  (void)bind(handle, api.prefix, "openblas_get_config", api.get_config);
+  (void)bind(handle, api.prefix, "LAPACKE_dsyevd", api.dsyevd);
   // meshmuon's products (products.h) split the work over threads themselves, in pieces that do not
   // depend on the thread count; OpenBLAS's own threads would split it differently per count.
   if (api.get_num_threads != nullptr && api.set_num_threads != nullptr) {
@@ -57,6 +74,25 @@ BlasApi load() {
 const BlasApi& blas() {
   static const BlasApi api = load();
   return api;
+}
+
+DsyevdFn lapacke_dsyevd() {
+  static const DsyevdFn fn = [] {
+    if (blas().dsyevd != nullptr) return blas().dsyevd;
+    const char* candidates[] = {std::getenv("MESHMUON_LAPACKE_LIBRARY"), "liblapacke.so.3", "liblapacke.so"};
+    DsyevdFn found = nullptr;
+    const detail::OpenedLibrary lib =
+        detail::open_first_library(candidates, RTLD_NOW | RTLD_LOCAL, [&found](void* h, const char*) {
+          return detail::bind_symbol(h, "LAPACKE_dsyevd", found) ? std::string() : std::string("no LAPACKE_dsyevd");
+        });
+    if (lib.handle == nullptr)
+      detail::throw_error(detail::concat("[blas] LAPACKE_dsyevd is in neither the BLAS (", blas().library,
+                                         ") nor another library; tried ", lib.tried(),
+                                         ". Install scipy-openblas32 (pip) or liblapacke (apt-get install liblapacke), "
+                                         "or set MESHMUON_LAPACKE_LIBRARY"));
+    return found;
+  }();
+  return fn;
 }
 
 }  // namespace meshmuon::cpu

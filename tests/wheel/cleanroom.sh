@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The clean-room install test (`make test` runs it after `make wheel`): the wheel in dist/ installed
+# as a user installs it, on a machine with pip and nothing else. In a private mount namespace the
+# compilers, every header (/usr/include), CUDA and the Debian libraries meshmuon could reach for
+# (OpenBLAS, LAPACK(E), oneDNN, Open MPI, fmt, spdlog, hwloc, gfortran) are hidden; a fresh venv
+# gets `pip install dist/meshmuon-*.whl` (its dependencies from PyPI) and the user's torch; then
+#   meshmuon info, the BLAS it loaded (PyPI's scipy-openblas32 inside the venv), the migration
+#   examples, a torchrun FSDP2 run at 1 and 2 ranks (bitwise equal, and changed by the steps), the
+#   CLI's bench and the engine as the other CPU kinds (tests/support/cpu_kind.sh), and a check of the
+#   libraries mapped into a process that stepped (none from the Debian set).
+# Prints the wheel's size, pip install time and import time, also written to $OUT/report.json.
+# Needs root (unshare -m), as CI and these machines run. Usage: bash tests/wheel/cleanroom.sh
+set -euo pipefail
+if [[ ${1:-} != --inside ]]; then
+  cd "$(dirname "$0")/../.."
+  ROOT=$PWD
+  shopt -s nullglob
+  wheels=(dist/meshmuon-*.whl)
+  [[ ${#wheels[@]} == 1 ]] || { echo "cleanroom: expected one dist/meshmuon-*.whl (make wheel), found ${#wheels[@]}" >&2; exit 1; }
+  [[ $(id -u) == 0 ]] || { echo "cleanroom: needs root (a mount namespace)" >&2; exit 1; }
+  OUT=${OUT:-$ROOT/build-wheel/cleanroom}
+  rm -rf "$OUT"; mkdir -p "$OUT"
+  PY=$(command -v "${PYTHON:-python3}")
+  # The user's own torch (pip-installed, not Debian's): found through a .pth line appended to the
+  # venv's path, after the venv's own packages.
+  TORCH_SITE=$("$PY" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+  exec unshare -m env -u LD_LIBRARY_PATH -u PYTHONPATH -u LD_PRELOAD \
+    bash "$ROOT/tests/wheel/cleanroom.sh" --inside "$ROOT" "$ROOT/${wheels[0]}" "$OUT" "$PY" "$TORCH_SITE" </dev/null
+fi
+shift
+ROOT=$1 WHEEL=$2 OUT=$3 PY=$4 TORCH_SITE=$5
+empty=$(mktemp)
+A=/usr/lib/x86_64-linux-gnu
+hidden=()
+for d in /usr/include /usr/lib/gcc /usr/local/cuda $A/openblas-pthread $A/blas $A/lapack $A/openmpi $A/pmix2 $A/cmake; do
+  if [[ -d $d ]]; then mount -t tmpfs none "$d"; hidden+=("$d"); fi
+done
+shopt -s nullglob
+for f in /usr/bin/gcc* /usr/bin/g++* /usr/bin/cc /usr/bin/c++ /usr/bin/x86_64-linux-gnu-* /usr/bin/ld /usr/bin/ld.bfd /usr/bin/ld.gold \
+         /usr/bin/mpirun /usr/bin/mpiexec /usr/bin/orterun /usr/bin/nvcc \
+         $A/libopenblas* $A/liblapack* $A/libblas* $A/libcblas* $A/libdnnl* $A/libmpi* $A/libopen-pal* $A/libopen-rte* \
+         $A/libfmt* $A/libspdlog* $A/libhwloc* $A/libgfortran* $A/libquadmath*; do
+  target=$(readlink -f "$f" || true)
+  if [[ -n $target && -f $target ]]; then mount --bind "$empty" "$target"; hidden+=("$f"); fi
+done
+echo "cleanroom: hid ${#hidden[@]} compilers, header folders and Debian libraries"
+if command -v g++ >/dev/null && g++ --version >/dev/null 2>&1; then echo "cleanroom: g++ still runs" >&2; exit 1; fi
+
+VENV=$OUT/venv
+"$PY" -m venv "$VENV"
+V=$VENV/bin/python
+start=$(date +%s%N)
+"$V" -m pip install -q --disable-pip-version-check "$WHEEL"
+install_s=$(( ($(date +%s%N) - start) / 1000000 ))  # ms
+echo "$TORCH_SITE" > "$("$V" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_user_torch.pth"
+
+work=$(mktemp -d); cd "$work"  # not the repository: nothing importable but what was installed
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore
+"$V" - "$VENV" <<'PY'
+import sys, meshmuon
+venv = sys.argv[1]
+assert meshmuon.__file__.startswith(venv), f"meshmuon came from {meshmuon.__file__}, not the venv"
+lib = meshmuon.blas_info()["library"]
+assert lib.startswith(venv) and "scipy_openblas32" in lib, f"BLAS loaded from {lib}, not PyPI's scipy-openblas32 in the venv"
+print(f"cleanroom: meshmuon {meshmuon.__version__} from the venv; BLAS {lib}")
+PY
+import_s=$("$V" -c "
+import subprocess, sys, time
+best = 1e9
+for _ in range(3):
+    t = time.perf_counter(); subprocess.run([sys.executable, '-c', 'import meshmuon'], check=True); best = min(best, time.perf_counter() - t)
+t = time.perf_counter(); subprocess.run([sys.executable, '-c', 'pass'], check=True); base = time.perf_counter() - t
+print(f'{max(0.0, best - base):.3f}')")
+"$VENV/bin/meshmuon" info > "$OUT/info.txt"
+grep -q scipy_openblas "$OUT/info.txt" || { echo "cleanroom: meshmuon info names another BLAS:" >&2; cat "$OUT/info.txt" >&2; exit 1; }
+"$VENV/bin/meshmuon" bench ns --shape 256x512 --steps 5 > "$OUT/bench_ns.txt"
+
+for ex in "$ROOT"/examples/migrate/*.py; do
+  "$V" "$ex" > "$OUT/$(basename "$ex" .py).txt" 2>&1 || { echo "cleanroom: $ex failed:" >&2; tail -20 "$OUT/$(basename "$ex" .py).txt" >&2; exit 1; }
+done
+echo "cleanroom: the migration examples ran ($(ls "$ROOT"/examples/migrate/*.py | wc -l))"
+
+fsdp() {  # $1 ranks, $2 output
+  timeout 300 "$V" -m torch.distributed.run --standalone --nproc-per-node "$1" "$ROOT/tests/wheel/fsdp2_step.py" "$2" \
+    > "$2.log" 2>&1 || { echo "cleanroom: torchrun at $1 rank(s) failed:" >&2; tail -30 "$2.log" >&2; exit 1; }
+}
+fsdp 1 "$OUT/fsdp1.pt"
+fsdp 2 "$OUT/fsdp2.pt"
+"$V" - "$OUT/fsdp1.pt" "$OUT/fsdp2.pt" <<'PY'
+import sys, torch
+one, two = (torch.load(p) for p in sys.argv[1:3])
+diff = [k for k in one["final"] if not torch.equal(one["final"][k], two["final"][k])]
+assert not diff, f"2 ranks differ from 1 rank in {diff}"
+same = [k for k in one["final"] if torch.equal(one["final"][k], one["initial"][k])]
+assert not same, f"the steps left {same} unchanged (the comparison would prove nothing)"
+print(f"cleanroom: torchrun FSDP2, 2 ranks bitwise 1 rank ({len(one['final'])} parameters, all changed)")
+PY
+
+for kind in avx2 avx512; do
+  rc=0
+  bash "$ROOT/tests/support/cpu_kind.sh" "$kind" "$V" -c "
+import meshmuon
+i = meshmuon.cpu_info()
+assert (i['bf16_products'], i['auto_matmul_dtype']) == ('widened', 'fp32'), i
+" || rc=$?
+  if [[ $rc == 77 ]]; then echo "cleanroom: CPU kind $kind skipped (this CPU lacks it)"; continue; fi
+  [[ $rc == 0 ]] || { echo "cleanroom: as a $kind CPU the engine failed" >&2; exit 1; }
+  bash "$ROOT/tests/support/cpu_kind.sh" "$kind" "$VENV/bin/meshmuon" bench ns --shape 256x512 --steps 5 > "$OUT/bench_ns_$kind.txt"
+  echo "cleanroom: CPU kind $kind ok"
+done
+
+"$V" - <<'PY'
+import re, torch, meshmuon.torch as mt
+lin = torch.nn.Linear(32, 48, bias=False)
+opt = mt.Muon(lin.parameters(), lr=0.02)
+lin(torch.randn(4, 32)).sum().backward()
+opt.step()
+maps = {line.split()[-1] for line in open("/proc/self/maps") if "/" in line}
+bad = sorted(m for m in maps if m.startswith("/usr/") and
+             re.search(r"openblas|lapack|libblas|cblas|dnnl|libmpi|open-pal|fmt|spdlog|hwloc|gfortran|quadmath", m))
+assert not bad, f"Debian libraries mapped: {bad}"
+print("cleanroom: no Debian library mapped after a step")
+PY
+
+size_kb=$(du -k "$WHEEL" | cut -f1)
+printf '{"wheel": "%s", "wheel_kib": %s, "pip_install_ms": %s, "import_s": %s}\n' \
+  "$(basename "$WHEEL")" "$size_kb" "$install_s" "$import_s" > "$OUT/report.json"
+echo "cleanroom: ok: $(basename "$WHEEL"), ${size_kb} KiB, pip install ${install_s} ms, import meshmuon ${import_s} s"
