@@ -41,12 +41,20 @@ cp "/usr/lib/$(gcc -print-multiarch)/libz.a" "$DEPS/lib/"
 
 # 3. The wheel, compiled by zig for glibc 2.28.
 export MESHMUON_ZIG_PYTHON=$VPY CC=$PWD/scripts/zig/cc CXX=$PWD/scripts/zig/c++
+# ccache, where installed: keyed on the zig version (the wrappers' mtime changes with every clone)
+# and on paths relative to the tree, so a fresh clone of the same sources compiles nothing again.
+LAUNCHER=
+if command -v ccache >/dev/null; then
+  LAUNCHER=ccache
+  export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
+  export CCACHE_COMPILERCHECK="string:ziglang-$("$VPY" -c 'import importlib.metadata as m; print(m.version("ziglang"))')"
+fi
 rm -rf "$OUT/raw"
 "$VPY" -m pip wheel . --no-build-isolation --no-deps --disable-pip-version-check -q -w "$OUT/raw" \
   -C build-dir="$OUT/build" \
   -C cmake.define.MESHMUON_PORTABLE=ON -C cmake.define.MESHMUON_DEPS_DIR="$DEPS" \
   -C cmake.define.MESHMUON_WITH_CUDA=OFF -C cmake.define.MESHMUON_WITH_MPI=OFF \
-  -C cmake.define.MESHMUON_WITH_DNNL=AUTO -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=
+  -C cmake.define.MESHMUON_WITH_DNNL=AUTO -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=$LAUNCHER
 
 # 4. auditwheel: the lowest tag the binaries allow, written into the name (it needs patchelf on PATH).
 raw=$(ls "$OUT"/raw/meshmuon-*.whl)

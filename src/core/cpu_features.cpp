@@ -12,12 +12,30 @@
 
 namespace meshmuon::detail {
 
+namespace {
+
+#if defined(__x86_64__)
+// AVX-512 F, DQ, BW and VL present and their register state enabled by the OS (XCR0: SSE, AVX,
+// opmask, ZMM_Hi256, Hi16_ZMM), read from cpuid and xgetbv themselves. Not __builtin_cpu_supports:
+// its answer comes from the compiler's runtime, and the wheel's (zig's compiler-rt) reported no
+// AVX-512 on an AMD Zen 5 where libgcc's reports it.
+bool avx512_usable() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d) == 0 || (c & (1u << 27)) == 0) return false;  // OSXSAVE
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo & 0xE6u) != 0xE6u) return false;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+  const unsigned need = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);  // F, DQ, BW, VL
+  return (b & need) == need;
+}
+#endif
+
+}  // namespace
+
 std::string recommended_openblas_coretype() {
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
-    return "SkylakeX";
+  if (avx512_usable()) return "SkylakeX";
 #endif
   return "";
 }
@@ -25,11 +43,8 @@ std::string recommended_openblas_coretype() {
 CpuBf16 cpu_bf16_support() {
   CpuBf16 r;
 #if defined(__x86_64__)
-  __builtin_cpu_init();
   unsigned a = 0, b = 0, c = 0, d = 0;
-  // AVX-512 state must be enabled by the OS too: __builtin_cpu_supports checks XCR0 for avx512f.
-  if (__builtin_cpu_supports("avx512f") && __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0)
-    r.avx512_bf16 = (a >> 5) & 1u;
+  if (avx512_usable() && __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0) r.avx512_bf16 = (a >> 5) & 1u;
   a = b = c = d = 0;
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d) != 0) r.amx_bf16 = (d >> 22) & 1u;
 #endif
