@@ -10,12 +10,14 @@
 #   libraries mapped into a process that stepped (none from the Debian set).
 # Prints the wheel's size, pip install time and import time, also written to $OUT/report.json.
 # Needs root (unshare -m), as CI and these machines run. Usage: bash tests/wheel/cleanroom.sh
+# (WHEEL=path tests another wheel: a source build's `pip wheel .` fails here, the negative control).
 set -euo pipefail
 if [[ ${1:-} != --inside ]]; then
   cd "$(dirname "$0")/../.."
   ROOT=$PWD
   shopt -s nullglob
   wheels=(dist/meshmuon-*.whl)
+  if [[ -n ${WHEEL:-} ]]; then wheels=("$(realpath --relative-to="$ROOT" "$WHEEL")"); fi
   [[ ${#wheels[@]} == 1 ]] || { echo "cleanroom: expected one dist/meshmuon-*.whl (make wheel), found ${#wheels[@]}" >&2; exit 1; }
   [[ $(id -u) == 0 ]] || { echo "cleanroom: needs root (a mount namespace)" >&2; exit 1; }
   OUT=${OUT:-$ROOT/build-wheel/cleanroom}
