@@ -25,14 +25,20 @@ constexpr const char* kWhatToDo =
 // Binds the table from `h`: "" when every entry was found, else why the library is refused.
 std::string bind_api(void* h, MpiApi& api) {
   api = MpiApi{};
-  // A predefined handle is the address of the named global object.
+  if (dlsym(h, "ompi_mpi_comm_world") == nullptr)
+    return "not Open MPI: it lacks ompi_mpi_comm_world (an MPICH-ABI library? meshmuon needs Open MPI 4.x/5.x)";
+  // A predefined handle is the address of the named global object: the one libmpi itself uses. A
+  // program that links libmpi and names MPI_COMM_WORLD holds a copy of the object (a copy
+  // relocation: the tests under tests/dist), and libmpi's own references resolve to that copy
+  // through the global scope; so the global scope's definition (libmpi is RTLD_GLOBAL by now) comes
+  // first, the library's own otherwise.
   auto handle = [h](auto& out, const char* symbol) {
-    void* p = dlsym(h, symbol);
+    void* p = dlsym(RTLD_DEFAULT, symbol);
+    if (p == nullptr) p = dlsym(h, symbol);
     out = static_cast<std::remove_reference_t<decltype(out)>>(p);
     return p != nullptr;
   };
-  if (!handle(api.COMM_WORLD, "ompi_mpi_comm_world"))
-    return "not Open MPI: it lacks ompi_mpi_comm_world (an MPICH-ABI library? meshmuon needs Open MPI 4.x/5.x)";
+  if (!handle(api.COMM_WORLD, "ompi_mpi_comm_world")) return "lacks ompi_mpi_comm_world";
   std::string missing;
   auto fn = [&](auto& f, const char* symbol) {
     if (!bind_symbol(h, symbol, f)) missing += concat(missing.empty() ? "" : " ", symbol);

