@@ -4,20 +4,9 @@ AdamW for the rest) on plain or sharded parameters.
 `import meshmuon` loads only the engine; `meshmuon.torch` (imported on demand) is the PyTorch adapter:
 `meshmuon.torch.Muon` and `meshmuon.torch.param_groups`. See docs/python.md.
 """
-import ctypes as _ctypes
-import os as _os
-
-# Open MPI 4 loads its plugins (mca_*.so) with dlopen and expects libmpi's symbols to be global, but
-# Python loads extensions RTLD_LOCAL: make libmpi global before _core (which links it) is loaded.
-# Harmless when MPI is absent (the engine's mpi backend then reports itself unavailable).
-if _os.environ.get("MESHMUON_NO_MPI_PRELOAD") != "1":
-    for _lib in ("libmpi.so.40", "libmpi.so"):
-        try:
-            _ctypes.CDLL(_lib, mode=_ctypes.RTLD_GLOBAL)
-            break
-        except OSError:
-            pass
-
+# MPI: _core links no libmpi. The engine loads Open MPI itself (RTLD_GLOBAL, which Open MPI's plugins
+# need) when the first MPI communicator is made, so importing meshmuon works without any MPI
+# (docs/design.md "MPI is loaded at run time").
 from ._core import (
     abort_all,
     blas_get_num_threads,

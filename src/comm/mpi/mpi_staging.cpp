@@ -57,8 +57,9 @@ void Staging::progress() {
   for (auto it = active_.begin(); it != active_.end();) {
     StagedOp& op = **it;
     if (op.in_flight) {
+      const MpiApi& api = mpi_api();
       int flag = 0;
-      MESHMUON_CHECK_MPI(MPI_Testall(static_cast<int>(op.requests.size()), op.requests.data(), &flag, MPI_STATUSES_IGNORE));
+      MESHMUON_CHECK_MPI(api.Testall(static_cast<int>(op.requests.size()), op.requests.data(), &flag, MPI_STATUSES_IGNORE));
       if (flag) {
         op.requests.clear();
         op.in_flight = false;
@@ -161,7 +162,7 @@ class AllReduceOp final : public StagedOp {
     rbuf_ = dev_recv_ ? take(bytes) : at(recv_.data, off, es_);
     if (in_place_) {
       if (dev_recv_) load(rbuf_, at(recv_.data, off, es_), bytes, true);
-      MESHMUON_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, nonnull(rbuf_), static_cast<int>(m), t, op, s_.comm(), add_request()));
+      MESHMUON_CHECK_MPI(api.Iallreduce(MPI_IN_PLACE, nonnull(rbuf_), static_cast<int>(m), t, op, s_.comm(), add_request()));
       return;
     }
     void* sbuf = at(send_.data, off, es_);
@@ -169,7 +170,7 @@ class AllReduceOp final : public StagedOp {
       sbuf = take(bytes);
       load(sbuf, at(send_.data, off, es_), bytes, true);
     }
-    MESHMUON_CHECK_MPI(MPI_Iallreduce(nonnull(sbuf), nonnull(rbuf_), static_cast<int>(m), t, op, s_.comm(), add_request()));
+    MESHMUON_CHECK_MPI(api.Iallreduce(nonnull(sbuf), nonnull(rbuf_), static_cast<int>(m), t, op, s_.comm(), add_request()));
   }
   void finish(int k) override {
     const int64_t off = k * per_, m = piece(static_cast<int64_t>(send_.count), k, per_);
@@ -202,7 +203,7 @@ class BroadcastOp final : public StagedOp {
       stage_ = take(bytes);
       if (s_.rank() == root_) load(stage_, at(buf_.data, off, es_), bytes, true);
     }
-    MESHMUON_CHECK_MPI(MPI_Ibcast(nonnull(stage_), static_cast<int>(m), mpi_datatype(buf_.type), root_, s_.comm(),
+    MESHMUON_CHECK_MPI(api.Ibcast(nonnull(stage_), static_cast<int>(m), mpi_datatype(buf_.type), root_, s_.comm(),
                                add_request()));
   }
   void finish(int k) override {
@@ -250,7 +251,7 @@ class ReduceScatterOp final : public StagedOp {
     }
     mine_ = pieces[static_cast<size_t>(s_.rank())];
     rbuf_ = take(static_cast<size_t>(mine_) * es_);
-    MESHMUON_CHECK_MPI(MPI_Ireduce_scatter(nonnull(sbuf), nonnull(rbuf_), pieces.data(), mpi_datatype(send_.type),
+    MESHMUON_CHECK_MPI(api.Ireduce_scatter(nonnull(sbuf), nonnull(rbuf_), pieces.data(), mpi_datatype(send_.type),
                                         mpi_op(op_, send_.type), s_.comm(), add_request()));
     counts_int_ = std::move(pieces);  // MPI reads the counts until completion
   }
@@ -295,7 +296,7 @@ class AllGatherOp final : public StagedOp {
     void* sbuf = take(static_cast<size_t>(mine) * es_);
     load(sbuf, at(send_.data, k * per_, es_), static_cast<size_t>(mine) * es_, dev_send_);
     rbuf_ = take(static_cast<size_t>(total) * es_);
-    MESHMUON_CHECK_MPI(MPI_Iallgatherv(nonnull(sbuf), mine, mpi_datatype(send_.type), nonnull(rbuf_), pieces_.data(),
+    MESHMUON_CHECK_MPI(api.Iallgatherv(nonnull(sbuf), mine, mpi_datatype(send_.type), nonnull(rbuf_), pieces_.data(),
                                     packed_.data(), mpi_datatype(send_.type), s_.comm(), add_request()));
   }
   void finish(int k) override {
@@ -341,7 +342,7 @@ class AllToAllOp final : public StagedOp {
     for (size_t j = 0; j < n; ++j) {  // receives first
       const int64_t m = piece(rc_[j], k, per_);
       if (m == 0) continue;
-      MESHMUON_CHECK_MPI(MPI_Irecv(at(rbuf_, at_r, es_), static_cast<int>(m), t, static_cast<int>(j), kA2aTag, s_.comm(),
+      MESHMUON_CHECK_MPI(api.Irecv(at(rbuf_, at_r, es_), static_cast<int>(m), t, static_cast<int>(j), kA2aTag, s_.comm(),
                                 add_request()));
       at_r += m;
     }
@@ -350,7 +351,7 @@ class AllToAllOp final : public StagedOp {
       if (m == 0) continue;
       std::byte* p = sbuf + at_s * static_cast<int64_t>(es_);
       load(p, at(send_.data, sd_[j] + k * per_, es_), static_cast<size_t>(m) * es_, dev_send_);
-      MESHMUON_CHECK_MPI(MPI_Isend(p, static_cast<int>(m), t, static_cast<int>(j), kA2aTag, s_.comm(), add_request()));
+      MESHMUON_CHECK_MPI(api.Isend(p, static_cast<int>(m), t, static_cast<int>(j), kA2aTag, s_.comm(), add_request()));
       at_s += m;
     }
   }
@@ -379,7 +380,7 @@ class AllToAllOp final : public StagedOp {
 class BarrierOp final : public StagedOp {
  public:
   explicit BarrierOp(Staging& s) : StagedOp(s) {}
-  void post(int) override { MESHMUON_CHECK_MPI(MPI_Ibarrier(s_.comm(), add_request())); }
+  void post(int) override { MESHMUON_CHECK_MPI(api.Ibarrier(s_.comm(), add_request())); }
   void finish(int) override {}
 };
 
@@ -403,9 +404,9 @@ class P2pBatchOp final : public StagedOp {
       for (const MpiPiece& p : mpi_pieces(static_cast<int64_t>(o.buf.count))) {
         void* d = nonnull(at(data, p.offset, es));
         if (o.is_send) {
-          MESHMUON_CHECK_MPI(MPI_Isend(d, p.count, t, o.peer, kP2pTag, s_.comm(), add_request()));
+          MESHMUON_CHECK_MPI(api.Isend(d, p.count, t, o.peer, kP2pTag, s_.comm(), add_request()));
         } else {
-          MESHMUON_CHECK_MPI(MPI_Irecv(d, p.count, t, o.peer, kP2pTag, s_.comm(), add_request()));
+          MESHMUON_CHECK_MPI(api.Irecv(d, p.count, t, o.peer, kP2pTag, s_.comm(), add_request()));
         }
       }
     }

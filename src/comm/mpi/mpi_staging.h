@@ -91,7 +91,8 @@ class StagedOp {
   virtual void finish(int k) = 0;
 
  protected:
-  MPI_Request* add_request() { return &requests.emplace_back(MPI_REQUEST_NULL); }
+  const MpiApi& api = mpi_api();  // libmpi's table (mpi_api.h)
+  MPI_Request* add_request() { return &requests.emplace_back(api.REQUEST_NULL); }
   void* take(size_t bytes);  // a staging buffer for this round (released by release_all)
   void release_all() noexcept;
   // Copies between a caller buffer (device or host, as `device` says) and staging.

@@ -1,6 +1,7 @@
 // The `mpi` transport: each collective is one Open MPI non-blocking call (MPI_Ialltoallv, ...), each
 // send/recv one MPI_Isend/MPI_Irecv (tag 0: MPI's order per (peer, tag, communicator) is the
 // matching rule); an op polls its requests with MPI_Testall until completion or its deadline.
+// MPI is called through the table of mpi_api.h (libmpi loaded at run time).
 // Counts beyond MPI's int limit are split into pieces or sent in contiguous units (mpi_counts.h).
 // Where any rank may hold device memory (agreed when the communicator is made), every operation
 // takes the staged path instead (mpi_staging.h: rounds over pinned staging buffers).
@@ -45,13 +46,14 @@ class MpiTimedOp : public TransportOp {
 // Posted requests plus what MPI reads until they complete (count and displacement arrays).
 class MpiOp final : public MpiTimedOp {
  public:
+  const detail::MpiApi& api = detail::mpi_api();
   std::vector<MPI_Request> requests;
   std::vector<int> arrays[4];
 
-  MPI_Request* add() { return &requests.emplace_back(MPI_REQUEST_NULL); }  // call before posting, one at a time
+  MPI_Request* add() { return &requests.emplace_back(api.REQUEST_NULL); }  // call before posting, one at a time
   bool test() override {
     int flag = 0;
-    MESHMUON_CHECK_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE));
+    MESHMUON_CHECK_MPI(api.Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE));
     return completed(flag != 0);
   }
 };
@@ -82,21 +84,22 @@ std::vector<int> to_int(std::span<const int64_t> v, int64_t unit = 1) {
 // when this goes out of scope (MPI keeps it alive for operations already posted with it).
 class UnitType {
  public:
-  UnitType(CommType t, int64_t unit) : type_(detail::mpi_datatype(t)) {
+  UnitType(CommType t, int64_t unit) : api(detail::mpi_api()), type_(detail::mpi_datatype(t)) {
     if (unit == 1) return;
     MPI_Datatype basic = type_;
-    MESHMUON_CHECK_MPI(MPI_Type_contiguous(static_cast<int>(unit), basic, &type_));
-    MESHMUON_CHECK_MPI(MPI_Type_commit(&type_));
+    MESHMUON_CHECK_MPI(api.Type_contiguous(static_cast<int>(unit), basic, &type_));
+    MESHMUON_CHECK_MPI(api.Type_commit(&type_));
     owned_ = true;
   }
   ~UnitType() {
-    if (owned_) MPI_Type_free(&type_);
+    if (owned_) api.Type_free(&type_);
   }
   UnitType(const UnitType&) = delete;
   UnitType& operator=(const UnitType&) = delete;
   MPI_Datatype get() const { return type_; }
 
  private:
+  const detail::MpiApi& api;
   MPI_Datatype type_;
   bool owned_ = false;
 };
@@ -128,7 +131,7 @@ class MpiTransport final : public Transport {
 
   ~MpiTransport() override {
     int finalized = 0;
-    MPI_Finalized(&finalized);
+    api.Finalized(&finalized);
     // Ops may outlive their transport: post the staged rounds still queued before the handle goes
     // (bounded by the default timeout; after a timeout nothing more is posted anyway).
     const auto deadline = CommClock::now() + drain_timeout_;
@@ -140,17 +143,18 @@ class MpiTransport final : public Transport {
         break;  // destructors do not throw; the Works report the failure
       }
     }
-    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);  // deferred by MPI if ops are pending
+    if (!finalized && comm_ != api.COMM_NULL) api.Comm_free(&comm_);  // deferred by MPI if ops are pending
   }
 
   // `comm` (errors returned, not fatal) as a transport: rank and size from MPI.
   static std::shared_ptr<MpiTransport> wrap(MPI_Comm comm, std::shared_ptr<detail::MemorySpace> space,
                                             detail::StagingOptions options, bool staged,
                                             std::chrono::milliseconds drain_timeout) {
-    MESHMUON_CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+    const detail::MpiApi& api = detail::mpi_api();
+    MESHMUON_CHECK_MPI(api.Comm_set_errhandler(comm, api.ERRORS_RETURN));
     int rank = 0, size = 0;
-    MESHMUON_CHECK_MPI(MPI_Comm_rank(comm, &rank));
-    MESHMUON_CHECK_MPI(MPI_Comm_size(comm, &size));
+    MESHMUON_CHECK_MPI(api.Comm_rank(comm, &rank));
+    MESHMUON_CHECK_MPI(api.Comm_size(comm, &size));
     return std::make_shared<MpiTransport>(comm, rank, size, std::move(space), options, staged, drain_timeout);
   }
 
@@ -174,7 +178,7 @@ class MpiTransport final : public Transport {
     w->arrays[2] = to_int(recv_counts, unit);
     w->arrays[3] = to_int(recv_displs, unit);
     const UnitType t(send.type, unit);
-    MESHMUON_CHECK_MPI(MPI_Ialltoallv(nonnull(send.data), w->arrays[0].data(), w->arrays[1].data(), t.get(),
+    MESHMUON_CHECK_MPI(api.Ialltoallv(nonnull(send.data), w->arrays[0].data(), w->arrays[1].data(), t.get(),
                                    nonnull(recv.data), w->arrays[2].data(), w->arrays[3].data(), t.get(), comm_,
                                    w->add()));
     return w;
@@ -189,7 +193,7 @@ class MpiTransport final : public Transport {
     w->arrays[0] = to_int(recv_counts, unit);
     w->arrays[1] = to_int(recv_displs, unit);
     const UnitType t(send.type, unit);
-    MESHMUON_CHECK_MPI(MPI_Iallgatherv(nonnull(send.data), static_cast<int>(static_cast<int64_t>(send.count) / unit),
+    MESHMUON_CHECK_MPI(api.Iallgatherv(nonnull(send.data), static_cast<int>(static_cast<int64_t>(send.count) / unit),
                                     t.get(), nonnull(recv.data), w->arrays[0].data(), w->arrays[1].data(), t.get(),
                                     comm_, w->add()));
     return w;
@@ -204,7 +208,7 @@ class MpiTransport final : public Transport {
                 "split the buffer into smaller chunks");
     auto w = std::make_unique<MpiOp>();
     w->arrays[0] = to_int(recv_counts);
-    MESHMUON_CHECK_MPI(MPI_Ireduce_scatter(nonnull(send.data), nonnull(recv.data), w->arrays[0].data(),
+    MESHMUON_CHECK_MPI(api.Ireduce_scatter(nonnull(send.data), nonnull(recv.data), w->arrays[0].data(),
                                         detail::mpi_datatype(send.type), detail::mpi_op(op, send.type), comm_,
                                         w->add()));
     return w;
@@ -217,7 +221,7 @@ class MpiTransport final : public Transport {
     const bool in_place = send.data == recv.data;
     for (const detail::MpiPiece& p : detail::mpi_pieces(static_cast<int64_t>(send.count))) {
       const void* src = in_place ? MPI_IN_PLACE : nonnull(at(send.data, p.offset, send.type));
-      MESHMUON_CHECK_MPI(MPI_Iallreduce(src, nonnull(const_cast<std::byte*>(at(recv.data, p.offset, recv.type))), p.count,
+      MESHMUON_CHECK_MPI(api.Iallreduce(src, nonnull(const_cast<std::byte*>(at(recv.data, p.offset, recv.type))), p.count,
                                      detail::mpi_datatype(send.type), detail::mpi_op(op, send.type), comm_, w->add()));
     }
     return w;
@@ -227,7 +231,7 @@ class MpiTransport final : public Transport {
     if (staging_) return staged(detail::staged_broadcast(*staging_, buf, root));
     auto w = std::make_unique<MpiOp>();
     for (const detail::MpiPiece& p : detail::mpi_pieces(static_cast<int64_t>(buf.count)))
-      MESHMUON_CHECK_MPI(MPI_Ibcast(nonnull(const_cast<std::byte*>(at(buf.data, p.offset, buf.type))), p.count,
+      MESHMUON_CHECK_MPI(api.Ibcast(nonnull(const_cast<std::byte*>(at(buf.data, p.offset, buf.type))), p.count,
                                  detail::mpi_datatype(buf.type), root, comm_, w->add()));
     return w;
   }
@@ -235,7 +239,7 @@ class MpiTransport final : public Transport {
   std::unique_ptr<TransportOp> barrier() override {
     if (staging_) return staged(detail::staged_barrier(*staging_));
     auto w = std::make_unique<MpiOp>();
-    MESHMUON_CHECK_MPI(MPI_Ibarrier(comm_, w->add()));
+    MESHMUON_CHECK_MPI(api.Ibarrier(comm_, w->add()));
     return w;
   }
 
@@ -243,9 +247,9 @@ class MpiTransport final : public Transport {
   // staged operations posted first), so the blocking MPI_Comm_split cannot hang on a missing peer.
   std::shared_ptr<Transport> split(std::span<const int> colors, std::span<const int> keys, const std::string&) override {
     const int color = colors[static_cast<size_t>(rank_)], key = keys[static_cast<size_t>(rank_)];
-    MPI_Comm sub = MPI_COMM_NULL;
-    MESHMUON_CHECK_MPI(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub));
-    if (sub == MPI_COMM_NULL) return nullptr;
+    MPI_Comm sub = api.COMM_NULL;
+    MESHMUON_CHECK_MPI(api.Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub));
+    if (sub == api.COMM_NULL) return nullptr;
     return wrap(sub, space_, options_, staged(), drain_timeout_);
   }
 
@@ -259,9 +263,9 @@ class MpiTransport final : public Transport {
       for (const detail::MpiPiece& p : detail::mpi_pieces(static_cast<int64_t>(o.buf.count))) {
         const std::byte* data = at(o.buf.data, p.offset, o.buf.type);
         if (o.is_send)
-          MESHMUON_CHECK_MPI(MPI_Isend(nonnull(data), p.count, t, o.peer, kP2pTag, comm_, w->add()));
+          MESHMUON_CHECK_MPI(api.Isend(nonnull(data), p.count, t, o.peer, kP2pTag, comm_, w->add()));
         else
-          MESHMUON_CHECK_MPI(MPI_Irecv(nonnull(const_cast<std::byte*>(data)), p.count, t, o.peer, kP2pTag, comm_, w->add()));
+          MESHMUON_CHECK_MPI(api.Irecv(nonnull(const_cast<std::byte*>(data)), p.count, t, o.peer, kP2pTag, comm_, w->add()));
       }
     }
     return w;
@@ -282,6 +286,7 @@ class MpiTransport final : public Transport {
     return std::make_unique<MpiStagedOp>(staging_, std::move(staged_op));
   }
 
+  const detail::MpiApi& api = detail::mpi_api();
   MPI_Comm comm_;
   int rank_, size_;
   std::shared_ptr<detail::MemorySpace> space_;
@@ -298,6 +303,8 @@ std::unique_ptr<Communicator> make_mpi_communicator() {
 
 std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<detail::MemorySpace> space,
                                                     detail::StagingOptions options) {
+  // First: where no Open MPI loads, this is the error (naming what was tried and what to do).
+  const detail::MpiApi& api = detail::mpi_api();
   MESHMUON_CHECK(space != nullptr, "[mpi] make_mpi_communicator: the memory space is null");
   detail::check_staging_options(options);
   const MpiRuntime& rt = detail::mpi_runtime();
@@ -312,15 +319,15 @@ std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<detail::Memo
              nullptr, std::move(op)))
         .wait(detail::default_timeout_from_env());
   };
-  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm comm = api.COMM_NULL;
   auto dup = std::make_unique<MpiOp>();
-  MESHMUON_CHECK_MPI(MPI_Comm_idup(MPI_COMM_WORLD, &comm, dup->add()));
+  MESHMUON_CHECK_MPI(api.Comm_idup(api.COMM_WORLD, &comm, dup->add()));
   wait(std::move(dup), "comm_dup", "make_mpi_communicator", "MPI_COMM_WORLD");
   // Staging is on when any rank may hold device memory; the chunk size must agree (it sets the rounds).
   int64_t agree[3] = {space->has_devices() ? 1 : 0, static_cast<int64_t>(options.chunk_bytes),
                       -static_cast<int64_t>(options.chunk_bytes)};
   auto all = std::make_unique<MpiOp>();
-  MESHMUON_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, agree, 3, MPI_INT64_T, MPI_MAX, comm, all->add()));
+  MESHMUON_CHECK_MPI(api.Iallreduce(MPI_IN_PLACE, agree, 3, api.INT64_T, api.MAX, comm, all->add()));
   wait(std::move(all), "all_reduce", "staging agreement", "world");
   MESHMUON_CHECK(agree[1] == -agree[2], "[mpi] rank ", rt.world_rank, ": the staging chunk size differs between ranks (",
               -agree[2], " to ", agree[1], " bytes); set MESHMUON_STAGING_CHUNK_BYTES alike on every rank");
