@@ -53,7 +53,7 @@ rm -rf "$OUT/raw"
 "$VPY" -m pip wheel . --no-build-isolation --no-deps --disable-pip-version-check -q -w "$OUT/raw" \
   -C build-dir="$OUT/build" \
   -C cmake.define.MESHMUON_PORTABLE=ON -C cmake.define.MESHMUON_DEPS_DIR="$DEPS" \
-  -C cmake.define.MESHMUON_WITH_CUDA=OFF -C cmake.define.MESHMUON_WITH_MPI=OFF \
+  -C cmake.define.MESHMUON_WITH_CUDA=OFF -C cmake.define.MESHMUON_WITH_MPI=ON \
   -C cmake.define.MESHMUON_WITH_DNNL=AUTO -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=$LAUNCHER
 
 # 4. auditwheel: the lowest tag the binaries allow, written into the name (it needs patchelf on PATH).

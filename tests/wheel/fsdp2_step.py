@@ -1,25 +1,26 @@
-"""Three steps of meshmuon.torch.Muon on an FSDP2 model under torchrun, as a user of the wheel runs
-them (no MPI: the c10d communicator). After each real backward pass the gradients are replaced by
+"""Three steps of meshmuon.torch.Muon on an FSDP2 model under torchrun or mpirun, as a user of the
+wheel runs them (torchrun: the c10d communicator, no MPI; mpirun: meshmuon's MPI communicator on the
+Open MPI the job brings). After each real backward pass the gradients are replaced by
 ones computed from the full parameters (FSDP2's own reduction may round differently per world size,
 which is torch's business, not meshmuon's), so the result must be bitwise that of one process.
 Rank 0 writes the full parameters to OUT.
 
 Run: python -m torch.distributed.run --standalone --nproc-per-node N tests/wheel/fsdp2_step.py OUT
-(tests/wheel/cleanroom.sh runs it at 1 and 2 ranks and compares the two files bitwise)."""
+  or mpirun -np N python tests/wheel/fsdp2_step.py OUT
+(tests/wheel/cleanroom.sh runs it at 1 and 2 ranks and compares the files bitwise)."""
 import sys
 
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import distribute_tensor
 
 import meshmuon.torch as mt
+from meshmuon.torch import _comms
 
 
 def main(out: str) -> None:
-    dist.init_process_group("gloo")
-    world = dist.get_world_size()
+    rank, world = mt.init_distributed()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(40, 64), torch.nn.Linear(64, 96, bias=False),
                                 torch.nn.GELU(), torch.nn.Linear(96, 64, bias=True),
@@ -42,10 +43,9 @@ def main(out: str) -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
     full = {name: p.full_tensor().detach().clone() for name, p in model.named_parameters()}
-    if dist.get_rank() == 0:
-        torch.save({"initial": initial, "final": full}, out)
+    if rank == 0:
+        torch.save({"initial": initial, "final": full, "comm": _comms.communicator(world, "cpu").backend}, out)
         print(f"fsdp2_step: {world} rank(s), {len(full)} parameters, loss {loss.item():.6f}")
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
