@@ -21,6 +21,8 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 import meshmuon.torch as dt
+from meshmuon.torch._options import MUON_DEFAULTS
+from meshmuon.torch._state_dict import TORCH_MUON_KEYS
 
 # torch's test helpers import expecttest (pinned in scripts/requirements.txt, installed by make setup)
 from torch.testing._internal.common_optimizers import OptimizerErrorEnum, optim_db  # noqa: E402
@@ -29,6 +31,12 @@ DEVICE, DTYPE = "cpu", torch.float32
 TORCH_INFO = next(info for info in optim_db if info.optim_cls is torch.optim.Muon)
 MESHMUON_INFO = copy.copy(TORCH_INFO)
 MESHMUON_INFO.optim_cls = dt.Muon
+# The group keys meshmuon has beyond torch.optim.Muon's (its options added later): a dict or a pickled
+# optimizer of an older meshmuon lacks some, and loading must fill them from the defaults as torch's
+# optimizers fill theirs. torch's Muon entry has none (its not_og_supported_flags is empty), so the
+# check test_can_load_older_state_dict would be vacuous on meshmuon without these.
+MESHMUON_INFO.not_og_supported_flags = tuple(sorted(
+    set(MUON_DEFAULTS) - TORCH_MUON_KEYS))
 INFOS = {"meshmuon": MESHMUON_INFO, "torch": TORCH_INFO}
 
 # Error inputs of torch's Muon entry whose wording cannot apply to meshmuon, and what meshmuon does instead
@@ -252,6 +260,34 @@ def test_can_load_older_state_dict(info):
                 group.pop(flag, None)
         optimizer.load_state_dict(old)
         step()  # can still step
+
+
+def test_can_unpickle_older_optimizer(info):
+    """Not a TestOptimRenewed test: an optimizer pickled by an older version (its groups and
+    defaults without the newer keys) unpickles, steps, and steps as the original (torch's
+    optimizers fill such keys in __setstate__: group.setdefault("foreach", None), ...)."""
+    for optim_input in inputs(info):
+        params = params_with_grads()
+        optimizer = info.optim_cls(params, **optim_input.kwargs)
+        for _ in range(3):
+            optimizer.step()
+        state = optimizer.__getstate__()
+        state = dict(state, param_groups=[dict(g) for g in state["param_groups"]],
+                     defaults=dict(state["defaults"]))
+        for group in [state["defaults"]] + state["param_groups"]:
+            for flag in info.not_og_supported_flags:
+                group.pop(flag, None)
+        older = info.optim_cls.__new__(info.optim_cls)  # as pickle makes it
+        older.__setstate__(pickle.loads(pickle.dumps(state)))
+        copies = [p for g in older.param_groups for p in g["params"]]
+        for p, q in zip(params, copies):  # a new gradient, so the step depends on the momentum
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        optimizer.step()
+        older.step()
+        assert all(torch.equal(p, q) for p, q in zip(params, copies)), optim_input.desc
+        for flag in info.not_og_supported_flags:
+            assert all(g[flag] == optimizer.defaults[flag] for g in older.param_groups), flag
 
 
 def test_save_load_equality_with_weights_only(info):

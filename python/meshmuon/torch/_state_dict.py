@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import torch
 
-from ._options import GENERIC_KEYS, MUON_DEFAULTS, STRUCTURAL
+from ._options import ADAMW_DEFAULTS, GENERIC_KEYS, MUON_DEFAULTS, STRUCTURAL
 
 # torch.optim.Muon's group keys (torch 2.9+; its defaults are meshmuon's Muon defaults) and state keys.
 TORCH_MUON_KEYS = {"lr", "weight_decay", "momentum", "nesterov", "ns_coefficients", "eps",
@@ -137,6 +137,26 @@ def loaded_groups(state_dict: dict, groups: list[dict]) -> list[dict]:
             saved.setdefault(key, value)
         out.append(saved)
     return out
+
+
+def fill_defaults(defaults: dict, adamw_defaults: dict, groups: list[dict]) -> None:
+    """An optimizer pickled by an older meshmuon (copy.deepcopy / pickle, __setstate__): keys its
+    defaults and groups lack (options added since) are filled in place, as torch's optimizers'
+    __setstate__ fill theirs (group.setdefault("foreach", None), ...): the defaults from meshmuon's
+    (MUON_DEFAULTS, ADAMW_DEFAULTS), then each group from the optimizer's defaults for its algorithm
+    (a group without `algorithm` is a Muon group). A key an older meshmuon lacked has the default
+    that keeps the older behaviour, so the copy steps as the older optimizer did."""
+    defaults.setdefault("algorithm", "muon")
+    for key, value in MUON_DEFAULTS.items():
+        defaults.setdefault(key, copy.deepcopy(value))
+    for key, value in ADAMW_DEFAULTS.items():
+        adamw_defaults.setdefault(key, copy.deepcopy(value))
+    for group in groups:
+        algorithm = group.setdefault("algorithm", "muon")
+        source = adamw_defaults if algorithm == "adamw" else defaults
+        for key, value in source.items():
+            if key != "differentiable":
+                group.setdefault(key, copy.deepcopy(value))
 
 
 def step_count(entry: dict) -> Optional[int]:

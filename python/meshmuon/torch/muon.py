@@ -516,6 +516,9 @@ class Muon(torch.optim.Optimizer):
         self.state = defaultdict(dict)
         if not had_differentiable:  # the base class adds it; meshmuon's groups have no such key
             self.defaults.pop("differentiable", None)
+        # An older meshmuon's optimizer: options added since take their defaults (as torch's)
+        self.__dict__.setdefault("_adamw_defaults", {})
+        _state_dict.fill_defaults(self.defaults, self._adamw_defaults, self.param_groups)
         builds = self.engine_builds
         self._dist_options = _plan.check_dist_options(**self._dist_args)
         self._clip_masks, self._last_phases, self._engine = {}, None, None
