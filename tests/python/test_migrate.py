@@ -326,3 +326,35 @@ def test_dion_refuses_what_it_cannot_map():
         dt.from_dion([dict(params=[v], algorithm="adamw", cautious_wd=True)])
     with pytest.raises(ValueError, match=r"step=3: the Dion Muon optimizer has stepped"):
         dt.from_dion([dict(params=[tall], step=3)])
+
+
+def _nanochat_muon_group(beta2):
+    return dict(kind="muon", params=[torch.nn.Parameter(torch.randn(8, 4))], lr=0.02,
+                momentum=0.95, ns_steps=5, beta2=beta2, weight_decay=0.1)
+
+
+@pytest.mark.parametrize("beta2", [-0.1, 1.0 + 1e-9, float("nan"), float("inf"), "0.9", True])
+def test_nanochat_beta2_outside_its_range_is_refused(beta2):
+    with pytest.raises(ValueError, match=r"group 0: beta2=.*in \[0, 1\]"):
+        dt.from_nanochat([_nanochat_muon_group(beta2)])
+
+
+@pytest.mark.parametrize("beta2,normuon,normuon_beta2,alias", [
+    (0.0, True, 0.0, "normuon_beta2"), (1.0 - 1e-12, True, 1.0 - 1e-12, "normuon_beta2"),
+    (1.0, False, None, {"fixed": 1.0}), (None, True, 0.0, {"fixed": None})])
+def test_nanochat_beta2_ends_translate(beta2, normuon, normuon_beta2, alias):
+    """Both ends of nanochat's beta2 (0 and 1 inclusive) and None (nanochat reads 0.0) translate
+    and step; 1 and None are fixed (a write raises before the step: normuon is fixed at
+    construction), the rest stay live aliases of normuon_beta2."""
+    kwargs = dt.from_nanochat([_nanochat_muon_group(beta2)])
+    group = kwargs["params"][0]
+    assert group["normuon"] is normuon and group.get("normuon_beta2") == normuon_beta2
+    assert group["beta2"] == beta2 and group["foreign_keys"]["beta2"] == alias
+    opt = dt.Muon(**kwargs)
+    p = opt.param_groups[0]["params"][0]
+    p.grad = torch.randn_like(p)
+    opt.step()
+    if isinstance(alias, dict):
+        opt.param_groups[0]["beta2"] = 0.9
+        with pytest.raises(ValueError, match="'beta2' was .* cannot change after translation"):
+            opt.step()

@@ -20,10 +20,10 @@ B_KEYS = all(has_key(k) for k in ("muon_eq", "muon_plus", "decay_lr"))
 NANOCHAT_APPROX = dict(NANOCHAT, muon_eq=False, muon_plus=False, decay_adjusted=False)
 
 
-def peer_case(peer, params):
+def peer_case(peer, params, beta2=0.9):
     """(Muon kwargs, key for momentum in the peer's groups) for one Muon group of `params`."""
     if peer.startswith("nanochat"):
-        group = dict(kind="muon", params=params, lr=0.02, momentum=0.9, ns_steps=5, beta2=0.9,
+        group = dict(kind="muon", params=params, lr=0.02, momentum=0.9, ns_steps=5, beta2=beta2,
                      weight_decay=0.1)
         flags = {} if peer == "nanochat" else dict(muon_eq=False, muon_plus=False,
                                                     decay_lr="unadjusted")
@@ -40,12 +40,16 @@ CONFIGS = {"nanochat": NANOCHAT, "nanochat_approx": NANOCHAT_APPROX, "motif": MO
            "dion_cautious": dict(DION, cautious=True), "torch": TORCH}
 
 
-def run(peer, cfg):
-    """Largest |p_meshmuon - p_ref| over the parameters, in units of the step's adjusted lr."""
+def run(peer, cfg, beta2=0.9, ref_beta2=None):
+    """Largest |p_meshmuon - p_ref| over the parameters, in units of the step's adjusted lr.
+    `beta2`: nanochat's group value; `ref_beta2`: the reference's (default: the same; None as
+    nanochat reads it, 0.0)."""
+    if ref_beta2 is None:
+        ref_beta2 = 0.0 if beta2 is None else beta2
     gen = torch.Generator().manual_seed(7)
     params = [torch.nn.Parameter(torch.randn(*s, generator=gen) * 0.1) for s in SHAPES]
     refs = [Reference(p.detach(), cfg) for p in params]
-    kwargs, mu_key = peer_case(peer, params)
+    kwargs, mu_key = peer_case(peer, params, beta2)
     opt = dt.Muon(**kwargs, ns_matmul_dtype="fp32")
     worst, scale = 0.0, 0.0
     for lr, wd, mu in SCHEDULE:
@@ -56,7 +60,7 @@ def run(peer, cfg):
             p.grad = g.clone()
         opt.step()
         for p, ref, g in zip(params, refs, grads):
-            lr_adj = ref.step(g, lr, wd, mu, beta2=0.9)
+            lr_adj = ref.step(g, lr, wd, mu, beta2=ref_beta2)
             scale = max(scale, lr_adj)
             worst = max(worst, (p.detach().double() - ref.p).abs().max().item() / lr_adj)
     return worst
@@ -94,3 +98,15 @@ def test_negative_control_a_changed_rule_is_detected(peer, change):
     cfg = copy.copy(CONFIGS[peer])
     cfg.update(change)
     assert run(peer, cfg) > 10 * TOL
+
+
+# nanochat reads `beta2` without a range check (None as 0.0). Its ends: 0 (v is the last v_mean) and
+# 1 (v never leaves its zeros: the NorMuon scaling is the identity; meshmuon translates it to
+# normuon=False, the engine taking normuon_beta2 in [0, 1) only), both taken as nanochat takes them.
+@pytest.mark.parametrize("beta2", [0.0, 0.5, 1.0, None])
+def test_nanochat_beta2_range_ends_take_nanochats_steps(beta2):
+    if not B_KEYS:
+        pytest.skip("this meshmuon build lacks muon_eq / muon_plus / decay_lr (issue 31 B)")
+    assert run("nanochat", NANOCHAT, beta2=beta2) < TOL
+    # negative control: another beta2 in the reference is detected
+    assert run("nanochat", NANOCHAT, beta2=beta2, ref_beta2=0.5 if beta2 != 0.5 else 1.0) > 10 * TOL

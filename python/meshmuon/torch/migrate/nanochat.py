@@ -63,11 +63,10 @@ def _muon_group(t: GroupTranslation, muon_eq: bool, muon_plus: bool, decay_lr: s
         raise t.fail(f"ns_steps={ns_steps!r}: nanochat runs the first ns_steps rows of its 5-step "
                      f"Polar Express table, meshmuon's polar_express schedule is computed per step "
                      f"count and equals that table only at 5 steps; use ns_steps=5")
-    beta2 = t.alias("beta2", "normuon_beta2")
+    normuon = _normuon(t)
     t.set(momentum=t.get("momentum"), momentum_kind="ema", nesterov=True,
           ns_schedule="polar_express", ns_steps=5, ns_scale=ns_scale, eps=NS_EPS, eps_mode="add",
-          normuon=True, normuon_beta2=beta2, cautious_wd=True, adjust_lr_fn="original",
-          expert_stacks=False)
+          cautious_wd=True, adjust_lr_fn="original", expert_stacks=False, **normuon)
     engine_flag(t, "muon_eq", muon_eq, "nanochat's MuonEq row equilibration",
                 "pass muon_eq=False to migrate without it (the update then differs from nanochat's)")
     engine_flag(t, "muon_plus", muon_plus, "nanochat's Muon+ renormalization",
@@ -78,3 +77,28 @@ def _muon_group(t: GroupTranslation, muon_eq: bool, muon_plus: bool, decay_lr: s
         raise t.fail("nanochat decays with the shape-adjusted lr, which needs meshmuon's group key "
                      "'decay_lr'; this meshmuon build does not have it: pass decay_lr='unadjusted' "
                      "to decay with the unadjusted lr (differs for tall matrices)")
+
+
+def _normuon(t: GroupTranslation) -> dict:
+    """nanochat's `beta2` (no range check there; None is read as 0.0) as meshmuon's NorMuon keys.
+    In [0, 1): NorMuon with `normuon_beta2` aliased to `beta2` (the script may write it). Exactly 1:
+    nanochat's second moment v ← lerp(v, v_mean, 1 - beta2) never moves from its zeros, so its step
+    size is the uniform clamp_min(0, 1e-10)^-1/2 and the renormalization v_norm / v_norm_new undoes it:
+    the update is the one without NorMuon (within float rounding). meshmuon's engine takes
+    normuon_beta2 in [0, 1) only, so beta2 = 1 maps to `normuon=False`, with `beta2` kept fixed (a
+    write raises at the next step: NorMuon is fixed at construction; translate again). None: 0.0,
+    kept fixed likewise. Outside [0, 1] (nanochat would extrapolate the lerp; v is then no second
+    moment) a ValueError."""
+    beta2 = t.get("beta2")
+    if beta2 is None:
+        t.fix("beta2")
+        return dict(normuon=True, normuon_beta2=0.0)
+    if isinstance(beta2, bool) or not isinstance(beta2, (int, float)) or not 0.0 <= beta2 <= 1.0:
+        raise t.fail(f"beta2={beta2!r}: nanochat's second moment is lerp(v, v_mean, 1 - beta2), an "
+                     f"average only for beta2 in [0, 1]; meshmuon translates beta2 in [0, 1] (and "
+                     f"None, read as 0.0 by nanochat)")
+    if beta2 == 1.0:
+        t.fix("beta2")
+        return dict(normuon=False)
+    t.alias("beta2", "normuon_beta2")
+    return dict(normuon=True, normuon_beta2=beta2)
