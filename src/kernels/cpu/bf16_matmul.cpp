@@ -55,8 +55,10 @@ struct DnnlApi {
   dnnl_status_t (*memory_set_data_handle)(dnnl_memory_t, void*) = nullptr;
   dnnl_status_t (*memory_destroy)(dnnl_memory_t) = nullptr;
   const dnnl_version_t* (*version)() = nullptr;
+  dnnl_cpu_isa_t (*get_effective_cpu_isa)() = nullptr;
   void (*omp_set_num_threads)(int) = nullptr;  // the OpenMP runtime oneDNN runs on (libiomp5)
   int (*omp_get_max_threads)() = nullptr;
+  void (*kmp_set_blocktime)(int) = nullptr;  // Intel's OpenMP only
   dnnl_engine_t engine = nullptr;
   Bf16MatmulInfo info;
 };
@@ -105,7 +107,12 @@ void probe(DnnlApi& api) {
   const char* impl = nullptr;
   if (api.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) api.info.kernel = impl;
   api.primitive_desc_destroy(pd);
-  api.info.native = api.info.kernel.find("bf16") != std::string::npos || api.info.kernel.find("amx") != std::string::npos;
+  // Native: the ISA oneDNN runs on (the CPU's, capped by ONEDNN_MAX_CPU_ISA) has bf16 dot products
+  // (AVX512-BF16, AMX, AVX2-VNNI-2). Not the kernel's name: 3.x calls its emulation "gemm:jit:bf16".
+  const auto has = [](dnnl_cpu_isa_t isa, dnnl_cpu_isa_t want) { return (isa & want) == want; };
+  const dnnl_cpu_isa_t isa = api.get_effective_cpu_isa();
+  api.info.native = api.info.kernel.rfind("ref", 0) != 0 &&
+                    (has(isa, dnnl_cpu_isa_avx512_core_bf16) || has(isa, dnnl_cpu_isa_avx2_vnni_2));
   api.info.available = true;
 }
 
@@ -149,7 +156,8 @@ DnnlApi load() {
                     detail::bind_symbol(h, "dnnl_memory_create", api.memory_create) &&
                     detail::bind_symbol(h, "dnnl_memory_set_data_handle", api.memory_set_data_handle) &&
                     detail::bind_symbol(h, "dnnl_memory_destroy", api.memory_destroy) &&
-                    detail::bind_symbol(h, "dnnl_version", api.version);
+                    detail::bind_symbol(h, "dnnl_version", api.version) &&
+                    detail::bind_symbol(h, "dnnl_get_effective_cpu_isa", api.get_effective_cpu_isa);
     return ok ? std::string() : std::string("lacks the oneDNN 3.x C API (dnnl_matmul_primitive_desc_create)");
   };
   // One candidate at a time: a path's neighbours are preloaded only when that path is tried.
@@ -174,6 +182,7 @@ DnnlApi load() {
   if (!detail::bind_symbol(h, "omp_set_num_threads", api.omp_set_num_threads) ||
       !detail::bind_symbol(h, "omp_get_max_threads", api.omp_get_max_threads))
     api.omp_set_num_threads = nullptr, api.omp_get_max_threads = nullptr;
+  detail::bind_symbol(h, "kmp_set_blocktime", api.kmp_set_blocktime);
   if (api.engine_create(&api.engine, dnnl_cpu, 0) != dnnl_success) {
     api.info.error = detail::concat(lib.name, ": could not create a CPU engine");
     return api;
@@ -268,6 +277,14 @@ Bf16Matmul::Bf16Matmul() : impl_(std::make_unique<Impl>()) {
 Bf16Matmul::~Bf16Matmul() = default;
 
 int Bf16Matmul::set_threads(int n) {
+  // libiomp5's workers spin 200 ms (KMP_BLOCKTIME) after each parallel region: after a bf16 product
+  // they would take the cores from the fp32 products and the BLAS that follow (measured: SGEMM
+  // right after bf16 products at 0.65x its rate). They sleep at once for the regions this thread forks.
+  thread_local bool blocktime_set = false;
+  if (dnnl().kmp_set_blocktime && !blocktime_set && std::getenv("KMP_BLOCKTIME") == nullptr) {
+    dnnl().kmp_set_blocktime(0);
+    blocktime_set = true;
+  }
   if (!dnnl().omp_set_num_threads) return n;
   const int previous = dnnl().omp_get_max_threads();
   if (previous != n) dnnl().omp_set_num_threads(std::max(1, n));
