@@ -205,6 +205,30 @@ const DnnlApi& dnnl() {
 
 }  // namespace
 
+// oneDNN's emulation (gemm:jit:bf16, no bf16 instructions) splits the reduction across threads and
+// sizes its blocking by the thread count current when a primitive is made (other bits for
+// 1x1x20000 and 8x8x16384 from 2 threads, 64x64x4096 and 256x256x1024 on 3, 300x700x300 on 8), so
+// its primitives are made and run on one thread: the contract holds on the forced onednn_emulated
+// path too. The native kernels (brg:*) keep their bits on 1-16 threads (tested).
+class OneThreadIfEmulated {
+ public:
+  explicit OneThreadIfEmulated(const DnnlApi& api)
+      : api_(api), active_(!api.info.native && api.omp_set_num_threads != nullptr),
+        threads_(active_ ? api.omp_get_max_threads() : 1) {
+    if (active_ && threads_ != 1) api_.omp_set_num_threads(1);
+  }
+  ~OneThreadIfEmulated() {
+    if (active_ && threads_ != 1) api_.omp_set_num_threads(threads_);
+  }
+  OneThreadIfEmulated(const OneThreadIfEmulated&) = delete;
+  OneThreadIfEmulated& operator=(const OneThreadIfEmulated&) = delete;
+
+ private:
+  const DnnlApi& api_;
+  bool active_;
+  int threads_;
+};
+
 struct Bf16Matmul::Impl {
   struct Entry {
     dnnl_primitive_t primitive = nullptr;
@@ -251,6 +275,7 @@ struct Bf16Matmul::Impl {
            bool bf16_out) {
     if (m == 0 || n == 0) return;
     const DnnlApi& api = dnnl();
+    const OneThreadIfEmulated emulated(api);
     Entry& e = entry(m, n, k, a, b, ldc, bf16_out);
     check(api.memory_set_data_handle(e.src, const_cast<BFloat16*>(a.data)), "set src");
     check(api.memory_set_data_handle(e.weights, const_cast<BFloat16*>(b.data)), "set weights");
