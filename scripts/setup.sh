@@ -6,7 +6,6 @@ set -euo pipefail
 APT_PACKAGES=(
   g++ make pkg-config ccache ninja-build cmake
   libopenblas-dev liblapacke-dev          # BLAS (loaded at run time) and LAPACKE (test oracle)
-  libdnnl-dev                             # oneDNN 2.x: bf16 products (loaded at run time)
   libopenmpi-dev openmpi-bin              # mpi communicator backend, mpirun for tests
   zlib1g-dev                              # CRC-32 of checkpoint files
   libgtest-dev libgmock-dev libbenchmark-dev

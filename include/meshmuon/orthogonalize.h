@@ -119,7 +119,7 @@ MESHMUON_API double ns_flops(int64_t m, int64_t n, const NsOptions& options);
 // native where oneDNN has it, widened elsewhere.
 struct Bf16ProductsInfo {
   std::string kind;     // "native", "widened" or "onednn_emulated"
-  std::string kernel;   // e.g. "oneDNN 2.6.3 brg:avx512_core_bf16", "OpenBLAS Zen SGEMM on bf16-valued operands"
+  std::string kernel;   // e.g. "oneDNN 3.2.0 brg:avx512_core_bf16", "OpenBLAS Zen SGEMM on bf16-valued operands"
   std::string reason;   // why this implementation
   bool forced = false;  // by MESHMUON_BF16_PRODUCTS
   std::string error;    // non-empty: bf16 products cannot run here (a forced path this CPU lacks)

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <string>
@@ -530,6 +531,68 @@ TEST(Bf16Matmul, LowerProductCoversTheLowerTriangle) {
       if (full) EXPECT_EQ(unwritten_upper, 0);
     }
   }
+}
+
+// The products' bits do not depend on the thread count: oneDNN must not split the reduction (nor
+// pick a K blocking by thread count) for any shape. Random operands (sums depend on their order),
+// shapes from few outputs with long reductions (where a split reduction would pay off most) to the
+// Newton–Schulz ones, thread counts past the cores (oneDNN's heuristics look at the count, not at
+// the machine's cores).
+TEST(Bf16Matmul, BitwiseAcrossThreadCountsForManyShapes) {
+  if (!meshmuon::cpu::bf16_matmul_info().available) GTEST_SKIP() << meshmuon::cpu::bf16_matmul_info().error;
+  Bf16Matmul mm;
+  std::mt19937_64 rng(2024);
+  std::normal_distribution<float> normal;
+  struct Shape {
+    int64_t m, n, k;
+    bool tb;
+  };
+  const Shape shapes[] = {{1, 1, 20000, false}, {8, 8, 16384, true},  {32, 32, 8192, true},
+                          {64, 64, 4096, false}, {16, 512, 4096, false}, {128, 384, 2048, true},
+                          {256, 256, 1024, true}, {300, 700, 300, false}, {512, 128, 3000, true}};
+  for (const Shape& sh : shapes) {
+    std::vector<BFloat16> a(size_t(sh.m * sh.k)), b(size_t(sh.k * sh.n));
+    for (BFloat16& v : a) v = meshmuon::float_to_bf16(normal(rng));
+    for (BFloat16& v : b) v = meshmuon::float_to_bf16(normal(rng));
+    const Bf16Operand oa{a.data(), sh.k, false}, ob{b.data(), sh.tb ? sh.k : sh.n, sh.tb};
+    std::vector<float> ref(size_t(sh.m * sh.n)), c(ref.size());
+    std::vector<BFloat16> refb(ref.size()), cb(ref.size());
+    const int saved = mm.set_threads(1);
+    mm.gemm(sh.m, sh.n, sh.k, oa, ob, ref.data(), sh.n);
+    mm.gemm(sh.m, sh.n, sh.k, oa, ob, refb.data(), sh.n);
+    const auto expect_same = [&](const char* how, int threads) {
+      EXPECT_EQ(ref, c) << sh.m << "x" << sh.n << "x" << sh.k << " fp32 out, " << how << threads << " threads ("
+                        << meshmuon::cpu::bf16_matmul_info().kernel << ")";
+      size_t differ = 0;
+      for (size_t i = 0; i < cb.size(); ++i) differ += refb[i].bits != cb[i].bits;
+      EXPECT_EQ(differ, 0u) << sh.m << "x" << sh.n << "x" << sh.k << " bf16 out, " << how << threads << " threads";
+    };
+    for (int threads : {2, 3, 4, 8, 16}) {
+      // The primitives made on one thread, run on more; then ones made on that many threads (oneDNN
+      // sizes a primitive's blocking for the thread count current when it is made).
+      mm.set_threads(threads);
+      mm.gemm(sh.m, sh.n, sh.k, oa, ob, c.data(), sh.n);
+      mm.gemm(sh.m, sh.n, sh.k, oa, ob, cb.data(), sh.n);
+      expect_same("made on 1, run on ", threads);
+      Bf16Matmul fresh;
+      const int previous = fresh.set_threads(threads);
+      fresh.gemm(sh.m, sh.n, sh.k, oa, ob, c.data(), sh.n);
+      fresh.gemm(sh.m, sh.n, sh.k, oa, ob, cb.data(), sh.n);
+      fresh.set_threads(previous);
+      expect_same("made and run on ", threads);
+    }
+    mm.set_threads(saved);
+  }
+}
+
+// Under ONEDNN_MAX_CPU_ISA=AVX512_CORE (the avx512 CPU kind: AVX-512 without bf16) oneDNN emulates
+// bf16; oneDNN 3.x names that kernel "gemm:jit:bf16", which must not pass for native.
+TEST(Bf16Matmul, EmulationIsNotNative) {
+  const char* isa = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (isa == nullptr || std::string(isa) != "AVX512_CORE") GTEST_SKIP() << "runs as the avx512 CPU kind";
+  const meshmuon::cpu::Bf16MatmulInfo info = meshmuon::cpu::bf16_matmul_info();
+  if (!info.available) GTEST_SKIP() << info.error;
+  EXPECT_FALSE(info.native) << info.kernel;
 }
 
 NsOptions bf16_products(Schedule s, NsMethod method) {

@@ -17,9 +17,11 @@
 
 #include "backend/cuda_bench.h"
 #include "commands.h"
+#include "meshmuon/bf16.h"
 #include "meshmuon/blas.h"
 #include "meshmuon/error.h"
 #include "meshmuon/orthogonalize.h"
+#include "kernels/cpu/bf16_matmul.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/products.h"
 
@@ -211,12 +213,42 @@ void run_bench(const BenchNsArgs& a) {
   auto tiled_apply = [&] { cpu::sgemm(false, false, s, l, s, 1.0f, gs.data(), s, g.data(), l, 0.0f, ys.data(), l); };
   const double gemm_flops = 2.0 * s * s * double(l);
   std::vector<double> gram_times, apply_times, tiled_times;
+  // bf16 GEMM baseline, when bf16 products are timed: oneDNN's plain bf16 matmul (the library the
+  // bf16 products run on) on the same pair, the same thread count, the plain path's output types
+  // (X·Xᵀ to fp32, Z·X rounded to bf16).
+  std::unique_ptr<cpu::Bf16Matmul> bmm;
+  std::string bf16_kernel;
+  if (std::find(dtypes.begin(), dtypes.end(), DType::BF16) != dtypes.end() && cpu::bf16_matmul_info().available) {
+    bmm = std::make_unique<cpu::Bf16Matmul>();
+    bf16_kernel = "oneDNN " + cpu::bf16_matmul_info().version + " " + cpu::bf16_matmul_info().kernel;
+  }
+  std::vector<BFloat16> gb(g.size()), gsb(gs.size(), float_to_bf16(0.01f)), ysb(ys.size());
+  if (bmm)
+    for (size_t i = 0; i < g.size(); ++i) gb[i] = float_to_bf16(g[i]);
+  const auto bf16_threaded = [&](auto&& f) {
+    const int previous = bmm->set_threads(threads);
+    f();
+    bmm->set_threads(previous);
+  };
+  auto bf16_gram = [&] {
+    bf16_threaded([&] { bmm->gemm(s, s, l, {gb.data(), l, false}, {gb.data(), l, true}, gs.data(), s); });
+  };
+  auto bf16_apply = [&] {
+    bf16_threaded([&] { bmm->gemm(s, l, s, {gsb.data(), s, false}, {gb.data(), l, false}, ysb.data(), l); });
+  };
+  std::vector<double> bf16_gram_times, bf16_apply_times;
 
   // Round-robin over methods and the baseline so that machine noise hits all of them alike.
   for (int r = 0; r < a.warmup + a.repeats; ++r) {
     for (size_t i = 0; i < orths.size(); ++i) {
       const double t = time_once([&] { orths[i].run(g.data(), out.data(), m, n); });
       if (r >= a.warmup) results[i].times.push_back(t);
+    }
+    if (bmm && r >= a.warmup) {  // before the BLAS, whose workers spin after its calls
+      bf16_gram_times.push_back(time_once(bf16_gram));
+      bf16_apply_times.push_back(time_once(bf16_apply));
+    } else if (bmm) {  // warm-up: primitives created, caches warm
+      bf16_gram(), bf16_apply();
     }
     const double tt = time_once(tiled_gram) + time_once(tiled_apply);
     const double tg = time_once(sgemm_gram), ta = time_once(sgemm_apply);
@@ -230,6 +262,9 @@ void run_bench(const BenchNsArgs& a) {
   const double sgemm_nt_gflops = gemm_flops / median(gram_times) / 1e9;
   const double sgemm_nn_gflops = gemm_flops / median(apply_times) / 1e9;
   const double tiled_gflops = 2 * gemm_flops / median(tiled_times) / 1e9;
+  const double bf16_gflops = bmm ? 2 * gemm_flops / (median(bf16_gram_times) + median(bf16_apply_times)) / 1e9 : 0;
+  const double bf16_nt_gflops = bmm ? gemm_flops / median(bf16_gram_times) / 1e9 : 0;
+  const double bf16_nn_gflops = bmm ? gemm_flops / median(bf16_apply_times) / 1e9 : 0;
   for (size_t i = 0; i < orths.size(); ++i) {
     Result& res = results[i];
     res.seconds = median(res.times);
@@ -255,6 +290,9 @@ void run_bench(const BenchNsArgs& a) {
                         {"sgemm_gflops", sgemm_gflops}, {"sgemm_nt_gflops", sgemm_nt_gflops},
                         {"sgemm_nn_gflops", sgemm_nn_gflops}, {"meshmuon_sgemm_gflops", tiled_gflops},
                         {"efficiency_vs_sgemm", r.flops / r.seconds / 1e9 / sgemm_gflops},
+                        {"bf16_gemm_gflops", bmm ? nlohmann::json(bf16_gflops) : nlohmann::json()},
+                        {"efficiency_vs_bf16_gemm",
+                         bmm ? nlohmann::json(r.flops / r.seconds / 1e9 / bf16_gflops) : nlohmann::json()},
                         {"sigma_min", r.sigma_min}, {"sigma_max", r.sigma_max},
                         {"threads", info.threads}, {"shape", shape}, {"schedule", a.schedule},
                         {"steps", a.steps}, {"repeats", a.repeats}, {"blas_core", info.corename}};
@@ -271,6 +309,9 @@ void run_bench(const BenchNsArgs& a) {
                           {"sgemm_nt_gflops", sgemm_nt_gflops}, {"sgemm_nn_gflops", sgemm_nn_gflops},
                           {"meshmuon_sgemm_gflops", tiled_gflops}, {"blas_core", info.corename},
                           {"methods", nlohmann::json::array()}};
+      if (bmm)
+        j["bf16_gemm"] = {{"gflops", bf16_gflops}, {"nt_gflops", bf16_nt_gflops},
+                          {"nn_gflops", bf16_nn_gflops}, {"kernel", bf16_kernel}};
       for (const Result& r : results) j["methods"].push_back(to_json(r));
       std::cout << j.dump(2) << "\n";
     }
@@ -282,20 +323,25 @@ void run_bench(const BenchNsArgs& a) {
   std::printf("SGEMM baseline (the BLAS's own threads): %.1f GFLOP/s (X·Xᵀ %dx%dx%d NT %.1f, Z·X %dx%dx%d NN %.1f); "
               "meshmuon's tiled products on the same pair: %.1f (%.2fx)\n",
               sgemm_gflops, s, s, l, sgemm_nt_gflops, s, l, s, sgemm_nn_gflops, tiled_gflops, tiled_gflops / sgemm_gflops);
-  std::printf("%-15s %10s %8s %8s %9s %10s %10s %10s %10s\n", "method", "ms", "GFLOP", "GFLOP/s",
-              "vs SGEMM", "vs plain", "sigma_min", "sigma_max", "dsigma/sym");
+  if (bmm)
+    std::printf("bf16 GEMM baseline (%s, %d threads): %.1f GFLOP/s (X·Xᵀ NT to fp32 %.1f, Z·X NN to bf16 %.1f), "
+                "%.2fx SGEMM\n",
+                bf16_kernel.c_str(), threads, bf16_gflops, bf16_nt_gflops, bf16_nn_gflops, bf16_gflops / sgemm_gflops);
+  std::printf("%-15s %10s %8s %8s %9s %9s %10s %10s %10s %10s\n", "method", "ms", "GFLOP", "GFLOP/s",
+              "vs SGEMM", "vs bf16", "vs plain", "sigma_min", "sigma_max", "dsigma/sym");
   const double plain_t = results[0].method == NsMethod::Plain ? results[0].seconds : 0;
   for (const Result& r : results) {
     const double gf = r.flops / r.seconds / 1e9;
     const std::string label = std::string(to_string(r.method)) + (r.matmul == DType::BF16 ? " bf16" : "");
     std::printf("%-15s %10.3f %8.2f %8.1f %8.2fx ", label.c_str(), r.seconds * 1e3,
                 r.flops / 1e9, gf, gf / sgemm_gflops);
+    if (bmm) std::printf("%8.2fx ", gf / bf16_gflops); else std::printf("%9s ", "-");
     if (plain_t > 0) std::printf("%9.2fx ", plain_t / r.seconds); else std::printf("%10s ", "-");
     std::printf("%10.4f %10.4f ", r.sigma_min, r.sigma_max);
     if (sym && &r != sym) std::printf("%10.1e\n", r.sigma_diff); else std::printf("%10s\n", "-");
   }
   if (a.compare || results.size() > 1)
-    std::printf("vs plain = speed-up over plain fp32 (time ratio); dsigma/sym = max |sigma_i - sigma_i(symmetric fp32)|\n");
+    std::printf("vs bf16 = rate over the bf16 GEMM baseline; vs plain = speed-up over plain fp32 (time ratio); dsigma/sym = max |sigma_i - sigma_i(symmetric fp32)|\n");
   if (l < 2 * s && std::find(methods.begin(), methods.end(), NsMethod::Gram) != methods.end())
     std::printf("note: gram needs aspect ratio >= 2; it ran the symmetric path here\n");
 }

@@ -1,13 +1,16 @@
 // oneDNN loaded at run time (dlopen) for bf16 products; see bf16_matmul.h. Only the C API of
-// oneDNN 2.x (Debian bookworm's libdnnl2) is used: a matmul primitive per shape, cached.
+// oneDNN 3.x is used (libdnnl.so.3; PyPI's onednn-cpu-iomp 2023.2.0 is oneDNN 3.2): a matmul
+// primitive per shape, cached.
 #include "kernels/cpu/bf16_matmul.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <tuple>
+#include <vector>
 
 #include "core/dl_symbol.h"
 #include "core/library_loader.h"
@@ -15,6 +18,10 @@
 
 #if MESHMUON_HAVE_DNNL_HEADERS
 #include <oneapi/dnnl/dnnl_types.h>
+#include <oneapi/dnnl/dnnl_version.h>
+#if !defined(DNNL_VERSION_MAJOR) || DNNL_VERSION_MAJOR < 3
+#error "meshmuon's bf16 products use the oneDNN 3.x C API: build against onednn-devel-cpu-iomp (scripts/requirements.txt)"
+#endif
 #endif
 
 namespace meshmuon::cpu {
@@ -22,19 +29,20 @@ namespace meshmuon::cpu {
 #if MESHMUON_HAVE_DNNL_HEADERS
 namespace {
 
+constexpr const char* kInstallHint = "pip install onednn-cpu-iomp==2023.2.0 intel-cmplr-lib-rt==2023.2.0";
+
 struct DnnlApi {
   dnnl_status_t (*engine_create)(dnnl_engine_t*, dnnl_engine_kind_t, size_t) = nullptr;
   dnnl_status_t (*stream_create)(dnnl_stream_t*, dnnl_engine_t, unsigned) = nullptr;
   dnnl_status_t (*stream_destroy)(dnnl_stream_t) = nullptr;
   dnnl_status_t (*stream_wait)(dnnl_stream_t) = nullptr;
-  dnnl_status_t (*memory_desc_init_by_strides)(dnnl_memory_desc_t*, int, const dnnl_dims_t,
-                                               dnnl_data_type_t, const dnnl_dims_t) = nullptr;
-  dnnl_status_t (*matmul_desc_init)(dnnl_matmul_desc_t*, const dnnl_memory_desc_t*,
-                                    const dnnl_memory_desc_t*, const dnnl_memory_desc_t*,
-                                    const dnnl_memory_desc_t*) = nullptr;
-  dnnl_status_t (*primitive_desc_create)(dnnl_primitive_desc_t*, const_dnnl_op_desc_t,
-                                         const_dnnl_primitive_attr_t, dnnl_engine_t,
-                                         const_dnnl_primitive_desc_t) = nullptr;
+  dnnl_status_t (*memory_desc_create_with_strides)(dnnl_memory_desc_t*, int, const dnnl_dims_t,
+                                                   dnnl_data_type_t, const dnnl_dims_t) = nullptr;
+  dnnl_status_t (*memory_desc_destroy)(dnnl_memory_desc_t) = nullptr;
+  dnnl_status_t (*matmul_primitive_desc_create)(dnnl_primitive_desc_t*, dnnl_engine_t,
+                                                const_dnnl_memory_desc_t, const_dnnl_memory_desc_t,
+                                                const_dnnl_memory_desc_t, const_dnnl_memory_desc_t,
+                                                const_dnnl_primitive_attr_t) = nullptr;
   dnnl_status_t (*primitive_desc_query)(const_dnnl_primitive_desc_t, dnnl_query_t, int,
                                         void*) = nullptr;
   dnnl_status_t (*primitive_desc_destroy)(dnnl_primitive_desc_t) = nullptr;
@@ -42,13 +50,15 @@ struct DnnlApi {
   dnnl_status_t (*primitive_destroy)(dnnl_primitive_t) = nullptr;
   dnnl_status_t (*primitive_execute)(const_dnnl_primitive_t, dnnl_stream_t, int,
                                      const dnnl_exec_arg_t*) = nullptr;
-  dnnl_status_t (*memory_create)(dnnl_memory_t*, const dnnl_memory_desc_t*, dnnl_engine_t,
+  dnnl_status_t (*memory_create)(dnnl_memory_t*, const_dnnl_memory_desc_t, dnnl_engine_t,
                                  void*) = nullptr;
   dnnl_status_t (*memory_set_data_handle)(dnnl_memory_t, void*) = nullptr;
   dnnl_status_t (*memory_destroy)(dnnl_memory_t) = nullptr;
   const dnnl_version_t* (*version)() = nullptr;
-  void (*omp_set_num_threads)(int) = nullptr;  // the OpenMP runtime oneDNN runs on
+  dnnl_cpu_isa_t (*get_effective_cpu_isa)() = nullptr;
+  void (*omp_set_num_threads)(int) = nullptr;  // the OpenMP runtime oneDNN runs on (libiomp5)
   int (*omp_get_max_threads)() = nullptr;
+  void (*kmp_set_blocktime)(int) = nullptr;  // Intel's OpenMP only
   dnnl_engine_t engine = nullptr;
   Bf16MatmulInfo info;
 };
@@ -58,24 +68,36 @@ void check(dnnl_status_t status, const char* what) {
                       static_cast<int>(status));
 }
 
-dnnl_memory_desc_t matrix_desc(const DnnlApi& api, int64_t rows, int64_t cols, int64_t ld, bool trans,
-                               dnnl_data_type_t type) {
-  dnnl_memory_desc_t md;
-  const dnnl_dims_t dims = {rows, cols};
-  const dnnl_dims_t strides = {trans ? 1 : ld, trans ? ld : 1};
-  check(api.memory_desc_init_by_strides(&md, 2, dims, type, strides), "memory descriptor");
-  return md;
-}
+// A oneDNN 3.x memory descriptor (opaque, created and destroyed through the API).
+class MatrixDesc {
+ public:
+  MatrixDesc(const DnnlApi& api, int64_t rows, int64_t cols, int64_t ld, bool trans, dnnl_data_type_t type)
+      : api_(api) {
+    const dnnl_dims_t dims = {rows, cols};
+    const dnnl_dims_t strides = {trans ? 1 : ld, trans ? ld : 1};
+    check(api.memory_desc_create_with_strides(&md_, 2, dims, type, strides), "memory descriptor");
+  }
+  ~MatrixDesc() {
+    if (md_) api_.memory_desc_destroy(md_);
+  }
+  MatrixDesc(const MatrixDesc&) = delete;
+  MatrixDesc& operator=(const MatrixDesc&) = delete;
+  const_dnnl_memory_desc_t get() const { return md_; }
+
+ private:
+  const DnnlApi& api_;
+  dnnl_memory_desc_t md_ = nullptr;
+};
 
 // Whether oneDNN has a bf16 matmul for this CPU, and which kernel a typical Newton–Schulz product
-// gets (Debian's oneDNN 2.6 has none without AVX-512: primitive creation returns unimplemented).
+// gets (oneDNN 3.2 has none without AVX-512 and without AVX2 bf16 support: creation returns
+// unimplemented).
 void probe(DnnlApi& api) {
-  const dnnl_memory_desc_t src = matrix_desc(api, 256, 256, 256, false, dnnl_bf16);
-  const dnnl_memory_desc_t dst = matrix_desc(api, 256, 256, 256, false, dnnl_f32);
-  dnnl_matmul_desc_t op;
-  check(api.matmul_desc_init(&op, &src, &src, nullptr, &dst), "matmul descriptor");
+  const MatrixDesc src(api, 256, 256, 256, false, dnnl_bf16);
+  const MatrixDesc dst(api, 256, 256, 256, false, dnnl_f32);
   dnnl_primitive_desc_t pd = nullptr;
-  const dnnl_status_t status = api.primitive_desc_create(&pd, &op, nullptr, api.engine, nullptr);
+  const dnnl_status_t status =
+      api.matmul_primitive_desc_create(&pd, api.engine, src.get(), src.get(), nullptr, dst.get(), nullptr);
   if (status != dnnl_success) {
     api.info.error = detail::concat(
         "oneDNN ", api.info.version, " has no bf16 matmul for this CPU (status ", static_cast<int>(status),
@@ -85,41 +107,74 @@ void probe(DnnlApi& api) {
   const char* impl = nullptr;
   if (api.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) api.info.kernel = impl;
   api.primitive_desc_destroy(pd);
-  api.info.native = api.info.kernel.find("bf16") != std::string::npos || api.info.kernel.find("amx") != std::string::npos;
+  // Native: the ISA oneDNN runs on (the CPU's, capped by ONEDNN_MAX_CPU_ISA) has bf16 dot products
+  // (AVX512-BF16, AMX, AVX2-VNNI-2). Not the kernel's name: 3.x calls its emulation "gemm:jit:bf16".
+  const auto has = [](dnnl_cpu_isa_t isa, dnnl_cpu_isa_t want) { return (isa & want) == want; };
+  const dnnl_cpu_isa_t isa = api.get_effective_cpu_isa();
+  api.info.native = api.info.kernel.rfind("ref", 0) != 0 &&
+                    (has(isa, dnnl_cpu_isa_avx512_core_bf16) || has(isa, dnnl_cpu_isa_avx2_vnni_2));
   api.info.available = true;
+}
+
+// PyPI's libdnnl.so.3 has no RUNPATH: its dependencies (libiomp5 from intel-openmp; libsvml, libimf,
+// libirng, libintlc from intel-cmplr-lib-rt) sit beside it in the environment's lib folder, where
+// the loader does not look. Loading them first by path (dependencies first) lets the soname match.
+void preload_beside(const std::string& library) {
+  const size_t slash = library.rfind('/');
+  if (slash == std::string::npos || access(library.c_str(), R_OK) != 0) return;
+  const std::string dir = library.substr(0, slash + 1);
+  for (const char* dep : {"libintlc.so.5", "libimf.so", "libsvml.so", "libirng.so", "libiomp5.so"}) {
+    const std::string path = dir + dep;
+    if (access(path.c_str(), R_OK) == 0) dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);  // kept open
+  }
 }
 
 DnnlApi load() {
   DnnlApi api;
   const char* user = std::getenv("MESHMUON_DNNL_LIBRARY");
-  const char* name = (user != nullptr && *user != '\0') ? user : "libdnnl.so.2";
-  const char* candidates[] = {name};
-  const detail::OpenedLibrary lib =
-      detail::open_first_library(candidates, RTLD_NOW | RTLD_LOCAL, [&api](void* h, const char*) {
-        const bool ok = detail::bind_symbol(h, "dnnl_engine_create", api.engine_create) &&
-                        detail::bind_symbol(h, "dnnl_stream_create", api.stream_create) &&
-                        detail::bind_symbol(h, "dnnl_stream_destroy", api.stream_destroy) &&
-                        detail::bind_symbol(h, "dnnl_stream_wait", api.stream_wait) &&
-                        detail::bind_symbol(h, "dnnl_memory_desc_init_by_strides", api.memory_desc_init_by_strides) &&
-                        detail::bind_symbol(h, "dnnl_matmul_desc_init", api.matmul_desc_init) &&
-                        detail::bind_symbol(h, "dnnl_primitive_desc_create", api.primitive_desc_create) &&
-                        detail::bind_symbol(h, "dnnl_primitive_desc_query", api.primitive_desc_query) &&
-                        detail::bind_symbol(h, "dnnl_primitive_desc_destroy", api.primitive_desc_destroy) &&
-                        detail::bind_symbol(h, "dnnl_primitive_create", api.primitive_create) &&
-                        detail::bind_symbol(h, "dnnl_primitive_destroy", api.primitive_destroy) &&
-                        detail::bind_symbol(h, "dnnl_primitive_execute", api.primitive_execute) &&
-                        detail::bind_symbol(h, "dnnl_memory_create", api.memory_create) &&
-                        detail::bind_symbol(h, "dnnl_memory_set_data_handle", api.memory_set_data_handle) &&
-                        detail::bind_symbol(h, "dnnl_memory_destroy", api.memory_destroy) &&
-                        detail::bind_symbol(h, "dnnl_version", api.version);
-        return ok ? std::string() : std::string("lacks the oneDNN 2.x C API (dnnl_matmul_desc_init)");
-      });
+  const std::string prefix_lib = detail::install_location().prefix_lib;
+  std::vector<std::string> names;
+  if (user != nullptr && *user != '\0') names.emplace_back(user);
+  names.emplace_back("libdnnl.so.3");
+  if (!prefix_lib.empty()) names.push_back(prefix_lib + "/libdnnl.so.3");
+#ifdef MESHMUON_DNNL_BUILD_LIBRARY
+  names.emplace_back(MESHMUON_DNNL_BUILD_LIBRARY);  // the one beside the headers built against
+#endif
+  const detail::AcceptLibrary accept = [&api](void* h, const char*) {
+    const bool ok = detail::bind_symbol(h, "dnnl_engine_create", api.engine_create) &&
+                    detail::bind_symbol(h, "dnnl_stream_create", api.stream_create) &&
+                    detail::bind_symbol(h, "dnnl_stream_destroy", api.stream_destroy) &&
+                    detail::bind_symbol(h, "dnnl_stream_wait", api.stream_wait) &&
+                    detail::bind_symbol(h, "dnnl_memory_desc_create_with_strides", api.memory_desc_create_with_strides) &&
+                    detail::bind_symbol(h, "dnnl_memory_desc_destroy", api.memory_desc_destroy) &&
+                    detail::bind_symbol(h, "dnnl_matmul_primitive_desc_create", api.matmul_primitive_desc_create) &&
+                    detail::bind_symbol(h, "dnnl_primitive_desc_query", api.primitive_desc_query) &&
+                    detail::bind_symbol(h, "dnnl_primitive_desc_destroy", api.primitive_desc_destroy) &&
+                    detail::bind_symbol(h, "dnnl_primitive_create", api.primitive_create) &&
+                    detail::bind_symbol(h, "dnnl_primitive_destroy", api.primitive_destroy) &&
+                    detail::bind_symbol(h, "dnnl_primitive_execute", api.primitive_execute) &&
+                    detail::bind_symbol(h, "dnnl_memory_create", api.memory_create) &&
+                    detail::bind_symbol(h, "dnnl_memory_set_data_handle", api.memory_set_data_handle) &&
+                    detail::bind_symbol(h, "dnnl_memory_destroy", api.memory_destroy) &&
+                    detail::bind_symbol(h, "dnnl_version", api.version) &&
+                    detail::bind_symbol(h, "dnnl_get_effective_cpu_isa", api.get_effective_cpu_isa);
+    return ok ? std::string() : std::string("lacks the oneDNN 3.x C API (dnnl_matmul_primitive_desc_create)");
+  };
+  // One candidate at a time: a path's neighbours are preloaded only when that path is tried.
+  detail::OpenedLibrary lib;
+  for (const std::string& n : names) {
+    preload_beside(n);
+    const char* one[] = {n.c_str()};
+    detail::OpenedLibrary tried = detail::open_first_library(one, RTLD_NOW | RTLD_LOCAL, accept);
+    lib.failures.insert(lib.failures.end(), tried.failures.begin(), tried.failures.end());
+    if (tried.handle != nullptr) {
+      lib.handle = tried.handle, lib.name = tried.name;
+      break;
+    }
+  }
   if (lib.handle == nullptr) {
-    const detail::LibraryAttempt& f = lib.failures.front();  // the one candidate
-    api.info.error = f.opened ? detail::concat(name, " ", f.why, "; install Debian's libdnnl2 (oneDNN 2.x)")
-                              : detail::concat("could not load ", name, " (", f.why,
-                                               "); install oneDNN 2.x (apt-get install libdnnl2) or set "
-                                               "MESHMUON_DNNL_LIBRARY");
+    api.info.error = detail::concat("could not load oneDNN 3.x: tried ", lib.tried(), "; ", kInstallHint,
+                                    " (oneDNN 3.2 and its runtime libraries) or set MESHMUON_DNNL_LIBRARY");
     return api;
   }
   void* h = lib.handle;
@@ -127,12 +182,13 @@ DnnlApi load() {
   if (!detail::bind_symbol(h, "omp_set_num_threads", api.omp_set_num_threads) ||
       !detail::bind_symbol(h, "omp_get_max_threads", api.omp_get_max_threads))
     api.omp_set_num_threads = nullptr, api.omp_get_max_threads = nullptr;
+  detail::bind_symbol(h, "kmp_set_blocktime", api.kmp_set_blocktime);
   if (api.engine_create(&api.engine, dnnl_cpu, 0) != dnnl_success) {
-    api.info.error = detail::concat(name, ": could not create a CPU engine");
+    api.info.error = detail::concat(lib.name, ": could not create a CPU engine");
     return api;
   }
   const dnnl_version_t* v = api.version();
-  api.info.library = name;
+  api.info.library = lib.name;
   api.info.version = detail::concat(v->major, ".", v->minor, ".", v->patch);
   try {
     probe(api);
@@ -147,11 +203,31 @@ const DnnlApi& dnnl() {
   return api;
 }
 
-dnnl_memory_desc_t matrix_desc(int64_t rows, int64_t cols, int64_t ld, bool trans, dnnl_data_type_t type) {
-  return matrix_desc(dnnl(), rows, cols, ld, trans, type);
-}
-
 }  // namespace
+
+// oneDNN's emulation (gemm:jit:bf16, no bf16 instructions) splits the reduction across threads and
+// sizes its blocking by the thread count current when a primitive is made (other bits for
+// 1x1x20000 and 8x8x16384 from 2 threads, 64x64x4096 and 256x256x1024 on 3, 300x700x300 on 8), so
+// its primitives are made and run on one thread: the contract holds on the forced onednn_emulated
+// path too. The native kernels (brg:*) keep their bits on 1-16 threads (tested).
+class OneThreadIfEmulated {
+ public:
+  explicit OneThreadIfEmulated(const DnnlApi& api)
+      : api_(api), active_(!api.info.native && api.omp_set_num_threads != nullptr),
+        threads_(active_ ? api.omp_get_max_threads() : 1) {
+    if (active_ && threads_ != 1) api_.omp_set_num_threads(1);
+  }
+  ~OneThreadIfEmulated() {
+    if (active_ && threads_ != 1) api_.omp_set_num_threads(threads_);
+  }
+  OneThreadIfEmulated(const OneThreadIfEmulated&) = delete;
+  OneThreadIfEmulated& operator=(const OneThreadIfEmulated&) = delete;
+
+ private:
+  const DnnlApi& api_;
+  bool active_;
+  int threads_;
+};
 
 struct Bf16Matmul::Impl {
   struct Entry {
@@ -179,20 +255,19 @@ struct Bf16Matmul::Impl {
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
     const DnnlApi& api = dnnl();
-    const dnnl_memory_desc_t src = matrix_desc(m, k, a.ld, a.trans, dnnl_bf16);
-    const dnnl_memory_desc_t wei = matrix_desc(k, n, b.ld, b.trans, dnnl_bf16);
-    const dnnl_memory_desc_t dst = matrix_desc(m, n, ldc, false, bf16_out ? dnnl_bf16 : dnnl_f32);
-    dnnl_matmul_desc_t op;
-    check(api.matmul_desc_init(&op, &src, &wei, nullptr, &dst), "matmul descriptor");
+    const MatrixDesc src(api, m, k, a.ld, a.trans, dnnl_bf16);
+    const MatrixDesc wei(api, k, n, b.ld, b.trans, dnnl_bf16);
+    const MatrixDesc dst(api, m, n, ldc, false, bf16_out ? dnnl_bf16 : dnnl_f32);
     dnnl_primitive_desc_t pd = nullptr;
-    check(api.primitive_desc_create(&pd, &op, nullptr, api.engine, nullptr), "matmul primitive");
+    check(api.matmul_primitive_desc_create(&pd, api.engine, src.get(), wei.get(), nullptr, dst.get(), nullptr),
+          "matmul primitive");
     Entry e;
     const dnnl_status_t made = api.primitive_create(&e.primitive, pd);
     api.primitive_desc_destroy(pd);
     check(made, "primitive creation");
-    check(api.memory_create(&e.src, &src, api.engine, DNNL_MEMORY_NONE), "memory");
-    check(api.memory_create(&e.weights, &wei, api.engine, DNNL_MEMORY_NONE), "memory");
-    check(api.memory_create(&e.dst, &dst, api.engine, DNNL_MEMORY_NONE), "memory");
+    check(api.memory_create(&e.src, src.get(), api.engine, DNNL_MEMORY_NONE), "memory");
+    check(api.memory_create(&e.weights, wei.get(), api.engine, DNNL_MEMORY_NONE), "memory");
+    check(api.memory_create(&e.dst, dst.get(), api.engine, DNNL_MEMORY_NONE), "memory");
     return cache.emplace(key, e).first->second;
   }
 
@@ -200,6 +275,7 @@ struct Bf16Matmul::Impl {
            bool bf16_out) {
     if (m == 0 || n == 0) return;
     const DnnlApi& api = dnnl();
+    const OneThreadIfEmulated emulated(api);
     Entry& e = entry(m, n, k, a, b, ldc, bf16_out);
     check(api.memory_set_data_handle(e.src, const_cast<BFloat16*>(a.data)), "set src");
     check(api.memory_set_data_handle(e.weights, const_cast<BFloat16*>(b.data)), "set weights");
@@ -226,6 +302,14 @@ Bf16Matmul::Bf16Matmul() : impl_(std::make_unique<Impl>()) {
 Bf16Matmul::~Bf16Matmul() = default;
 
 int Bf16Matmul::set_threads(int n) {
+  // libiomp5's workers spin 200 ms (KMP_BLOCKTIME) after each parallel region: after a bf16 product
+  // they would take the cores from the fp32 products and the BLAS that follow (measured: SGEMM
+  // right after bf16 products at 0.65x its rate). They sleep at once for the regions this thread forks.
+  thread_local bool blocktime_set = false;
+  if (dnnl().kmp_set_blocktime && !blocktime_set && std::getenv("KMP_BLOCKTIME") == nullptr) {
+    dnnl().kmp_set_blocktime(0);
+    blocktime_set = true;
+  }
   if (!dnnl().omp_set_num_threads) return n;
   const int previous = dnnl().omp_get_max_threads();
   if (previous != n) dnnl().omp_set_num_threads(std::max(1, n));
@@ -240,7 +324,7 @@ struct Bf16Matmul::Impl {
 
 Bf16MatmulInfo bf16_matmul_info() {
   Bf16MatmulInfo info;
-  info.error = "meshmuon was built without oneDNN headers (apt-get install libdnnl-dev, then rebuild)";
+  info.error = "meshmuon was built without the oneDNN 3.x headers (pip install onednn-devel-cpu-iomp==2023.2.0, then rebuild)";
   return info;
 }
 

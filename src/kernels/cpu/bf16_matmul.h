@@ -1,7 +1,8 @@
 // oneDNN's bf16 matrix products, one of the two paths of the CPU's bf16 Newton–Schulz products
 // (bf16_products.h): inputs bf16, accumulation fp32 (AVX512-BF16 / AMX kernels where the CPU has
-// them, emulation on other AVX-512 CPUs, none on AVX2-only ones). oneDNN (Debian libdnnl2) is loaded
-// at run time, like the BLAS, so libmeshmuon does not depend on it.
+// them, emulation on other AVX-512 CPUs, none on AVX2-only ones). oneDNN 3.x (libdnnl.so.3: PyPI's
+// onednn-cpu-iomp, on Intel's OpenMP runtime) is loaded at run time, like the BLAS, so libmeshmuon
+// does not depend on it.
 //
 // Determinism: oneDNN's matmul does not split the reduction dimension across threads, so a product
 // is bitwise the same for any thread count (tested); every product of a given shape runs the same
@@ -22,7 +23,7 @@ struct Bf16MatmulInfo {
   bool available = false;  // oneDNN loaded AND it has a bf16 matmul for this CPU
   bool native = false;     // that kernel uses bf16 instructions (AVX512-BF16 / AMX), not emulation
   std::string library;     // soname loaded
-  std::string version;     // "2.6.3"
+  std::string version;     // "3.2.0"
   std::string kernel;      // implementation of the probe product, e.g. "brg:avx512_core_bf16"
   std::string error;       // why it is unavailable
 };

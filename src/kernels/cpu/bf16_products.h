@@ -3,7 +3,7 @@
 // the same on every thread count.
 // - onednn: oneDNN's matmul on bf16 operands. With AVX512-BF16 or AMX ("native") it runs ~2.4x the
 //   fp32 GEMM rate; on AVX-512 CPUs without them oneDNN emulates bf16 ("onednn_emulated", slower
-//   than fp32); on AVX2-only CPUs Debian's oneDNN 2.6 has no bf16 matmul at all.
+//   than fp32); on AVX2-only CPUs oneDNN (3.2) has no bf16 matmul at all.
 // - widened: meshmuon's own. The operands stay bf16 values but are stored as fp32 and multiplied by the
 //   fp32 products (products.h): a product of two bf16 values is exact in fp32, so this is the same
 //   arithmetic at the fp32 GEMM rate, on every CPU.
