@@ -11,6 +11,11 @@ PYTHON ?= python3
 CMAKE_FLAGS ?=
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo Ninja || echo "Unix Makefiles")
 
+# ccache (CMake uses it where installed) keys on paths relative to the tree, so a fresh clone of the
+# same sources (CI's) compiles nothing again.
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
+
 # Open MPI as root (CI and these machines run as root) and more ranks than cores.
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
