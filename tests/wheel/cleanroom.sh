@@ -3,7 +3,7 @@
 # as a user installs it, on a machine with pip and nothing else. In a private mount namespace the
 # compilers, every header (/usr/include), CUDA and the Debian libraries meshmuon could reach for
 # (OpenBLAS, LAPACK(E), oneDNN, Open MPI, fmt, spdlog, hwloc, gfortran) are hidden; a fresh venv
-# gets `pip install dist/meshmuon-*.whl` (its dependencies from PyPI) and the user's torch; then
+# gets `pip install dist/meshmuon-*.whl` (its dependencies from PyPI), then the user's torch; then
 #   meshmuon info, the BLAS it loaded (PyPI's scipy-openblas32 inside the venv), the migration
 #   examples, a torchrun FSDP2 run at 1 and 2 ranks (bitwise equal, and changed by the steps), the
 #   CLI's bench and the engine as the other CPU kinds (tests/support/cpu_kind.sh), a check of the
@@ -24,14 +24,13 @@ if [[ ${1:-} != --inside ]]; then
   OUT=${OUT:-$ROOT/build-wheel/cleanroom}
   rm -rf "$OUT"; mkdir -p "$OUT"
   PY=$(command -v "${PYTHON:-python3}")
-  # The user's own torch (pip-installed, not Debian's): found through a .pth line appended to the
-  # venv's path, after the venv's own packages.
-  TORCH_SITE=$("$PY" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")
+  # The user's own torch: the version this machine's Python has, pip-installed into the venv too.
+  TORCH_VERSION=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
   exec unshare -m env -u LD_LIBRARY_PATH -u PYTHONPATH -u LD_PRELOAD \
-    bash "$ROOT/tests/wheel/cleanroom.sh" --inside "$ROOT" "$ROOT/${wheels[0]}" "$OUT" "$PY" "$TORCH_SITE" </dev/null
+    bash "$ROOT/tests/wheel/cleanroom.sh" --inside "$ROOT" "$ROOT/${wheels[0]}" "$OUT" "$PY" "$TORCH_VERSION" </dev/null
 fi
 shift
-ROOT=$1 WHEEL=$2 OUT=$3 PY=$4 TORCH_SITE=$5
+ROOT=$1 WHEEL=$2 OUT=$3 PY=$4 TORCH_VERSION=$5
 empty=$(mktemp)
 A=/usr/lib/x86_64-linux-gnu
 hidden=()
@@ -55,7 +54,7 @@ V=$VENV/bin/python
 start=$(date +%s%N)
 "$V" -m pip install -q --disable-pip-version-check "$WHEEL"
 install_s=$(( ($(date +%s%N) - start) / 1000000 ))  # ms
-echo "$TORCH_SITE" > "$("$V" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_user_torch.pth"
+"$V" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy  # the user's own
 
 work=$(mktemp -d); cd "$work"  # not the repository: nothing importable but what was installed
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore
