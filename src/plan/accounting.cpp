@@ -186,9 +186,41 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
   double pipelined = 0;
   const int window = std::max(1, o.window);
 
+  // owner_a2a without replica split or NorMuon state, by arithmetic (see below): per chunk, the
+  // tables of its entries and how many entries use each; every holder's part is added once per
+  // table at the chunk's close, numel[k] · bytes · entries
+  const double elem = static_cast<double>(dtype_size(o.comm_dtype));
+  std::vector<std::pair<const ShardTable*, int64_t>> owner_bases;
+  std::map<const ShardTable*, std::vector<int64_t>> unit_totals;  // per table: elements of each unit
+  const auto apply_owner_bases = [&]() {
+    if (owner_bases.empty()) return;
+    const size_t s = static_cast<size_t>(Strategy::OwnerA2A);
+    PerRank& st = strat[s];
+    Sparse<double>& sb = *strat_buf[s];
+    for (const auto& [tp, count] : owner_bases) {
+      const ShardTable& t = *tp;
+      const double per = elem * static_cast<double>(count);
+      for (int k = 0; k < t.g; ++k) {
+        const int64_t n = t.numel[static_cast<size_t>(k)];
+        if (n <= 0) continue;
+        const double x = static_cast<double>(n) * per;  // integer-valued: exact in any order
+        for (int j = 0; j < t.r; ++j) {
+          const int r = t.rank(j, k);
+          Contribution& a = cur[r];
+          a.sent += x, a.recv += x, a.buffer += x;
+          Contribution& b = st.at[static_cast<size_t>(r)];
+          b.sent += x, b.recv += x, b.buffer += x;
+          sb[r] += x;
+        }
+      }
+    }
+    owner_bases.clear();
+  };
+
   int chunk = -1;  // the chunk being accounted
   const auto close_chunk = [&]() {
     if (chunk < 0) return;
+    apply_owner_bases();
     Chunk& c = chunks[static_cast<size_t>(chunk)];
     double flops_max = 0, comm = 0, buffer_max = 0;
     for (int r : cur.touched) {
@@ -262,8 +294,55 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
       b.sent += c.sent, b.recv += c.recv, b.sent_rep += c.sent_rep, b.recv_rep += c.recv_rep;
     };
     const ParamSpec& p = inv.params[static_cast<size_t>(e.param)];
-    visit_entry(e, t, p, o, add);
     const bool state = static_cast<size_t>(e.param) < o.normuon.size() && o.normuon[static_cast<size_t>(e.param)];
+    const auto count_entry = [&]() {
+      by_strategy[s].params += 1;
+      by_strategy[s].matrices += t.units;
+      total.params += 1;
+      total.matrices += t.units;
+    };
+    if (e.strategy == Strategy::OwnerA2A && !e.replica_split && !state) {
+      // The star's holders, all at once: every holder k of a unit sends its n elements to the owner
+      // and gets them back, and buffers them; summed over units that is numel[k] per position, added
+      // per table at the chunk's close (apply_owner_bases). Here, per unit and replica, the owner:
+      // it skips its own n (the base gave it), sends and receives the other U_u − n, computes f and
+      // buffers the whole matrix. All values are integers below 2^53, so each rank's sums are the
+      // same as message by message, bit for bit (plan_test compares them).
+      auto [ut, fresh] = unit_totals.try_emplace(&t);
+      if (fresh) {
+        ut->second.assign(static_cast<size_t>(t.units), 0);
+        for (int64_t u = 0; u < t.units; ++u)
+          for (int64_t h = t.holder_offsets[static_cast<size_t>(u)]; h < t.holder_offsets[static_cast<size_t>(u) + 1]; ++h)
+            ut->second[static_cast<size_t>(u)] += t.holder_elems[static_cast<size_t>(h)];
+      }
+      const double U = static_cast<double>(t.unit_numel), whole = U * (4.0 + elem);
+      bool any = false;
+      for (int64_t u = 0; u < t.units; ++u) {
+        const int o_k = e.owner_index[static_cast<size_t>(u)];
+        const auto b0 = t.holders.begin() + t.holder_offsets[static_cast<size_t>(u)];
+        const auto b1 = t.holders.begin() + t.holder_offsets[static_cast<size_t>(u) + 1];
+        const auto it = std::lower_bound(b0, b1, o_k);
+        const int64_t own = it != b1 && *it == o_k ? t.holder_elems[static_cast<size_t>(it - t.holders.begin())] : 0;
+        const int64_t other = ut->second[static_cast<size_t>(u)] - own;
+        any |= other > 0;
+        const double io = static_cast<double>(other - own) * elem, buf = whole - static_cast<double>(own) * elem;
+        for (int j = 0; j < t.r; ++j) {
+          const int r = t.rank(j, o_k);
+          Contribution& a = cur[r];
+          a.sent += io, a.recv += io, a.flops += e.unit_flops, a.buffer += buf;
+          Contribution& b = st.at[static_cast<size_t>(r)];
+          b.sent += io, b.recv += io, b.flops += e.unit_flops, b.buffer += buf;
+          sb[r] += buf;
+        }
+      }
+      if (any) calls.p2p(Phase::Gather, e.strategy), calls.p2p(Phase::Scatter, e.strategy);
+      auto base = std::find_if(owner_bases.begin(), owner_bases.end(), [&](const auto& x) { return x.first == &t; });
+      if (base == owner_bases.end()) owner_bases.emplace_back(&t, 1);
+      else base->second += 1;
+      count_entry();
+      continue;
+    }
+    visit_entry(e, t, p, o, add);
     // message bytes: summed per rank over the entry first, then added once per rank touched (group
     // collectives, which touch each rank once, go straight to `add_bytes`); measured the fastest order
     const auto bytes = [&](int r, const Contribution& c) MESHMUON_ALWAYS_INLINE {
@@ -275,10 +354,7 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
                                                                         {add_bytes, dtype_size(o.comm_dtype)}, calls, e});
     for (int r : entry_bytes.touched) add_bytes(r, entry_bytes.at[static_cast<size_t>(r)]);
     entry_bytes.clear();
-    by_strategy[s].params += 1;
-    by_strategy[s].matrices += t.units;
-    total.params += 1;
-    total.matrices += t.units;
+    count_entry();
   }
   close_chunk();
   if (!chunks.empty()) pipelined += window > 1 ? std::min(chunks.front().comm_seconds, chunks.front().compute_seconds) : 0;
