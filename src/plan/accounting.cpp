@@ -190,29 +190,48 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
   // tables of its entries and how many entries use each; every holder's part is added once per
   // table at the chunk's close, numel[k] · bytes · entries
   const double elem = static_cast<double>(dtype_size(o.comm_dtype));
-  std::vector<std::pair<const ShardTable*, int64_t>> owner_bases;
+  struct OwnerBase {
+    const ShardTable* table;
+    bool split;
+    int64_t count = 0;               // entries of the chunk with this table
+    std::vector<int64_t> rho_units;  // split: per (unit, replica) how many of them it owns there
+  };
+  std::vector<OwnerBase> owner_bases;
   std::map<const ShardTable*, std::vector<int64_t>> unit_totals;  // per table: elements of each unit
   const auto apply_owner_bases = [&]() {
     if (owner_bases.empty()) return;
     const size_t s = static_cast<size_t>(Strategy::OwnerA2A);
     PerRank& st = strat[s];
     Sparse<double>& sb = *strat_buf[s];
-    for (const auto& [tp, count] : owner_bases) {
-      const ShardTable& t = *tp;
-      const double per = elem * static_cast<double>(count);
+    const auto both = [&](int r, double sent, double recv, double recv_rep, double buffer) {
+      Contribution& a = cur[r];
+      a.sent += sent, a.recv += recv, a.recv_rep += recv_rep, a.buffer += buffer;
+      Contribution& b = st.at[static_cast<size_t>(r)];
+      b.sent += sent, b.recv += recv, b.recv_rep += recv_rep, b.buffer += buffer;
+      if (buffer != 0) sb[r] += buffer;
+    };
+    for (const OwnerBase& ob : owner_bases) {
+      const ShardTable& t = *ob.table;
+      const double per = elem * static_cast<double>(ob.count);
       for (int k = 0; k < t.g; ++k) {
         const int64_t n = t.numel[static_cast<size_t>(k)];
         if (n <= 0) continue;
         const double x = static_cast<double>(n) * per;  // integer-valued: exact in any order
-        for (int j = 0; j < t.r; ++j) {
-          const int r = t.rank(j, k);
-          Contribution& a = cur[r];
-          a.sent += x, a.recv += x, a.buffer += x;
-          Contribution& b = st.at[static_cast<size_t>(r)];
-          b.sent += x, b.recv += x, b.buffer += x;
-          sb[r] += x;
-        }
+        // duplicate: sent to the owner and back; split: every replica's holders get the result
+        // (across replicas, but the owner's own: corrected below)
+        for (int j = 0; j < t.r; ++j) both(t.rank(j, k), ob.split ? 0.0 : x, x, ob.split ? x : 0.0, x);
       }
+      if (!ob.split) continue;
+      // split: the owning replica's holders of a unit also send it, and get its result from inside
+      for (int64_t u = 0; u < t.units; ++u)
+        for (int j = 0; j < t.r; ++j) {
+          const int64_t m = ob.rho_units[static_cast<size_t>(u * t.r + j)];
+          if (m == 0) continue;
+          for (int64_t h = t.holder_offsets[static_cast<size_t>(u)]; h < t.holder_offsets[static_cast<size_t>(u) + 1]; ++h) {
+            const double y = static_cast<double>(t.holder_elems[static_cast<size_t>(h)]) * elem * static_cast<double>(m);
+            both(t.rank(j, t.holders[static_cast<size_t>(h)]), y, 0.0, -y, 0.0);
+          }
+        }
     }
     owner_bases.clear();
   };
@@ -301,13 +320,14 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
       total.params += 1;
       total.matrices += t.units;
     };
-    if (e.strategy == Strategy::OwnerA2A && !e.replica_split && !state) {
-      // The star's holders, all at once: every holder k of a unit sends its n elements to the owner
-      // and gets them back, and buffers them; summed over units that is numel[k] per position, added
-      // per table at the chunk's close (apply_owner_bases). Here, per unit and replica, the owner:
-      // it skips its own n (the base gave it), sends and receives the other U_u − n, computes f and
-      // buffers the whole matrix. All values are integers below 2^53, so each rank's sums are the
-      // same as message by message, bit for bit (plan_test compares them).
+    if (e.strategy == Strategy::OwnerA2A && !state) {
+      // The stars' holders, all at once: every holder k of a unit sends its n elements to the owner
+      // and/or gets them back, and buffers them; summed over units that is numel[k] per position,
+      // added per table at the chunk's close (apply_owner_bases, with the split's per-replica part).
+      // Here, per unit and replica, the owner: it skips its own n (the base gave it), sends and
+      // receives the others, computes f and buffers the whole matrix. All values are integers below
+      // 2^53, so each rank's sums are the same as message by message, bit for bit (plan_test and
+      // tests/plan/compare_plans.sh compare them).
       auto [ut, fresh] = unit_totals.try_emplace(&t);
       if (fresh) {
         ut->second.assign(static_cast<size_t>(t.units), 0);
@@ -315,7 +335,20 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
           for (int64_t h = t.holder_offsets[static_cast<size_t>(u)]; h < t.holder_offsets[static_cast<size_t>(u) + 1]; ++h)
             ut->second[static_cast<size_t>(u)] += t.holder_elems[static_cast<size_t>(h)];
       }
-      const double U = static_cast<double>(t.unit_numel), whole = U * (4.0 + elem);
+      auto base = std::find_if(owner_bases.begin(), owner_bases.end(),
+                               [&](const OwnerBase& x) { return x.table == &t && x.split == e.replica_split; });
+      if (base == owner_bases.end()) base = owner_bases.insert(owner_bases.end(), OwnerBase{&t, e.replica_split});
+      base->count += 1;
+      if (e.replica_split && base->rho_units.empty()) base->rho_units.assign(static_cast<size_t>(t.units * t.r), 0);
+      const double U = static_cast<double>(t.unit_numel), whole = U * (4.0 + elem), f = e.unit_flops;
+      const double r1 = static_cast<double>(t.r - 1);
+      const auto owner_add = [&](int r, double sent, double recv, double sent_rep, double buf) {
+        Contribution& a = cur[r];
+        a.sent += sent, a.recv += recv, a.sent_rep += sent_rep, a.flops += f, a.buffer += buf;
+        Contribution& b = st.at[static_cast<size_t>(r)];
+        b.sent += sent, b.recv += recv, b.sent_rep += sent_rep, b.flops += f, b.buffer += buf;
+        sb[r] += buf;
+      };
       bool any = false;
       for (int64_t u = 0; u < t.units; ++u) {
         const int o_k = e.owner_index[static_cast<size_t>(u)];
@@ -323,22 +356,23 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
         const auto b1 = t.holders.begin() + t.holder_offsets[static_cast<size_t>(u) + 1];
         const auto it = std::lower_bound(b0, b1, o_k);
         const int64_t own = it != b1 && *it == o_k ? t.holder_elems[static_cast<size_t>(it - t.holders.begin())] : 0;
-        const int64_t other = ut->second[static_cast<size_t>(u)] - own;
-        any |= other > 0;
-        const double io = static_cast<double>(other - own) * elem, buf = whole - static_cast<double>(own) * elem;
-        for (int j = 0; j < t.r; ++j) {
-          const int r = t.rank(j, o_k);
-          Contribution& a = cur[r];
-          a.sent += io, a.recv += io, a.flops += e.unit_flops, a.buffer += buf;
-          Contribution& b = st.at[static_cast<size_t>(r)];
-          b.sent += io, b.recv += io, b.flops += e.unit_flops, b.buffer += buf;
-          sb[r] += buf;
+        const int64_t all = ut->second[static_cast<size_t>(u)], other = all - own;
+        const double dn = static_cast<double>(own) * elem, dother = static_cast<double>(other) * elem;
+        const double buf = whole - dn;
+        if (!e.replica_split) {
+          any |= other > 0;
+          for (int j = 0; j < t.r; ++j) owner_add(t.rank(j, o_k), dother - dn, dother - dn, 0.0, buf);
+          continue;
         }
+        // the calls in the order the stars open them: the gather star, then each replica's scatter
+        if (other > 0) calls.p2p(Phase::Gather, e.strategy);
+        if (other > 0 || (t.r > 1 && all > 0)) calls.p2p(Phase::Scatter, e.strategy);
+        const int rho = e.owner_replica[static_cast<size_t>(u)];
+        base->rho_units[static_cast<size_t>(u * t.r + rho)] += 1;
+        const double dall = static_cast<double>(all) * elem, rep = r1 * dall;
+        owner_add(t.rank(rho, o_k), dother + rep - dn, dother - dn, rep, buf);
       }
       if (any) calls.p2p(Phase::Gather, e.strategy), calls.p2p(Phase::Scatter, e.strategy);
-      auto base = std::find_if(owner_bases.begin(), owner_bases.end(), [&](const auto& x) { return x.first == &t; });
-      if (base == owner_bases.end()) owner_bases.emplace_back(&t, 1);
-      else base->second += 1;
       count_entry();
       continue;
     }
