@@ -197,7 +197,6 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
     std::vector<int64_t> rho_units;  // split: per (unit, replica) how many of them it owns there
   };
   std::vector<OwnerBase> owner_bases;
-  std::map<const ShardTable*, std::vector<int64_t>> unit_totals;  // per table: elements of each unit
   const auto apply_owner_bases = [&]() {
     if (owner_bases.empty()) return;
     const size_t s = static_cast<size_t>(Strategy::OwnerA2A);
@@ -213,14 +212,16 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
     for (const OwnerBase& ob : owner_bases) {
       const ShardTable& t = *ob.table;
       const double per = elem * static_cast<double>(ob.count);
-      for (int k = 0; k < t.g; ++k) {
-        const int64_t n = t.numel[static_cast<size_t>(k)];
-        if (n <= 0) continue;
-        const double x = static_cast<double>(n) * per;  // integer-valued: exact in any order
-        // duplicate: sent to the owner and back; split: every replica's holders get the result
-        // (across replicas, but the owner's own: corrected below)
-        for (int j = 0; j < t.r; ++j) both(t.rank(j, k), ob.split ? 0.0 : x, x, ob.split ? x : 0.0, x);
-      }
+      // duplicate: sent to the owner and back; split: every replica's holders get the result
+      // (across replicas, but the owner's own: corrected below). Replica by replica, positions
+      // inside: ranks in increasing order
+      for (int j = 0; j < t.r; ++j)
+        for (int k = 0; k < t.g; ++k) {
+          const int64_t n = t.numel[static_cast<size_t>(k)];
+          if (n <= 0) continue;
+          const double x = static_cast<double>(n) * per;  // integer-valued: exact in any order
+          both(t.rank(j, k), ob.split ? 0.0 : x, x, ob.split ? x : 0.0, x);
+        }
       if (!ob.split) continue;
       // split: the owning replica's holders of a unit also send it, and get its result from inside
       for (int64_t u = 0; u < t.units; ++u)
@@ -328,13 +329,6 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
       // receives the others, computes f and buffers the whole matrix. All values are integers below
       // 2^53, so each rank's sums are the same as message by message, bit for bit (plan_test and
       // tests/plan/compare_plans.sh compare them).
-      auto [ut, fresh] = unit_totals.try_emplace(&t);
-      if (fresh) {
-        ut->second.assign(static_cast<size_t>(t.units), 0);
-        for (int64_t u = 0; u < t.units; ++u)
-          for (int64_t h = t.holder_offsets[static_cast<size_t>(u)]; h < t.holder_offsets[static_cast<size_t>(u) + 1]; ++h)
-            ut->second[static_cast<size_t>(u)] += t.holder_elems[static_cast<size_t>(h)];
-      }
       auto base = std::find_if(owner_bases.begin(), owner_bases.end(),
                                [&](const OwnerBase& x) { return x.table == &t && x.split == e.replica_split; });
       if (base == owner_bases.end()) base = owner_bases.insert(owner_bases.end(), OwnerBase{&t, e.replica_split});
@@ -356,7 +350,7 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
         const auto b1 = t.holders.begin() + t.holder_offsets[static_cast<size_t>(u) + 1];
         const auto it = std::lower_bound(b0, b1, o_k);
         const int64_t own = it != b1 && *it == o_k ? t.holder_elems[static_cast<size_t>(it - t.holders.begin())] : 0;
-        const int64_t all = ut->second[static_cast<size_t>(u)], other = all - own;
+        const int64_t all = t.unit_held[static_cast<size_t>(u)], other = all - own;
         const double dn = static_cast<double>(own) * elem, dother = static_cast<double>(other) * elem;
         const double buf = whole - dn;
         if (!e.replica_split) {
