@@ -39,23 +39,21 @@ double comm_seconds_of(const Contribution& a, const MachineProfile& m) {
          std::max(a.sent_rep, a.recv_rep) / m.replicate_bandwidth_Bps;
 }
 
-// Max and mean over every rank, in rank order (ranks without contributions count as 0).
-template <class Field>
-std::pair<double, double> max_mean(const PerRank& pr, Field field) {
-  double mx = 0, sum = 0;
+// Max and mean over every rank of sent, recv and flops, in one pass (each in rank order; ranks
+// without contributions count as 0)
+void summarize(const PerRank& pr, CostSummary& s) {
+  double smx = 0, ssum = 0, rmx = 0, rsum = 0, fmx = 0, fsum = 0;
   bool first = true;
   for (const Contribution& a : pr.at) {
-    const double x = a.*field;
-    mx = first ? x : std::max(mx, x), first = false;
-    sum += x;
+    smx = first ? a.sent : std::max(smx, a.sent), ssum += a.sent;
+    rmx = first ? a.recv : std::max(rmx, a.recv), rsum += a.recv;
+    fmx = first ? a.flops : std::max(fmx, a.flops), fsum += a.flops;
+    first = false;
   }
-  return {mx, pr.at.empty() ? 0 : sum / static_cast<double>(pr.at.size())};
-}
-
-void summarize(const PerRank& pr, CostSummary& s) {
-  std::tie(s.bytes_sent_max, s.bytes_sent_mean) = max_mean(pr, &Contribution::sent);
-  std::tie(s.bytes_recv_max, s.bytes_recv_mean) = max_mean(pr, &Contribution::recv);
-  std::tie(s.flops_max, s.flops_mean) = max_mean(pr, &Contribution::flops);
+  const double n = static_cast<double>(pr.at.size());
+  s.bytes_sent_max = smx, s.bytes_sent_mean = pr.at.empty() ? 0 : ssum / n;
+  s.bytes_recv_max = rmx, s.bytes_recv_mean = pr.at.empty() ? 0 : rsum / n;
+  s.flops_max = fmx, s.flops_mean = pr.at.empty() ? 0 : fsum / n;
 }
 
 double comm_seconds_max(const PerRank& pr, const MachineProfile& m) {
@@ -178,7 +176,7 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
   std::array<PerRank, kNumStrategies> strat;            // allocated for the strategies used
   std::array<std::unique_ptr<Sparse<double>>, kNumStrategies> strat_buf;  // this chunk's buffers
   Sparse<Contribution> cur(w);                           // this chunk
-  Sparse<Contribution> entry_bytes(w);                   // this entry's message bytes
+  std::unique_ptr<Sparse<Contribution>> entry_bytes_;    // this entry's message bytes (made when first needed)
   std::deque<std::vector<std::pair<int, double>>> window_bufs;  // buffers of the previous window−1 chunks
   Sparse<double> in_flight(w);                           // scratch: buffers of the chunks in flight
   double peak = 0;
@@ -331,7 +329,7 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
       // tests/plan/compare_plans.sh compare them).
       auto base = std::find_if(owner_bases.begin(), owner_bases.end(),
                                [&](const OwnerBase& x) { return x.table == &t && x.split == e.replica_split; });
-      if (base == owner_bases.end()) base = owner_bases.insert(owner_bases.end(), OwnerBase{&t, e.replica_split});
+      if (base == owner_bases.end()) base = owner_bases.insert(owner_bases.end(), OwnerBase{&t, e.replica_split, 0, {}});
       base->count += 1;
       if (e.replica_split && base->rho_units.empty()) base->rho_units.assign(static_cast<size_t>(t.units * t.r), 0);
       const double U = static_cast<double>(t.unit_numel), whole = U * (4.0 + elem), f = e.unit_flops;
@@ -373,6 +371,8 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
     visit_entry(e, t, p, o, add);
     // message bytes: summed per rank over the entry first, then added once per rank touched (group
     // collectives, which touch each rank once, go straight to `add_bytes`); measured the fastest order
+    if (!entry_bytes_) entry_bytes_ = std::make_unique<Sparse<Contribution>>(w);
+    Sparse<Contribution>& entry_bytes = *entry_bytes_;
     const auto bytes = [&](int r, const Contribution& c) MESHMUON_ALWAYS_INLINE {
       Contribution& a = entry_bytes[r];
       a.sent += c.sent, a.recv += c.recv, a.sent_rep += c.sent_rep, a.recv_rep += c.recv_rep;
@@ -387,10 +387,26 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
   close_chunk();
   if (!chunks.empty()) pipelined += window > 1 ? std::min(chunks.front().comm_seconds, chunks.front().compute_seconds) : 0;
 
-  PerRank all(w);  // every strategy's per-rank sums (integer-valued, so the order does not matter)
-  for (const PerRank& st : strat)
-    for (size_t r = 0; r < st.at.size(); ++r) all.add(static_cast<int>(r), st.at[r]);
-  summarize(all, total);
+  // every strategy's per-rank sums, rank by rank in strategy order, reduced as summarize does
+  // (max and sum in rank order), without a world-sized array of them
+  {
+    double smx = 0, ssum = 0, rmx = 0, rsum = 0, fmx = 0, fsum = 0;
+    for (size_t r = 0; r < w; ++r) {
+      Contribution a;
+      for (const PerRank& st : strat)
+        if (!st.at.empty()) {
+          const Contribution& c = st.at[r];
+          a.sent += c.sent, a.recv += c.recv, a.flops += c.flops;
+        }
+      smx = r == 0 ? a.sent : std::max(smx, a.sent), ssum += a.sent;
+      rmx = r == 0 ? a.recv : std::max(rmx, a.recv), rsum += a.recv;
+      fmx = r == 0 ? a.flops : std::max(fmx, a.flops), fsum += a.flops;
+    }
+    const double n = static_cast<double>(w);
+    total.bytes_sent_max = smx, total.bytes_sent_mean = w == 0 ? 0 : ssum / n;
+    total.bytes_recv_max = rmx, total.bytes_recv_mean = w == 0 ? 0 : rsum / n;
+    total.flops_max = fmx, total.flops_mean = w == 0 ? 0 : fsum / n;
+  }
   total.peak_buffer_bytes_max = peak;
   total.predicted_seconds = pipelined;
   for (int s = 0; s < kNumStrategies; ++s) {
