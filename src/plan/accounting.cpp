@@ -324,8 +324,9 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
       // and/or gets them back, and buffers them; summed over units that is numel[k] per position,
       // added per table at the chunk's close (apply_owner_bases, with the split's per-replica part).
       // Here, per unit and replica, the owner: it skips its own n (the base gave it), sends and
-      // receives the others, computes f and buffers the whole matrix. All values are integers below
-      // 2^53, so each rank's sums are the same as message by message, bit for bit (plan_test and
+      // receives the others, computes f and buffers the whole matrix. Flops reach each rank in the
+      // same order as holder by holder; bytes and buffers are integers, so each rank's sums are the
+      // same as message by message, bit for bit, while below 2^53 bytes (plan_test and
       // tests/plan/compare_plans.sh compare them).
       auto base = std::find_if(owner_bases.begin(), owner_bases.end(),
                                [&](const OwnerBase& x) { return x.table == &t && x.split == e.replica_split; });
