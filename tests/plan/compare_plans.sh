@@ -17,6 +17,14 @@ shapes=(
   "qwen3-30b-a3b dp_shard=32,ep=8" "qwen3-30b-a3b dp_replicate=2,dp_shard=16,tp=2,ep=4" "llama3-8b dp_shard=64"
   "llama3-8b dp_replicate=2,dp_shard=8,tp=4" "gpt2-124m dp_shard=3" "nanochat-d20 dp_replicate=3,dp_shard=5"
 )
+# LARGE=1: also deepseek-v3 on every replicate x tp x ep combination of `bench plan --grid` at 2^14
+# ranks and, without replicas, 2^17 (the old build may take minutes)
+if [[ "${LARGE:-0}" == 1 ]]; then
+  for rep in 1 8; do for tp in 1 8; do for ep in 1 8 64; do for w in 16384 131072; do
+    [[ $w == 131072 && $rep == 8 ]] && continue
+    shapes+=("deepseek-v3 dp_replicate=$rep,dp_shard=$((w / (rep * tp))),tp=$tp,ep=$ep")
+  done; done; done; done
+fi
 fail=0
 for s in "${shapes[@]}"; do
   set -- $s
