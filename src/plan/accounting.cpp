@@ -39,23 +39,21 @@ double comm_seconds_of(const Contribution& a, const MachineProfile& m) {
          std::max(a.sent_rep, a.recv_rep) / m.replicate_bandwidth_Bps;
 }
 
-// Max and mean over every rank, in rank order (ranks without contributions count as 0).
-template <class Field>
-std::pair<double, double> max_mean(const PerRank& pr, Field field) {
-  double mx = 0, sum = 0;
+// Max and mean over every rank of sent, recv and flops, in one pass (each in rank order; ranks
+// without contributions count as 0)
+void summarize(const PerRank& pr, CostSummary& s) {
+  double smx = 0, ssum = 0, rmx = 0, rsum = 0, fmx = 0, fsum = 0;
   bool first = true;
   for (const Contribution& a : pr.at) {
-    const double x = a.*field;
-    mx = first ? x : std::max(mx, x), first = false;
-    sum += x;
+    smx = first ? a.sent : std::max(smx, a.sent), ssum += a.sent;
+    rmx = first ? a.recv : std::max(rmx, a.recv), rsum += a.recv;
+    fmx = first ? a.flops : std::max(fmx, a.flops), fsum += a.flops;
+    first = false;
   }
-  return {mx, pr.at.empty() ? 0 : sum / static_cast<double>(pr.at.size())};
-}
-
-void summarize(const PerRank& pr, CostSummary& s) {
-  std::tie(s.bytes_sent_max, s.bytes_sent_mean) = max_mean(pr, &Contribution::sent);
-  std::tie(s.bytes_recv_max, s.bytes_recv_mean) = max_mean(pr, &Contribution::recv);
-  std::tie(s.flops_max, s.flops_mean) = max_mean(pr, &Contribution::flops);
+  const double n = static_cast<double>(pr.at.size());
+  s.bytes_sent_max = smx, s.bytes_sent_mean = pr.at.empty() ? 0 : ssum / n;
+  s.bytes_recv_max = rmx, s.bytes_recv_mean = pr.at.empty() ? 0 : rsum / n;
+  s.flops_max = fmx, s.flops_mean = pr.at.empty() ? 0 : fsum / n;
 }
 
 double comm_seconds_max(const PerRank& pr, const MachineProfile& m) {
@@ -178,7 +176,7 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
   std::array<PerRank, kNumStrategies> strat;            // allocated for the strategies used
   std::array<std::unique_ptr<Sparse<double>>, kNumStrategies> strat_buf;  // this chunk's buffers
   Sparse<Contribution> cur(w);                           // this chunk
-  Sparse<Contribution> entry_bytes(w);                   // this entry's message bytes
+  std::unique_ptr<Sparse<Contribution>> entry_bytes_;    // this entry's message bytes (made when first needed)
   std::deque<std::vector<std::pair<int, double>>> window_bufs;  // buffers of the previous window−1 chunks
   Sparse<double> in_flight(w);                           // scratch: buffers of the chunks in flight
   double peak = 0;
@@ -186,9 +184,61 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
   double pipelined = 0;
   const int window = std::max(1, o.window);
 
+  // owner_a2a without replica split or NorMuon state, by arithmetic (see below): per chunk, the
+  // tables of its entries and how many entries use each; every holder's part is added once per
+  // table at the chunk's close, numel[k] · bytes · entries
+  const double elem = static_cast<double>(dtype_size(o.comm_dtype));
+  struct OwnerBase {
+    const ShardTable* table;
+    bool split;
+    int64_t count = 0;               // entries of the chunk with this table
+    std::vector<int64_t> rho_units;  // split: per (unit, replica) how many of them it owns there
+  };
+  std::vector<OwnerBase> owner_bases;
+  const auto apply_owner_bases = [&]() {
+    if (owner_bases.empty()) return;
+    const size_t s = static_cast<size_t>(Strategy::OwnerA2A);
+    PerRank& st = strat[s];
+    Sparse<double>& sb = *strat_buf[s];
+    const auto both = [&](int r, double sent, double recv, double recv_rep, double buffer) {
+      Contribution& a = cur[r];
+      a.sent += sent, a.recv += recv, a.recv_rep += recv_rep, a.buffer += buffer;
+      Contribution& b = st.at[static_cast<size_t>(r)];
+      b.sent += sent, b.recv += recv, b.recv_rep += recv_rep, b.buffer += buffer;
+      if (buffer != 0) sb[r] += buffer;
+    };
+    for (const OwnerBase& ob : owner_bases) {
+      const ShardTable& t = *ob.table;
+      const double per = elem * static_cast<double>(ob.count);
+      // duplicate: sent to the owner and back; split: every replica's holders get the result
+      // (across replicas, but the owner's own: corrected below). Replica by replica, positions
+      // inside: ranks in increasing order
+      for (int j = 0; j < t.r; ++j)
+        for (int k = 0; k < t.g; ++k) {
+          const int64_t n = t.numel[static_cast<size_t>(k)];
+          if (n <= 0) continue;
+          const double x = static_cast<double>(n) * per;  // integer-valued: exact in any order
+          both(t.rank(j, k), ob.split ? 0.0 : x, x, ob.split ? x : 0.0, x);
+        }
+      if (!ob.split) continue;
+      // split: the owning replica's holders of a unit also send it, and get its result from inside
+      for (int64_t u = 0; u < t.units; ++u)
+        for (int j = 0; j < t.r; ++j) {
+          const int64_t m = ob.rho_units[static_cast<size_t>(u * t.r + j)];
+          if (m == 0) continue;
+          for (int64_t h = t.holder_offsets[static_cast<size_t>(u)]; h < t.holder_offsets[static_cast<size_t>(u) + 1]; ++h) {
+            const double y = static_cast<double>(t.holder_elems[static_cast<size_t>(h)]) * elem * static_cast<double>(m);
+            both(t.rank(j, t.holders[static_cast<size_t>(h)]), y, 0.0, -y, 0.0);
+          }
+        }
+    }
+    owner_bases.clear();
+  };
+
   int chunk = -1;  // the chunk being accounted
   const auto close_chunk = [&]() {
     if (chunk < 0) return;
+    apply_owner_bases();
     Chunk& c = chunks[static_cast<size_t>(chunk)];
     double flops_max = 0, comm = 0, buffer_max = 0;
     for (int r : cur.touched) {
@@ -262,10 +312,68 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
       b.sent += c.sent, b.recv += c.recv, b.sent_rep += c.sent_rep, b.recv_rep += c.recv_rep;
     };
     const ParamSpec& p = inv.params[static_cast<size_t>(e.param)];
-    visit_entry(e, t, p, o, add);
     const bool state = static_cast<size_t>(e.param) < o.normuon.size() && o.normuon[static_cast<size_t>(e.param)];
+    const auto count_entry = [&]() {
+      by_strategy[s].params += 1;
+      by_strategy[s].matrices += t.units;
+      total.params += 1;
+      total.matrices += t.units;
+    };
+    if (e.strategy == Strategy::OwnerA2A && !state) {
+      // The stars' holders, all at once: every holder k of a unit sends its n elements to the owner
+      // and/or gets them back, and buffers them; summed over units that is numel[k] per position,
+      // added per table at the chunk's close (apply_owner_bases, with the split's per-replica part).
+      // Here, per unit and replica, the owner: it skips its own n (the base gave it), sends and
+      // receives the others, computes f and buffers the whole matrix. Flops reach each rank in the
+      // same order as holder by holder; bytes and buffers are integers, so each rank's sums are the
+      // same as message by message, bit for bit, while below 2^53 bytes (plan_test and
+      // tests/plan/compare_plans.sh compare them).
+      auto base = std::find_if(owner_bases.begin(), owner_bases.end(),
+                               [&](const OwnerBase& x) { return x.table == &t && x.split == e.replica_split; });
+      if (base == owner_bases.end()) base = owner_bases.insert(owner_bases.end(), OwnerBase{&t, e.replica_split, 0, {}});
+      base->count += 1;
+      if (e.replica_split && base->rho_units.empty()) base->rho_units.assign(static_cast<size_t>(t.units * t.r), 0);
+      const double U = static_cast<double>(t.unit_numel), whole = U * (4.0 + elem), f = e.unit_flops;
+      const double r1 = static_cast<double>(t.r - 1);
+      const auto owner_add = [&](int r, double sent, double recv, double sent_rep, double buf) {
+        Contribution& a = cur[r];
+        a.sent += sent, a.recv += recv, a.sent_rep += sent_rep, a.flops += f, a.buffer += buf;
+        Contribution& b = st.at[static_cast<size_t>(r)];
+        b.sent += sent, b.recv += recv, b.sent_rep += sent_rep, b.flops += f, b.buffer += buf;
+        sb[r] += buf;
+      };
+      bool any = false;
+      for (int64_t u = 0; u < t.units; ++u) {
+        const int o_k = e.owner_index[static_cast<size_t>(u)];
+        const auto b0 = t.holders.begin() + t.holder_offsets[static_cast<size_t>(u)];
+        const auto b1 = t.holders.begin() + t.holder_offsets[static_cast<size_t>(u) + 1];
+        const auto it = std::lower_bound(b0, b1, o_k);
+        const int64_t own = it != b1 && *it == o_k ? t.holder_elems[static_cast<size_t>(it - t.holders.begin())] : 0;
+        const int64_t all = t.unit_held[static_cast<size_t>(u)], other = all - own;
+        const double dn = static_cast<double>(own) * elem, dother = static_cast<double>(other) * elem;
+        const double buf = whole - dn;
+        if (!e.replica_split) {
+          any |= other > 0;
+          for (int j = 0; j < t.r; ++j) owner_add(t.rank(j, o_k), dother - dn, dother - dn, 0.0, buf);
+          continue;
+        }
+        // the calls in the order the stars open them: the gather star, then each replica's scatter
+        if (other > 0) calls.p2p(Phase::Gather, e.strategy);
+        if (other > 0 || (t.r > 1 && all > 0)) calls.p2p(Phase::Scatter, e.strategy);
+        const int rho = e.owner_replica[static_cast<size_t>(u)];
+        base->rho_units[static_cast<size_t>(u * t.r + rho)] += 1;
+        const double dall = static_cast<double>(all) * elem, rep = r1 * dall;
+        owner_add(t.rank(rho, o_k), dother + rep - dn, dother - dn, rep, buf);
+      }
+      if (any) calls.p2p(Phase::Gather, e.strategy), calls.p2p(Phase::Scatter, e.strategy);
+      count_entry();
+      continue;
+    }
+    visit_entry(e, t, p, o, add);
     // message bytes: summed per rank over the entry first, then added once per rank touched (group
     // collectives, which touch each rank once, go straight to `add_bytes`); measured the fastest order
+    if (!entry_bytes_) entry_bytes_ = std::make_unique<Sparse<Contribution>>(w);
+    Sparse<Contribution>& entry_bytes = *entry_bytes_;
     const auto bytes = [&](int r, const Contribution& c) MESHMUON_ALWAYS_INLINE {
       Contribution& a = entry_bytes[r];
       a.sent += c.sent, a.recv += c.recv, a.sent_rep += c.sent_rep, a.recv_rep += c.recv_rep;
@@ -275,18 +383,31 @@ void account(std::vector<PlanEntry>& entries, ShardTables& tables, const Invento
                                                                         {add_bytes, dtype_size(o.comm_dtype)}, calls, e});
     for (int r : entry_bytes.touched) add_bytes(r, entry_bytes.at[static_cast<size_t>(r)]);
     entry_bytes.clear();
-    by_strategy[s].params += 1;
-    by_strategy[s].matrices += t.units;
-    total.params += 1;
-    total.matrices += t.units;
+    count_entry();
   }
   close_chunk();
   if (!chunks.empty()) pipelined += window > 1 ? std::min(chunks.front().comm_seconds, chunks.front().compute_seconds) : 0;
 
-  PerRank all(w);  // every strategy's per-rank sums (integer-valued, so the order does not matter)
-  for (const PerRank& st : strat)
-    for (size_t r = 0; r < st.at.size(); ++r) all.add(static_cast<int>(r), st.at[r]);
-  summarize(all, total);
+  // every strategy's per-rank sums, rank by rank in strategy order, reduced as summarize does
+  // (max and sum in rank order), without a world-sized array of them
+  {
+    double smx = 0, ssum = 0, rmx = 0, rsum = 0, fmx = 0, fsum = 0;
+    for (size_t r = 0; r < w; ++r) {
+      Contribution a;
+      for (const PerRank& st : strat)
+        if (!st.at.empty()) {
+          const Contribution& c = st.at[r];
+          a.sent += c.sent, a.recv += c.recv, a.flops += c.flops;
+        }
+      smx = r == 0 ? a.sent : std::max(smx, a.sent), ssum += a.sent;
+      rmx = r == 0 ? a.recv : std::max(rmx, a.recv), rsum += a.recv;
+      fmx = r == 0 ? a.flops : std::max(fmx, a.flops), fsum += a.flops;
+    }
+    const double n = static_cast<double>(w);
+    total.bytes_sent_max = smx, total.bytes_sent_mean = w == 0 ? 0 : ssum / n;
+    total.bytes_recv_max = rmx, total.bytes_recv_mean = w == 0 ? 0 : rsum / n;
+    total.flops_max = fmx, total.flops_mean = w == 0 ? 0 : fsum / n;
+  }
   total.peak_buffer_bytes_max = peak;
   total.predicted_seconds = pipelined;
   for (int s = 0; s < kNumStrategies; ++s) {

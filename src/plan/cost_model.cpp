@@ -1,6 +1,7 @@
 // Internal: the cost model's per-rank accounting of each strategy (docs/plan.md, "cost model").
 #include "plan/cost_model.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace meshmuon::detail {
@@ -22,6 +23,24 @@ struct Totals {
   }
   void exchange(const Exchange& x) {
     bytes_of(x, elem, [&](int, double s, double r, double, double) { sent += s, recv += r; });
+  }
+  // owner_a2a without state: its messages' sum by arithmetic (every message's bytes is an integer
+  // below 2^53, so the sum is the same in any order): the unit's elements but the skipped holder's,
+  // once per direction the star moves them
+  void star(const Star& x) {
+    if (x.state) return for_each_message(x, [&](const P2pTransfer& m) { p2p(m); });
+    const ShardTable& t = *x.table;
+    const auto b0 = t.holders.begin() + t.holder_offsets[static_cast<size_t>(x.unit)];
+    const auto b1 = t.holders.begin() + t.holder_offsets[static_cast<size_t>(x.unit) + 1];
+    int64_t skipped = 0;
+    if (x.skip >= 0) {
+      const auto it = std::lower_bound(b0, b1, x.skip);
+      if (it != b1 && *it == x.skip) skipped = t.holder_elems[static_cast<size_t>(it - t.holders.begin())];
+    }
+    const double b = static_cast<double>(t.unit_held[static_cast<size_t>(x.unit)] - skipped) * static_cast<double>(elem) *
+                     ((x.gather ? 1.0 : 0.0) + (x.scatter ? 1.0 : 0.0));
+    if (x.cross) rep += 2 * b;
+    else sent += b, recv += b;
   }
 };
 

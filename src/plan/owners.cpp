@@ -1,6 +1,8 @@
 // Internal: owner assignment, longest-processing-time first on orthogonalization flops.
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <tuple>
 
 #include "plan/planner_steps.h"
 
@@ -32,6 +34,11 @@ void assign_owners(std::vector<PlanEntry>& entries, ShardTables& tables, const I
   // pass 2: each to the least-loaded candidate (loads are per world rank)
   std::vector<double> load(static_cast<size_t>(inv.world_size()), 0.0), chunk_load(load.size(), 0.0);
   std::vector<int> touched;
+  // Per candidate list (a table's unit holders, or its whole group; times the replicas scanned): how
+  // many leading candidates are known to carry load. Loads never decrease, so those never again
+  // have load 0, and the first candidate with load 0 is what the scan below would stop at: found
+  // by moving the cursor, in O(candidates) per list over the whole plan instead of per matrix.
+  std::map<std::tuple<const ShardTable*, int64_t, int>, int64_t> cursors;
   int chunk = -1;
   for (const Job& job : jobs) {
     if (job.chunk != chunk) {
@@ -58,7 +65,14 @@ void assign_owners(std::vector<PlanEntry>& entries, ShardTables& tables, const I
     };
     const bool stack = inv.params[static_cast<size_t>(e.param)].expert;
     const int64_t h0 = t.holder_offsets[static_cast<size_t>(job.unit)], h1 = t.holder_offsets[static_cast<size_t>(job.unit) + 1];
-    if (stack && h1 > h0) {
+    const bool by_holders = stack && h1 > h0;
+    const int64_t positions = by_holders ? h1 - h0 : t.g, candidates = positions * replicas;
+    const auto position = [&](int64_t c) { return by_holders ? t.holders[static_cast<size_t>(h0 + c / replicas)] : static_cast<int>(c / replicas); };
+    int64_t& next = cursors[{&t, by_holders ? job.unit : -1, replicas}];
+    while (next < candidates && load[static_cast<size_t>(t.rank(static_cast<int>(next % replicas), position(next)))] > 0) ++next;
+    if (next < candidates) {  // a candidate with no load at all (so none in this chunk): the scan's pick
+      best_k = position(next), best_j = static_cast<int>(next % replicas);
+    } else if (by_holders) {
       for (int64_t h = h0; h < h1; ++h)
         if (consider(t.holders[static_cast<size_t>(h)])) break;
     } else {

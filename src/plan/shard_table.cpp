@@ -115,6 +115,10 @@ std::shared_ptr<ShardTable> build(const ParamSpec& p, const Mesh& mesh) {
     for (const Range& rg : b.dims[0].ranges())
       for (int64_t e = rg.begin; e < rg.end; ++e) put(e, per_expert);
   }
+  t->unit_held.assign(static_cast<size_t>(t->units), 0);
+  for (int64_t u = 0; u < t->units; ++u)
+    for (int64_t h = t->holder_offsets[static_cast<size_t>(u)]; h < t->holder_offsets[static_cast<size_t>(u) + 1]; ++h)
+      t->unit_held[static_cast<size_t>(u)] += t->holder_elems[static_cast<size_t>(h)];
   if (!p.expert && nd == 2 && t->g > 1) {
     // the kernel's Gram side: rows when m <= n (shard cols), cols when m > n (shard rows)
     const int long_dim = p.shape[0] <= p.shape[1] ? 1 : 0;

@@ -28,6 +28,7 @@ struct ShardTable {
   std::vector<int64_t> holder_offsets;
   std::vector<int32_t> holders;
   std::vector<int64_t> holder_elems;
+  std::vector<int64_t> unit_held;   // per unit: the elements its holders hold (the sum of its row)
   bool whole_units = true;          // every unit held whole by at most one position
   bool long_dim_only = false;       // 2-D, g > 1, shard dims only cut the Gram side's long dim
   // World rank of replica group j, position k: replica_base[j] + group_offset[k] (the two dim sets

@@ -344,17 +344,19 @@ TEST(Plan, ByteFiguresEqualTheTransferListMessageByMessage) {
   const Inventory invs[] = {
       apply_parallel(preset_model("qwen3-30b-a3b"), parse_parallel("dp_replicate=2,dp_shard=8,ep=4")),
       apply_parallel(preset_model("llama3-8b"), parse_parallel("dp_replicate=3,dp_shard=4,tp=2")),
-      apply_parallel(preset_model("deepseek-v3"), parse_parallel("dp_shard=64,ep=16"))};
+      apply_parallel(preset_model("deepseek-v3"), parse_parallel("dp_shard=64,ep=16")),
+      apply_parallel(preset_model("deepseek-v3"), parse_parallel("dp_replicate=2,dp_shard=8,tp=2,ep=4"))};
   const char* pins[] = {"", "default:owner_a2a", "default:agrs;*.experts.*:expert_subgroup", "default:allgather",
                         "default:gram_allreduce"};
   int plans = 0;
   for (const Inventory& inv : invs)
     for (const char* pin : pins)
-      for (int variant = 0; variant < 3; ++variant) {
+      for (int variant = 0; variant < 4; ++variant) {
+        // 0, 1: NorMuon state (split, duplicate); 2, 3: none (owner_a2a accounted by arithmetic)
         PlanOptions o;
         o.pins = StrategyRules::parse(pin);
-        o.replica = variant == 1 ? ReplicaMode::Duplicate : ReplicaMode::Split;
-        if (variant != 2) o.normuon.assign(inv.params.size(), true);
+        o.replica = variant == 1 || variant == 3 ? ReplicaMode::Duplicate : ReplicaMode::Split;
+        if (variant < 2) o.normuon.assign(inv.params.size(), true);
         if (variant == 2) o.comm_dtype = DType::BF16, o.chunk_bytes = int64_t{32} << 20;
         Plan plan;
         try {
@@ -395,7 +397,40 @@ TEST(Plan, ByteFiguresEqualTheTransferListMessageByMessage) {
             check(plan.by_strategy(static_cast<Strategy>(s)), s_sent[static_cast<size_t>(s)], s_recv[static_cast<size_t>(s)],
                   label + " " + std::string(to_string(static_cast<Strategy>(s))));
       }
-  EXPECT_GE(plans, 30);
+  EXPECT_GE(plans, 50);
+}
+
+// A 4-D mesh (replicas, shards, tensor parallel, expert parallel): the plan equals, bit for bit,
+// the one the planner made before owner_a2a was accounted by arithmetic and the owner search used
+// cursors (fingerprints and totals printed by that build, commit 111275f, `meshmuon plan --json`).
+// Correctness only: planning time is measured by `meshmuon bench plan --grid`, not here.
+TEST(Plan, FourDimensionalMeshMatchesThePreviousPlanner) {
+  const Inventory inv = apply_parallel(preset_model("deepseek-v3"), parse_parallel("dp_replicate=2,dp_shard=32,tp=2,ep=8"));
+  struct Expected {
+    ReplicaMode mode;
+    uint64_t fingerprint;
+    double sent_max, sent_mean, flops_max, flops_mean, peak, seconds;
+    int owner_a2a;
+  };
+  const Expected cases[] = {
+      {ReplicaMode::Duplicate, 0x8cf82f39618445beULL, 2957336576.0, 1975024128.0, 374324237434880.0, 362716707102720.0,
+       3157041152.0, 19.647279791068023, 488},
+      {ReplicaMode::Split, 0x5f46a7abc47328beULL, 22834937856.0, 21897616000.0, 187931662745600.0, 181211372636160.0,
+       2246860800.0, 18.02722233943371, 662}};
+  for (const Expected& x : cases) {
+    PlanOptions o;
+    o.replica = x.mode;
+    const Plan plan = make_plan(inv, o);
+    const std::string what(to_string(x.mode));
+    EXPECT_EQ(plan.fingerprint(), x.fingerprint) << what;
+    EXPECT_EQ(plan.total().bytes_sent_max, x.sent_max) << what;
+    EXPECT_EQ(plan.total().bytes_sent_mean, x.sent_mean) << what;
+    EXPECT_EQ(plan.total().flops_max, x.flops_max) << what;
+    EXPECT_EQ(plan.total().flops_mean, x.flops_mean) << what;
+    EXPECT_EQ(plan.total().peak_buffer_bytes_max, x.peak) << what;
+    EXPECT_EQ(plan.total().predicted_seconds, x.seconds) << what;
+    EXPECT_EQ(plan.strategy_counts()[static_cast<size_t>(Strategy::OwnerA2A)], x.owner_a2a) << what;
+  }
 }
 
 }  // namespace meshmuon

@@ -1,23 +1,70 @@
 // `meshmuon plan`: the plan for a model on a mesh, per-strategy costs, and whole-model baselines.
-// Example: meshmuon plan --model llama3-8b --parallel dp_shard=64 [--strategy auto] [--json]
+// Example: meshmuon plan --model llama3-8b --parallel dp_shard=64 [--strategy auto] [--json [--detail]]
+//
+// --json prints a summary by default: the plan's totals per strategy and per rank (max / mean), its
+// options and fingerprint, and the Muon parameters grouped into classes (same mesh, shape,
+// placements, strategy, decision), which costs one make_plan. --detail adds every entry and the
+// whole-model baselines (four more plans; the text table always shows them).
 #include <iostream>
+#include <map>
 #include <memory>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "plan_options.h"
 
 namespace meshmuon::cli {
+namespace {
+
+// The plan's JSON without entries and baselines, plus its parameter classes in first-seen order.
+std::string summary_json(const Plan& plan) {
+  auto j = nlohmann::ordered_json::parse(plan.to_json());
+  j.erase("entries");
+  j.erase("baselines");
+  const Inventory& inv = plan.inventory();
+  using Key = std::tuple<int, std::string, std::string, int, int>;
+  std::map<Key, size_t> index;
+  nlohmann::ordered_json classes = nlohmann::ordered_json::array();
+  for (const PlanEntry& e : plan.entries()) {
+    const ParamSpec& p = inv.params[static_cast<size_t>(e.param)];
+    std::string pl;
+    for (const Placement& x : p.placements) pl += (pl.empty() ? "" : ",") + meshmuon::to_string(x);
+    const Key key{e.mesh, p.shape.to_string(), pl, static_cast<int>(e.strategy), static_cast<int>(e.decision)};
+    const auto [it, fresh] = index.try_emplace(key, classes.size());
+    if (fresh) {
+      classes.push_back({{"first", p.name}, {"params", 0}, {"shape", std::get<1>(key)}, {"placements", pl},
+                         {"mesh", inv.mesh_names[static_cast<size_t>(e.mesh)]}, {"strategy", meshmuon::to_string(e.strategy)},
+                         {"decision", meshmuon::to_string(e.decision)}, {"unit_flops", e.unit_flops}});
+    }
+    auto& c = classes[it->second];
+    c["params"] = c["params"].get<int>() + 1;
+  }
+  j["num_classes"] = classes.size();
+  j["classes"] = std::move(classes);
+  j["detail"] = "entries and baselines: meshmuon plan --json --detail";
+  return j.dump(2);
+}
+
+}  // namespace
 
 void add_plan_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("plan", "Show how each parameter's orthogonalization is distributed and what it costs");
   auto args = std::make_shared<PlanArgs>();
   auto as_json = std::make_shared<bool>(false);
+  auto detail = std::make_shared<bool>(false);
   add_plan_args(*cmd, *args);
-  cmd->add_flag("--json", *as_json, "Print JSON (docs/plan.md)");
-  cmd->callback([args, as_json] {
+  cmd->add_flag("--json", *as_json, "Print JSON (docs/plan.md): a summary, per strategy and per parameter class");
+  cmd->add_flag("--detail", *detail, "With --json: every entry and the whole-model baselines (four more plans)");
+  cmd->callback([args, as_json, detail] {
     const Inventory inv = make_inventory(*args);
     const PlanOptions options = make_plan_options(*args);
     const Plan plan = make_plan(inv, options);
+    if (*as_json && !*detail) {
+      std::cout << summary_json(plan) << "\n";
+      return;
+    }
     const Strategy peers[] = {Strategy::OwnerA2A, Strategy::AllGather, Strategy::Agrs, Strategy::GramAllReduce};
     const std::vector<Baseline> baselines = plan_baselines(inv, options, peers);
     std::cout << (*as_json ? plan.to_json(baselines) : plan.to_string(baselines)) << "\n";
