@@ -9,11 +9,11 @@
 # Open MPI (mpirun jobs) where installed. auditwheel then checks the tag and writes it.
 #
 # Build machine: the Debian packages of scripts/setup.sh (their headers and libz.a are staged into
-# $OUT/deps); tools come pinned from PyPI into the venv $OUT/venv. CPU only: the CUDA backend is not
-# in this wheel (docs/design.md, "Wheels").
+# $OUT/deps); tools come pinned from PyPI into the venv $OUT/venv. The default wheel is CPU only (no CUDA
+# backend); VARIANT=cuda below.
 #
 # VARIANT=cuda builds the same wheel with the CUDA backend (sm_90, cudart static; cuBLAS and NCCL
-# dlopen'd from the nvidia-* wheels) into dist/cu13/ (OUT=build-wheel-cu13): nvcc's host compiler is
+# dlopen'd at run time as in the source build) into dist/cu13/ (OUT=build-wheel-cu13): nvcc's host compiler is
 # zig's clang too, an older zig (scripts/wheel-requirements-cuda.txt), see docs/design.md "Wheels".
 #
 # Usage: bash scripts/build_wheel.sh        (from the repository root; OUT=build-wheel, DIST=dist)
@@ -31,7 +31,10 @@ case $VARIANT in
         # NDEBUG (as Release has anyway: glibc's __assert_fail clashes with CUDA's __HORIZON__ one).
         CUDA_FLAGS="-DNDEBUG -D_ALLOW_UNSUPPORTED_LIBCPP -D__HORIZON__ -D__ALTIVEC__ -U_GNU_SOURCE -D_XOPEN_SOURCE=700 -D_DEFAULT_SOURCE -include $PWD/scripts/zig/cuda_prelude.h"
         CUDA_DEFINES=(-C cmake.define.MESHMUON_WITH_CUDA=ON -C cmake.define.CMAKE_CUDA_HOST_COMPILER="$PWD/scripts/zig/clang++"
-                      -C cmake.define.CMAKE_CUDA_FLAGS="$CUDA_FLAGS") ;;
+                      -C cmake.define.CMAKE_CUDA_FLAGS="$CUDA_FLAGS"
+                      # cudart is the project's CUDA::cudart_static (a full path): no implicit
+                      # -lcudart_static -lcudadevrt, which zig's linker, given no -L, cannot find.
+                      -C cmake.define.CMAKE_CUDA_RUNTIME_LIBRARY=None) ;;
   *) echo "build_wheel: VARIANT must be cpu or cuda (got '$VARIANT')" >&2; exit 1 ;;
 esac
 PY=${PYTHON:-python3}
