@@ -2,6 +2,7 @@
 #   make test   set up what is missing, build, run every test (README's test command; CI runs it)
 #   make build  build everything; the CLI lands at build/bin/meshmuon
 #   make wheel  the manylinux_2_28 wheel: dist/meshmuon-<version>-<python>-manylinux_2_28_x86_64.whl
+#               (VARIANT=cuda make wheel: with the CUDA backend, into dist/cu13/)
 #   make demo   the main job: a 10.7M-parameter char GPT, FSDP2 on 4 CPU ranks (torchrun), meshmuon vs AdamW vs torch.optim.Muon
 #   make bench  the orthogonalization benchmark on 1024x4096 (all methods, SGEMM baseline)
 #   make train-cpp  the C++ trainer (examples/train_cpp): char MLP LM, FSDP on 2 CPU ranks, ~1 min
@@ -67,4 +68,4 @@ train-cpp: build
 	  $(BUILD)/bin/train_cpp --ckpt-dir $(BUILD)/train_cpp_ckpt --ckpt-every 200 $(TRAIN_CPP_ARGS)
 
 clean:
-	rm -rf $(BUILD) build-wheel dist
+	rm -rf $(BUILD) build-wheel build-wheel-cu13 dist

@@ -9,14 +9,34 @@
 # Open MPI (mpirun jobs) where installed. auditwheel then checks the tag and writes it.
 #
 # Build machine: the Debian packages of scripts/setup.sh (their headers and libz.a are staged into
-# $OUT/deps); tools come pinned from PyPI into the venv $OUT/venv. CPU only: the CUDA backend is not
-# in this wheel (docs/design.md, "Wheels").
+# $OUT/deps); tools come pinned from PyPI into the venv $OUT/venv. The default wheel is CPU only (no CUDA
+# backend); VARIANT=cuda below.
+#
+# VARIANT=cuda builds the same wheel with the CUDA backend (sm_90, cudart static; cuBLAS and NCCL
+# dlopen'd at run time as in the source build) into dist/cu13/ (OUT=build-wheel-cu13): nvcc's host compiler is
+# zig's clang too, an older zig (scripts/wheel-requirements-cuda.txt), see docs/design.md "Wheels".
 #
 # Usage: bash scripts/build_wheel.sh        (from the repository root; OUT=build-wheel, DIST=dist)
+#        VARIANT=cuda bash scripts/build_wheel.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-build-wheel}
-DIST=${DIST:-dist}
+VARIANT=${VARIANT:-cpu}
+case $VARIANT in
+  cpu)  OUT=${OUT:-build-wheel}; DIST=${DIST:-dist}; REQS=scripts/wheel-requirements.txt
+        CUDA_DEFINES=(-C cmake.define.MESHMUON_WITH_CUDA=OFF) ;;
+  cuda) OUT=${OUT:-build-wheel-cu13}; DIST=${DIST:-dist/cu13}; REQS=scripts/wheel-requirements-cuda.txt
+        # nvcc: zig's clang++ as host compiler, libc++ (CUDA refuses it on x86 unless told), and the
+        # .cu files' headers made parsable by nvcc's front end: __HORIZON__ (CUDA's libc++ math
+        # declarations), __ALTIVEC__ (libc++'s vector algorithms off), no _GNU_SOURCE (cuda_prelude.h),
+        # NDEBUG (as Release has anyway: glibc's __assert_fail clashes with CUDA's __HORIZON__ one).
+        CUDA_FLAGS="-DNDEBUG -D_ALLOW_UNSUPPORTED_LIBCPP -D__HORIZON__ -D__ALTIVEC__ -U_GNU_SOURCE -D_XOPEN_SOURCE=700 -D_DEFAULT_SOURCE -include $PWD/scripts/zig/cuda_prelude.h"
+        CUDA_DEFINES=(-C cmake.define.MESHMUON_WITH_CUDA=ON -C cmake.define.CMAKE_CUDA_HOST_COMPILER="$PWD/scripts/zig/clang++"
+                      -C cmake.define.CMAKE_CUDA_FLAGS="$CUDA_FLAGS"
+                      # cudart is the project's CUDA::cudart_static (a full path): no implicit
+                      # -lcudart_static -lcudadevrt, which zig's linker, given no -L, cannot find.
+                      -C cmake.define.CMAKE_CUDA_RUNTIME_LIBRARY=None) ;;
+  *) echo "build_wheel: VARIANT must be cpu or cuda (got '$VARIANT')" >&2; exit 1 ;;
+esac
 PY=${PYTHON:-python3}
 mkdir -p "$OUT" "$DIST"
 OUT=$(cd "$OUT" && pwd)
@@ -25,8 +45,8 @@ DIST=$(cd "$DIST" && pwd)
 # 1. The build tools, pinned (scripts/wheel-requirements.txt), in a venv of their own.
 if [[ ! -x $OUT/venv/bin/python ]]; then "$PY" -m venv "$OUT/venv"; fi
 VPY=$OUT/venv/bin/python
-if ! "$VPY" scripts/check_requirements.py scripts/wheel-requirements.txt >/dev/null 2>&1; then
-  "$VPY" -m pip install -q --disable-pip-version-check -r scripts/wheel-requirements.txt
+if ! "$VPY" scripts/check_requirements.py "$REQS" >/dev/null 2>&1; then
+  "$VPY" -m pip install -q --disable-pip-version-check -r "$REQS"
 fi
 
 # 2. Header-only dependencies and static zlib from the build machine's packages.
@@ -53,7 +73,7 @@ rm -rf "$OUT/raw"
 "$VPY" -m pip wheel . --no-build-isolation --no-deps --disable-pip-version-check -q -w "$OUT/raw" \
   -C build-dir="$OUT/build" \
   -C cmake.define.MESHMUON_PORTABLE=ON -C cmake.define.MESHMUON_DEPS_DIR="$DEPS" \
-  -C cmake.define.MESHMUON_WITH_CUDA=OFF -C cmake.define.MESHMUON_WITH_MPI=ON \
+  "${CUDA_DEFINES[@]}" -C cmake.define.MESHMUON_WITH_MPI=ON \
   -C cmake.define.MESHMUON_WITH_DNNL=ON -C cmake.define.DNNL_INCLUDE_DIR="$OUT/venv/include" -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=$LAUNCHER
 
 # 4. auditwheel: the lowest tag the binaries allow, written into the name (it needs patchelf on PATH).
