@@ -31,8 +31,12 @@ void open_cublas_family(const char* env, const char* soname, const char* what, c
                         const std::function<bool(void*, const char*)>& bind) {
   std::string wheel = MESHMUON_CUBLAS_WHEEL_DIR;
   if (!wheel.empty()) wheel = concat(wheel, "/", soname);
+  // Installed from meshmuon's wheel: PyPI's nvidia-cublas beside the package in site-packages.
+  const std::string& site = install_location().site_packages;
+  const std::string beside = site.empty() ? std::string() : concat(site, "/nvidia/cu13/lib/", soname);
   const char* user = std::getenv(env);
-  const char* candidates[] = {user, soname, wheel.empty() ? nullptr : wheel.c_str()};
+  const char* candidates[] = {user, soname, beside.empty() ? nullptr : beside.c_str(),
+                              wheel.empty() ? nullptr : wheel.c_str()};
   const OpenedLibrary lib = open_first_library(candidates, RTLD_NOW | RTLD_LOCAL, [&](void* h, const char* name) {
     return bind(h, name) ? std::string() : std::string(missing);
   });

@@ -18,11 +18,15 @@ namespace meshmuon::detail {
 NcclApi load_nccl(const char* only) {
   std::string wheel = MESHMUON_NCCL_WHEEL_DIR;
   if (!wheel.empty()) wheel += "/libnccl.so.2";
+  // Installed from meshmuon's wheel: PyPI's nvidia-nccl-cu13 beside the package in site-packages.
+  const std::string& site = install_location().site_packages;
+  const std::string beside = site.empty() ? std::string() : site + "/nvidia/nccl/lib/libnccl.so.2";
   std::vector<const char*> candidates;
   if (only != nullptr) {
     candidates.push_back(only);
   } else {
-    candidates = {"libnccl.so.2", wheel.empty() ? nullptr : wheel.c_str(), "libnccl.so"};
+    candidates = {"libnccl.so.2", beside.empty() ? nullptr : beside.c_str(), wheel.empty() ? nullptr : wheel.c_str(),
+                  "libnccl.so"};
   }
   NcclApi api;
   const OpenedLibrary lib = open_first_library(candidates, RTLD_NOW | RTLD_LOCAL, [&api](void* h, const char*) {
