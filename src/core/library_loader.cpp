@@ -16,10 +16,12 @@ std::string OpenedLibrary::tried() const {
   return s;
 }
 
-OpenedLibrary open_first_library(std::span<const char* const> candidates, int flags, const AcceptLibrary& accept) {
+OpenedLibrary open_first_library(std::span<const char* const> candidates, int flags, const AcceptLibrary& accept,
+                                 const PrepareLibrary& prepare) {
   OpenedLibrary lib;
   for (const char* name : candidates) {
     if (name == nullptr || *name == '\0') continue;
+    if (prepare) prepare(name);
     void* h = dlopen(name, flags);
     if (h == nullptr) {
       const char* why = dlerror();

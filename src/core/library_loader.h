@@ -32,11 +32,15 @@ struct OpenedLibrary {
 // the next candidate tried). It may take the library's entry points from the handle.
 using AcceptLibrary = std::function<std::string(void* handle, const char* name)>;
 
+// Called with each candidate just before it is opened (e.g. to load, by path, the neighbours a
+// library without RUNPATH needs: PyPI's oneDNN).
+using PrepareLibrary = std::function<void(const char* name)>;
+
 // Tries `candidates` in order (null and empty names skipped) with dlopen(name, flags) and returns the
 // first that opens and that `accept` (when given) keeps; its handle stays open for the process.
-// Never throws: the caller words the error from the result.
+// `prepare` (when given) runs before each try. Never throws: the caller words the error from the result.
 OpenedLibrary open_first_library(std::span<const char* const> candidates, int flags = RTLD_NOW | RTLD_LOCAL,
-                                 const AcceptLibrary& accept = {});
+                                 const AcceptLibrary& accept = {}, const PrepareLibrary& prepare = {});
 
 // Where meshmuon's code was loaded from, to find the libraries a pip install puts beside it (a wheel's
 // dependencies come from PyPI: scipy-openblas32 under site-packages, oneDNN and Open MPI under the

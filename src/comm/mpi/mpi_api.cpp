@@ -4,7 +4,6 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -96,6 +95,16 @@ std::mutex& api_mutex() {
 }
 std::atomic<const MpiApi*> g_api{nullptr};  // set once, under api_mutex(); never freed
 
+// The process's table: the one published already, else `load()`'s, published. Under api_mutex().
+template <class Load>
+const MpiApi& publish_once(Load&& load) {
+  std::lock_guard<std::mutex> lock(api_mutex());
+  if (const MpiApi* p = g_api.load(std::memory_order_acquire)) return *p;
+  const MpiApi* api = new MpiApi(load());
+  g_api.store(api, std::memory_order_release);
+  return *api;
+}
+
 const char* env_library() {
   const char* user = std::getenv("MESHMUON_MPI_LIBRARY");
   return user != nullptr && *user != '\0' ? user : nullptr;
@@ -140,11 +149,7 @@ MpiApi load_mpi_api(const std::vector<std::string>& candidates) {
 
 const MpiApi& mpi_api() {
   if (const MpiApi* p = g_api.load(std::memory_order_acquire)) return *p;
-  std::lock_guard<std::mutex> lock(api_mutex());
-  if (const MpiApi* p = g_api.load(std::memory_order_acquire)) return *p;
-  auto api = std::make_unique<MpiApi>(load_mpi_api(mpi_library_candidates(env_library())));
-  g_api.store(api.get(), std::memory_order_release);
-  return *api.release();
+  return publish_once([] { return load_mpi_api(mpi_library_candidates(env_library())); });
 }
 
 const MpiApi* mpi_api_if_loaded() noexcept {
@@ -154,11 +159,7 @@ const MpiApi* mpi_api_if_loaded() noexcept {
       void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
       if (h == nullptr) continue;
       dlclose(h);  // the library stays: it was loaded before
-      std::lock_guard<std::mutex> lock(api_mutex());
-      if (const MpiApi* p = g_api.load(std::memory_order_acquire)) return p;
-      auto api = std::make_unique<MpiApi>(load_mpi_api({name}));
-      g_api.store(api.get(), std::memory_order_release);
-      return api.release();
+      return &publish_once([&name] { return load_mpi_api({name}); });
     }
   } catch (...) {
   }

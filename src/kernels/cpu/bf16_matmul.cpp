@@ -160,18 +160,11 @@ DnnlApi load() {
                     detail::bind_symbol(h, "dnnl_get_effective_cpu_isa", api.get_effective_cpu_isa);
     return ok ? std::string() : std::string("lacks the oneDNN 3.x C API (dnnl_matmul_primitive_desc_create)");
   };
-  // One candidate at a time: a path's neighbours are preloaded only when that path is tried.
-  detail::OpenedLibrary lib;
-  for (const std::string& n : names) {
-    preload_beside(n);
-    const char* one[] = {n.c_str()};
-    detail::OpenedLibrary tried = detail::open_first_library(one, RTLD_NOW | RTLD_LOCAL, accept);
-    lib.failures.insert(lib.failures.end(), tried.failures.begin(), tried.failures.end());
-    if (tried.handle != nullptr) {
-      lib.handle = tried.handle, lib.name = tried.name;
-      break;
-    }
-  }
+  std::vector<const char*> candidates;
+  for (const std::string& n : names) candidates.push_back(n.c_str());
+  // A path's neighbours are preloaded only when that path is tried.
+  const detail::OpenedLibrary lib = detail::open_first_library(
+      candidates, RTLD_NOW | RTLD_LOCAL, accept, [](const char* name) { preload_beside(name); });
   if (lib.handle == nullptr) {
     api.info.error = detail::concat("could not load oneDNN 3.x: tried ", lib.tried(), "; ", kInstallHint,
                                     " (oneDNN 3.2 and its runtime libraries) or set MESHMUON_DNNL_LIBRARY");
