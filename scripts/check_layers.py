@@ -15,7 +15,7 @@ shows the same order):
   Python: no module of the meshmuon package imports another in a cycle.
 
 Run: python3 scripts/check_layers.py [--graph] [--root DIR]   (make test runs it through
-tests/python/test_layers.py, with a negative control; exit 1 on a violation)
+tests/python/test_layers.py, with negative controls; exit 1 on a violation)
 """
 from __future__ import annotations
 
@@ -48,9 +48,10 @@ LAYERS: list[tuple[str, list[str]]] = [
 # The frontends, above every layer: folder -> the highest layer whose internal (src/) headers it may
 # include. The nanobind module binds the public contracts; it reaches into core and kernels only to
 # report the CPU's features and the bf16 product path (meshmuon.cpu_info). The CLI's bench commands
-# time kernels and backends directly, so it may include internal headers up to backend; the
-# engine's rooms above (comm, state, fsdp, exec, checkpoint) only through their public headers.
-FRONTENDS: dict[str, str] = {"python/src": "kernels", "tools/cli": "backend"}
+# time kernels and backends directly and `meshmuon info` lists the registered backends and
+# transports, so it may include internal headers up to comm; the engine's rooms above (state, fsdp,
+# exec, checkpoint) only through their public headers.
+FRONTENDS: dict[str, str] = {"python/src": "kernels", "tools/cli": "comm"}
 LEVEL = {name: i for i, (name, _) in enumerate(LAYERS)}
 HEADER_LAYER = {h: name for name, headers in LAYERS for h in headers}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

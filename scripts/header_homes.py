@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 _TOKEN = re.compile(r'//[^\n]*|/\*.*?\*/|R"([^(]*)\(.*?\)\1"|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'',
                     re.S)
@@ -36,7 +35,7 @@ def blank(text: str) -> str:
 @dataclass
 class Statement:
     text: str          # from the previous ; { or } up to (not including) the terminator
-    end: str           # ";" or "{"
+    end: str           # ";", "{" (a function body or other block) or "class" (a class body opens)
     namespace: tuple   # enclosing namespaces, outermost first ("" for an anonymous one)
     scope: str         # "ns" (namespace scope) or the enclosing class's qualified name
 

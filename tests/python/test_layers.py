@@ -94,11 +94,11 @@ def test_the_nanobind_module_reaching_into_the_engine_is_found(tmp_path):
 def test_the_cli_reaching_into_the_engine_is_found(tmp_path):
     root = copy_tree(tmp_path)
     f = root / "tools" / "cli" / "main.cpp"
-    f.write_text('#include "comm/work_impl.h"\n' + f.read_text())
+    f.write_text('#include "state/state_store.h"\n' + f.read_text())
     r = run(root)
     assert r.returncode == 1
-    assert ("tools/cli/main.cpp (tools/cli) includes comm/work_impl.h, an internal header of comm: "
-            "a frontend reaches layers above backend only through their public headers") in r.stdout
+    assert ("tools/cli/main.cpp (tools/cli) includes state/state_store.h, an internal header of state: "
+            "a frontend reaches layers above comm only through their public headers") in r.stdout
 
 
 def test_one_frontend_including_another_is_found(tmp_path):
