@@ -1,4 +1,5 @@
-// Names of the optimizer enums (CLI / JSON / Python spellings) and group hyperparameter validation.
+// The non-finite policy's names and group hyperparameter validation (the update rules' names:
+// kernels/cpu/update.cpp).
 #include "meshmuon/optim_options.h"
 
 #include <cmath>
@@ -6,57 +7,21 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/enum_names.h"
 #include "meshmuon/error.h"
 #include "exec/param_groups.h"
 
 namespace meshmuon {
 namespace {
 
-template <class E, size_t N>
-std::string_view name_of(const std::pair<E, std::string_view> (&table)[N], E value) {
-  for (const auto& [v, name] : table)
-    if (v == value) return name;
-  return "?";
-}
-
-template <class E, size_t N>
-E parse_name(const std::pair<E, std::string_view> (&table)[N], std::string_view name,
-             std::string_view what) {
-  std::string choices;
-  for (const auto& [v, n] : table) {
-    if (n == name) return v;
-    choices += choices.empty() ? "" : ", ";
-    choices += n;
-  }
-  detail::throw_invalid_argument(detail::concat("[optim] unknown ", what, " '", name, "'; use ", choices));
-}
-
-constexpr std::pair<Algorithm, std::string_view> kAlgorithms[] = {{Algorithm::Muon, "muon"},
-                                                                  {Algorithm::AdamW, "adamw"}};
-constexpr std::pair<MomentumKind, std::string_view> kMomentumKinds[] = {
-    {MomentumKind::Ema, "ema"}, {MomentumKind::HeavyBall, "heavy_ball"}};
-constexpr std::pair<LrRule, std::string_view> kLrRules[] = {
-    {LrRule::Original, "original"}, {LrRule::MatchRmsAdamw, "match_rms_adamw"}, {LrRule::None, "none"}};
-constexpr std::pair<DecayLr, std::string_view> kDecayLrs[] = {{DecayLr::Unadjusted, "unadjusted"},
-                                                              {DecayLr::Adjusted, "adjusted"}};
 constexpr std::pair<NonFinitePolicy, std::string_view> kPolicies[] = {
     {NonFinitePolicy::Raise, "raise"}, {NonFinitePolicy::Skip, "skip"}};
 
 }  // namespace
 
-std::string_view to_string(Algorithm a) { return name_of(kAlgorithms, a); }
-Algorithm parse_algorithm(std::string_view n) { return parse_name(kAlgorithms, n, "algorithm"); }
-std::string_view to_string(MomentumKind k) { return name_of(kMomentumKinds, k); }
-MomentumKind parse_momentum_kind(std::string_view n) {
-  return parse_name(kMomentumKinds, n, "momentum kind");
-}
-std::string_view to_string(LrRule r) { return name_of(kLrRules, r); }
-LrRule parse_lr_rule(std::string_view n) { return parse_name(kLrRules, n, "lr rule"); }
-std::string_view to_string(DecayLr d) { return name_of(kDecayLrs, d); }
-DecayLr parse_decay_lr(std::string_view n) { return parse_name(kDecayLrs, n, "decay_lr"); }
-std::string_view to_string(NonFinitePolicy p) { return name_of(kPolicies, p); }
+std::string_view to_string(NonFinitePolicy p) { return detail::name_of(kPolicies, p); }
 NonFinitePolicy parse_non_finite_policy(std::string_view n) {
-  return parse_name(kPolicies, n, "non-finite policy");
+  return detail::parse_name(kPolicies, n, "[optim]", "non-finite policy");
 }
 
 void validate_group_options(const GroupOptions& o, size_t g) {

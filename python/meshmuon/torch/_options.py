@@ -1,16 +1,19 @@
-"""Param-group keys of meshmuon.torch.Muon: defaults per algorithm, validation of group dicts, and their
-translation to the engine's GroupOptions (done at every step, so LR schedulers and edits to any key
-take effect)."""
+"""The options of meshmuon.torch.Muon. Param-group keys: defaults per algorithm, validation of group
+dicts, and their translation to the engine's GroupOptions (done at every step, so LR schedulers and
+edits to any key take effect). The constructor's keyword arguments: checked in one pass before
+anything is built (check_constructor), the Muon group keys among them read from MUON_DEFAULTS, so a
+new group key is one entry there (and, to be a constructor argument too, its keyword)."""
 from __future__ import annotations
 
 import difflib
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Optional
 
 import torch
 
 from .. import _core
-from . import _foreign, _precision
+from . import _clip, _foreign, _plan, _precision
 
 # Keller Jordan's quintic coefficients, torch.optim.Muon's default.
 JORDAN = (3.4445, -4.7750, 2.0315)
@@ -214,3 +217,107 @@ def make_group_options(group: dict, index: int) -> "_core.GroupOptions":
     if not math.isfinite(options.lr):
         raise ValueError(f"[torch] param group {index}: lr must be finite")
     return options
+
+
+# ---- the constructor's keyword arguments ----------------------------------------------------------
+
+LR_RULES = (None, "original", "match_rms_adamw", "none")  # adjust_lr_fn: torch's two, and "none"
+KINDS = ("local", "distributed")  # engine=: which core steps (None: chosen from the parameters)
+REDUCE_GRADS = (None, "mean", "sum")
+# The distributed engine's options (docs/python.md): checked for both engines; the local engine (one
+# process) ignores them.
+DIST_KEYS = ("window", "chunk_bytes", "replica", "timeout_s", "allow_inexact", "machine")
+# Constructor arguments named like a Muon group key that are not that key's default: `strategy` there
+# pins names to strategies for every group (a group's own `strategy` key pins its parameters).
+NOT_GROUP_DEFAULTS = {"strategy"}
+
+# The constructor's options with a fixed set of values: name -> (accepts the value, what to use);
+# a refused value raises ValueError "[torch] name=value; <what to use>".
+_CHOICES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "non_finite": (lambda v: v in ("raise", "skip"), "use 'raise' or 'skip'"),
+    "comm_dtype": (lambda v: v in ("fp32", "bf16"), "use 'fp32' or 'bf16'"),
+    "none_grad": (lambda v: isinstance(v, bool),
+                  "use True (free each .grad once the step has used it) or False"),
+    "threads": (lambda v: v is None or (isinstance(v, int) and v >= 1),
+                "use an int >= 1, or None for the BLAS thread count"),
+    "offload_state": (lambda v: isinstance(v, bool), "use True (optimizer state in pinned host memory, "
+                      "staged to the device chunk by chunk) or False"),
+    "engine": (lambda v: v is None or v in KINDS, "use None (automatic), 'local' or 'distributed'"),
+}
+
+
+def _choice(given: dict, name: str) -> Any:
+    accepts, use = _CHOICES[name]
+    value = given[name]
+    if not accepts(value):
+        raise ValueError(f"[torch] {name}={value!r}; {use}")
+    return value
+
+
+class ZeroOptions:
+    """The ZeRO options of meshmuon.torch.Muon, checked (ValueError naming the option) before anything
+    is built."""
+
+    def __init__(self, zero: Any, reduce_grads: Any, check_replicas: Any, engine: Optional[str]):
+        if not isinstance(zero, bool):
+            raise ValueError(f"[torch] zero={zero!r}; use True (ZeRO: optimizer state and work "
+                             f"split over the ranks) or False")
+        if reduce_grads not in REDUCE_GRADS:
+            raise ValueError(f"[torch] reduce_grads={reduce_grads!r}; use 'mean', 'sum' or None")
+        if not isinstance(check_replicas, bool):
+            raise ValueError(f"[torch] check_replicas={check_replicas!r}; use True or False")
+        if reduce_grads is not None and not zero:
+            raise ValueError(f"[torch] reduce_grads={reduce_grads!r} needs zero=True: the step "
+                             f"reduces local gradients to the shard owners of ZeRO; without "
+                             f"zero, all-reduce the gradients first (DDP) and leave reduce_grads=None")
+        if check_replicas and (not zero or reduce_grads is not None):
+            raise ValueError("[torch] check_replicas=True checks that the already-reduced gradients "
+                             "agree on every rank: it needs zero=True and reduce_grads=None")
+        if zero and engine is not None:
+            raise ValueError(f"[torch] engine={engine!r} with zero=True: ZeRO has its own engine; "
+                             f"leave engine=None")
+        self.zero, self.reduce_grads, self.check_replicas = zero, reduce_grads, check_replicas
+
+
+def check_constructor(given: dict[str, Any]) -> tuple[dict, dict]:
+    """Muon's keyword arguments (`given`: every one, by name) checked in one pass, ValueError naming
+    the first bad one before anything is built. Returns the Muon groups' defaults (MUON_DEFAULTS with
+    the constructor's values of its keys) and the optimizer's checked options, by attribute name
+    (what a copy rebuilds its engine from: Muon._CONFIG)."""
+    lr = given["lr"]
+    if isinstance(lr, torch.Tensor) and lr.numel() != 1:  # torch's check and wording
+        raise ValueError(f"[torch] Tensor lr must be 1-element (got shape {tuple(lr.shape)}); "
+                         f"pass a float or a 1-element tensor")
+    if given["adjust_lr_fn"] not in LR_RULES:  # torch's wording (code matches on it), meshmuon's rules
+        raise ValueError(f"[torch] Adjust learning rate function {given['adjust_lr_fn']} is not "
+                         f"supported; use one of {LR_RULES}")
+    out: dict[str, Any] = {"_zero": ZeroOptions(given["zero"], given["reduce_grads"],  # docs/python.md, ZeRO
+                                                given["check_replicas"], given["engine"])}
+    out["_non_finite"] = _choice(given, "non_finite")
+    out["_comm_dtype"] = _choice(given, "comm_dtype")
+    out["_dist_args"] = {key: given[key] for key in DIST_KEYS}
+    out["_dist_options"] = _plan.check_dist_options(**out["_dist_args"])
+    out["_strategy"] = _plan.check_strategy(given["strategy"])
+    out["_none_grad"] = _choice(given, "none_grad")
+    qk_clip_threshold = given["qk_clip_threshold"]
+    clip_threshold = _clip.check_clip_config(given["clip_config"])
+    if clip_threshold is not None:
+        if qk_clip_threshold not in (0.0, clip_threshold):
+            raise ValueError(f"[torch] qk_clip_threshold={qk_clip_threshold!r} and "
+                             f"clip_config['threshold']={clip_threshold!r} differ; give one")
+        qk_clip_threshold = clip_threshold
+    out["_clip_config"] = given["clip_config"]
+    threads = _choice(given, "threads")
+    out["_threads"] = 0 if threads is None else threads
+    out["_offload_state"] = _choice(given, "offload_state")
+    out["_engine_kind"] = _choice(given, "engine")
+    group = {key: given[key] for key in MUON_DEFAULTS if key in given and key not in NOT_GROUP_DEFAULTS}
+    defaults = dict(MUON_DEFAULTS, **group, algorithm="muon")
+    defaults.update(ns_coefficients=tuple(defaults["ns_coefficients"]), qk_clip_threshold=qk_clip_threshold)
+    out["_adamw_defaults"] = dict(ADAMW_DEFAULTS, **(given["adamw_defaults"] or {}))
+    unknown = sorted(set(out["_adamw_defaults"]) - set(ADAMW_DEFAULTS))
+    if unknown:
+        raise ValueError(f"[torch] adamw_defaults: unknown keys {unknown}; use "
+                         f"{sorted(ADAMW_DEFAULTS)}")
+    out["_qk_layout"] = dict(given["qk_layout"] or {})
+    return defaults, out
