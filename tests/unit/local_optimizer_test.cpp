@@ -453,7 +453,7 @@ TEST_F(BadInput, ShapeDtypeContiguityLogitsAndOptions) {
   expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, {}); }, "'wq'");
   expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, {{0, {1.0f, 2.0f, 3.0f}}}); },
                                              "'wq'");
-  opt_.options(1).momentum = 1.5;
+  opt_.options(1).momentum = -0.5;  // >= 0 only (1 and above are torch.optim.Muon's range)
   expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, logits); }, "momentum");
   opt_.options(1).momentum = 0.9;
   opt_.options(2).eps = 0.0;
