@@ -12,7 +12,7 @@ import torch
 
 import meshmuon.torch as dt
 from meshmuon.torch.migrate._common import has_key
-from migrate_reference import DION, JORDAN, MOTIF, NANOCHAT, TORCH, YOU, Reference
+from migrate_reference import DION, JORDAN, MOTIF, NANOCHAT, POLAR_EXPRESS, TORCH, Reference
 
 SHAPES = [(12, 6), (6, 12)]  # tall, wide
 STEPS = 3
@@ -130,14 +130,15 @@ def nanochat(params, **group):
 NANOCHAT_ACCEPTED = [
     dict(momentum=0.0), dict(momentum=1.0), dict(momentum=1.5), dict(lr=0.0), dict(weight_decay=0.0),
     dict(beta2=0.0), dict(beta2=1.0), dict(beta2=1.5), dict(beta2=None), dict(ns_steps=7),
+    dict(ns_steps=1), dict(ns_steps=4),
 ]
 NANOCHAT_REFUSED = [
     (dict(momentum=-0.1), r"momentum=-0.1 is negative: nanochat does not check it"),
     (dict(lr=-0.02), r"lr=-0.02 is negative"), (dict(weight_decay=-0.1), r"weight_decay=-0.1 is negative"),
     (dict(momentum=math.inf), r"momentum=inf: nanochat would take it .*inf or NaN"),
     (dict(lr=math.nan), r"lr=nan: .*inf or NaN"), (dict(beta2=-0.5), r"beta2=-0.5 is negative"),
-    (dict(ns_steps=4), r"ns_steps=4: nanochat runs the first ns_steps rows"),
-    (dict(ns_steps=0), r"ns_steps=0: "),
+    (dict(ns_steps=0), r"ns_steps=0: nanochat then runs no Polar Express step"),
+    (dict(ns_steps=-2), r"ns_steps=-2: "), (dict(ns_steps=4.0), r"ns_steps=4.0: "),
 ]
 
 
@@ -147,8 +148,9 @@ def test_nanochat_boundary_values_take_nanochats_steps(group):
         pytest.skip("this meshmuon build lacks muon_eq / muon_plus / decay_lr (issue 31 B)")
     values = dict(dict(lr=0.02, weight_decay=0.1, momentum=0.9, beta2=0.9), **group)
     ref_beta2 = 0.0 if values["beta2"] is None else values["beta2"]
-    err = worst_error(lambda ps: nanochat(ps, **group), NANOCHAT, values["lr"],
-                      values["weight_decay"], values["momentum"], ref_beta2)
+    rows = POLAR_EXPRESS[:group.get("ns_steps", 5)]  # nanochat's table[:ns_steps]
+    err = worst_error(lambda ps: nanochat(ps, **group), dict(NANOCHAT, coefficients=rows),
+                      values["lr"], values["weight_decay"], values["momentum"], ref_beta2)
     assert err < TOL
 
 
@@ -258,5 +260,23 @@ def test_negative_control_momentum_one_rules_differ():
     assert worst_error(make, dict(TORCH, momentum="heavy_ball"), mu=1.0) > 10 * TOL
     make = lambda ps: nanochat(ps, beta2=1.0)
     if B_KEYS:
+        prefix = lambda ps: nanochat(ps, ns_steps=2)
+        assert worst_error(prefix, dict(NANOCHAT, coefficients=POLAR_EXPRESS[:2]), beta2=0.9) < TOL
+        assert worst_error(prefix, NANOCHAT, beta2=0.9) > 10 * TOL  # 5 rows: another update
         assert worst_error(make, NANOCHAT, beta2=1.0) < TOL
         assert worst_error(make, NANOCHAT, beta2=0.5) > 10 * TOL
+
+
+# ---- per-step ns_coefficients (what nanochat's ns_steps 1-4 translate to) -------------------------
+
+def test_per_step_coefficients_are_a_custom_schedule():
+    rows = [(3.0, -3.2, 1.2), (2.0, -1.5, 0.5)]
+    make = lambda ps: dict(params=ps, lr=0.02, weight_decay=0.1, momentum=0.9, ns_schedule="custom",
+                           ns_steps=2, ns_coefficients=rows)
+    assert worst_error(make, dict(TORCH, coefficients=rows)) < TOL
+    assert worst_error(make, dict(TORCH, coefficients=rows[::-1])) > 10 * TOL  # order matters
+    w = torch.nn.Parameter(torch.randn(4, 4))
+    with pytest.raises(ValueError, match=r"group 0: ns options: .*custom schedule has 3"):
+        dt.Muon([w], ns_schedule="custom", ns_steps=2, ns_coefficients=rows + rows[:1])
+    with pytest.raises(ValueError, match=r"ns_coefficients must be \(a, b, c\), or one \(a, b, c\) per step"):
+        dt.Muon([w], ns_schedule="custom", ns_steps=1, ns_coefficients=[(1.0, 2.0)])

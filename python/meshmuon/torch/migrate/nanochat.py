@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ... import _core
 from ._common import (GroupTranslation, check_choice, engine_flag, has_key, muon_kwargs, rate,
                       source_groups, unit_beta)
 
@@ -26,8 +27,8 @@ def from_nanochat(params: Any, *, muon_eq: bool = True, muon_plus: bool = True,
 
     Each Muon group maps to: EMA Nesterov momentum (`momentum`), MuonEq row equilibration
     (`muon_eq`), normalization X / (|X|·ns_scale + 1e-6) (`ns_scale`, `eps=1e-6`,
-    `eps_mode='add'`), Polar Express (`ns_schedule='polar_express'`, `ns_steps` must be >= 5: nanochat
-    takes the first `ns_steps` rows of its 5-row table, meshmuon computes a schedule per step count),
+    `eps_mode='add'`), Polar Express (`ns_schedule='polar_express'` for `ns_steps` >= 5; nanochat takes the
+    first `ns_steps` rows of its 5-row table, so 1-4 become a custom schedule of those rows),
     Muon+ renormalization (`muon_plus`), NorMuon (`normuon=True`, `normuon_beta2` aliased to the
     group's `beta2`), cautious weight decay (`cautious_wd=True`) and lr·sqrt(max(1, A/B))
     (`adjust_lr_fn='original'`) in both the update and the decay (`decay_lr='adjusted'`).
@@ -64,17 +65,9 @@ def from_nanochat(params: Any, *, muon_eq: bool = True, muon_plus: bool = True,
 
 def _muon_group(t: GroupTranslation, muon_eq: bool, muon_plus: bool, decay_lr: str,
                 ns_scale: float) -> None:
-    ns_steps = t.get("ns_steps")
-    if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps < 5:
-        raise t.fail(f"ns_steps={ns_steps!r}: nanochat runs the first ns_steps rows of its 5-step "
-                     f"Polar Express table (ns_steps >= 5: all 5), meshmuon's polar_express schedule "
-                     f"is computed per step count and equals that table only at 5 steps; use "
-                     f"ns_steps=5")
-    # ns_steps > 5: nanochat's table[:ns_steps] is its 5 rows, meshmuon's 5-step schedule (the group
-    # then says ns_steps=5).
     normuon = _normuon(t)
     t.set(momentum=rate(t, "momentum", t.get("momentum")), momentum_kind="ema", nesterov=True,
-          ns_schedule="polar_express", ns_steps=5, ns_scale=ns_scale, eps=NS_EPS, eps_mode="add",
+          **_ns_schedule(t), ns_scale=ns_scale, eps=NS_EPS, eps_mode="add",
           cautious_wd=True, adjust_lr_fn="original", expert_stacks=False, **normuon)
     engine_flag(t, "muon_eq", muon_eq, "nanochat's MuonEq row equilibration",
                 "pass muon_eq=False to migrate without it (the update then differs from nanochat's)")
@@ -86,6 +79,23 @@ def _muon_group(t: GroupTranslation, muon_eq: bool, muon_plus: bool, decay_lr: s
         raise t.fail("nanochat decays with the shape-adjusted lr, which needs meshmuon's group key "
                      "'decay_lr'; this meshmuon build does not have it: pass decay_lr='unadjusted' "
                      "to decay with the unadjusted lr (differs for tall matrices)")
+
+
+def _ns_schedule(t: GroupTranslation) -> dict:
+    """nanochat runs polar_express_coeffs[:ns_steps], a prefix of its 5-row table (arXiv 2505.16932,
+    5 steps), which is meshmuon's polar_express schedule at 5 steps: ns_steps >= 5 is that schedule
+    (the group then says ns_steps=5); 1-4 its first rows, as a custom schedule. ns_steps <= 0 runs
+    no orthogonalization in nanochat: meshmuon's runs >= 1 step, so it is refused."""
+    ns_steps = t.get("ns_steps")
+    if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps < 1:
+        raise t.fail(f"ns_steps={ns_steps!r}: nanochat then runs no Polar Express step (the update is "
+                     f"not orthogonalized); meshmuon's orthogonalization runs >= 1 step: use an int "
+                     f"ns_steps >= 1")
+    if ns_steps >= 5:
+        return dict(ns_schedule="polar_express", ns_steps=5)
+    ns = _core.NsOptions()
+    ns.schedule, ns.steps = "polar_express", 5
+    return dict(ns_schedule="custom", ns_steps=ns_steps, ns_coefficients=ns.coefficients()[:ns_steps])
 
 
 def _normuon(t: GroupTranslation) -> dict:
