@@ -27,7 +27,7 @@ struct GroupOptions {
   double weight_decay = 0.1;   // ≥ 0; decoupled: p ← p·(1 − lr·wd), lr per decay_lr (Muon groups)
 
   // Muon
-  double momentum = 0.95;      // μ in [0, 1)
+  double momentum = 0.95;      // μ ≥ 0, finite (1: EMA frozen, heavy ball a sum)
   bool nesterov = true;
   MomentumKind momentum_kind = MomentumKind::Ema;
   LrRule lr_rule = LrRule::Original;
@@ -35,7 +35,7 @@ struct GroupOptions {
   DecayLr decay_lr = DecayLr::Unadjusted;  // the decay's lr: the group's lr, or (nanochat) the adjusted
                                            // lr, for plain and cautious decay alike; see update.h
   bool normuon = false;        // NorMuon variance reduction after orthogonalization
-  double normuon_beta2 = 0.95; // in [0, 1)
+  double normuon_beta2 = 0.95; // ≥ 0, finite (1: v keeps its initial zeros)
   NsOptions ns;                // orthogonalization schedule, steps, method, normalization, and
                                // nanochat's MuonEq / Muon+ scalings (ns.muon_eq, ns.muon_plus)
   double qk_clip_threshold = 0;  // τ > 0 enables QK-clip on QK-tagged parameters; 0 = off
@@ -53,8 +53,9 @@ struct ParamGroup {
   std::vector<size_t> params;
 };
 
-// Throws std::invalid_argument naming the group and the field ("[optim] group 1: momentum 1.2 is
-// outside [0, 1)") when a value is out of range or non-finite, or when `ns` is invalid (Muon groups).
+// Throws std::invalid_argument naming the group and the field ("[optim] group 1: momentum -0.5 must
+// be finite and >= 0", "... beta1 1 is outside [0, 1)") when a value is out of range or non-finite,
+// or when `ns` is invalid (Muon groups).
 MESHMUON_API void validate_group_options(const GroupOptions& options, size_t group_index);
 
 }  // namespace meshmuon

@@ -41,8 +41,14 @@ void validate_group_options(const GroupOptions& o, size_t g) {
                 " must be finite and > 0");
     return;
   }
-  in_unit(o.momentum, "momentum");
-  in_unit(o.normuon_beta2, "normuon_beta2");
+  // No upper bound, as torch.optim.Muon (momentum) and Dion's NorMuon (muon_beta2): 1 keeps an EMA
+  // (or NorMuon's v) where it is, and makes heavy-ball momentum a plain sum.
+  auto rate = [&](double x, const char* field) {
+    MESHMUON_CHECK(std::isfinite(x) && x >= 0, "[optim] group ", g, ": ", field, " ", x,
+                   " must be finite and >= 0");
+  };
+  rate(o.momentum, "momentum");
+  rate(o.normuon_beta2, "normuon_beta2");
   MESHMUON_CHECK(to_string(o.momentum_kind) != "?", "[optim] group ", g, ": invalid momentum_kind");
   MESHMUON_CHECK(to_string(o.lr_rule) != "?", "[optim] group ", g, ": invalid lr_rule");
   MESHMUON_CHECK(to_string(o.decay_lr) != "?", "[optim] group ", g, ": invalid decay_lr ", static_cast<int>(o.decay_lr),

@@ -157,17 +157,28 @@ def _flag(group: dict, key: str, index: int) -> bool:
     return value
 
 
+def _coefficient_rows(value: Any, index: int) -> list[tuple[float, float, float]]:
+    """`ns_coefficients`: one (a, b, c) triple (torch.optim.Muon's, used at every step), or one triple
+    per step (a custom schedule whose steps differ, e.g. a prefix of nanochat's Polar Express table)."""
+    items = list(value)
+    if items and all(isinstance(x, (int, float, torch.Tensor)) for x in items):
+        items = [items]
+    rows = [tuple(float(c) for c in row) for row in items]
+    if not rows or any(len(row) != 3 for row in rows):
+        raise ValueError(f"[torch] param group {index}: ns_coefficients must be (a, b, c), or one "
+                         f"(a, b, c) per step")
+    return rows
+
+
 def _ns_options(group: dict, ns: "_core.NsOptions", index: int) -> None:
     schedule = group["ns_schedule"]
-    coefficients = tuple(float(c) for c in group["ns_coefficients"])
-    if len(coefficients) != 3:
-        raise ValueError(f"[torch] param group {index}: ns_coefficients must be (a, b, c)")
+    rows = _coefficient_rows(group["ns_coefficients"], index)
     if schedule is None:
-        schedule = "jordan" if coefficients == JORDAN else "custom"
+        schedule = "jordan" if rows == [JORDAN] else "custom"
     ns.schedule = schedule
     ns.steps = int(group["ns_steps"])
-    if schedule == "custom":
-        ns.custom = [coefficients] * ns.steps
+    if schedule == "custom":  # the engine checks that per-step rows number ns_steps
+        ns.custom = rows * ns.steps if len(rows) == 1 else rows
     ns.method = group["ns_method"]
     ns.scale = float(group["ns_scale"])
     ns.eps = float(group["eps"])

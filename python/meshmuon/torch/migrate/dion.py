@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from ._common import (GroupTranslation, bool_key, check_choice, muon_kwargs, no_state_keys,
-                      plain_update, source_groups, tensors)
+                      plain_update, rate, source_groups, tensors, unit_beta)
 
 PEER = "Dion Muon"
+# What Dion checks of lr and mu (>= 0), for the message refusing a negative group value.
+CHECKED = "Dion's Muon refuses it as a constructor argument (a group's own value is not checked)"
 
 
 def from_dion(params: Any, distributed_mesh: Any = None, lr: float = 0.01, mu: float = 0.95,
@@ -53,15 +55,17 @@ def from_dion(params: Any, distributed_mesh: Any = None, lr: float = 0.01, mu: f
         algorithm = t.get("algorithm")
         check_choice(t, "algorithm", algorithm, ("muon", "adamw"))
         no_state_keys(t, "step")
-        t.set(algorithm=algorithm, lr=t.get("lr"), weight_decay=t.get("weight_decay"),
-              eps=t.alias("epsilon", "eps"))
+        t.set(algorithm=algorithm, lr=rate(t, "lr", t.get("lr"), CHECKED),
+              weight_decay=rate(t, "weight_decay", t.get("weight_decay")),
+              eps=_epsilon(t, algorithm))
         if algorithm == "muon":
             _muon_group(t, ns)
         else:
             if bool_key(t, "cautious_wd"):
                 raise t.fail("cautious_wd=True in an AdamW group: meshmuon's AdamW has no cautious "
                              "weight decay; use cautious_wd=False for this group")
-            t.set(betas=(t.alias("beta1", "betas[0]"), t.alias("beta2", "betas[1]")))
+            t.set(betas=(unit_beta(t, "beta1", t.alias("beta1", "betas[0]")),
+                         unit_beta(t, "beta2", t.alias("beta2", "betas[1]"))))
             t.ignore("mu", "nesterov", "flatten", "adjust_lr")
         groups.append(t.finish())
     return muon_kwargs(groups)
@@ -92,7 +96,7 @@ def _muon_group(t: GroupTranslation, ns: dict) -> None:
                              f"meshmuon's 'original' lr·sqrt(max(1, A/B)) = lr; meshmuon has no "
                              f"unclamped rule: use adjust_lr='rms_norm' or None, or put the "
                              f"wide matrices in a group with adjust_lr='rms_norm' or None")
-    t.set(momentum=t.alias("mu", "momentum"), nesterov=bool_key(t, "nesterov"),
+    t.set(momentum=rate(t, "mu", t.alias("mu", "momentum"), CHECKED), nesterov=bool_key(t, "nesterov"),
           momentum_kind="heavy_ball", ns_steps=5, eps_mode="add",
           cautious_wd=bool_key(t, "cautious_wd"),
           adjust_lr_fn={"spectral_norm": "original", "rms_norm": "match_rms_adamw",
@@ -100,3 +104,17 @@ def _muon_group(t: GroupTranslation, ns: dict) -> None:
           normuon=False, expert_stacks=any(p.ndim == 3 for p in params), **ns)
     plain_update(t)
     t.ignore("beta1", "beta2")
+
+
+def _epsilon(t: GroupTranslation, algorithm: str) -> Any:
+    """Dion's `epsilon` (no check there), aliased to meshmuon's `eps`. Muon: X / (|X|_F·s + epsilon), so
+    epsilon >= 0 (0 included); a negative one can zero or flip the denominator. AdamW: / (sqrt(v_hat)
+    + epsilon), so epsilon > 0 (0 divides by zero where a gradient element has been 0)."""
+    eps = rate(t, "epsilon", t.alias("epsilon", "eps"), "Dion does not check it (a negative epsilon "
+               "can make its denominator |X|_F·s + epsilon zero or negative)",
+               range_of="meshmuon's normalization X / (|X|_F·s + eps)")
+    if algorithm == "adamw" and eps == 0:
+        raise t.fail("epsilon=0 in an AdamW group: Dion's AdamW divides by sqrt(v_hat) + epsilon, 0 "
+                     "where a gradient element has been 0 (NaN parameters); meshmuon's AdamW takes "
+                     "eps > 0: use one")
+    return eps
