@@ -84,7 +84,7 @@ TEST_P(DataMovement, PackOnRandomTables) {
   std::mt19937 rng(7);
   const detail::PackConv convs[] = {detail::PackConv::Copy32, detail::PackConv::F32ToBF16, detail::PackConv::BF16ToF32,
                                     detail::PackConv::FillNegZero32, detail::PackConv::FillNegZeroBF16};
-  for (int trial = 0; trial < 30; ++trial) {
+  for (int trial = 0; trial < 50; ++trial) {
     constexpr size_t kBytes = 1 << 16;
     std::vector<std::byte> src(kBytes), a(kBytes);
     for (size_t i = 0; i + 4 <= kBytes; i += 4) {

@@ -19,7 +19,7 @@ using detail::Backend;
 class Elementwise : public Conformance {};
 
 TEST_P(Elementwise, Momentum) {
-  const int64_t n = 65537;
+  const int64_t n = 100003;
   for (MomentumKind kind : {MomentumKind::Ema, MomentumKind::HeavyBall})
     for (bool nesterov : {true, false})
       for (bool bf16 : {false, true}) {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "conformance.h"
+#include "kernels/cpu/ns_methods.h"
 #include "meshmuon/error.h"
 #include "meshmuon/orthogonalize.h"
 #include "meshmuon/update.h"
@@ -95,7 +96,10 @@ TEST_P(Orthogonalize, NewtonSchulzEveryMethod) {
     o.schedule = Schedule::PolarExpress, o.steps = 5, o.method = c.method, o.scale = 1.02f;
     o.matmul_dtype = c.bf16 ? DType::BF16 : DType::F32;
     if (refused(o)) continue;
-    const int64_t numel = int64_t{c.m} * c.n, batch = numel > 1000000 ? 1 : 3;  // a batch where it is cheap
+    // The large shapes exercise a device backend's 2-block symmetric products; where the products
+    // are the cpu's they would compare the cpu kernel with itself (orthogonalize_test covers them).
+    const int64_t numel = int64_t{c.m} * c.n, batch = 3;
+    if (numel > 1000000 && bitwise_products()) continue;
     const std::vector<float> u = randn(static_cast<size_t>(batch * numel), 13);
     const auto [got, want] = units(o, u, batch, c.m, c.n, nullptr, 0.95, DType::F32);
     const std::string what = std::to_string(c.m) + "x" + std::to_string(c.n) + (c.bf16 ? " bf16 " : " fp32 ") +
@@ -114,6 +118,31 @@ TEST_P(Orthogonalize, NewtonSchulzEveryMethod) {
     ++ran;
   }
   EXPECT_GT(ran, 0);
+}
+
+// Every method of the method table (kernels/cpu/ns_methods.h), the built-ins and the ones this binary
+// registered, fp32 products, wide and tall, a batch of two: as the cpu's and in the SVD band, or
+// refused by name where the backend lacks it. A method added to the table runs here unasked.
+TEST_P(Orthogonalize, EveryRegisteredMethod) {
+  (void)test_method();  // registered before the table is read
+  const std::vector<NsMethod> methods = cpu::ns_methods();
+  EXPECT_GE(methods.size(), 4u) << "the three built-ins and the test method";
+  for (NsMethod method : methods)
+    for (const auto& [m, n] : std::vector<std::pair<int, int>>{{48, 160}, {160, 48}}) {
+      NsOptions o;
+      o.schedule = Schedule::PolarExpress, o.steps = 5, o.scale = 1.02f, o.method = method;
+      if (refused(o)) continue;
+      const std::vector<float> u = randn(static_cast<size_t>(2 * m * n), 16);
+      const auto [got, want] = units(o, u, 2, m, n, nullptr, 0.95, DType::F32);
+      const std::string what = std::string(to_string(method)) + " " + std::to_string(m) + "x" + std::to_string(n);
+      expect_matches_cpu(got, want, false, what);
+      for (int e = 0; e < 2; ++e) {
+        const std::vector<double> sv =
+            singular_values(std::vector<float>(got.begin() + e * m * n, got.begin() + (e + 1) * m * n), m, n);
+        EXPECT_GT(*std::min_element(sv.begin(), sv.end()), 0.5) << what;
+        EXPECT_LT(*std::max_element(sv.begin(), sv.end()), 1.5) << what;
+      }
+    }
 }
 
 // NorMuon after the iteration and the bf16 comm rounding: the result is bf16 values, the state
@@ -265,9 +294,14 @@ std::vector<float> gram_ns_sharded(Backend& be, bool device, const NsOptions& o,
   std::vector<float> total;
   auto reduce_of = [&](int r) {
     // runs inside the slice's stream job: the backend's copies there are ordered after its Gram product
-    return [&, r](float* a, size_t count, int, DeviceEvent) {
+    return [&, r](float* a, size_t count, int, DeviceEvent ready) {
       std::vector<float> mine(count);
-      be.copy(mine.data(), a, count * 4);
+      // read on another thread's stream, ordered after `ready` only (the backend's point after
+      // which `a` is written), so a wrong `ready` shows as a wrong sum
+      std::thread([&] {
+        if (!ready.empty()) be.wait(ready);
+        be.copy(mine.data(), a, count * 4);
+      }).join();
       std::unique_lock<std::mutex> lock(mu);
       posted[static_cast<size_t>(r)] = std::move(mine);
       const int gen = generation;
