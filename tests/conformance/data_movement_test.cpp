@@ -134,6 +134,23 @@ TEST_P(DataMovement, Copy) {
   EXPECT_NE(first_difference(want, src), -1) << "negative control";
 }
 
+// The comparison every case relies on sees one ulp, a signed zero and another NaN payload.
+TEST(ConformanceHarness, BitwiseComparisonSeesOneUlpSignedZeroAndNaNPayload) {
+  const std::vector<float> a = randn(1000, 60);
+  EXPECT_EQ(first_difference(a, a), -1);
+  std::vector<float> b = a;
+  b[700] = std::nextafter(b[700], 1e30f);
+  EXPECT_EQ(first_difference(a, b), 700);
+  std::vector<float> z(3, 0.0f), nz = z;
+  nz[1] = -0.0f;
+  EXPECT_EQ(first_difference(z, nz), 1);
+  std::vector<float> n1(2, std::numeric_limits<float>::quiet_NaN()), n2 = n1;
+  uint32_t bits;
+  std::memcpy(&bits, &n2[0], 4), bits |= 1, std::memcpy(&n2[0], &bits, 4);
+  EXPECT_EQ(first_difference(n1, n2), 0);
+  EXPECT_EQ(first_difference(a, std::vector<float>(999)), 0) << "sizes differ";
+}
+
 INSTANTIATE_TEST_SUITE_P(Conformance, DataMovement, ::testing::ValuesIn(conformance_backend_names()),
                          [](const auto& info) { return info.param; });
 

@@ -19,8 +19,15 @@ void plain_fp32(float* x0, float* out, int64_t m, int64_t n, const std::vector<C
 void symmetric_fp32(float* x0, float* out, int64_t m, int64_t n, const std::vector<Coefficients>& k, NsScratch& ws) {
   newton_schulz(x0, out, m, n, k, /*symmetric=*/true, ws);
 }
-double plain_flops(double s, double l, int steps) { return steps * (4 * s * s * l + 2 * s * s * s); }
-double symmetric_flops(double s, double l, int steps) { return steps * (3 * s * s * l + s * s * s); }
+// (the products in the order ns_flops always formed them: the same doubles)
+double plain_flops(double s, double l, int steps) {
+  const double s2l = s * s * l, s3 = s * s * s;
+  return steps * (4 * s2l + 2 * s3);
+}
+double symmetric_flops(double s, double l, int steps) {
+  const double s2l = s * s * l, s3 = s * s * s;
+  return steps * (3 * s2l + s3);
+}
 
 // ---- gram: Gram Newton–Schulz (gram_ns.cpp) where the aspect ratio is ≥ 2, else symmetric ----
 bool gram_applies(double m, double n) { return std::max(m, n) >= 2 * std::min(m, n); }
