@@ -111,6 +111,7 @@ TEST_P(Elementwise, MomentumMultiAndApplyMulti) {
     }
     be().momentum_multi(mt, comm);
     be().apply_multi(at);
+    EXPECT_NE(first_difference(par[3], randn(static_cast<size_t>(sizes[3]), 303)), -1) << "negative control: the reference moved";
     for (size_t t = 0; t < sizes.size(); ++t) {
       const std::string what = std::string(to_string(comm)) + " tensor " + std::to_string(t);
       EXPECT_BITWISE(get(dbuf[t], buf[t].size()), buf[t], what + " momentum buffer");
@@ -147,6 +148,7 @@ TEST_P(Elementwise, AdamWMulti) {
     host.push_back(std::move(h));
   }
   be().adamw_multi(list);
+  EXPECT_NE(first_difference(host[3].p, randn(static_cast<size_t>(sizes[3]), 23)), -1) << "negative control: the reference moved";
   for (size_t t = 0; t < host.size(); ++t) {
     const std::string what = "tensor " + std::to_string(t) + " (" + std::to_string(sizes[t]) + ")";
     EXPECT_BITWISE(get(host[t].dp, host[t].p.size()), host[t].p, what + " param");
