@@ -116,7 +116,8 @@ void init_options(nb::module_& m) {
             p.shape = Shape(std::span<const int64_t>(s.data(), s.size()));
           })
       .def_rw("expert_stack", &ParamInfo::expert_stack)
-      .def_rw("qk", &ParamInfo::qk, nb::arg().none());
+      .def_rw("qk", &ParamInfo::qk, nb::arg().none())
+      .def_rw("split", &ParamInfo::split);
 
   nb::class_<ParamGroup>(m, "ParamGroup", "Group options and the indices of its parameters.")
       .def(nb::init<>())
