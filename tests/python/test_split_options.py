@@ -1,0 +1,110 @@
+# Split orthogonalization's surface (num_heads / split_sizes, issue 37): param_groups tags attention
+# weights per head, bad values raise naming the group or parameter before anything is modified, the
+# keys are fixed after construction, the plan shows the blocks, NorMuon's per-row state limit.
+# Run: PYTHONPATH=build/python-stage python3 -m pytest tests/python/test_split_options.py -q
+import pytest
+import torch
+from torch import nn
+
+import meshmuon.torch as dt
+
+
+class Attn(nn.Module):
+    """GQA attention with a fused QKV (4 query heads, 2 kv heads, head_dim 4) and separate q / k / v
+    weights, an output projection and a norm."""
+
+    def __init__(self, d=16, heads=4, kv=2, hd=4):
+        super().__init__()
+        self.qkv = nn.Linear(d, (heads + 2 * kv) * hd, bias=False)
+        self.wq = nn.Linear(d, heads * hd, bias=False)
+        self.wk = nn.Linear(d, kv * hd, bias=False)
+        self.wv = nn.Linear(d, kv * hd, bias=False)
+        self.wo = nn.Linear(heads * hd, d, bias=False)
+        self.norm = nn.RMSNorm(d)
+
+
+def by_name(groups):
+    return {n: {k: v for k, v in g.items() if k != "params"} for g in groups for n, _ in g["params"]}
+
+
+def test_param_groups_tags_heads():
+    model = Attn()
+    groups = dt.param_groups(model, muon=dict(lr=0.02), split={
+        r"^qkv": dict(num_heads=4 + 2 * 2),          # q, k, v each per head (fused)
+        r"^wq": dict(num_heads=4), r"^w[kv]": dict(num_heads=2)})  # separate weights per head
+    g = by_name(groups)
+    assert g["qkv.weight"]["num_heads"] == 8 and g["wq.weight"]["num_heads"] == 4
+    assert g["wk.weight"]["num_heads"] == g["wv.weight"]["num_heads"] == 2
+    assert "num_heads" not in g["wo.weight"] and g["wo.weight"]["lr"] == 0.02
+    assert g["qkv.weight"]["lr"] == 0.02 and g["norm.weight"]["algorithm"] == "adamw"
+    opt = dt.Muon(groups)
+    plan = opt.plan().json
+    blocks = {e["name"]: e.get("blocks") for e in plan["entries"]}
+    assert blocks["qkv.weight"] == [4] * 8 and blocks["wk.weight"] == [4, 4] and blocks["wo.weight"] is None
+    assert "split: 4 parameters orthogonalized as 16 row blocks" in str(opt.plan())
+    # GQA's uneven q | k | v blocks
+    groups = dt.param_groups(model, split={r"^qkv": dict(split_sizes=(16, 8, 8))})
+    assert by_name(groups)["qkv.weight"]["split_sizes"] == (16, 8, 8)
+    with pytest.raises(ValueError, match=r"split pattern 'norm' matches 'norm.weight', an AdamW"):
+        dt.param_groups(model, split={"norm": dict(num_heads=2)})
+
+
+def test_split_changes_the_step_and_one_block_is_whole():
+    torch.manual_seed(0)
+    w0 = torch.randn(12, 4)
+    w = [nn.Parameter(w0.clone()) for _ in range(3)]
+    opts = [dt.Muon([dict(params=[w[0]])]), dt.Muon([dict(params=[w[1]], num_heads=3)]),
+            dt.Muon([dict(params=[w[2]], split_sizes=[4, 4, 4])])]
+    g = torch.randn(12, 4)
+    for p, o in zip(w, opts):
+        p.grad = g.clone()
+        o.step()
+    assert torch.equal(w[1], w[2]) and not torch.equal(w[0], w[1])  # num_heads=3 is (4, 4, 4)
+    whole = nn.Parameter(w[0].detach().clone())  # one block (split_sizes=[12]) is the whole matrix
+    ref = nn.Parameter(w[0].detach().clone())
+    for p, kw in ((whole, dict(split_sizes=[12])), (ref, {})):
+        opt = dt.Muon([dict(params=[p], **kw)])
+        p.grad = g.clone()
+        opt.step()
+    assert torch.equal(whole, ref)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(num_heads=True), r"group 0: num_heads=True; use a positive integer"),
+    (dict(num_heads=0), r"group 0: num_heads=0; use a positive integer"),
+    (dict(split_sizes=(4, 0, 8)), r"group 0: split_sizes=\(4, 0, 8\); use a list of positive"),
+    (dict(split_sizes=4), r"group 0: split_sizes=4"),
+    (dict(split_sizes=(6, 6), num_heads=2), r"num_heads and split_sizes are both set"),
+    (dict(num_heads=5), r"parameter 'param_groups\[0\]\[0\]': num_heads 5 does not divide its 12 rows"),
+    (dict(split_sizes=(6, 5)), r"split_sizes sum to 11 but its matrices have 12 rows"),
+    (dict(num_heads=4, normuon=True), r"NorMuon on a block of 3 rows × 4 columns"),
+])
+def test_bad_values_raise_before_anything_changes(kw, match):
+    p = nn.Parameter(torch.randn(12, 4))
+    before = p.detach().clone()
+    with pytest.raises(ValueError, match=match):
+        opt = dt.Muon([dict(params=[p], **kw)])
+        p.grad = torch.randn(12, 4)
+        opt.step()
+    assert torch.equal(p, before)
+
+
+def test_split_is_fixed_after_construction_and_normuon_blocks_work():
+    p = nn.Parameter(torch.randn(12, 4))
+    opt = dt.Muon([dict(params=[p], split_sizes=(4, 8), normuon=True)])  # blocks ≥ 4 columns: per row
+    p.grad = torch.randn(12, 4)
+    opt.step()
+    assert opt.state[p]["normuon_v"].shape == (12, 1)
+    opt.param_groups[0]["split_sizes"] = (8, 4)
+    before = p.detach().clone()
+    with pytest.raises(ValueError, match=r"split_sizes changed after construction"):
+        opt.step()
+    assert torch.equal(p, before)
+    # the state dict round trip keeps the split (a structural key)
+    opt.param_groups[0]["split_sizes"] = (4, 8)
+    sd = opt.state_dict()
+    fresh = dt.Muon([dict(params=[nn.Parameter(p.detach().clone())], split_sizes=(4, 8), normuon=True)])
+    fresh.load_state_dict(sd)
+    other = dt.Muon([dict(params=[nn.Parameter(p.detach().clone())], normuon=True)])
+    with pytest.raises(ValueError, match=r"split_sizes"):
+        other.load_state_dict(sd)
