@@ -108,3 +108,29 @@ def test_split_is_fixed_after_construction_and_normuon_blocks_work():
     other = dt.Muon([dict(params=[nn.Parameter(p.detach().clone())], normuon=True)])
     with pytest.raises(ValueError, match=r"split_sizes"):
         other.load_state_dict(sd)
+
+
+@pytest.mark.parametrize("normuon", [False, True])
+def test_a_block_steps_as_a_separate_parameter_of_its_shape(normuon):
+    # an expert stack [3, 8, 4] in 2 heads and a fused [12, 4] in (8, 4): each block's step is the
+    # step of a separate parameter holding the block, bit for bit (normalization, NorMuon rows, the lr rule on
+    # the block's shape: 'original' gives sqrt(2) for [8, 4] and 1 for [4, 4])
+    torch.manual_seed(1)
+    stack, fused = torch.randn(3, 8, 4), torch.randn(12, 4)
+    a, b = nn.Parameter(stack.clone()), nn.Parameter(fused.clone())
+    opt = dt.Muon([dict(params=[a], expert_stacks=True, num_heads=2, normuon=normuon),
+                   dict(params=[b], split_sizes=(8, 4), normuon=normuon)], lr=0.02)
+    parts = [nn.Parameter(stack[:, :4].clone()), nn.Parameter(stack[:, 4:].clone()),
+             nn.Parameter(fused[:8].clone()), nn.Parameter(fused[8:].clone())]
+    ref = dt.Muon([dict(params=parts[:2], expert_stacks=True, normuon=normuon),
+                   dict(params=parts[2:], normuon=normuon)], lr=0.02)
+    for _ in range(3):
+        gs, gf = torch.randn(3, 8, 4), torch.randn(12, 4)
+        a.grad, b.grad = gs.clone(), gf.clone()
+        for p, g in zip(parts, (gs[:, :4], gs[:, 4:], gf[:8], gf[8:])):
+            p.grad = g.clone()
+        opt.step()
+        ref.step()
+    got = [a[:, :4], a[:, 4:], b[:8], b[8:]]
+    for g, p in zip(got, parts):  # bitwise: the same kernels on the same bytes
+        assert torch.equal(g, p), (g - p).abs().max()
