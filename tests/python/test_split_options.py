@@ -134,3 +134,31 @@ def test_a_block_steps_as_a_separate_parameter_of_its_shape(normuon):
     got = [a[:, :4], a[:, 4:], b[:8], b[8:]]
     for g, p in zip(got, parts):  # bitwise: the same kernels on the same bytes
         assert torch.equal(g, p), (g - p).abs().max()
+
+
+def test_qk_clip_acts_on_split_weights_head_by_head():
+    # q [32, 16] per head (4 heads of 8 rows), k [16, 16] (2 kv heads): QK-clip scales the rows of
+    # each clipped head after the split update; unclipped heads are bitwise the run without clip
+    torch.manual_seed(2)
+    q0, k0 = torch.randn(32, 16), torch.randn(16, 16)
+    logits = {0: [120.0, 30.0, 250.0, 90.0]}
+    runs = []
+    for clip in (True, False):
+        q, k = nn.Parameter(q0.clone()), nn.Parameter(k0.clone())
+        kw = dict(clip_config=dict(q_proj="layers.0.wq", k_proj="layers.0.wk", head_dim=8, threshold=100.0)) \
+            if clip else {}
+        opt = dt.Muon([dict(params=[("layers.0.wq", q)], num_heads=4),
+                       dict(params=[("layers.0.wk", k)], num_heads=2)], lr=0.05, **kw)
+        q.grad, k.grad = torch.randn(32, 16, generator=torch.Generator().manual_seed(3)), \
+            torch.randn(16, 16, generator=torch.Generator().manual_seed(4))
+        opt.step(qk_logits=logits) if clip else opt.step()
+        runs.append((q.detach().clone(), k.detach().clone()))
+    (qc, kc), (qn, kn) = runs
+    for h, logit in enumerate(logits[0]):
+        rows = slice(8 * h, 8 * h + 8)
+        if logit <= 100.0:
+            assert torch.equal(qc[rows], qn[rows]), h
+        else:
+            ratio = qc[rows] / qn[rows]
+            assert ratio.max() < 1 and torch.allclose(ratio, ratio.mean(), rtol=1e-5), (h, ratio)
+    assert not torch.equal(kc, kn)  # the key heads of clipped query heads are scaled too
