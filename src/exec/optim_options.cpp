@@ -55,11 +55,32 @@ void validate_group_options(const GroupOptions& o, size_t g) {
               "; use unadjusted or adjusted");
   MESHMUON_CHECK(std::isfinite(o.qk_clip_threshold) && o.qk_clip_threshold >= 0, "[optim] group ", g,
               ": qk_clip_threshold ", o.qk_clip_threshold, " must be finite and >= 0 (0 = off)");
+  MESHMUON_CHECK(o.num_heads >= 0, "[optim] group ", g, ": num_heads ", o.num_heads, " must be ≥ 0 (0 or 1 = off)");
+  for (int64_t b : o.split_sizes)
+    MESHMUON_CHECK(b > 0, "[optim] group ", g, ": split_sizes holds ", b, "; every block needs ≥ 1 row");
+  MESHMUON_CHECK(o.split_sizes.empty() || o.num_heads <= 1, "[optim] group ", g, ": num_heads ", o.num_heads,
+              " and split_sizes are both set; use num_heads for equal per-head blocks or split_sizes for uneven "
+              "ones, not both");
   try {
     (void)make_schedule(o.ns);
   } catch (const std::invalid_argument& e) {
     detail::throw_invalid_argument(detail::concat("[optim] group ", g, ": ns options: ", e.what()));
   }
+}
+
+std::vector<int64_t> resolve_split(const GroupOptions& o, int64_t rows, std::string_view param) {
+  if (o.algorithm != Algorithm::Muon) return {};
+  if (!o.split_sizes.empty()) {
+    int64_t sum = 0;
+    for (int64_t b : o.split_sizes) sum += b;
+    MESHMUON_CHECK(sum == rows, "[optim] parameter '", param, "': split_sizes sum to ", sum, " but its matrices have ", rows,
+                " rows; the blocks must cover dim 0 (the output dim) exactly");
+    return o.split_sizes.size() > 1 ? o.split_sizes : std::vector<int64_t>{};
+  }
+  if (o.num_heads <= 1) return {};
+  MESHMUON_CHECK(rows % o.num_heads == 0, "[optim] parameter '", param, "': num_heads ", o.num_heads,
+              " does not divide its ", rows, " rows; give split_sizes for uneven blocks or put it in another group");
+  return std::vector<int64_t>(static_cast<size_t>(o.num_heads), rows / o.num_heads);
 }
 
 namespace detail {

@@ -322,8 +322,19 @@ def test_dion_refuses_what_it_cannot_map():
         dt.from_dion([dict(params=[v], algorithm="lion")])
     with pytest.raises(ValueError, match=r"use_gram_newton_schulz is not translated"):
         dt.from_dion([tall], use_gram_newton_schulz=True)
-    with pytest.raises(ValueError, match=r"num_heads=4 is not translated"):
+    # num_heads / split_sizes translate (issue 37), with Dion's own refusals; spectral_norm's A < B
+    # refusal reads each block's shape: 4 heads of [8, 4] are [2, 4] blocks
+    with pytest.raises(ValueError, match=r"parameter 0 has shape \(8, 4\) \(A < B\)"):
         dt.from_dion([dict(params=[tall], num_heads=4)])
+    assert dt.from_dion([dict(params=[tall], num_heads=2)])["params"][0]["num_heads"] == 2
+    with pytest.raises(ValueError, match=r"num_heads=3 does not divide dim 0"):
+        dt.from_dion([dict(params=[tall], num_heads=3)], adjust_lr=None)
+    with pytest.raises(ValueError, match=r"split_sizes \(4, 2\) do not sum to dim 0"):
+        dt.from_dion([dict(params=[tall], split_sizes=(4, 2))], adjust_lr=None)
+    with pytest.raises(ValueError, match=r"both set"):
+        dt.from_dion([dict(params=[tall], split_sizes=(4, 4), num_heads=2)])
+    with pytest.raises(ValueError, match=r"split_sizes=\(8,\): Dion takes"):
+        dt.from_dion([dict(params=[tall], split_sizes=(8,))])
     with pytest.raises(ValueError, match=r"cautious_wd=True in an AdamW group"):
         dt.from_dion([dict(params=[v], algorithm="adamw", cautious_wd=True)])
     with pytest.raises(ValueError, match=r"step=3: the Dion Muon optimizer has stepped"):

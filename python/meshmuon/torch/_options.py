@@ -46,6 +46,13 @@ MUON_DEFAULTS: dict[str, Any] = {
     "normuon_beta2": 0.95,
     "qk_clip_threshold": 0.0,     # tau > 0 enables QK-clip on parameters tagged by qk_layout
     "expert_stacks": False,       # True: 3-D parameters are [E, A, B] stacks of E matrices
+    # Split orthogonalization (Dion's keys), along dim 0 of each matrix (the output dim: rows of
+    # [out, in], of each expert's [A, B]): num_heads=h cuts it into h equal row blocks (per-head
+    # Muon), split_sizes=(a, b, ...) into blocks of those sizes (a fused QKV's q | k | v, GQA's
+    # uneven ones). Each block is orthogonalized as a matrix of its own: normalization, MuonEq,
+    # Muon+, NorMuon statistics and adjust_lr_fn on the block's shape (as Dion and Megatron).
+    "num_heads": None,            # None / 1: off
+    "split_sizes": None,          # None: off; at most one of the two
     "strategy": None,             # distributed engine: pin the group's parameters to a strategy
 }
 
@@ -61,7 +68,7 @@ SHARED_KEYS = {"lr", "weight_decay", "eps"}
 MUON_ONLY = set(MUON_DEFAULTS) - SHARED_KEYS
 ADAMW_ONLY = set(ADAMW_DEFAULTS) - SHARED_KEYS
 # Keys fixed at construction: the engine's state layout depends on them.
-STRUCTURAL = ("algorithm", "normuon", "expert_stacks")
+STRUCTURAL = ("algorithm", "normuon", "expert_stacks", "num_heads", "split_sizes")
 ALGORITHMS = ("muon", "adamw")
 
 
@@ -189,6 +196,26 @@ def _ns_options(group: dict, ns: "_core.NsOptions", index: int) -> None:
     ns.matmul_dtype = _precision.matmul_dtype(group)
 
 
+def _split(group: dict, index: int) -> tuple[int, list[int]]:
+    """The group's split option as the engine's (num_heads, split_sizes): ValueError for a value
+    that is not a positive integer (bools refused: True is not a head count) or both keys set."""
+    def positive(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+    heads, sizes = group.get("num_heads"), group.get("split_sizes")
+    if heads is not None and not positive(heads):
+        raise ValueError(f"[torch] param group {index}: num_heads={heads!r}; use a positive integer "
+                         f"(the number of equal row blocks) or None")
+    if sizes is not None:
+        if not isinstance(sizes, (list, tuple)) or not sizes or not all(positive(b) for b in sizes):
+            raise ValueError(f"[torch] param group {index}: split_sizes={sizes!r}; use a list of "
+                             f"positive row counts summing to dim 0 of every parameter, or None")
+        if heads is not None and heads > 1:
+            raise ValueError(f"[torch] param group {index}: num_heads and split_sizes are both set; use "
+                             f"num_heads for equal per-head blocks or split_sizes for uneven ones")
+    return (heads or 0), [int(b) for b in sizes or ()]
+
+
 def apply_group(options: "_core.GroupOptions", group: dict, index: int) -> None:
     """Writes the hyperparameters of torch param group `group` into the engine's GroupOptions.
     Enum names and ranges are checked by the engine (ValueError naming the group and field)."""
@@ -213,6 +240,7 @@ def apply_group(options: "_core.GroupOptions", group: dict, index: int) -> None:
     options.decay_lr = decay_lr
     options.normuon_beta2 = _scalar(group["normuon_beta2"])
     options.qk_clip_threshold = _scalar(group["qk_clip_threshold"])
+    options.num_heads, options.split_sizes = _split(group, index)
     ns = options.ns  # a copy: write it back whole
     _ns_options(group, ns, index)
     options.ns = ns

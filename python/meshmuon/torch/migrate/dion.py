@@ -35,8 +35,10 @@ def from_dion(params: Any, distributed_mesh: Any = None, lr: float = 0.01, mu: f
     parameters (flatten=False) become expert stacks. AdamW groups map `beta1` / `beta2` (aliased
     to `betas`), `epsilon` (to `eps`), `lr`, `weight_decay` to meshmuon's AdamW (torch's fused AdamW
     rule, as Dion). `distributed_mesh` is not needed (meshmuon reads DTensor layouts itself).
+    `num_heads` / `split_sizes` (row blocks of dim 0, each orthogonalized and lr-adjusted as its
+    own matrix, as Dion) carry over under the same names.
     Refused, naming them: Lion (or any other algorithm), Gram Newton-Schulz, a custom
-    `newton_schulz_func`, `num_heads` > 1, `split_sizes`, `flatten` with 3-D+ parameters, cautious
+    `newton_schulz_func`, `flatten` with 3-D+ parameters, cautious
     decay in AdamW groups, a nonzero group `step` (Dion has stepped)."""
     del distributed_mesh  # meshmuon takes the layout from the parameters (DTensors)
     if use_gram_newton_schulz or newton_schulz_func is not None:
@@ -75,21 +77,16 @@ def _muon_group(t: GroupTranslation, ns: dict) -> None:
     params = tensors(t.source)
     flatten = bool_key(t, "flatten")
     t.fix("flatten")
-    for key in ("num_heads", "split_sizes"):
-        t.read.add(key)
-        value = t.source.get(key)
-        if value is not None and value != 1:
-            raise t.fail(f"{key}={value!r} is not translated (meshmuon orthogonalizes each matrix "
-                         f"whole); remove it")
+    blocks = _split(t, params)  # per parameter, its row blocks (None: whole)
     for j, p in enumerate(params):
         if p.ndim > 3 or (p.ndim == 3 and flatten):
             raise t.fail(f"parameter {j} has shape {tuple(p.shape)} with flatten={flatten}: meshmuon "
                          f"takes 2-D matrices and 3-D [E, A, B] stacks (flatten=False)")
     rule = t.fix("adjust_lr")
     check_choice(t, "adjust_lr", rule, ("spectral_norm", "rms_norm", None))
-    if rule == "spectral_norm":
+    if rule == "spectral_norm":  # per block: Dion adjusts each split block's lr by its own shape
         for j, p in enumerate(params):
-            rows, cols = p.shape[-2], p.shape[-1]
+            rows, cols = min(blocks[j] or [p.shape[-2]]), p.shape[-1]
             if rows < cols:
                 raise t.fail(f"parameter {j} has shape {tuple(p.shape)} (A < B): Dion's "
                              f"spectral_norm lr·sqrt(A/B) = lr·{(rows / cols) ** 0.5:.3g} there, "
@@ -118,3 +115,42 @@ def _epsilon(t: GroupTranslation, algorithm: str) -> Any:
                      "where a gradient element has been 0 (NaN parameters); meshmuon's AdamW takes "
                      "eps > 0: use one")
     return eps
+
+
+def _split(t: GroupTranslation, params: list) -> list:
+    """Dion's `num_heads` (h equal row blocks of dim 0; 1 = off) and `split_sizes` (row blocks of
+    dim 0, at least two) → meshmuon's keys of the same names and meaning (each block orthogonalized
+    and lr-adjusted as its own matrix). Dion's own checks, raised naming the group: positive
+    integers, not both, 2-D parameters only, h dividing / the sizes summing to dim 0. Dion's further
+    condition on DTensors (sharded on dim 0 only, h divisible by the shard count) does not apply:
+    meshmuon assembles blocks across any sharding. Returns each parameter's blocks (None: whole)."""
+    def positive(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+    t.read.update(("num_heads", "split_sizes"))
+    heads, sizes = t.source.get("num_heads"), t.source.get("split_sizes")
+    if heads is not None and not positive(heads):
+        raise t.fail(f"num_heads={heads!r}: Dion takes a positive integer")
+    if sizes is not None:
+        if not isinstance(sizes, (list, tuple)) or len(sizes) < 2 or not all(positive(b) for b in sizes):
+            raise t.fail(f"split_sizes={sizes!r}: Dion takes a tuple or list of at least 2 positive "
+                         f"integers")
+        if heads is not None and heads > 1:
+            raise t.fail("num_heads > 1 and split_sizes are both set: Dion refuses the pair; use one")
+    heads = heads if heads is not None and heads > 1 else None
+    if heads is None and sizes is None:
+        return [None] * len(params)
+    key = "num_heads" if heads else "split_sizes"
+    out = []
+    for j, p in enumerate(params):
+        if p.ndim != 2:
+            raise t.fail(f"{key} with parameter {j} of shape {tuple(p.shape)}: Dion splits 2-D "
+                         f"parameters only")
+        if heads and p.shape[0] % heads:
+            raise t.fail(f"num_heads={heads} does not divide dim 0 of parameter {j} {tuple(p.shape)}")
+        if sizes is not None and sum(sizes) != p.shape[0]:
+            raise t.fail(f"split_sizes {tuple(sizes)} do not sum to dim 0 of parameter {j} "
+                         f"{tuple(p.shape)}")
+        out.append([p.shape[0] // heads] * heads if heads else list(sizes))
+    t.set(**({"num_heads": heads} if heads else {"split_sizes": tuple(sizes)}))
+    return out
