@@ -76,12 +76,15 @@ std::shared_ptr<Backend> engine_backend(const ShardedParams& params);
 // rank contributed one gradient), "sum" leaves it. ShardedParamsOptions::grad_divisor overrides both.
 enum class GradReduce : uint8_t { Mean, Sum };
 
-// Where the parameters live: Sharded (every parameter Shard(0) rows) or Owner (Muon matrices whole
-// on one owner rank each, the rest Shard(0); see the header comment).
-enum class ParamPlacement : uint8_t { Sharded, Owner };
+// Where the parameters live: Sharded (every parameter Shard(0) rows), Owner (Muon matrices whole
+// on one owner rank each, the rest Shard(0); see the header comment), or Auto (owner placement for
+// the matrices where the planner's placement cost model, with options.machine's constants, predicts
+// a faster step than sharded; `meshmuon plan --placement auto` prints the same choice and why).
+enum class ParamPlacement : uint8_t { Sharded, Owner, Auto };
 
 struct ShardedParamsOptions {
   ParamPlacement placement = ParamPlacement::Sharded;
+  std::string machine = "h100";  // Auto only: MachineProfile::named (plan.h)
   DType param_dtype = DType::F32;   // of full_param(i): fp32 (the masters' bits) or bf16 copies
   DType reduce_dtype = DType::F32;  // what gradients travel and partial sums are rounded to
   GradReduce reduce = GradReduce::Mean;

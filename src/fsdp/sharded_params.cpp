@@ -77,8 +77,15 @@ void check_options(const ShardedParamsOptions& o) {
   MESHMUON_CHECK(o.unshard_direct_max_messages >= 0, "[fsdp] options.unshard_direct_max_messages must be >= 0 (0: always one all_gather_v), got ",
               o.unshard_direct_max_messages);
   MESHMUON_CHECK(o.bucket_bytes >= 0, "[fsdp] options.bucket_bytes must be >= 0 (0: one bucket), got ", o.bucket_bytes);
-  MESHMUON_CHECK(o.placement == ParamPlacement::Sharded || o.placement == ParamPlacement::Owner,
-                 "[fsdp] options.placement must be sharded or owner");
+  MESHMUON_CHECK(o.placement == ParamPlacement::Sharded || o.placement == ParamPlacement::Owner || o.placement == ParamPlacement::Auto,
+                 "[fsdp] options.placement must be sharded, owner or auto");
+  if (o.placement == ParamPlacement::Auto) {
+    try {
+      (void)MachineProfile::named(o.machine);
+    } catch (const std::invalid_argument& e) {
+      detail::throw_invalid_argument(detail::concat("[fsdp] options.machine: ", e.what()));
+    }
+  }
   MESHMUON_CHECK(o.timeout.count() >= 0, "[fsdp] options.timeout must be >= 0 ms (0: the communicator's default)");
 }
 
@@ -102,7 +109,8 @@ std::vector<std::string> claim_lines(const std::vector<ParamSpec>& ps, const Mes
   lines.push_back(concat("options param_dtype=", to_string(o.param_dtype), " reduce_dtype=", to_string(o.reduce_dtype),
                          " reduce=", o.reduce == GradReduce::Mean ? "mean" : "sum", " grad_divisor=", div,
                          " bucket_bytes=", o.bucket_bytes, " unshard_direct_max_messages=", o.unshard_direct_max_messages,
-                         " placement=", o.placement == ParamPlacement::Owner ? "owner" : "sharded"));
+                         " placement=", o.placement == ParamPlacement::Owner ? "owner" : o.placement == ParamPlacement::Auto ? "auto" : "sharded",
+                         o.placement == ParamPlacement::Auto ? " machine=" + o.machine : std::string()));
   lines.push_back(backend);
   return lines;
 }
@@ -139,11 +147,16 @@ ShardedParams::ShardedParams(std::shared_ptr<MeshCommunicators> comms, Mesh mesh
   }
   // Owner placement: Muon matrices whole on one rank of the whole mesh, owners by LPT (pure, so
   // every rank picks the same; the agreement below covers the inputs).
-  std::vector<bool> owned(params.size(), false);
-  if (options.placement == ParamPlacement::Owner)
-    for (size_t i = 0; i < params.size(); ++i)
-      owned[i] = params[i].role == Role::Muon && !params[i].expert && params[i].shape.ndim() == 2;
-  std::vector<int> owners = detail::choose_owners(params, owned, world.size());
+  std::vector<int> owners(params.size(), -1);
+  if (options.placement != ParamPlacement::Sharded) {
+    PlanOptions po;
+    if (options.placement == ParamPlacement::Auto) po.machine = MachineProfile::named(options.machine);
+    po.comm_dtype = options.reduce_dtype;
+    const std::vector<detail::PlacementChoice> choices = detail::choose_placements(
+        params, world.size() / S0, S0, po,
+        options.placement == ParamPlacement::Owner ? detail::PlacementMode::Owner : detail::PlacementMode::Auto);
+    for (size_t i = 0; i < params.size(); ++i) owners[i] = choices[i].owned ? choices[i].owner : -1;
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     if (owners[i] < 0) continue;
     std::vector<Placement>& pl = params[i].placements;

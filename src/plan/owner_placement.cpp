@@ -8,6 +8,7 @@
 #include <numeric>
 #include <set>
 
+#include "meshmuon/box.h"
 #include "meshmuon/error.h"
 
 namespace meshmuon::detail {
@@ -125,6 +126,136 @@ PlacementCost sharded_placement_cost(const PlacementInputs& in, const MachinePro
   c.step_flops = ns_flops(in.rows, in.cols, ns) / S;
   c.seconds = c.step_bytes / m.bandwidth_Bps + c.step_latency_s + c.step_flops / m.ns_flops_per_s(ns) + (1 - in.overlap) * fwd_bwd_s;
   return c;
+}
+
+std::string_view to_string(PlacementMode m) {
+  switch (m) {
+    case PlacementMode::Sharded: return "sharded";
+    case PlacementMode::Owner: return "owner";
+    case PlacementMode::Auto: return "auto";
+  }
+  return "?";
+}
+
+PlacementMode parse_placement_mode(std::string_view name) {
+  if (name == "sharded") return PlacementMode::Sharded;
+  if (name == "owner") return PlacementMode::Owner;
+  if (name == "auto") return PlacementMode::Auto;
+  detail::throw_invalid_argument(concat("[plan] unknown placement '", name, "'; use sharded, owner or auto"));
+}
+
+bool dp_mesh_sizes(const Mesh& mesh, int& R, int& S) {
+  R = 1, S = 1;
+  for (const MeshDim& d : mesh.dims()) {
+    if (d.name == "dp_shard") S = d.size;
+    else if (d.name == "dp_replicate") R = d.size;
+    else return false;
+  }
+  return true;
+}
+
+namespace {
+
+std::string bytes_text(double b) {
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, unit[u]);
+  return buf;
+}
+
+std::string seconds_text(double s) {
+  char buf[32];
+  if (s < 1e-3) std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+  else std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
+  return buf;
+}
+
+}  // namespace
+
+std::vector<PlacementChoice> choose_placements(const std::vector<ParamSpec>& params, int R, int S, const PlanOptions& o,
+                                               PlacementMode mode, double overlap) {
+  MESHMUON_CHECK(overlap >= 0 && overlap <= 1, "[plan] placement overlap must be in [0, 1], got ", overlap);
+  std::vector<PlacementChoice> out(params.size());
+  std::vector<bool> owned(params.size(), false);
+  const size_t comm_bytes = dtype_size(o.comm_dtype);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamSpec& p = params[i];
+    PlacementChoice& c = out[i];
+    if (p.role != Role::Muon) {
+      c.why = "AdamW: sharded (owner placement is for Muon matrices)";
+      continue;
+    }
+    if (p.expert) {
+      c.why = "expert stack: sharded over experts (each expert already whole on one shard rank: expert_local)";
+      continue;
+    }
+    if (p.shape.ndim() != 2) {
+      c.why = "not 2-D: sharded";
+      continue;
+    }
+    c.eligible = true;
+    PlacementInputs in;
+    in.R = R, in.S = S, in.rows = p.shape[0], in.cols = p.shape[1], in.overlap = overlap;
+    in.param_bytes = comm_bytes, in.grad_bytes = comm_bytes;
+    c.owner_cost = owner_placement_cost(in, o.machine, o.ns);
+    c.sharded_cost = sharded_placement_cost(in, o.machine, o.ns);
+    const bool cheaper = c.owner_cost.seconds < c.sharded_cost.seconds;
+    c.owned = mode == PlacementMode::Owner || (mode == PlacementMode::Auto && cheaper && R * S > 1);
+    owned[i] = c.owned;
+    c.why = concat(mode == PlacementMode::Auto ? (c.owned ? "owner (cost): " : "sharded (cost): ")
+                   : mode == PlacementMode::Owner ? "owner (asked): " : "sharded (asked): ",
+                   "predicted ", seconds_text(c.owner_cost.seconds), " owned vs ", seconds_text(c.sharded_cost.seconds),
+                   " sharded; step traffic 0 B vs ", bytes_text(c.sharded_cost.step_bytes), ", fwd/bwd traffic ",
+                   bytes_text(c.owner_cost.fwd_bwd_bytes), " vs ", bytes_text(c.sharded_cost.fwd_bwd_bytes), " (",
+                   static_cast<int>(overlap * 100 + 0.5), "% hidden), peak memory ", bytes_text(c.owner_cost.peak_bytes), " vs ",
+                   bytes_text(c.sharded_cost.peak_bytes));
+  }
+  const std::vector<int> owners = choose_owners(params, owned, R * S, o.ns);
+  for (size_t i = 0; i < params.size(); ++i) out[i].owner = owners[i];
+  return out;
+}
+
+std::vector<double> placement_bytes_per_rank(const std::vector<ParamSpec>& params, int R, int S,
+                                             const std::vector<PlacementChoice>& choices) {
+  MESHMUON_CHECK(choices.size() == params.size(), "[plan] placement_bytes_per_rank: ", choices.size(), " choices for ",
+                 params.size(), " parameters");
+  std::vector<double> bytes(static_cast<size_t>(R) * static_cast<size_t>(S), 0.0);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamSpec& p = params[i];
+    const double copies = 1.0 + (p.role == Role::Muon ? 1.0 : 2.0);
+    if (choices[i].owned) {
+      bytes[static_cast<size_t>(choices[i].owner)] += static_cast<double>(p.shape.numel()) * 4 * copies;
+      continue;
+    }
+    const int64_t rows = p.shape.ndim() > 0 ? p.shape[0] : 1;
+    const double row = rows > 0 ? static_cast<double>(p.shape.numel()) / static_cast<double>(rows) : 0.0;
+    for (int s = 0; s < S; ++s) {
+      const double b = static_cast<double>(chunk_range(rows, S, s).size()) * row * 4 * copies;
+      for (int r = 0; r < R; ++r) bytes[static_cast<size_t>(r * S + s)] += b;
+    }
+  }
+  return bytes;
+}
+
+Inventory apply_placements(const Inventory& inv, const std::vector<PlacementChoice>& choices) {
+  MESHMUON_CHECK(choices.size() == inv.params.size(), "[plan] apply_placements: ", choices.size(), " choices for ",
+                 inv.params.size(), " parameters");
+  Inventory out = inv;
+  for (size_t i = 0; i < out.params.size(); ++i) {
+    if (!choices[i].owned) continue;
+    ParamSpec& p = out.params[i];
+    const Mesh& mesh = out.meshes[static_cast<size_t>(p.mesh)];
+    int R = 1, S = 1;
+    MESHMUON_CHECK(dp_mesh_sizes(mesh, R, S), "[plan] parameter '", p.name, "': owner placement needs a mesh of dp_shard / ",
+                   "dp_replicate dims only, its mesh is ", mesh.to_string());
+    p.placements.assign(static_cast<size_t>(mesh.ndim()), Placement::replicate());
+    for (int d = 0; d < mesh.ndim(); ++d)
+      p.placements[static_cast<size_t>(d)] =
+          Placement::owned(mesh.dim(d).name == "dp_shard" ? choices[i].owner % S : choices[i].owner / S);
+  }
+  return out;
 }
 
 }  // namespace meshmuon::detail

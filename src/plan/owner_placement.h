@@ -5,7 +5,10 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "meshmuon/inventory.h"
 
 #include "meshmuon/param_spec.h"
 #include "meshmuon/plan.h"
@@ -55,5 +58,37 @@ struct PlacementInputs {
 
 PlacementCost owner_placement_cost(const PlacementInputs& in, const MachineProfile& m, const NsOptions& ns);
 PlacementCost sharded_placement_cost(const PlacementInputs& in, const MachineProfile& m, const NsOptions& ns);
+
+// The planner's placement choice for an FSDP / HSDP inventory (every mesh dim dp_shard or
+// dp_replicate). Sharded: every matrix Shard(0) rows; Owner: every eligible matrix (Muon, 2-D, not
+// an expert stack) whole on one rank; Auto: owner where owner_placement_cost predicts fewer exposed
+// seconds than sharded_placement_cost. Owners of the owned ones by choose_owners.
+enum class PlacementMode : uint8_t { Sharded, Owner, Auto };
+std::string_view to_string(PlacementMode m);
+PlacementMode parse_placement_mode(std::string_view name);  // "sharded" | "owner" | "auto"; throws otherwise
+
+struct PlacementChoice {
+  bool eligible = false, owned = false;
+  int owner = -1;  // world rank, when owned
+  PlacementCost owner_cost, sharded_cost;  // when eligible
+  std::string why;                         // one line: what was compared, or why it is not eligible
+};
+
+// R, S: the mesh's dp_replicate and dp_shard sizes (1 when absent). `overlap` as PlacementInputs'.
+std::vector<PlacementChoice> choose_placements(const std::vector<ParamSpec>& params, int R, int S, const PlanOptions& o,
+                                               PlacementMode mode, double overlap = 0.8);
+
+// The dp_replicate / dp_shard sizes of a mesh whose every dim is one of them; false otherwise.
+bool dp_mesh_sizes(const Mesh& mesh, int& R, int& S);
+
+// Bytes each world rank holds persistently (fp32 masters + optimizer state: one copy for Muon
+// parameters, two for AdamW ones) under the choices: sharded rows as torch.chunk over dp_shard in
+// every replica, owned matrices whole on their owner.
+std::vector<double> placement_bytes_per_rank(const std::vector<ParamSpec>& params, int R, int S,
+                                             const std::vector<PlacementChoice>& choices);
+
+// The inventory with every owned matrix placed [Owned(r), Owned(s)] on its mesh (the other dims'
+// placements unchanged), so make_plan sees one holder and runs it `local`.
+Inventory apply_placements(const Inventory& inv, const std::vector<PlacementChoice>& choices);
 
 }  // namespace meshmuon::detail
