@@ -85,6 +85,10 @@ enum class ParamPlacement : uint8_t { Sharded, Owner, Auto };
 struct ShardedParamsOptions {
   ParamPlacement placement = ParamPlacement::Sharded;
   std::string machine = "h100";  // Auto only: MachineProfile::named (plan.h)
+  // Owner / Auto: LPT's rank k becomes world rank (k + owner_rotation) mod world. A trainer with one
+  // ShardedParams per layer passes the layer index, so that the layers' largest matrices do not all
+  // land on rank 0 (each object balances only its own matrices). Must be >= 0.
+  int owner_rotation = 0;
   DType param_dtype = DType::F32;   // of full_param(i): fp32 (the masters' bits) or bf16 copies
   DType reduce_dtype = DType::F32;  // what gradients travel and partial sums are rounded to
   GradReduce reduce = GradReduce::Mean;

@@ -86,6 +86,7 @@ void check_options(const ShardedParamsOptions& o) {
       detail::throw_invalid_argument(detail::concat("[fsdp] options.machine: ", e.what()));
     }
   }
+  MESHMUON_CHECK(o.owner_rotation >= 0, "[fsdp] options.owner_rotation must be >= 0, got ", o.owner_rotation);
   MESHMUON_CHECK(o.timeout.count() >= 0, "[fsdp] options.timeout must be >= 0 ms (0: the communicator's default)");
 }
 
@@ -110,7 +111,8 @@ std::vector<std::string> claim_lines(const std::vector<ParamSpec>& ps, const Mes
                          " reduce=", o.reduce == GradReduce::Mean ? "mean" : "sum", " grad_divisor=", div,
                          " bucket_bytes=", o.bucket_bytes, " unshard_direct_max_messages=", o.unshard_direct_max_messages,
                          " placement=", o.placement == ParamPlacement::Owner ? "owner" : o.placement == ParamPlacement::Auto ? "auto" : "sharded",
-                         o.placement == ParamPlacement::Auto ? " machine=" + o.machine : std::string()));
+                         o.placement == ParamPlacement::Auto ? " machine=" + o.machine : std::string(),
+                         " owner_rotation=", o.owner_rotation));
   lines.push_back(backend);
   return lines;
 }
@@ -155,7 +157,8 @@ ShardedParams::ShardedParams(std::shared_ptr<MeshCommunicators> comms, Mesh mesh
     const std::vector<detail::PlacementChoice> choices = detail::choose_placements(
         params, world.size() / S0, S0, po,
         options.placement == ParamPlacement::Owner ? detail::PlacementMode::Owner : detail::PlacementMode::Auto);
-    for (size_t i = 0; i < params.size(); ++i) owners[i] = choices[i].owned ? choices[i].owner : -1;
+    for (size_t i = 0; i < params.size(); ++i)
+      owners[i] = choices[i].owned ? (choices[i].owner + options.owner_rotation % world.size()) % world.size() : -1;
   }
   for (size_t i = 0; i < params.size(); ++i) {
     if (owners[i] < 0) continue;

@@ -736,6 +736,7 @@ TEST(ShardedParams, OwnerPlacementMatchesLocalOptimizerWithNoStepTraffic) {
       so.bucket_bytes = 512;
       so.reduce_dtype = rd;
       so.placement = ParamPlacement::Owner;
+      so.owner_rotation = rd == DType::BF16 ? 1 : 0;  // other owners, same bits
       int64_t diffs = -1;
       const StepBytes owned = train_three_steps(mesh, so, diffs);
       EXPECT_EQ(diffs, 0);
@@ -750,6 +751,22 @@ TEST(ShardedParams, OwnerPlacementMatchesLocalOptimizerWithNoStepTraffic) {
       if (dims_of(mesh).S > 1) EXPECT_GT(sharded.sent, 0u);
     }
   }
+}
+
+TEST(ShardedParams, OwnerPlacementOptionsAreChecked) {
+  const Mesh mesh = Mesh::parse(meshes()[0]);
+  const ModelDesc md = test_model(true);
+  ShardedParamsOptions bad;
+  bad.placement = ParamPlacement::Owner, bad.owner_rotation = -1;
+  EXPECT_THROW(ShardedParams(mesh_comms(), mesh, md.params, bad), std::invalid_argument);
+  bad.owner_rotation = 0, bad.placement = ParamPlacement::Auto, bad.machine = "abacus";
+  EXPECT_THROW(ShardedParams(mesh_comms(), mesh, md.params, bad), std::invalid_argument);
+  // Auto: whatever the cost model picks, owned matrices are whole on their owner, the rest sharded
+  ShardedParamsOptions au;
+  au.placement = ParamPlacement::Auto, au.machine = "cpu";
+  ShardedParams sp(mesh_comms(), mesh, md.params, au);
+  for (size_t i = 0; i < sp.size(); ++i)
+    if (sp.owner(i) >= 0) EXPECT_EQ(sp.local_box(i).numel(), sp.owner(i) == comm().rank() ? sp.spec(i).shape.numel() : 0);
 }
 
 }  // namespace
