@@ -16,7 +16,10 @@ void add_param(Hasher& hs, const ParamSpec& p) {
   for (int64_t d : p.shape) hs.pod(d);
   hs.pod(p.dtype), hs.pod(p.role), hs.pod(p.expert), hs.pod(p.mesh);
   hs.pod(p.placements.size());
-  for (const Placement& pl : p.placements) hs.pod(pl.kind), hs.pod(pl.dim), hs.pod(pl.split_factor), hs.pod(pl.owner);
+  for (const Placement& pl : p.placements) {
+    hs.pod(pl.kind), hs.pod(pl.dim), hs.pod(pl.split_factor);
+    if (pl.kind == PlacementKind::Owned) hs.pod(pl.owner);  // only then: the other kinds hash as before
+  }
   hs.pod(p.qk.has_value());
   if (p.qk) hs.pod(p.qk->layer), hs.pod(p.qk->kind), hs.pod(p.qk->heads), hs.pod(p.qk->head_dim), hs.pod(p.qk->rope_dim), hs.pod(p.qk->v_dim);
 }

@@ -61,6 +61,9 @@ TEST(OwnedPlacement, PlanRunsOwnedMatricesLocalWithZeroBytes) {
   // the whole matrix's flops on one rank of six
   EXPECT_GT(owned.total().flops_max, 0);
   EXPECT_NEAR(owned.total().flops_mean * 6, owned.total().flops_max, owned.total().flops_max * 1e-9);
+  // the owner is part of the fingerprint (ranks that disagree on it are caught)
+  const Plan other = make_plan(one_matrix("dp_replicate=2,dp_shard=3", {Placement::owned(0), Placement::owned(2)}), o);
+  EXPECT_NE(owned.fingerprint(), other.fingerprint());
   // negative control: the same matrix Shard(0) rows moves bytes in the step
   const Plan sharded = make_plan(one_matrix("dp_replicate=2,dp_shard=3", {Placement::replicate(), Placement::shard(0)}), o);
   EXPECT_NE(sharded.entries()[0].strategy, Strategy::Local);
