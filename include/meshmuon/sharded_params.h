@@ -10,6 +10,17 @@
 // (r, s) holds rows chunk_range(shape[0], S, s) of every parameter, exactly like FSDP2's Shard(0), so
 // shards may be uneven or empty. meshmuon::Optimizer, the checkpoint and DCP see the same boxes.
 //
+// Owner placement (options.placement = Owner): every Muon matrix (2-D, not an expert stack) lives
+// WHOLE on one owner rank of the whole mesh, placed [Owned(r), Owned(s)] (or [Owned(s)]): that rank
+// holds every row, every other rank an empty shard. Unshard broadcasts it from the owner over the
+// world (posted by unshard_async beside the shard group's exchange, so an HSDP replica's copy, the
+// "replicate publish", travels with it); the gradient is reduced TO the owner in the same fixed
+// order as below (shard stage to rank (r, s) of every replica, then the partial sums to the owner);
+// the optimizer's plan sees one holder and runs `local` on the owner: no optimizer communication.
+// Owners: longest processing time first on Newton–Schulz flops and bytes, matrices of one layer on
+// different ranks (owner(i) says which). Expert stacks stay Shard(0) over the experts: each expert
+// is already whole on one shard rank (torch.chunk owners), and the plan runs `expert_local`.
+//
 // Numerics (bitwise, documented so a reference can reproduce it):
 // - Unshard copies bits (fp32), or rounds each fp32 master to bf16 (round to nearest even) once.
 // - Gradient reduction is a sum in a FIXED ORDER, whatever the algorithm: for element x of a shard,
@@ -65,7 +76,19 @@ std::shared_ptr<Backend> engine_backend(const ShardedParams& params);
 // rank contributed one gradient), "sum" leaves it. ShardedParamsOptions::grad_divisor overrides both.
 enum class GradReduce : uint8_t { Mean, Sum };
 
+// Where the parameters live: Sharded (every parameter Shard(0) rows), Owner (Muon matrices whole
+// on one owner rank each, the rest Shard(0); see the header comment), or Auto (owner placement for
+// the matrices where the planner's placement cost model, with options.machine's constants, predicts
+// a faster step than sharded; `meshmuon plan --placement auto` prints the same choice and why).
+enum class ParamPlacement : uint8_t { Sharded, Owner, Auto };
+
 struct ShardedParamsOptions {
+  ParamPlacement placement = ParamPlacement::Sharded;
+  std::string machine = "h100";  // Auto only: MachineProfile::named (plan.h)
+  // Owner / Auto: LPT's rank k becomes world rank (k + owner_rotation) mod world. A trainer with one
+  // ShardedParams per layer passes the layer index, so that the layers' largest matrices do not all
+  // land on rank 0 (each object balances only its own matrices). Must be >= 0.
+  int owner_rotation = 0;
   DType param_dtype = DType::F32;   // of full_param(i): fp32 (the masters' bits) or bf16 copies
   DType reduce_dtype = DType::F32;  // what gradients travel and partial sums are rounded to
   GradReduce reduce = GradReduce::Mean;
@@ -119,6 +142,8 @@ class MESHMUON_API ShardedParams {
   const Inventory& inventory() const;
   const ParamSpec& spec(size_t i) const;
   Box local_box(size_t i) const;
+  // Owner placement: the world rank that holds parameter i whole; -1 when it is sharded.
+  int owner(size_t i) const;
   int64_t find(std::string_view name) const;  // index, or -1
   const std::shared_ptr<MeshCommunicators>& mesh_communicators() const;
 

@@ -31,7 +31,10 @@ PlanClaim make_plan_claim(const Plan& plan, const ParamTable& table, const Optim
     for (int64_t d : params[i].shape) h.pod(d);
     h.pod(params[i].role), h.pod(params[i].expert), h.pod(params[i].mesh), h.pod(g), h.pod(table.algorithm[g]);
     h.pod(static_cast<bool>(table.normuon[g]));
-    for (const Placement& pl : params[i].placements) h.pod(pl.kind), h.pod(pl.dim), h.pod(pl.split_factor);
+    for (const Placement& pl : params[i].placements) {
+      h.pod(pl.kind), h.pod(pl.dim), h.pod(pl.split_factor);
+      if (pl.kind == PlacementKind::Owned) h.pod(pl.owner);  // only then: the other kinds hash as before
+    }
     claim.spec_hashes.push_back(h.h);
     claim.spec_texts.push_back(concat("'", params[i].name, "' ", params[i].shape.to_string(), " ", placements_text(params[i]),
                                       " on mesh ", params[i].mesh, " ", to_string(params[i].role), " group ", g,

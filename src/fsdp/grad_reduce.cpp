@@ -5,6 +5,9 @@
 //                 in balanced blocks; each replica sums its block over replicas 0..R-1 (fp32), divides,
 //                 and all_gather_v returns the blocks;
 //   division      one fp32 division by the divisor (skipped when 1).
+// Owner placement: an owned matrix's whole gradient is a shard stage "row block" of its owner's shard
+// position (every replica sums it there, in the same order), and on HSDP its partial goes whole to the
+// owner's replica in the replicate all_to_all_v (not gathered back): the same sum, reduced to the owner.
 // reduce_grads_async packs and posts every bucket's shard stage; wait_reduce_grads drives a progress
 // loop that test()s the outstanding Works and posts bucket k's replicate stage as soon as its shard
 // stage is summed (overlap). Replicate-group collectives are posted in one fixed sequence on every
@@ -70,15 +73,29 @@ void ShardedParams::Impl::plan_buckets() {
     b.last = i;
     b.send_counts.assign(Sz, 0);
     b.send_param_off.assign(Sz, std::vector<int64_t>(b.last - b.first, 0));
-    for (size_t j = 0; j < Sz; ++j)
-      for (size_t k = b.first; k < b.last; ++k)
-        b.send_param_off[j][k - b.first] = b.send_counts[j], b.send_counts[j] += count(k, static_cast<int>(j));
+    b.local_off.assign(b.last - b.first, 0), b.own_at.assign(b.last - b.first, -1);
+    // Every block (and so the partial) holds the sharded parameters first, then the owned ones.
+    for (const bool own : {false, true})
+      for (size_t k = b.first; k < b.last; ++k) {
+        if (owned(k) != own) continue;
+        for (size_t j = 0; j < Sz; ++j)
+          b.send_param_off[j][k - b.first] = b.send_counts[j], b.send_counts[j] += red_count(k, static_cast<int>(j));
+        b.local_off[k - b.first] = b.local, b.local += red_count(k, s);
+        if (own) b.own_local += red_count(k, s);
+      }
+    for (size_t k = b.first; k < b.last; ++k) b.numel += inv.params[k].numel();
     b.send_displs = packed_displs(b.send_counts);
-    for (size_t k = b.first; k < b.last; ++k) b.local_off.push_back(b.local), b.local += count(k, s), b.numel += inv.params[k].numel();
     b.recv_counts.assign(Sz, b.local);
     b.recv_displs = packed_displs(b.recv_counts);
     if (R > 1) {
-      b.rep_counts = balanced_counts(b.local, R);
+      b.sh_counts = balanced_counts(b.local - b.own_local, R);
+      b.sh_displs = packed_displs(b.sh_counts);
+      b.rep_counts = b.sh_counts;
+      for (size_t k = b.first; k < b.last; ++k)  // owned partials: whole, to the owner's replica
+        if (owned(k) && red_count(k, s) > 0) {
+          const size_t q = static_cast<size_t>(owner_world[k] / S);
+          b.own_at[k - b.first] = b.rep_counts[q] - b.sh_counts[q], b.rep_counts[q] += red_count(k, s);
+        }
       b.rep_displs = packed_displs(b.rep_counts);
       b.rep_recv_counts.assign(static_cast<size_t>(R), b.rep_counts[static_cast<size_t>(r)]);
       b.rep_recv_displs = packed_displs(b.rep_recv_counts);
@@ -91,7 +108,7 @@ void ShardedParams::Impl::plan_buckets() {
     b.partial_at = workspace_bytes, workspace_bytes += aligned_bytes(b.local, 4);
     if (R > 1) {
       b.rep_send_at = b.partial_at;
-      if (opt.reduce_dtype != DType::F32) b.rep_send_at = workspace_bytes, workspace_bytes += aligned_bytes(b.local, rs);
+      if (opt.reduce_dtype != DType::F32 || b.own_local > 0) b.rep_send_at = workspace_bytes, workspace_bytes += aligned_bytes(b.local, rs);
       const int64_t mine = b.rep_counts[static_cast<size_t>(r)];
       b.rep_recv_at = workspace_bytes, workspace_bytes += aligned_bytes(mine * R, rs);
       workspace_bytes += aligned_bytes(mine, 4);  // total
@@ -116,11 +133,31 @@ void sum_shard(ShardedParams::Impl& m, const Bucket& b) {
   if (b.local > 0) m.backend->ordered_sum(ws + b.recv_at, m.opt.reduce_dtype, b.local, m.S, reinterpret_cast<float*>(ws + b.partial_at));
 }
 
-// Copies a bucket's reduced rows (fp32, packed by parameter) into grad(i).
-void scatter_to_grads(ShardedParams::Impl& m, const Bucket& b, const float* src) {
+// Copies a bucket's reduced rows (fp32, packed by parameter) into grad(i); on HSDP the owned
+// matrices this rank holds come from `owned_src` (its replicate block's owned part) instead.
+void scatter_to_grads(ShardedParams::Impl& m, const Bucket& b, const float* src, const float* owned_src = nullptr) {
   for (size_t k = b.first; k < b.last; ++k) {
     const int64_t c = m.count(k, m.s);
-    if (c > 0) m.backend->copy(m.flat_grads.as<float>() + m.offset[k], src + b.local_off[k - b.first], static_cast<size_t>(c) * 4);
+    if (c <= 0) continue;
+    const float* from = owned_src != nullptr && m.owned(k) ? owned_src + b.own_at[k - b.first] : src + b.local_off[k - b.first];
+    m.backend->copy(m.flat_grads.as<float>() + m.offset[k], from, static_cast<size_t>(c) * 4);
+  }
+}
+
+// The replicate stage's send blocks when owned partials travel: replica q's balanced piece of the
+// sharded rows, then the owned matrices whose owner is in replica q (reduce_dtype).
+void pack_replicate(ShardedParams::Impl& m, const Bucket& b, const float* partial, std::byte* send) {
+  const DType rd = m.opt.reduce_dtype;
+  const size_t rs = dtype_size(rd);
+  for (size_t q = 0; q < static_cast<size_t>(m.R); ++q)
+    if (b.sh_counts[q] > 0)
+      m.backend->convert(send + static_cast<size_t>(b.rep_displs[q]) * rs, rd, partial + b.sh_displs[q], DType::F32, b.sh_counts[q]);
+  for (size_t k = b.first; k < b.last; ++k) {
+    const int64_t at = b.own_at[k - b.first];
+    if (at < 0) continue;
+    const size_t q = static_cast<size_t>(m.owner_world[k] / m.S);
+    m.backend->convert(send + static_cast<size_t>(b.rep_displs[q] + b.sh_counts[q] + at) * rs, rd, partial + b.local_off[k - b.first],
+                       DType::F32, m.red_count(k, m.s));
   }
 }
 
@@ -167,7 +204,7 @@ void ShardedParams::Impl::post_reduce(const std::vector<fsdp::GradSource>& src) 
       for (int j = 0; j < m.S; ++j) {
         const size_t js = static_cast<size_t>(j);
         pack_grad(*m.backend, src[i], m.row_begin(i, j) * m.row_elems[i],
-                  send + static_cast<size_t>(b.send_displs[js] + b.send_param_off[js][i - b.first]) * rs, m.count(i, j), rd);
+                  send + static_cast<size_t>(b.send_displs[js] + b.send_param_off[js][i - b.first]) * rs, m.red_count(i, j), rd);
       }
     }
     pack += seconds(Clock::now() - t0);
@@ -225,9 +262,9 @@ void ShardedParams::wait_reduce_grads() {
     }
     return false;
   };
-  const auto finish = [&](size_t k, float* src) {
+  const auto finish = [&](size_t k, float* src, const float* owned_src = nullptr) {
     const auto t0 = Clock::now();
-    scatter_to_grads(m, m.buckets[k], src);
+    scatter_to_grads(m, m.buckets[k], src, owned_src);
     sum_s += seconds(Clock::now() - t0);
     stage[k] = Stage::Done, ++done;
   };
@@ -242,7 +279,8 @@ void ShardedParams::wait_reduce_grads() {
       finish(k, partial);
       return;
     }
-    if (rd != DType::F32 && b.local > 0) m.backend->convert(ws + b.rep_send_at, rd, partial, DType::F32, b.local);
+    if (b.own_local > 0) pack_replicate(m, b, partial, ws + b.rep_send_at);
+    else if (rd != DType::F32 && b.local > 0) m.backend->convert(ws + b.rep_send_at, rd, partial, DType::F32, b.local);
     sum_s += seconds(Clock::now() - t0);
     stage[k] = Stage::ShardDone;
   };
@@ -284,9 +322,11 @@ void ShardedParams::wait_reduce_grads() {
       } else if (gather && stage[k] == Stage::RepDone) {
         const int64_t mine = b.rep_counts[static_cast<size_t>(m.r)];
         const size_t total_at = b.gathered_at - aligned_bytes(mine, 4);
-        rep[k] = m.rep_comm->all_gather_v(InBuffer(ws + total_at, CommType::F32, static_cast<size_t>(mine)),
-                                          OutBuffer(ws + b.gathered_at, CommType::F32, static_cast<size_t>(b.local)),
-                                          b.rep_counts, b.rep_displs, detail::concat("fsdp reduce bucket ", k, " replicate gather"));
+        // only the sharded rows come back (owned partials stay summed on their owner's replica)
+        const int64_t sh = b.sh_counts[static_cast<size_t>(m.r)];
+        rep[k] = m.rep_comm->all_gather_v(InBuffer(ws + total_at, CommType::F32, static_cast<size_t>(sh)),
+                                          OutBuffer(ws + b.gathered_at, CommType::F32, static_cast<size_t>(b.local - b.own_local)),
+                                          b.sh_counts, b.sh_displs, detail::concat("fsdp reduce bucket ", k, " replicate gather"));
         rep_posted[k] = Clock::now(), stage[k] = Stage::GatherPosted;
       } else {
         break;
@@ -307,7 +347,10 @@ void ShardedParams::wait_reduce_grads() {
         }
       } else if (stage[k] == Stage::GatherPosted) {
         if (poll(rep[k], rep_posted[k], k, "replicate gather (all_gather_v over the replicate group)")) {
-          finish(k, reinterpret_cast<float*>(ws + m.buckets[k].gathered_at));
+          const Bucket& b = m.buckets[k];
+          const size_t total_at = b.gathered_at - aligned_bytes(b.rep_counts[static_cast<size_t>(m.r)], 4);
+          finish(k, reinterpret_cast<float*>(ws + b.gathered_at),
+                 reinterpret_cast<float*>(ws + total_at) + b.sh_counts[static_cast<size_t>(m.r)]);
           progressed = true;
         }
       }

@@ -13,6 +13,7 @@
 #include "comm/agreement.h"
 #include "backend/select.h"
 #include "comm/device_check.h"
+#include "plan/owner_placement.h"
 #include "sharded_params_impl.h"
 
 namespace meshmuon {
@@ -76,6 +77,16 @@ void check_options(const ShardedParamsOptions& o) {
   MESHMUON_CHECK(o.unshard_direct_max_messages >= 0, "[fsdp] options.unshard_direct_max_messages must be >= 0 (0: always one all_gather_v), got ",
               o.unshard_direct_max_messages);
   MESHMUON_CHECK(o.bucket_bytes >= 0, "[fsdp] options.bucket_bytes must be >= 0 (0: one bucket), got ", o.bucket_bytes);
+  MESHMUON_CHECK(o.placement == ParamPlacement::Sharded || o.placement == ParamPlacement::Owner || o.placement == ParamPlacement::Auto,
+                 "[fsdp] options.placement must be sharded, owner or auto");
+  if (o.placement == ParamPlacement::Auto) {
+    try {
+      (void)MachineProfile::named(o.machine);
+    } catch (const std::invalid_argument& e) {
+      detail::throw_invalid_argument(detail::concat("[fsdp] options.machine: ", e.what()));
+    }
+  }
+  MESHMUON_CHECK(o.owner_rotation >= 0, "[fsdp] options.owner_rotation must be >= 0, got ", o.owner_rotation);
   MESHMUON_CHECK(o.timeout.count() >= 0, "[fsdp] options.timeout must be >= 0 ms (0: the communicator's default)");
 }
 
@@ -98,7 +109,10 @@ std::vector<std::string> claim_lines(const std::vector<ParamSpec>& ps, const Mes
   std::snprintf(div, sizeof div, "%a", o.grad_divisor);
   lines.push_back(concat("options param_dtype=", to_string(o.param_dtype), " reduce_dtype=", to_string(o.reduce_dtype),
                          " reduce=", o.reduce == GradReduce::Mean ? "mean" : "sum", " grad_divisor=", div,
-                         " bucket_bytes=", o.bucket_bytes, " unshard_direct_max_messages=", o.unshard_direct_max_messages));
+                         " bucket_bytes=", o.bucket_bytes, " unshard_direct_max_messages=", o.unshard_direct_max_messages,
+                         " placement=", o.placement == ParamPlacement::Owner ? "owner" : o.placement == ParamPlacement::Auto ? "auto" : "sharded",
+                         o.placement == ParamPlacement::Auto ? " machine=" + o.machine : std::string(),
+                         " owner_rotation=", o.owner_rotation));
   lines.push_back(backend);
   return lines;
 }
@@ -123,6 +137,7 @@ ShardedParams::ShardedParams(std::shared_ptr<MeshCommunicators> comms, Mesh mesh
   std::vector<Placement> placements;
   if (rep_dim >= 0) placements.push_back(Placement::replicate());
   if (shard_dim >= 0) placements.push_back(Placement::shard(0));
+  const int S0 = shard_dim >= 0 ? mesh.dim(shard_dim).size : 1;
   for (ParamSpec& p : params) {
     const std::string what = detail::concat("[fsdp] parameter '", p.name, "'");
     MESHMUON_CHECK(p.shape.ndim() >= 1, what, " field 'shape': needs at least one dim, got ", p.shape.to_string());
@@ -131,6 +146,25 @@ ShardedParams::ShardedParams(std::shared_ptr<MeshCommunicators> comms, Mesh mesh
     MESHMUON_CHECK(p.mesh == 0, what, " field 'mesh': must be left at 0 (ShardedParams has one mesh), got ", p.mesh);
     MESHMUON_CHECK(p.dtype == DType::F32, what, " field 'dtype': the masters are fp32, got ", to_string(p.dtype));
     p.placements = placements;
+  }
+  // Owner placement: Muon matrices whole on one rank of the whole mesh, owners by LPT (pure, so
+  // every rank picks the same; the agreement below covers the inputs).
+  std::vector<int> owners(params.size(), -1);
+  if (options.placement != ParamPlacement::Sharded) {
+    PlanOptions po;
+    if (options.placement == ParamPlacement::Auto) po.machine = MachineProfile::named(options.machine);
+    po.comm_dtype = options.reduce_dtype;
+    const std::vector<detail::PlacementChoice> choices = detail::choose_placements(
+        params, world.size() / S0, S0, po,
+        options.placement == ParamPlacement::Owner ? detail::PlacementMode::Owner : detail::PlacementMode::Auto);
+    for (size_t i = 0; i < params.size(); ++i)
+      owners[i] = choices[i].owned ? (choices[i].owner + options.owner_rotation % world.size()) % world.size() : -1;
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (owners[i] < 0) continue;
+    std::vector<Placement>& pl = params[i].placements;
+    if (rep_dim >= 0) pl[static_cast<size_t>(rep_dim)] = Placement::owned(owners[i] / S0);
+    if (shard_dim >= 0) pl[static_cast<size_t>(shard_dim)] = Placement::owned(owners[i] % S0);
   }
   Inventory inv;
   inv.model = fsdp::kModel;
@@ -171,30 +205,44 @@ ShardedParams::ShardedParams(std::shared_ptr<MeshCommunicators> comms, Mesh mesh
   // Layout (local, pure): boxes, per-rank counts, flat regions.
   const size_t n = m.n();
   const size_t S = static_cast<size_t>(m.S);
-  m.count_of.assign(n * S, 0), m.row_begin_of.assign(n * S, 0);
+  m.owner_world = std::move(owners);
+  m.count_of.assign(n * S, 0), m.row_begin_of.assign(n * S, 0), m.red_count_of.assign(n * S, 0);
+  int64_t sharded = 0;
   for (size_t i = 0; i < n; ++i) {
     const ParamSpec& p = m.inv.params[i];
     m.boxes.push_back(meshmuon::local_box(p.shape, p.placements, m.mesh, m.world_rank));
     const int64_t rows = p.shape[0];
     m.row_elems.push_back(rows > 0 ? p.numel() / rows : 0);
+    const int ow = m.owner_world[i];
+    sharded += ow < 0;
     for (size_t j = 0; j < S; ++j) {
+      if (ow >= 0) {  // owned: rows 0.. at the owner's shard position; held only in the owner's replica
+        const bool at_owner = static_cast<int>(j) == ow % m.S;
+        m.red_count_of[i * S + j] = at_owner ? p.numel() : 0;
+        m.count_of[i * S + j] = at_owner && m.r == ow / m.S ? p.numel() : 0;
+        continue;
+      }
       const Range rr = chunk_range(rows, m.S, static_cast<int64_t>(j));
       m.row_begin_of[i * S + j] = rr.begin;
-      m.count_of[i * S + j] = rr.size() * m.row_elems[i];
+      m.count_of[i * S + j] = m.red_count_of[i * S + j] = rr.size() * m.row_elems[i];
     }
-    m.offset.push_back(m.flat_elems);
-    m.flat_elems += fsdp::align_elems(m.count(i, m.s), 4);
     m.full_offset.push_back(m.full_elems);
     m.full_elems += fsdp::align_elems(p.numel(), 2);  // 64-byte aligned in bf16 and fp32
   }
+  // Flat regions: the sharded parameters first (in order: the all-gather block's layout), then the
+  // owned ones (none of them travels in the shard group's exchange).
+  m.offset.assign(n, 0);
+  for (const bool own : {false, true})
+    for (size_t i = 0; i < n; ++i)
+      if (m.owned(i) == own) m.offset[i] = m.flat_elems, m.flat_elems += fsdp::align_elems(m.count(i, m.s), 4);
   // Rank j's block of the all-gather is its flat buffer's layout (regions padded to 64 bytes in fp32,
   // < 64 bytes each), so an fp32 unshard sends the flat buffer itself.
   m.ag_counts.assign(S, 0), m.ag_param_off.assign(S * n, 0);
   for (size_t j = 0; j < S; ++j)
     for (size_t i = 0; i < n; ++i)
-      m.ag_param_off[j * n + i] = m.ag_counts[j], m.ag_counts[j] += fsdp::align_elems(m.count(i, static_cast<int>(j)), 4);
+      if (!m.owned(i)) m.ag_param_off[j * n + i] = m.ag_counts[j], m.ag_counts[j] += fsdp::align_elems(m.count(i, static_cast<int>(j)), 4);
   m.ag_displs = packed_displs(m.ag_counts);
-  m.unshard_direct = static_cast<int64_t>(n) * (m.S - 1) <= m.opt.unshard_direct_max_messages;
+  m.unshard_direct = sharded * (m.S - 1) <= m.opt.unshard_direct_max_messages;
   m.plan_buckets();
 
   // Agreement (the first communication), then the sub-communicators (collective on first use).
@@ -235,6 +283,10 @@ const ParamSpec& ShardedParams::spec(size_t i) const {
 Box ShardedParams::local_box(size_t i) const {
   check_index(*impl_, i, "local_box");
   return impl_->boxes[i];
+}
+int ShardedParams::owner(size_t i) const {
+  check_index(*impl_, i, "owner");
+  return impl_->owner_world[i];
 }
 int64_t ShardedParams::find(std::string_view name) const {
   for (size_t i = 0; i < impl_->n(); ++i)

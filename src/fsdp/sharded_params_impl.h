@@ -56,6 +56,13 @@ struct Bucket {
   // Replicate stage (R > 1): balanced split of `local` over replicas.
   std::vector<int64_t> rep_counts, rep_displs;            // block q (to replica q), packed
   std::vector<int64_t> rep_recv_counts, rep_recv_displs;  // R blocks of rep_counts[r]
+  // Owner placement on HSDP: `local` holds the sharded rows first, then own_local rows of owned
+  // matrices (this rank is their owner's shard position). The replicate stage sends replica q a
+  // block [its balanced piece of the sharded rows][the owned matrices whose owner is in replica q];
+  // only the sharded pieces are gathered back (rep_counts = sh_counts when own_local == 0).
+  int64_t own_local = 0;
+  std::vector<int64_t> sh_counts, sh_displs;  // balanced split of local - own_local over replicas
+  std::vector<int64_t> own_at;                // [i - first]: owned matrix's offset in its block's owned part, or -1
   // Offsets (bytes) of the bucket's buffers inside the reduction workspace.
   size_t send_at = 0, recv_at = 0, partial_at = 0, rep_send_at = 0, rep_recv_at = 0, gathered_at = 0;
 };
@@ -92,6 +99,11 @@ struct ShardedParams::Impl {
   std::vector<int64_t> row_elems;                 // elements per dim-0 row
   std::vector<int64_t> row_begin_of;              // flattened [i * S + j]: first row of shard rank j
   std::vector<int64_t> count_of;                  // flattened [i * S + j]: elements rank j holds
+  // Owner placement: the world rank holding parameter i whole (-1: sharded), and where its gradient
+  // is summed in the shard stage: flattened [i * S + j], the elements shard rank j of EVERY replica
+  // sums (sharded: count_of; owned: the whole matrix at the owner's shard position).
+  std::vector<int> owner_world;
+  std::vector<int64_t> red_count_of;
   std::vector<int64_t> offset;                    // local shard region in the flat buffers (floats)
   std::vector<int64_t> full_offset;               // full region in the full buffers (elements, aligned for 4 bytes)
   int64_t flat_elems = 0, full_elems = 0;
@@ -108,6 +120,7 @@ struct ShardedParams::Impl {
   fsdp::AlignedBuffer ag_send, ag_recv, full_params;
   std::vector<TensorView> full_views;
   Work ag_work;
+  std::vector<Work> own_works;  // owner placement: one broadcast per owned matrix over the world
 
   // Gradients.
   fsdp::AlignedBuffer full_grads;
@@ -123,6 +136,8 @@ struct ShardedParams::Impl {
 
   size_t n() const { return inv.params.size(); }
   int64_t count(size_t i, int j) const { return count_of[i * static_cast<size_t>(S) + static_cast<size_t>(j)]; }
+  int64_t red_count(size_t i, int j) const { return red_count_of[i * static_cast<size_t>(S) + static_cast<size_t>(j)]; }
+  bool owned(size_t i) const { return owner_world[i] >= 0; }
   int64_t row_begin(size_t i, int j) const { return row_begin_of[i * static_cast<size_t>(S) + static_cast<size_t>(j)]; }
   void ensure_full_grads();
   void plan_buckets();  // grad_reduce.cpp

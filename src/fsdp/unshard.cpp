@@ -4,6 +4,8 @@
 // group with the per-rank counts cached at construction (uneven and empty shards, no padding) and a
 // copy-out into per-parameter full tensors (Shard(0): the full tensor is
 // rank 0..S-1's rows, concatenated). One shard rank: a local copy, no communication.
+// Owner placement: each owned matrix is one broadcast from its owner over the world, posted first
+// (into the full tensor itself: the owner converts its master there), waited with the rest.
 #include <stdexcept>
 
 #include "meshmuon/bf16.h"
@@ -21,6 +23,32 @@ void convert_in(detail::Backend& b, const float* src, void* dst, int64_t count, 
   if (count > 0) b.convert(dst, dt, src, DType::F32, count);
 }
 
+// Owned matrices: the owner writes its master into the full tensor `full_of(i)` (dtype `dt_of(i)`),
+// then one broadcast per matrix over the world, in parameter order on every rank.
+template <class Full, class Dt>
+std::vector<Work> post_owner_broadcasts(ShardedParams::Impl& m, Full&& full_of, Dt&& dt_of, const char* label) {
+  std::vector<Work> works;
+  Communicator& world = m.comms->world();
+  for (size_t i = 0; i < m.n(); ++i) {
+    if (!m.owned(i)) continue;
+    const int64_t numel = m.inv.params[i].numel();
+    if (m.world_rank == m.owner_world[i]) convert_in(*m.backend, m.flat_params.as<float>() + m.offset[i], full_of(i), numel, dt_of(i));
+    if (world.size() > 1 && numel > 0)
+      works.push_back(world.broadcast(OutBuffer(full_of(i), comm_type(dt_of(i)), static_cast<size_t>(numel)), m.owner_world[i], label));
+  }
+  return works;
+}
+
+void wait_owner_broadcasts(ShardedParams::Impl& m, std::vector<Work>& works, const char* what) {
+  try {
+    for (Work& w : works) w.wait(m.timeout);
+  } catch (const Error& e) {
+    works.clear();
+    detail::throw_error(detail::concat("[fsdp] rank ", m.world_rank, ": ", what, " (broadcast from the owner over the world) failed: ", e.what()));
+  }
+  works.clear();
+}
+
 }  // namespace
 
 void ShardedParams::unshard_async() {
@@ -34,9 +62,11 @@ void ShardedParams::unshard_async() {
   const size_t n = m.n();
   m.full_params = AlignedBuffer(static_cast<size_t>(m.full_elems) * es, false, m.device_memory);
   auto* full = static_cast<std::byte*>(m.full_params.data());
+  m.own_works = post_owner_broadcasts(
+      m, [&](size_t i) { return full + static_cast<size_t>(m.full_offset[i]) * es; }, [&](size_t) { return dt; }, "fsdp unshard owner");
   if (m.shard_comm == nullptr) {  // one shard rank: the local shard is the full tensor
     for (size_t i = 0; i < n; ++i)
-      convert_in(*m.backend, m.flat_params.as<float>() + m.offset[i], full + static_cast<size_t>(m.full_offset[i]) * es, m.count(i, 0), dt);
+      if (!m.owned(i)) convert_in(*m.backend, m.flat_params.as<float>() + m.offset[i], full + static_cast<size_t>(m.full_offset[i]) * es, m.count(i, 0), dt);
     m.ustate = Impl::UState::Posted;
     return;
   }
@@ -45,8 +75,9 @@ void ShardedParams::unshard_async() {
   if (dt != DType::F32) {
     if (!m.ag_send.data()) m.ag_send = AlignedBuffer(static_cast<size_t>(m.ag_counts[me]) * es, true, m.device_memory);  // padding stays 0
     for (size_t i = 0; i < n; ++i)
-      convert_in(*m.backend, m.flat_params.as<float>() + m.offset[i], m.ag_send.as<std::byte>() + static_cast<size_t>(m.offset[i]) * es,
-                 m.count(i, m.s), dt);
+      if (!m.owned(i))
+        convert_in(*m.backend, m.flat_params.as<float>() + m.offset[i], m.ag_send.as<std::byte>() + static_cast<size_t>(m.offset[i]) * es,
+                   m.count(i, m.s), dt);
     send = m.ag_send.data();
   }
   const CommType ct = comm_type(dt);
@@ -57,7 +88,7 @@ void ShardedParams::unshard_async() {
     // copy-out.
     const auto* src = static_cast<const std::byte*>(send);
     for (size_t i = 0; i < n; ++i) {
-      const int64_t c = m.count(i, m.s);
+      const int64_t c = m.owned(i) ? 0 : m.count(i, m.s);
       if (c > 0)
         m.backend->copy(full + static_cast<size_t>(m.full_offset[i] + m.row_begin(i, m.s) * m.row_elems[i]) * es,
                     src + static_cast<size_t>(m.offset[i]) * es, static_cast<size_t>(c) * es);
@@ -68,6 +99,7 @@ void ShardedParams::unshard_async() {
       for (size_t k = 1; k < S; ++k) {  // peers in a rotating order: every pair's ops are posted in the same order
         const int to = static_cast<int>((me + k) % S), from = static_cast<int>((me + S - k) % S);
         for (size_t i = 0; i < n; ++i) {
+          if (m.owned(i)) continue;
           const int64_t mine = m.count(i, m.s), theirs = m.count(i, from);
           if (mine > 0)
             (void)c.send(InBuffer(src + static_cast<size_t>(m.offset[i]) * es, ct, static_cast<size_t>(mine)), to, "fsdp unshard");
@@ -110,6 +142,7 @@ void ShardedParams::wait_unshard() {
     }
     const auto* recv = static_cast<const std::byte*>(m.ag_recv.data());
     for (size_t i = 0; i < n && !m.unshard_direct; ++i) {
+      if (m.owned(i)) continue;
       std::byte* dst = full + static_cast<size_t>(m.full_offset[i]) * es;
       for (int j = 0; j < m.S; ++j) {
         const int64_t c = m.count(i, j);
@@ -121,6 +154,7 @@ void ShardedParams::wait_unshard() {
     }
     m.ag_recv.reset();
   }
+  wait_owner_broadcasts(m, m.own_works, "unshard");
   m.full_views.clear();
   for (size_t i = 0; i < n; ++i)
     m.full_views.emplace_back(full + static_cast<size_t>(m.full_offset[i]) * es, dt, m.inv.params[i].shape), m.full_views.back().device = m.dev;
@@ -137,12 +171,15 @@ void ShardedParams::unshard_into(std::span<const TensorView> full) {
   const size_t n = m.n();
   // This rank's rows, converted into the target (fp32 bits or bf16 round to nearest even).
   for (size_t i = 0; i < n; ++i) {
+    if (m.owned(i)) continue;  // the owner's copy is post_owner_broadcasts'
     const size_t es = dtype_size(full[i].dtype);
     convert_in(*m.backend, m.flat_params.as<float>() + m.offset[i],
                static_cast<std::byte*>(full[i].data) + static_cast<size_t>(m.row_begin(i, m.s) * m.row_elems[i]) * es,
                m.count(i, m.s), full[i].dtype);
   }
-  if (m.shard_comm == nullptr) return;  // one shard rank: the local shard is the full tensor
+  std::vector<Work> own = post_owner_broadcasts(
+      m, [&](size_t i) { return full[i].data; }, [&](size_t i) { return full[i].dtype; }, "fsdp unshard_into owner");
+  if (m.shard_comm == nullptr) return wait_owner_broadcasts(m, own, "unshard_into");  // one shard rank: local shards are full
   // Send buffer: fp32 targets send the masters themselves; bf16 ones a rounded copy (regions at the
   // masters' element offsets, so one buffer of flat_elems bf16 serves every parameter).
   bool any_bf16 = false;
@@ -159,6 +196,7 @@ void ShardedParams::unshard_into(std::span<const TensorView> full) {
     for (size_t k = 1; k < S; ++k) {  // peers in a rotating order, as unshard_async's direct landing
       const int to = static_cast<int>((me + k) % S), from = static_cast<int>((me + S - k) % S);
       for (size_t i = 0; i < n; ++i) {
+        if (m.owned(i)) continue;
         const DType dt = full[i].dtype;
         const size_t es = dtype_size(dt);
         const CommType ct = comm_type(dt);
@@ -182,6 +220,7 @@ void ShardedParams::unshard_into(std::span<const TensorView> full) {
   } catch (const Error& e) {
     detail::throw_error(detail::concat("[fsdp] rank ", m.world_rank, ": unshard_into (send/recv over the shard group) failed: ", e.what()));
   }
+  wait_owner_broadcasts(m, own, "unshard_into");
 }
 
 bool ShardedParams::unsharded() const { return impl_->ustate == Impl::UState::Unsharded; }

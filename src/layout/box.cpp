@@ -108,6 +108,9 @@ void check_placements(const Shape& shape, std::span<const Placement> placements,
                 " on mesh dim '", mesh.dim(static_cast<int>(i)).name, "' shards dim ", p.dim,
                 " of a tensor with ", shape.ndim(), " dims ", shape.to_string());
     MESHMUON_CHECK(p.split_factor >= 1, "[layout] ", what, ": split_factor must be ≥ 1");
+    MESHMUON_CHECK(p.kind != PlacementKind::Owned || (p.owner >= 0 && p.owner < mesh.dim(static_cast<int>(i)).size), "[layout] ",
+                   what, ": placement ", to_string(p), " on mesh dim '", mesh.dim(static_cast<int>(i)).name,
+                   "' names an owner outside the dim's ", mesh.dim(static_cast<int>(i)).size, " ranks");
   }
 }
 
@@ -126,6 +129,10 @@ Box local_box(const Shape& shape, std::span<const Placement> placements, const M
     if (p.kind == PlacementKind::Shard) {
       const Range r = chunk_range(n, w, c);
       set = set.slice(r.begin, r.end);
+      continue;
+    }
+    if (p.kind == PlacementKind::Owned) {  // the owner keeps the piece, the others hold none of it
+      if (c != p.owner) set = set.slice(0, 0);
       continue;
     }
     // pieces c, c+W, ..., c+(f-1)·W of a torch.chunk into W·f pieces, in that order

@@ -15,6 +15,7 @@ std::string to_string(const Placement& p) {
     case PlacementKind::Shard: return "S(" + std::to_string(p.dim) + ")";
     case PlacementKind::StridedShard:
       return "SS(" + std::to_string(p.dim) + "," + std::to_string(p.split_factor) + ")";
+    case PlacementKind::Owned: return "O(" + std::to_string(p.owner) + ")";
   }
   return "?";
 }
@@ -60,7 +61,7 @@ Placement parse_placement(std::string_view text, std::string_view what) {
   const auto bad = [&]() {
     detail::throw_invalid_argument(detail::concat(
         "[layout] ", what, ": unknown placement '", text,
-        "'; use R, S(dim) or SS(dim,split_factor) (or Replicate(), Shard(d), _StridedShard(d, split_factor=f))"));
+        "'; use R, S(dim), SS(dim,split_factor) or O(owner) (or Replicate(), Shard(d), _StridedShard(d, split_factor=f), Owned(k))"));
   };
   if (!split_call(text, name, args)) bad();
   int dim = 0, factor = 0;
@@ -74,6 +75,10 @@ Placement parse_placement(std::string_view text, std::string_view what) {
     MESHMUON_CHECK(dim >= 0, "[layout] ", what, ": shard dim ", dim, " is negative");
     MESHMUON_CHECK(factor >= 1, "[layout] ", what, ": split_factor ", factor, " must be ≥ 1");
     return Placement::strided_shard(dim, factor);
+  }
+  if ((name == "O" || name == "Owned") && args.size() == 1 && to_int(args[0], dim)) {
+    MESHMUON_CHECK(dim >= 0, "[layout] ", what, ": owner ", dim, " is negative");
+    return Placement::owned(dim);
   }
   bad();
   return {};

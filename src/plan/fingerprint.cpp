@@ -16,7 +16,10 @@ void add_param(Hasher& hs, const ParamSpec& p) {
   for (int64_t d : p.shape) hs.pod(d);
   hs.pod(p.dtype), hs.pod(p.role), hs.pod(p.expert), hs.pod(p.mesh);
   hs.pod(p.placements.size());
-  for (const Placement& pl : p.placements) hs.pod(pl.kind), hs.pod(pl.dim), hs.pod(pl.split_factor);
+  for (const Placement& pl : p.placements) {
+    hs.pod(pl.kind), hs.pod(pl.dim), hs.pod(pl.split_factor);
+    if (pl.kind == PlacementKind::Owned) hs.pod(pl.owner);  // only then: the other kinds hash as before
+  }
   if (!p.split.empty()) {  // hashed only when set, so an unsplit inventory keeps its fingerprint
     hs.str("split"), hs.pod(p.split.size());
     for (int64_t b : p.split) hs.pod(b);

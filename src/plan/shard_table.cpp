@@ -38,6 +38,8 @@ struct HolderWalk {
         set = saved.slice(r.begin, r.end);
         run(box, level + 1, k * w + c, emit);
       }
+    } else if (p.kind == PlacementKind::Owned) {  // one holder: the owner, with the whole piece
+      if (n > 0) run(box, level + 1, k * w + p.owner, emit);
     } else {
       // pieces c, c+W, ... of W·f; pieces from ceil(n / chunk) on are empty, so c past it holds none
       const int64_t parts = w * p.split_factor, chunk = (n + parts - 1) / parts;

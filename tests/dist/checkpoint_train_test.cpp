@@ -9,6 +9,10 @@
 //   checkpoint_train_test --errors DIR          (fake device) save, corrupt the last rank's file,
 //                                               load into a trained engine: every rank throws,
 //                                               no byte of its device memory changes
+//   --placement owner                           the trainer that saves / loads places its matrices
+//                                               whole on owner ranks (ShardedParamsOptions::placement;
+//                                               the reference always runs sharded): checkpoints
+//                                               move in and out of owner placement at any world size
 //   --device fake                               the trainer that saves / loads runs on the fake
 //                                               device backend (tests/support/fake_device.h: the
 //                                               host touching its memory faults), over a
@@ -85,7 +89,8 @@ struct Trainer {
   std::unique_ptr<ShardedParams> params;
   std::unique_ptr<Optimizer> opt;
 
-  Trainer(std::shared_ptr<Communicator> world, const std::string& mesh_text, bool on_fake_device = false) {
+  Trainer(std::shared_ptr<Communicator> world, const std::string& mesh_text, bool on_fake_device = false,
+          ParamPlacement placement = ParamPlacement::Sharded) {
     std::unique_ptr<detail::ScopedEngineDevice> inject;
     if (on_fake_device) {
       fake = std::make_shared<test::FakeDeviceBackend>();
@@ -98,6 +103,7 @@ struct Trainer {
     auto comms = std::make_shared<MeshCommunicators>(world);
     ShardedParamsOptions po;
     po.reduce = GradReduce::Sum;
+    po.placement = placement;
     params = std::make_unique<ShardedParams>(comms, Mesh::parse(mesh_text), model(), po);
     OptimizerOptions oo;
     oo.env_override = false;
@@ -203,10 +209,12 @@ void run_errors(const std::shared_ptr<Communicator>& world, const std::string& d
 int main(int argc, char** argv) {
   std::string mode, dir;
   bool fake = false;
+  ParamPlacement placement = ParamPlacement::Sharded;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--save" || a == "--load" || a == "--errors") mode = a.substr(2), dir = argv[i + 1];
     else if (a == "--device") fake = std::string(argv[i + 1]) == "fake";
+    else if (a == "--placement") placement = std::string(argv[i + 1]) == "owner" ? ParamPlacement::Owner : ParamPlacement::Sharded;
   }
   if (mode.empty()) {
     std::fprintf(stderr, "usage: %s --save DIR | --load DIR | --errors DIR [--device cpu|fake]\n", argv[0]);
@@ -221,17 +229,20 @@ int main(int argc, char** argv) {
     if (mode == "errors") {
       run_errors(world, dir);
     } else if (mode == "save") {
-      Trainer t(world, mesh_for(W, true), fake);
+      Trainer t(world, mesh_for(W, true), fake, placement);
+      if (placement == ParamPlacement::Owner)
+        for (size_t i = 0; i < t.params->size(); ++i)
+          check(t.params->owner(i) >= 0 || t.params->spec(i).shape.ndim() != 2, "matrix '" + t.params->spec(i).name + "' is owned");
       for (int s = 0; s < kSavedSteps; ++s) t.step(s, W, g_rank);
       CheckpointSaveOptions o;
-      o.metadata["mesh"] = mesh_for(W, true);
+      o.metadata["mesh"] = mesh_for(W, true) + (placement == ParamPlacement::Owner ? " owner placement" : "");
       save_checkpoint(dir, *t.params, t.opt.get(), kSavedSteps, o);
     } else {
       Trainer ref(world, mesh_for(W, false));
       for (int s = 0; s < kSavedSteps + kMoreSteps; ++s) ref.step(s, W, g_rank);
       const auto expect = ref.full();
 
-      Trainer resumed(world, mesh_for(W, false), fake);
+      Trainer resumed(world, mesh_for(W, false), fake, placement);
       const CheckpointInfo info = load_checkpoint(dir, *resumed.params, resumed.opt.get());
       check(info.step == kSavedSteps, "step " + std::to_string(info.step));
       for (size_t i = 0; i < resumed.params->size(); ++i)
@@ -252,7 +263,8 @@ int main(int argc, char** argv) {
     ++g_failures;
   }
   const int code = meshmuon::test::agree_verdict(*world, g_failures, "checkpoint train " + mode + " at " + std::to_string(W) +
-                                                                       " ranks" + (fake ? " (fake device)" : ""));
+                                                                       " ranks" + (fake ? " (fake device)" : "") +
+                                                                       (placement == ParamPlacement::Owner ? " (owner placement)" : ""));
   world.reset();
   return code;
 }

@@ -3,7 +3,9 @@
 // collectives they replace: all_gather_v of the same per-rank counts (unshard), reduce_scatter_v of
 // the same sizes over the shard group plus all_reduce of each rank's shard over the replicate group
 // (reduce). Prints medians (slowest rank), GB/s and fused/raw ratios (raw seconds / fused seconds:
-// 1 = as fast as the bare collectives), and on HSDP the overlap: bucketed vs one bucket.
+// 1 = as fast as the bare collectives), and on HSDP the overlap: bucketed vs one bucket. The owner
+// rows time the same calls with owner placement (Muon matrices whole on one rank: broadcast unshard,
+// reduce to the owner) against the sharded ones of the same run.
 // Example: mpirun -np 4 --oversubscribe build/bin/meshmuon bench fsdp --model gpt2-124m --mesh dp_replicate=2,dp_shard=2
 #include <algorithm>
 #include <chrono>
@@ -183,6 +185,30 @@ void run(const FsdpArgs& a) {
   }
   const double t_raw_reduce = t_rs + t_ar;
 
+  // Owner placement: the same parameters and gradients, matrices whole on one rank each.
+  double t_own_unshard = 0, t_own_reduce = 0;
+  ReduceStats st_own;
+  size_t owned = 0;
+  {
+    ShardedParamsOptions oo = o;
+    oo.placement = ParamPlacement::Owner;
+    ShardedParams own(comms, mesh, specs, oo);
+    for (size_t i = 0; i < own.size(); ++i) {
+      owned += own.owner(i) >= 0;
+      TensorView src = sp.full_grad(i), dst = own.full_grad(i);
+      std::copy(src.f32(), src.f32() + src.numel(), dst.f32());
+    }
+    sp.free_full_grads();  // measured already; one model's gradients fewer in memory
+    t_own_unshard = time_it(*world, a.repeat, [&] {
+      own.unshard();
+      own.reshard();
+    });
+    t_own_reduce = time_it(*world, a.repeat, [&] {
+      own.reduce_grads();
+      st_own = own.last_reduce_stats();
+    });
+  }
+
   nlohmann::json out;
   out["model"] = model, out["mesh"] = mesh.to_string(), out["world_size"] = world->size(), out["backend"] = backend;
   out["parameters"] = specs.size(), out["elements"] = numel, out["param_dtype"] = a.param_dtype, out["reduce_dtype"] = a.reduce_dtype;
@@ -203,6 +229,12 @@ void run(const FsdpArgs& a) {
                    {"overlap_seconds", st.overlap_seconds},
                    {"sum_seconds", st.sum_seconds},
                    {"bytes_sent", st.bytes_sent}};
+  out["owner"] = {{"owned_matrices", owned},
+                  {"unshard_seconds", t_own_unshard},
+                  {"reduce_seconds", t_own_reduce},
+                  {"reduce_bytes_sent", st_own.bytes_sent},
+                  {"unshard_over_sharded", t_own_unshard / t_unshard},
+                  {"reduce_over_sharded", t_own_reduce / t_reduce}};
   if (rep)
     out["reduce"]["one_bucket"] = {{"seconds", t_reduce_one}, {"overlap_seconds", st_one.overlap_seconds},
                                    {"bucketed_speedup", t_reduce_one / t_reduce}};
@@ -225,6 +257,11 @@ void run(const FsdpArgs& a) {
               t_raw_reduce > 0 ? t_raw_reduce / t_reduce : 0.0);
   std::printf("  reduce on rank 0: %d buckets, shard stage %.4f s, replicate stage %.4f s, both %.4f s, sums %.4f s\n", st.buckets,
               st.shard_seconds, st.replicate_seconds, st.overlap_seconds, st.sum_seconds);
+  std::printf("%-34s %10.4f %9.2f %10s %9s %8.2f  (owner / sharded, %zu matrices owned)\n", "unshard (owner placement)", t_own_unshard,
+              ub / t_own_unshard / 1e9, "", "", t_own_unshard / t_unshard, owned);
+  std::printf("%-34s %10.4f %9.2f %10s %9s %8.2f  (owner / sharded; rank 0 sent %.1f MiB vs %.1f MiB)\n", "reduce (owner placement)",
+              t_own_reduce, rb / t_own_reduce / 1e9, "", "", t_own_reduce / t_reduce, static_cast<double>(st_own.bytes_sent) / (1 << 20),
+              static_cast<double>(st.bytes_sent) / (1 << 20));
   if (rep)
     std::printf("  overlap: one bucket %.4f s vs %d buckets %.4f s (%.2fx); raw reduce_scatter %.4f s + all_reduce %.4f s\n",
                 t_reduce_one, st.buckets, t_reduce, t_reduce_one / t_reduce, t_rs, t_ar);

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "placement_report.h"
 #include "plan_options.h"
 
 namespace meshmuon::cli {
@@ -54,20 +55,43 @@ void add_plan_command(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
   auto as_json = std::make_shared<bool>(false);
   auto detail = std::make_shared<bool>(false);
+  auto placement = std::make_shared<std::string>("sharded");
+  auto overlap = std::make_shared<double>(0.8);
   add_plan_args(*cmd, *args);
+  cmd->add_option("--placement", *placement,
+                  "sharded (as placed), owner (Muon matrices whole on one rank each) or auto (owner where the "
+                  "placement cost model predicts it faster); FSDP / HSDP meshes only")
+      ->capture_default_str();
+  cmd->add_option("--overlap", *overlap, "With --placement: fraction of forward / backward traffic hidden behind compute")
+      ->capture_default_str();
   cmd->add_flag("--json", *as_json, "Print JSON (docs/plan.md): a summary, per strategy and per parameter class");
   cmd->add_flag("--detail", *detail, "With --json: every entry and the whole-model baselines (four more plans)");
-  cmd->callback([args, as_json, detail] {
-    const Inventory inv = make_inventory(*args);
+  cmd->callback([args, as_json, detail, placement, overlap] {
+    Inventory inv = make_inventory(*args);
     const PlanOptions options = make_plan_options(*args);
+    const bool placed = *placement != "sharded";
+    PlacementReport report;
+    if (placed) {
+      report = placement_report(inv, options, *placement, *overlap);
+      inv = report.placed;  // owned matrices: one holder each, planned `local`
+    }
     const Plan plan = make_plan(inv, options);
     if (*as_json && !*detail) {
-      std::cout << summary_json(plan) << "\n";
+      auto j = nlohmann::ordered_json::parse(summary_json(plan));
+      if (placed) j["placement"] = report.json;
+      std::cout << j.dump(2) << "\n";
       return;
     }
     const Strategy peers[] = {Strategy::OwnerA2A, Strategy::AllGather, Strategy::Agrs, Strategy::GramAllReduce};
     const std::vector<Baseline> baselines = plan_baselines(inv, options, peers);
-    std::cout << (*as_json ? plan.to_json(baselines) : plan.to_string(baselines)) << "\n";
+    if (*as_json) {
+      auto j = nlohmann::ordered_json::parse(plan.to_json(baselines));
+      if (placed) j["placement"] = report.json;
+      std::cout << j.dump(2) << "\n";
+    } else {
+      std::cout << plan.to_string(baselines) << "\n";
+      if (placed) std::cout << report.text;
+    }
   });
 }
 
