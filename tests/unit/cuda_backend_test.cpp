@@ -570,7 +570,21 @@ TEST(CudaBackend, NewtonSchulzMatchesTheCpuAndTheSvdOracle) {
   const Case cases[] = {{64, 256, false, NsMethod::Symmetric}, {256, 64, false, NsMethod::Plain},
                         {128, 128, false, NsMethod::Symmetric}, {96, 300, true, NsMethod::Symmetric},
                         {300, 96, true, NsMethod::Plain},        {1100, 1300, false, NsMethod::Symmetric},
-                        {1300, 1100, true, NsMethod::Symmetric}, {1100, 2300, false, NsMethod::Gram}};
+                        {1300, 1100, true, NsMethod::Symmetric}, {1100, 2300, false, NsMethod::Symmetric}};
+  // Gram Newton–Schulz of a whole matrix is not a kernel of this backend: it is refused by name
+  // (KernelCaps::ns_methods), never run as another method.
+  {
+    NsOptions gram;
+    gram.method = NsMethod::Gram;
+    try {
+      (void)cuda->make_orthogonalizer(gram);
+      ADD_FAILURE() << "method gram must be refused on the cuda backend";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("orthogonalization method 'gram' is not implemented by the cuda backend"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   for (const Case& c : cases) {
     if (c.bf16 && !cuda->capabilities().bf16_products) continue;  // Orthogonalizer validation needs oneDNN
     NsOptions o;
@@ -760,7 +774,7 @@ std::vector<float> gram_ns_sharded(Backend& be, bool device, const NsOptions& o,
     return [&, r](float* a, size_t count, int, DeviceEvent ready) {
       std::vector<float> mine(count);
       // the Gram matrix is written once `ready` has passed (the backend's stream), not before
-      if (!ready.empty()) EXPECT_EQ(cudaEventSynchronize(static_cast<cudaEvent_t>(ready.cuda_event)), cudaSuccess);
+      if (!ready.empty()) EXPECT_EQ(cudaEventSynchronize(static_cast<cudaEvent_t>(ready.handle)), cudaSuccess);
       if (device) EXPECT_EQ(cudaMemcpy(mine.data(), a, count * 4, cudaMemcpyDeviceToHost), cudaSuccess);
       else std::memcpy(mine.data(), a, count * 4);
       std::unique_lock<std::mutex> lock(mu);
