@@ -4,10 +4,10 @@
 // (kernels.h); `Backend` (backend.h) is the two together. Nothing here names a device API: a device
 // backend keeps its native handles (a stream, an event) behind `void*` and Fence / DeviceEvent.
 //
-// Contract (every implementation; tests/conformance checks it over every registered backend):
-// - Memory: allocate() returns zero-filled memory of the kind asked (Host, PinnedHost, Device; a
-//   backend without device memory, device_caps().device_memory false, serves every kind from the
-//   host). A Buffer frees itself through the backend that made it.
+// Contract (every implementation; the conformance suite, tests/conformance, runs it over the backends):
+// - Memory: allocate() returns zero-filled memory of the kind asked (Host, PinnedHost, Device;
+//   Device only where device_caps().device_memory, else std::invalid_argument). A Buffer frees itself
+//   through the backend that made it.
 // - copy(dst, src, bytes) moves bytes between any two of the backend's memories and is complete when
 //   it returns; copy_queued() is the same copy ordered on the calling thread's stream only.
 // - Streams: make_stream() gives an ordered queue of jobs (Stream below); a job's kernels run on that
@@ -27,7 +27,6 @@
 #include "meshmuon/device.h"
 
 namespace meshmuon::detail {
-
 
 enum class MemoryKind : unsigned char { Host, PinnedHost, Device };
 
@@ -156,7 +155,6 @@ class DeviceServices {
     return {};
   }
   virtual void wait(DeviceEvent e, void* stream = nullptr) { (void)e, (void)stream; }
-
 };
 
 }  // namespace meshmuon::detail

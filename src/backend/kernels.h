@@ -5,7 +5,7 @@
 // (backend.h) is the two together. The executor and LocalOptimizer call it; nothing below the
 // executor does.
 //
-// Contract (every implementation; tests/conformance checks it over every registered backend):
+// Contract (every implementation; the conformance suite, tests/conformance, runs it over the backends):
 // - Pointers passed to a kernel are the backend's memory (device memory on a device backend).
 // - Numerics are those of the kernels in update.h / orthogonalize.h, bitwise the cpu backend's for
 //   the element-wise kernels and the data movement; orthogonalization within the bounds the

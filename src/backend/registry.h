@@ -16,10 +16,12 @@
 #include <string_view>
 #include <vector>
 
-#include "backend/backend.h"
 #include "backend/memory_space.h"
 
 namespace meshmuon::detail {
+
+class Backend;  // backend.h: the registry names it only, so the communicators that ask it for device
+                // names (comm/single) depend on the device side (memory_space.h) alone
 
 // A backend of an engine and the memory space its communicators stage through (single / mpi).
 struct EngineDevice {
