@@ -10,7 +10,7 @@ namespace meshmuon::detail {
 void register_cuda_backend(BackendRegistry& r) {
   r.add_missing("cuda", "meshmuon was built without CUDA; use the cpu backend, or reconfigure with "
                         "-DMESHMUON_WITH_CUDA=ON on a machine with nvcc and the cuBLAS headers",
-                /*indexed=*/true);
+                /*indexed=*/true, "CUDA");
 }
 
 std::shared_ptr<Backend> make_cuda_backend(int device) {

@@ -27,19 +27,19 @@ std::optional<Device> parse_device(std::string_view name) {
 
 namespace meshmuon::detail {
 
-void BackendRegistry::add(std::string name, BackendFactory make, bool indexed, SpaceProbe space) {
+void BackendRegistry::add(std::string name, BackendFactory make, bool indexed, SpaceProbe space, std::string label) {
   MESHMUON_CHECK(!name.empty() && make, "[backend] a registered backend needs a name and a factory");
   std::lock_guard<std::mutex> lock(mu_);
-  Entry e{std::move(name), std::move(make), indexed, std::move(space), {}};
+  Entry e{std::move(name), std::move(make), indexed, std::move(space), {}, std::move(label)};
   for (Entry& old : entries_)
     if (old.name == e.name) return void(old = std::move(e));
   entries_.push_back(std::move(e));
 }
 
-void BackendRegistry::add_missing(std::string name, std::string why, bool indexed) {
+void BackendRegistry::add_missing(std::string name, std::string why, bool indexed, std::string label) {
   MESHMUON_CHECK(!name.empty() && !why.empty(), "[backend] a missing backend needs a name and a reason");
   std::lock_guard<std::mutex> lock(mu_);
-  Entry e{std::move(name), {}, indexed, {}, std::move(why)};
+  Entry e{std::move(name), {}, indexed, {}, std::move(why), std::move(label)};
   for (Entry& old : entries_)
     if (old.name == e.name) return void(old = std::move(e));
   entries_.push_back(std::move(e));
@@ -74,6 +74,12 @@ std::string BackendRegistry::why_missing(std::string_view name) const {
 bool BackendRegistry::registered(std::string_view name) const {
   std::lock_guard<std::mutex> lock(mu_);
   return find(name) != nullptr;
+}
+
+std::string BackendRegistry::label(std::string_view name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Entry* e = find(name);
+  return e != nullptr && !e->label.empty() ? e->label : std::string(name);
 }
 
 bool BackendRegistry::indexed(std::string_view name) const {

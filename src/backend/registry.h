@@ -42,10 +42,11 @@ class BackendRegistry {
  public:
   // Registers `name` (replacing an entry of that name). `indexed`: the device name takes ":N"
   // ("cuda:1"); else only the bare name is a device. `space`: the device's memory space probe, or
-  // empty for a backend whose buffers are host memory.
-  void add(std::string name, BackendFactory make, bool indexed = false, SpaceProbe space = {});
+  // empty for a backend whose buffers are host memory. `label`: the device's name in messages ("no
+  // usable CUDA device"); the name when empty.
+  void add(std::string name, BackendFactory make, bool indexed = false, SpaceProbe space = {}, std::string label = {});
   // Registers `name` as missing from this build (no_X.cpp), with the reason and what to do.
-  void add_missing(std::string name, std::string why, bool indexed = false);
+  void add_missing(std::string name, std::string why, bool indexed = false, std::string label = {});
   void remove(std::string_view name);  // tests: unregisters a backend they added
 
   // Every registered name, available or missing, in registration order ("cpu", "cuda", ...).
@@ -62,6 +63,7 @@ class BackendRegistry {
   std::string device_names() const;
   bool registered(std::string_view name) const;  // available or missing
   bool indexed(std::string_view name) const;     // false for an unregistered name
+  std::string label(std::string_view name) const;  // the label given at registration, else the name
 
  private:
   struct Entry {
@@ -70,6 +72,7 @@ class BackendRegistry {
     bool indexed = false;
     SpaceProbe space;
     std::string why;  // non-empty when missing
+    std::string label;
   };
   const Entry* find(std::string_view name) const;  // mu_ held
 

@@ -42,6 +42,8 @@ TEST(BackendRegistry, BuiltInBackendsAreRegisteredOrSayWhyNot) {
   EXPECT_EQ(r.why_missing("cpu"), "");
   EXPECT_FALSE(r.indexed("cpu"));
   EXPECT_TRUE(r.indexed("cuda"));
+  EXPECT_EQ(r.label("cuda"), "CUDA");  // in messages: "no usable CUDA device"
+  EXPECT_EQ(r.label("cpu"), "cpu");
   const std::string cuda_why = r.why_missing("cuda");
   if (!cuda_why.empty()) {  // a build without CUDA: the reason and what to do
     EXPECT_NE(cuda_why.find("built without CUDA"), std::string::npos) << cuda_why;

@@ -404,7 +404,7 @@ std::shared_ptr<Backend> make_cuda_backend(int device) {
 
 void register_cuda_backend(BackendRegistry& r) {
   r.add("cuda", [](int index) { return EngineDevice{make_cuda_backend(index), default_memory_space()}; },
-        /*indexed=*/true, [] { return cuda_memory_space(); });
+        /*indexed=*/true, [] { return cuda_memory_space(); }, "CUDA");
 }
 
 }  // namespace meshmuon::detail

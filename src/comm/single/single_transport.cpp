@@ -175,7 +175,7 @@ std::unique_ptr<Communicator> make_single_communicator(std::string_view device) 
   if (!registry.indexed(name)) return make_single_communicator();  // a host backend (cpu)
   std::shared_ptr<detail::MemorySpace> space = detail::default_memory_space();
   const std::string why = registry.why_missing(name);
-  MESHMUON_CHECK_RUNTIME(space->has_devices(), "[comm] make_single_communicator('", device, "'): no usable ", name,
+  MESHMUON_CHECK_RUNTIME(space->has_devices(), "[comm] make_single_communicator('", device, "'): no usable ", registry.label(name),
                          " device in this process (", why.empty() ? std::string("no driver or no device visible") : why,
                          "); use device 'cpu'");
   space->check_device_index(index, detail::concat("[comm] make_single_communicator('", device, "')"));
