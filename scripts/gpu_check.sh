@@ -4,7 +4,8 @@
 # soon as it exists. Stages, in order of value, each with its own time limit; a stage that fails or
 # runs out does not stop the later ones:
 #   versions -> debs -> configure -> build (the GPU-relevant targets and the Python extension, one
-#   build) -> cuda kernels (cuda_backend_test) -> bench ns --device cuda (4096², 2048×8192, a batch)
+#   build) -> the conformance suite on cuda (every kernel-interface method vs the cpu backend,
+#   tests/conformance) -> the cuda backend's own cases (cuda_backend_test) -> bench ns --device cuda (4096², 2048×8192, a batch)
 #   -> engines on cuda (LocalOptimizer / Optimizer GPU cases) -> meshmuon.torch on CUDA tensors +
 #   compare-torch --device cuda -> nccl at world size 1 -> two ranks sharing the GPU through MPI
 #   staging (bitwise vs one rank, bytes == plan; bench step np 1 and 2) -> ShardedParams /
@@ -206,15 +207,20 @@ run configure 90 cmake -S . -B "$BUILD" -G "$GEN" -DCMAKE_BUILD_TYPE=Release -DM
   -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DMESHMUON_BUILD_BENCH=OFF -DMESHMUON_BUILD_PYTHON=ON -DPython_EXECUTABLE="$(command -v "$PY")" \
   -DMESHMUON_BUILD_EXAMPLES=OFF "${MPI_ARGS[@]}"
 verdict configure "sm_$CUDA_ARCH, mpi $GPU_CHECK_MPI, $(grep -m1 -o 'nccl communicator[^(]*' "$LOG" | tr -s ' ')"
-TARGETS=(meshmuon_cli _core cuda_backend_test device_engine_test sharded_params_device_test checkpoint_device_test nccl_comm_test)
+TARGETS=(meshmuon_cli _core conformance_test cuda_backend_test device_engine_test sharded_params_device_test checkpoint_device_test nccl_comm_test)
 [[ "$GPU_CHECK_MPI" == ON ]] && TARGETS+=(comm_staging_test cuda_engine_test)
 run build 300 cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"
 verdict build "${#TARGETS[@]} targets"
 publish_logs
 BIN="$BUILD/bin"
 
-# ---- 4. the cuda backend's kernels: bitwise vs the cpu backend, NS within the SVD bound, determinism ----
-run cuda_backend_test 120 "$BIN/cuda_backend_test" --gtest_color=no
+# ---- 4. first, the conformance suite on this GPU: every kernel-interface method bitwise vs the cpu
+# backend (Newton–Schulz within its stated bound and the SVD oracle; tests/conformance/backends.cpp) ----
+gtest "conformance (cuda)" 90 "$BIN/conformance_test" '*/cuda'
+publish_logs
+
+# ---- 4b. the cuda backend's own cases: streams, events, copies, upload ring, offload, probe, faults ----
+run cuda_backend_test 90 "$BIN/cuda_backend_test" --gtest_color=no
 passed=$(grep -c '^\[       OK \]' "$LOG"); skipped=$(grep -c '^\[  SKIPPED \] CudaBackend\.' "$LOG")
 (( RC == 0 && skipped > 1 )) && RC=3  # one skip is the no-device check, which skips on a GPU machine
 verdict cuda_backend_test "$passed passed, $skipped skipped (the no-device check)"

@@ -326,7 +326,7 @@ class MESHMUON_API Communicator {
   void count(ByteCount b);
   void check_no_group(std::string_view op, std::string_view label) const;
   Work p2p(P2pOp op, std::string_view label);
-  // Posts one validated operation through the transport as a Work named `op` (comm/transport.cpp).
+  // Posts one validated operation through the transport as a Work named `op` (comm/comm_transport.cpp).
   Work post(std::string_view op, std::string_view label, const std::function<std::unique_ptr<TransportOp>()>& call);
 
   std::shared_ptr<Transport> transport_;

@@ -44,6 +44,9 @@ struct ParamInfo {
   Shape shape;                 // global shape
   bool expert_stack = false;   // 3-D [E, A, B]: E independent A×B matrices
   std::optional<QkTag> qk;     // QK-clip tag (used by Muon groups with qk_clip_threshold > 0)
+  // Row blocks orthogonalized independently (ParamSpec::split; Muon groups only): per parameter,
+  // beside the group's num_heads / split_sizes (which give every parameter of a group the same).
+  std::vector<int64_t> split;
 };
 
 struct LocalOptimizerOptions {

@@ -49,7 +49,7 @@ namespace meshmuon {
 class Optimizer;
 namespace detail {
 class Backend;
-// Internal (src/checkpoint/trainer.cpp): the backend whose memory the state is.
+// Internal (src/checkpoint/checkpoint.cpp): the backend whose memory the state is.
 std::shared_ptr<Backend> engine_backend(const Optimizer& optimizer);
 }  // namespace detail
 

@@ -47,19 +47,28 @@ struct ParamSpec {
   int mesh = 0;                       // index into the inventory's meshes
   std::vector<Placement> placements;  // one per mesh dim of that mesh
   std::optional<QkTag> qk;            // QK-clip rows (muon role only)
+  // Split orthogonalization (muon role only): row blocks of each matrix (of each expert's matrix),
+  // along the matrix's dim 0 (the output dim, heads of an attention projection), top to bottom.
+  // Empty: the matrix is one block. Otherwise the sizes are positive and sum to rows(); each block
+  // is orthogonalized, normalized, NorMuon'd, MuonEq'd, Muon+'d and LR-adjusted as its own matrix.
+  // Filled from the group's split option (optim_options.h, resolve_split) or an inventory file.
+  std::vector<int64_t> split;
 
   int64_t numel() const { return shape.numel(); }
   // Matrices the optimizer orthogonalizes: 1 for a 2-D matrix, E for an expert stack.
   int64_t units() const { return expert ? shape[0] : 1; }
   int64_t rows() const { return shape[shape.ndim() - 2]; }  // of one matrix
   int64_t cols() const { return shape[shape.ndim() - 1]; }
+  // Row blocks of one matrix: `split`, or one block of rows() when unsplit.
+  std::vector<int64_t> blocks() const { return split.empty() ? std::vector<int64_t>{rows()} : split; }
 };
 
 // Throws std::invalid_argument "[inventory] parameter '<name>' ..." when: the name is empty; an
 // extent is negative; its element count (or an extent) passes kMaxParamElements, or an expert stack
 // has more than kMaxExperts experts; a Muon parameter is not 2-D, or is 3-D without `expert`; `expert` is set on a
 // tensor that is not 3-D; placements do not match `mesh` (count, shard dim range); a QK tag sits on
-// an AdamW parameter or does not match the rows.
+// an AdamW parameter or does not match the rows; `split` is set on an AdamW parameter, has a size
+// ≤ 0, or does not sum to rows().
 MESHMUON_API void validate_param(const ParamSpec& p, const Mesh& mesh);
 
 }  // namespace meshmuon

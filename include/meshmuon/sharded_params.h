@@ -57,7 +57,7 @@ namespace meshmuon {
 class ShardedParams;
 namespace detail {
 class Backend;
-// Internal (src/checkpoint/trainer.cpp): the backend whose memory the buffers are.
+// Internal (src/checkpoint/checkpoint.cpp): the backend whose memory the buffers are.
 std::shared_ptr<Backend> engine_backend(const ShardedParams& params);
 }  // namespace detail
 

@@ -55,7 +55,7 @@ MESHMUON_API DecayLr parse_decay_lr(std::string_view name);  // throws std::inva
 
 struct MomentumOptions {
   MomentumKind kind = MomentumKind::Ema;
-  double momentum = 0.95;  // μ in [0, 1)
+  double momentum = 0.95;  // μ ≥ 0, finite (μ = 1: EMA keeps buf; heavy ball sums g)
   bool nesterov = true;
 };
 
@@ -130,7 +130,9 @@ MESHMUON_API void normuon_mean_square(const float* update, int64_t rows, int64_t
 //   step = 1 / sqrt(max(v, 1e-10))               (fp32)
 //   norm_new = sqrt(Σ v_mean · k · step²)        (double)
 //   U ← U · (step · fp32(norm / max(norm_new, 1e-10)))
-// `v` and `v_mean` have normuon_state_size(m, n) elements; `update` is m×n. No overlaps.
+// `v` and `v_mean` have normuon_state_size(m, n) elements; `update` is m×n. No overlaps. β2 ≥ 0,
+// finite (std::invalid_argument otherwise): β2 = 1 leaves v as it is, β2 > 1 extrapolates (nanochat's
+// and Dion's NorMuon check no upper bound).
 MESHMUON_API void normuon_finish(float* update, int64_t rows, int64_t cols, const float* v_mean,
                               float* v, double beta2);
 

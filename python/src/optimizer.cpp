@@ -123,7 +123,8 @@ void init_optimizer(nb::module_& m) {
       .def_rw("expert", &ParamSpec::expert)
       .def_rw("mesh", &ParamSpec::mesh)
       .def_rw("placements", &ParamSpec::placements)
-      .def_rw("qk", &ParamSpec::qk, nb::arg().none());
+      .def_rw("qk", &ParamSpec::qk, nb::arg().none())
+      .def_rw("split", &ParamSpec::split);
 
   nb::class_<Inventory>(m, "Inventory", "Parameters placed on meshes that span one world.")
       .def(nb::init<>())

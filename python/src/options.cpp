@@ -88,6 +88,8 @@ void init_options(nb::module_& m) {
       .def_rw("normuon_beta2", &GroupOptions::normuon_beta2)
       .def_rw("ns", &GroupOptions::ns)
       .def_rw("qk_clip_threshold", &GroupOptions::qk_clip_threshold)
+      .def_rw("num_heads", &GroupOptions::num_heads)
+      .def_rw("split_sizes", &GroupOptions::split_sizes)
       .def_rw("beta1", &GroupOptions::beta1)
       .def_rw("beta2", &GroupOptions::beta2)
       .def_rw("eps", &GroupOptions::eps)
@@ -114,7 +116,8 @@ void init_options(nb::module_& m) {
             p.shape = Shape(std::span<const int64_t>(s.data(), s.size()));
           })
       .def_rw("expert_stack", &ParamInfo::expert_stack)
-      .def_rw("qk", &ParamInfo::qk, nb::arg().none());
+      .def_rw("qk", &ParamInfo::qk, nb::arg().none())
+      .def_rw("split", &ParamInfo::split);
 
   nb::class_<ParamGroup>(m, "ParamGroup", "Group options and the indices of its parameters.")
       .def(nb::init<>())

@@ -59,6 +59,7 @@ Inventory local_inventory(const std::vector<ParamInfo>& params, const std::vecto
     p.expert = muon && info.expert_stack;
     p.mesh = 0;
     if (muon) p.qk = info.qk;
+    p.split = info.split;  // validate_param refuses it on an AdamW parameter
     inv.params.push_back(std::move(p));
   }
   return inv;

@@ -1,6 +1,7 @@
 // Internal: the local update passes (local_update.h).
 #include "exec/local_update.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "meshmuon/update.h"
@@ -31,8 +32,36 @@ void LocalUpdate::apply(std::span<const UpdateTarget> targets) {
     const ParamLayout& L = layouts_[static_cast<size_t>(t.param)];
     if (L.local_numel == 0) continue;
     const GroupOptions& o = options(t.param);
-    tensors.push_back({{o.lr, adjusted_lr(o.lr, o.lr_rule, L.rows, L.cols), o.weight_decay, o.cautious_wd, o.decay_lr},
-                       in_.params[static_cast<size_t>(t.param)].f32(), t.update, L.local_numel});
+    float* param = in_.params[static_cast<size_t>(t.param)].f32();
+    if (L.split.empty()) {
+      tensors.push_back({{o.lr, adjusted_lr(o.lr, o.lr_rule, L.rows, L.cols), o.weight_decay, o.cautious_wd, o.decay_lr},
+                         param, t.update, L.local_numel});
+      continue;
+    }
+    // row blocks: each block's LR rule reads the block's shape; the local shard's rows of each block
+    // are contiguous runs (row-major), and neighbouring runs with the same lr merge into one tensor
+    const int nd = L.shape.ndim();
+    const IndexSet& rows = L.box.dims[static_cast<size_t>(nd - 2)];
+    const int64_t lc = L.box.dims[static_cast<size_t>(nd - 1)].size();
+    const int64_t experts = L.expert ? L.box.dims[0].size() : 1;
+    const size_t first = tensors.size();
+    int64_t at = 0;
+    for (int64_t e = 0; e < experts; ++e)
+      for (const Range& r : rows.ranges()) {
+        int64_t block_begin = 0;
+        for (int64_t b : L.split) {
+          const int64_t lo = std::max(r.begin, block_begin), hi = std::min(r.end, block_begin + b);
+          block_begin += b;
+          if (lo >= hi) continue;
+          const double lr_b = adjusted_lr(o.lr, o.lr_rule, b, L.cols);
+          const int64_t n = (hi - lo) * lc;
+          if (tensors.size() > first && tensors.back().o.adjusted_lr == lr_b && tensors.back().update + tensors.back().n == t.update + at)
+            tensors.back().n += n;
+          else
+            tensors.push_back({{o.lr, lr_b, o.weight_decay, o.cautious_wd, o.decay_lr}, param + at, t.update + at, n});
+          at += n;
+        }
+      }
   }
   backend_.apply_multi(tensors);
   for (const UpdateTarget& t : targets) {  // QK-clip after the update, on the tagged parameters

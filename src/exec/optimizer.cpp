@@ -49,6 +49,31 @@ void validate_construction(const Optimizer::Impl& s, const Inventory& inv, const
   }
 }
 
+// The groups' split option into the inventory (ParamSpec::split: the planner plans the blocks and
+// the executor orthogonalizes them). An inventory that already splits a parameter keeps it when the
+// group says nothing or the same. NorMuon keeps one statistic per row or column of the WHOLE matrix
+// (its state's shape); a block uses that same state slice only when every block keeps the whole
+// matrix's side (per row: each block at least as tall as it is wide), so other splits are refused.
+void apply_group_splits(Inventory& inv, const std::vector<ParamGroup>& groups, const std::vector<int>& group_of) {
+  for (size_t i = 0; i < inv.params.size(); ++i) {
+    ParamSpec& p = inv.params[i];
+    const GroupOptions& o = groups[static_cast<size_t>(group_of[i])].options;
+    if (p.role != Role::Muon) continue;
+    std::vector<int64_t> blocks = resolve_split(o, p.rows(), p.name);
+    if (!blocks.empty()) {
+      MESHMUON_CHECK(p.split.empty() || p.split == blocks, "[optim] parameter '", p.name,
+                  "': the inventory splits it into other row blocks than its group's split option; give one of the two");
+      p.split = std::move(blocks);
+    }
+    if (p.split.empty() || !o.normuon) continue;
+    for (int64_t b : p.split)
+      MESHMUON_CHECK(b >= p.cols(), "[optim] parameter '", p.name, "' ", p.shape.to_string(), ": NorMuon on a block of ", b,
+                  " rows × ", p.cols(), " columns would keep per-column statistics, but the parameter's NorMuon state is per "
+                  "row of the whole matrix; with NorMuon, split into blocks of at least ", p.cols(), " rows (e.g. q, k, v "
+                  "of a fused QKV) or turn NorMuon off for this group");
+  }
+}
+
 // The planner's options: the optimizer's, the first Muon group's Newton–Schulz, and which
 // parameters carry NorMuon state (part of the byte prediction).
 PlanOptions plan_options(const Optimizer::Impl& s, const Inventory& inventory) {
@@ -80,6 +105,7 @@ void fill_table(Optimizer::Impl& s) {
   for (const ParamGroup& g : s.groups) {
     t.algorithm.push_back(g.options.algorithm);
     t.normuon.push_back(g.options.algorithm == Algorithm::Muon && g.options.normuon);
+    t.split.emplace_back(g.options.num_heads, g.options.split_sizes);
   }
   const auto& params = s.plan.inventory().params;
   t.param_normuon.assign(params.size(), false);
@@ -179,6 +205,7 @@ Optimizer::Optimizer(std::shared_ptr<MeshCommunicators> comms, Inventory invento
     s.backend = detail::resolve_engine_device(s.options.device).backend;  // e.g. a rank without its GPU
     detail::check_comm_carries_device(*s.backend, *s.user_comm, "[optim]");
     validate_construction(s, inventory, s.groups, s.table.group_of);
+    apply_group_splits(inventory, s.groups, s.table.group_of);
     s.plan = make_plan(inventory, plan_options(s, inventory));
     fill_table(s);
     claim = detail::make_plan_claim(s.plan, s.table, s.options, s.backend->name());

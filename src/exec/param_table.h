@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "meshmuon/tensor.h"
@@ -17,6 +18,7 @@ struct ParamTable {
   std::vector<Algorithm> algorithm;   // per group
   std::vector<bool> normuon;          // per group: Muon with NorMuon
   std::vector<bool> param_normuon;    // per parameter: its group's
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> split;  // per group: (num_heads, split_sizes) at construction
   std::vector<int> gram_param;        // per group: a parameter on gram_allreduce (no MuonEq / Muon+), or -1
   std::vector<std::string> names;     // per parameter (error messages)
   std::vector<Shape> local_shapes;    // per parameter: this rank's box's shape

@@ -255,7 +255,19 @@ class Pipeline {
     for (const ComputeUnit& u : c.r->compute) {
       if (!in_.active[static_cast<size_t>(u.param)]) continue;  // no gradient anywhere: zeros travel, nothing computed
       const ParamLayout& L = x_.routes.layouts[static_cast<size_t>(u.param)];
-      jobs.push_back({u.param, c.f32(u.full_offset), u.v_offset >= 0 ? c.f32(u.v_offset) : nullptr, 1, L.rows, L.cols});
+      float* data = c.f32(u.full_offset);
+      float* v = u.v_offset >= 0 ? c.f32(u.v_offset) : nullptr;
+      if (L.split.empty()) {
+        jobs.push_back({u.param, data, v, 1, L.rows, L.cols});
+        continue;
+      }
+      // row blocks (ParamSpec::split): each a contiguous row-major sub-matrix of the full unit,
+      // orthogonalized as a matrix of its own; its NorMuon state is its rows of the per-row state
+      int64_t row = 0;
+      for (int64_t b : L.split) {
+        jobs.push_back({u.param, data + row * L.cols, v ? v + row : nullptr, 1, b, L.cols});
+        row += b;
+      }
     }
     x_.compute.compute(jobs, x_.table.group_of, in_.options, x_.comm_dtype);
   }

@@ -69,6 +69,7 @@ class Builder {
         L.unit_numel = L.rows * L.cols;
         L.v_shape = normuon_state_shape(p.shape, p.expert);
         L.v_len = L.rows >= L.cols ? L.rows : L.cols;
+        L.split = p.split;
         L.v_box = local_box(L.v_shape, p.placements, inv_.meshes[static_cast<size_t>(p.mesh)], me_);
         L.local_v = L.v_box.numel();
       }

@@ -22,6 +22,7 @@ struct ParamLayout {
   Shape shape, v_shape;          // global shape; NorMuon state shape
   int64_t rows = 0, cols = 0, units = 1, unit_numel = 0, v_len = 0;  // per unit
   Box box, v_box;                // this rank's
+  std::vector<int64_t> split;    // row blocks of one unit (ParamSpec::split; empty: one block)
   int64_t local_numel = 0, local_v = 0;
 };
 

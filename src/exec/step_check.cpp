@@ -15,6 +15,8 @@ void check_groups(const StepInputs& in, const ParamTable& table) {
     validate_group_options(o, g);
     MESHMUON_CHECK(o.algorithm == table.algorithm[g], "[optim] group ", g, ": algorithm changed after construction; build a new optimizer");
     if (o.algorithm != Algorithm::Muon) continue;
+    MESHMUON_CHECK(o.num_heads == table.split[g].first && o.split_sizes == table.split[g].second, "[optim] group ", g,
+                ": num_heads / split_sizes changed after construction (the plan's row blocks); build a new optimizer");
     MESHMUON_CHECK(!o.normuon || table.normuon[g], "[optim] group ", g,
                 ": normuon was off at construction, so its state does not exist; enable it before constructing");
     MESHMUON_CHECK(o.normuon || !table.normuon[g], "[optim] group ", g, ": normuon may not be turned off after construction");

@@ -68,7 +68,7 @@ ParamSpec parse_param(const json& j, size_t index, const std::vector<std::string
   ParamSpec p;
   p.name = get_string(j, "name", source, where);
   where = "parameter '" + p.name + "'";
-  check_keys(j, {"name", "shape", "dtype", "role", "expert", "tp", "mesh", "placements", "qk"}, source, where);
+  check_keys(j, {"name", "shape", "dtype", "role", "expert", "tp", "mesh", "placements", "qk", "split"}, source, where);
   const json& shape = need(j, "shape", json::value_t::array, "an array of integers", source, where);
   if (shape.empty() || shape.size() > static_cast<size_t>(kMaxDims))
     fail(source, where, "field 'shape' must have 1 to " + std::to_string(kMaxDims) + " extents");
@@ -106,6 +106,13 @@ ParamSpec parse_param(const json& j, size_t index, const std::vector<std::string
     }
   }
   if (j.contains("qk") && !j.at("qk").is_null()) p.qk = parse_qk(j.at("qk"), source, where);
+  if (j.contains("split") && !j.at("split").is_null()) {  // row blocks (validate_param checks the sum)
+    const json& sp = need(j, "split", json::value_t::array, "an array of positive row counts", source, where);
+    for (const json& e : sp) {
+      if (!e.is_number_integer() || e.get<int64_t>() <= 0) fail(source, where, "field 'split' must hold positive integers");
+      p.split.push_back(e.get<int64_t>());
+    }
+  }
   return p;
 }
 

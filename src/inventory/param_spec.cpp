@@ -58,6 +58,16 @@ void validate_param(const ParamSpec& p, const Mesh& mesh) {
                 " dims ", p.shape.to_string(), "; Muon takes 2-D matrices and 3-D expert stacks, route it to AdamW");
   }
   check_placements(p.shape, p.placements, mesh, what + " (field 'placements')");
+  if (!p.split.empty()) {
+    MESHMUON_CHECK(p.role == Role::Muon, "[inventory] ", what, ": field 'split' is set on an AdamW parameter");
+    int64_t sum = 0;
+    for (int64_t b : p.split) {
+      MESHMUON_CHECK(b > 0, "[inventory] ", what, ": field 'split' has a block of ", b, " rows; every block needs ≥ 1");
+      sum += b;
+    }
+    MESHMUON_CHECK(sum == p.rows(), "[inventory] ", what, ": field 'split' sums to ", sum, " rows but the matrix has ",
+                p.rows(), " ", p.shape.to_string(), "; the row blocks must cover dim ", p.shape.ndim() - 2, " exactly");
+  }
   if (p.qk) {
     MESHMUON_CHECK(p.role == Role::Muon, "[inventory] ", what, ": field 'qk' is set on an AdamW parameter");
     MESHMUON_CHECK(!p.expert, "[inventory] ", what, ": field 'qk' is set on an expert stack");

@@ -55,7 +55,7 @@ bool applies(Strategy s, const ParamSpec& p, const ShardTable& t, bool split) {
     case Strategy::OwnerA2A: return t.g > 1 || (split && t.r > 1);
     case Strategy::AllGather: return t.g > 1;
     case Strategy::Agrs: return !p.expert && t.g > 1;
-    case Strategy::GramAllReduce: return !p.expert && t.long_dim_only;
+    case Strategy::GramAllReduce: return !p.expert && t.long_dim_only && p.split.empty();  // blocks: whole matrices
     case Strategy::ExpertSubgroup: return p.expert && t.g > 1;
   }
   return false;
@@ -71,11 +71,17 @@ double call_latency(Channel channel, int g, int calls, const MachineProfile& m) 
   return 0;
 }
 
+double unit_ns_flops(const ParamSpec& p, const NsOptions& ns) {
+  double f = 0;
+  for (int64_t b : p.blocks()) f += ns_flops(b, p.cols(), ns);
+  return f;
+}
+
 double amortized_seconds(Strategy s, const ParamSpec& p, const ShardTable& t, bool split, const PlanOptions& o) {
   PlanEntry e;
   e.strategy = s;
   e.replica_split = split && s == Strategy::OwnerA2A && t.r > 1;
-  e.unit_flops = ns_flops(p.rows(), p.cols(), o.ns);
+  e.unit_flops = unit_ns_flops(p, o.ns);
   e.owner_index.assign(static_cast<size_t>(t.units), 0);
   e.owner_replica.assign(static_cast<size_t>(t.units), 0);
   double sent = 0, recv = 0, rep = 0, flops = 0;

@@ -20,6 +20,8 @@ double call_latency(Channel channel, int g, int calls, const MachineProfile& m);
 
 // Amortized per-rank seconds (bandwidth and compute, no latency) of running `p` with `s` (means over
 // ranks, so owner placement does not matter): what the per-parameter choice compares.
+// One matrix's (one expert's) orthogonalization flops: the sum over its row blocks (ParamSpec::split).
+double unit_ns_flops(const ParamSpec& p, const NsOptions& ns);
 double amortized_seconds(Strategy s, const ParamSpec& p, const ShardTable& t, bool split, const PlanOptions& o);
 
 }  // namespace meshmuon::detail

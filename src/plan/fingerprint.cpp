@@ -17,6 +17,10 @@ void add_param(Hasher& hs, const ParamSpec& p) {
   hs.pod(p.dtype), hs.pod(p.role), hs.pod(p.expert), hs.pod(p.mesh);
   hs.pod(p.placements.size());
   for (const Placement& pl : p.placements) hs.pod(pl.kind), hs.pod(pl.dim), hs.pod(pl.split_factor);
+  if (!p.split.empty()) {  // hashed only when set, so an unsplit inventory keeps its fingerprint
+    hs.str("split"), hs.pod(p.split.size());
+    for (int64_t b : p.split) hs.pod(b);
+  }
   hs.pod(p.qk.has_value());
   if (p.qk) hs.pod(p.qk->layer), hs.pod(p.qk->kind), hs.pod(p.qk->heads), hs.pod(p.qk->head_dim), hs.pod(p.qk->rope_dim), hs.pod(p.qk->v_dim);
 }

@@ -132,6 +132,19 @@ std::string_view peer_of(Strategy s) {
   }
 }
 
+// Row block sizes, runs of equal sizes folded: [128 x32] or [2048, 512, 512].
+std::string block_text(const std::vector<int64_t>& split) {
+  std::string t;
+  for (size_t i = 0; i < split.size();) {
+    size_t j = i;
+    while (j < split.size() && split[j] == split[i]) ++j;
+    t += fmt::format("{}{}", t.empty() ? "" : ", ", split[i]);
+    if (j - i > 1) t += fmt::format(" x{}", j - i);
+    i = j;
+  }
+  return "[" + t + "]";
+}
+
 nlohmann::ordered_json summary_json(const CostSummary& c) {
   return {{"params", c.params}, {"matrices", c.matrices},
           {"bytes_sent_max", c.bytes_sent_max}, {"bytes_sent_mean", c.bytes_sent_mean},
@@ -140,6 +153,23 @@ nlohmann::ordered_json summary_json(const CostSummary& c) {
           {"peak_buffer_bytes_max", c.peak_buffer_bytes_max}, {"collectives", c.collectives},
           {"comm_seconds", c.comm_seconds}, {"compute_seconds", c.compute_seconds},
           {"predicted_seconds", c.predicted_seconds}};
+}
+
+// The split parameters (ParamSpec::split): how many, their row blocks per matrix, and the first
+// few by name with their block sizes (empty when no parameter is split).
+std::string split_summary(const Inventory& inv, const std::vector<PlanEntry>& entries) {
+  int params = 0;
+  int64_t blocks = 0;
+  std::string named;
+  for (const PlanEntry& e : entries) {
+    const ParamSpec& p = inv.params[static_cast<size_t>(e.param)];
+    if (p.split.empty()) continue;
+    blocks += static_cast<int64_t>(p.split.size()) * p.units();
+    if (params++ < 4) named += fmt::format("{}{} {}", named.empty() ? "" : ", ", p.name, block_text(p.split));
+  }
+  if (params == 0) return "";
+  return fmt::format("  split: {} parameters orthogonalized as {} row blocks ({}{})\n", params, blocks, named,
+                     params > 4 ? ", ..." : "");
 }
 
 }  // namespace
@@ -162,6 +192,7 @@ std::string Plan::to_string(std::span<const Baseline> baselines) const {
   s += fmt::format("  {} chunks (cap {}, window {}), replicas {}, fingerprint {:016x}\n\n", chunks_.size(),
                    fmt_bytes(static_cast<double>(options_.chunk_bytes)), options_.window, meshmuon::to_string(options_.replica),
                    fingerprint_);
+  s += split_summary(inventory_, entries_);
   static constexpr const char header[] = "{:<16} {:>6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>11} {:>11} {:>8} {:>10} {:>6} {:>10}\n";
   s += fmt::format(fmt::runtime(header), "strategy", "params", "matrices", "sent max", "sent mean", "recv max", "recv mean",
                    "flops max", "flops mean", "max/mean", "peak buf", "coll", "time");
@@ -240,6 +271,7 @@ std::string Plan::to_json(std::span<const Baseline> baselines) const {
                        {"mesh", inventory_.mesh_names[static_cast<size_t>(e.mesh)]},
                        {"group_dims", dims_text(mesh, e.group_dims)}, {"replica_dims", dims_text(mesh, e.replica_dims)},
                        {"replica_split", e.replica_split}, {"chunk", e.chunk}, {"unit_flops", e.unit_flops}});
+    if (!p.split.empty()) entries.back()["blocks"] = p.split;  // row blocks orthogonalized independently
   }
   j["entries"] = entries;
   return j.dump(2);

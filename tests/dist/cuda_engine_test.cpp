@@ -70,6 +70,7 @@ int64_t bit_diffs(const std::vector<float>& a, const std::vector<float>& b) {
 int64_t run_and_compare(const RunConfig& c, std::string& detail, bool& bytes_ok) {
   const Device dev{DeviceKind::Cuda, 0};
   Inventory inv = make_inventory(c.parallel);
+  if (c.split) split_test_params(inv);
   const size_t n = inv.params.size();
   const bool bf16 = c.comm_dtype == DType::BF16;
   const bool normuon = c.strategy != "gram_allreduce";
@@ -82,8 +83,7 @@ int64_t run_and_compare(const RunConfig& c, std::string& detail, bool& bytes_ok)
   std::vector<ParamGroup> groups = test_groups(n, normuon, bf16_products, c.nanochat);
   if (bf16_products) groups[1].options.ns.matmul_dtype = DType::BF16;
   Optimizer opt(shared_comm(), inv, groups, oo);
-  std::vector<ParamInfo> infos;
-  for (const ParamSpec& p : inv.params) infos.push_back({p.name, p.shape, p.expert, p.qk});
+  const std::vector<ParamInfo> infos = infos_of(inv);
   LocalOptimizerOptions lo{NonFinitePolicy::Raise, c.comm_dtype};
   lo.device = "cuda";
   LocalOptimizer ref(infos, groups, lo);
@@ -171,6 +171,24 @@ TEST(CudaEngineDist, BitwiseEqualsOneProcessOnTheSameGpu) {
           EXPECT_EQ(d, 0) << what << ": " << detail;
           EXPECT_TRUE(bytes_ok) << what << ": " << detail;
         }
+}
+
+// Split orthogonalization (issue 37): the row blocks are smaller matrices to the cuda backend (bf16
+// products batch equal blocks across units), bitwise as the one-process run on the same GPU.
+TEST(CudaEngineDist, SplitBlocksBitwiseEqualOneProcess) {
+  std::string why;
+  if (!have_device(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  if (test::expected_backend() != "mpi") GTEST_SKIP() << "needs the mpi communicator (staging device buffers)";
+  for (const std::string& parallel : shard_parallels())
+    for (const char* strategy : {"auto", "owner_a2a", "allgather", "agrs"}) {
+      RunConfig config{parallel, strategy, DType::F32};
+      config.split = true;
+      std::string detail;
+      bool bytes_ok = true;
+      const int64_t d = run_and_compare(config, detail, bytes_ok);
+      EXPECT_EQ(d, 0) << parallel << " " << strategy << " split: " << detail;
+      EXPECT_TRUE(bytes_ok) << parallel << " " << strategy << " split: " << detail;
+    }
 }
 
 }  // namespace

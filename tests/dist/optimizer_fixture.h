@@ -108,7 +108,27 @@ struct RunConfig {
   ReplicaMode replica = ReplicaMode::Auto;
   std::vector<size_t> no_grad;  // parameters without a gradient at step 1, on every rank (and in the reference)
   bool nanochat = false;        // test_groups' nanochat options (MuonEq, Muon+, adjusted-lr decay)
+  bool split = false;           // split_test_params: row blocks on three matrices
 };
+
+// Split orthogonalization (ParamSpec::split) on three matrices of test_model, the blocks straddling
+// shards on every mesh: w57 [5, 7] in uneven blocks (2, 3) (plain group), w183 [18, 3] as a fused
+// q | k | v (9, 6, 3) (NorMuon group: blocks at least as tall as wide keep per-row statistics),
+// attn.q [8, 6] per head (4, 4) (the QK-clip group: clipping rows of a split weight).
+void split_test_params(Inventory& inv) {
+  for (ParamSpec& p : inv.params) {
+    if (p.name == "w57" && p.rows() == 5) p.split = {2, 3};
+    if (p.name == "w183") p.split = {9, 6, 3};
+    if (p.name == "attn.q") p.split = {4, 4};
+  }
+}
+
+// The LocalOptimizer view of an inventory (whole parameters, their split and QK tags).
+std::vector<ParamInfo> infos_of(const Inventory& inv) {
+  std::vector<ParamInfo> infos;
+  for (const ParamSpec& p : inv.params) infos.push_back({p.name, p.shape, p.expert, p.qk, p.split});
+  return infos;
+}
 
 Inventory make_inventory(const std::string& parallel, bool extra = false, int64_t w57_rows = 5) {
   ParallelConfig pc = parse_parallel(parallel);

@@ -85,8 +85,9 @@ def test_nanochat_maps_every_key():
 def test_nanochat_refuses_what_it_cannot_map():
     params, vec = mats((8, 4)), torch.nn.Parameter(torch.zeros(4))
     groups = nanochat_groups(params, vec)
-    with pytest.raises(ValueError, match=r"group 1: ns_steps=3: .*use ns_steps=5"):
-        dt.from_nanochat([groups[0], dict(groups[1], ns_steps=3)], **NO_B)
+    # ns_steps 1-4 are a prefix of nanochat's table (a custom schedule: test_migrate_bounds.py)
+    with pytest.raises(ValueError, match=r"group 1: ns_steps=0: .*use an int ns_steps >= 1"):
+        dt.from_nanochat([groups[0], dict(groups[1], ns_steps=0)], **NO_B)
     with pytest.raises(ValueError, match=r"group 1: has no 'beta2'"):
         dt.from_nanochat([groups[0], {k: v for k, v in groups[1].items() if k != "beta2"}], **NO_B)
     with pytest.raises(ValueError, match=r"group 0: kind='lion' is not one of"):
@@ -236,8 +237,9 @@ def test_motif_refuses_what_it_cannot_map():
     w, e = mats((8, 4), (3, 8, 4))
     with pytest.raises(ValueError, match=r"group 0: has no 'use_muon'"):
         dt.from_motif([dict(params=[w])])
-    with pytest.raises(ValueError, match=r"ns_steps=6: Motif's Newton-Schulz runs its 5"):
-        dt.from_motif([dict(params=[w], use_muon=True)], ns_steps=6)
+    # any int ns_steps is Motif's 5 rows (its Newton-Schulz ignores it: test_migrate_bounds.py)
+    with pytest.raises(ValueError, match=r"ns_steps='6' must be an int"):
+        dt.from_motif([dict(params=[w], use_muon=True)], ns_steps="6")
     with pytest.raises(ValueError, match=r"parameter 1 'e' is 3-D and matches no expert_keys"):
         dt.from_motif([dict(params=[w, e], names=["w", "e"], use_muon=True)], expert_keys=["x"])
     with pytest.raises(ValueError, match=r"clip_config with q_indices"):
@@ -320,8 +322,19 @@ def test_dion_refuses_what_it_cannot_map():
         dt.from_dion([dict(params=[v], algorithm="lion")])
     with pytest.raises(ValueError, match=r"use_gram_newton_schulz is not translated"):
         dt.from_dion([tall], use_gram_newton_schulz=True)
-    with pytest.raises(ValueError, match=r"num_heads=4 is not translated"):
+    # num_heads / split_sizes translate (issue 37), with Dion's own refusals; spectral_norm's A < B
+    # refusal reads each block's shape: 4 heads of [8, 4] are [2, 4] blocks
+    with pytest.raises(ValueError, match=r"parameter 0 has shape \(8, 4\) \(A < B\)"):
         dt.from_dion([dict(params=[tall], num_heads=4)])
+    assert dt.from_dion([dict(params=[tall], num_heads=2)])["params"][0]["num_heads"] == 2
+    with pytest.raises(ValueError, match=r"num_heads=3 does not divide dim 0"):
+        dt.from_dion([dict(params=[tall], num_heads=3)], adjust_lr=None)
+    with pytest.raises(ValueError, match=r"split_sizes \(4, 2\) do not sum to dim 0"):
+        dt.from_dion([dict(params=[tall], split_sizes=(4, 2))], adjust_lr=None)
+    with pytest.raises(ValueError, match=r"both set"):
+        dt.from_dion([dict(params=[tall], split_sizes=(4, 4), num_heads=2)])
+    with pytest.raises(ValueError, match=r"split_sizes=\(8,\): Dion takes"):
+        dt.from_dion([dict(params=[tall], split_sizes=(8,))])
     with pytest.raises(ValueError, match=r"cautious_wd=True in an AdamW group"):
         dt.from_dion([dict(params=[v], algorithm="adamw", cautious_wd=True)])
     with pytest.raises(ValueError, match=r"step=3: the Dion Muon optimizer has stepped"):
@@ -333,19 +346,24 @@ def _nanochat_muon_group(beta2):
                 momentum=0.95, ns_steps=5, beta2=beta2, weight_decay=0.1)
 
 
-@pytest.mark.parametrize("beta2", [-0.1, 1.0 + 1e-9, float("nan"), float("inf"), "0.9", True])
-def test_nanochat_beta2_outside_its_range_is_refused(beta2):
-    with pytest.raises(ValueError, match=r"group 0: beta2=.*in \[0, 1\]"):
+# nanochat checks no beta2; meshmuon takes NorMuon's beta2 >= 0, finite (Dion's NorMuon's range):
+# negative (a lerp weight above 1) and non-finite values (NaN parameters) are refused, naming beta2.
+@pytest.mark.parametrize("beta2,why", [(-0.1, "is negative"), (float("nan"), "write inf or NaN"),
+                                       (float("inf"), "write inf or NaN"), ("0.9", "not a number"),
+                                       (True, "not a number")])
+def test_nanochat_beta2_outside_its_range_is_refused(beta2, why):
+    with pytest.raises(ValueError, match=rf"group 0: beta2=.*{why}"):
         dt.from_nanochat([_nanochat_muon_group(beta2)])
 
 
 @pytest.mark.parametrize("beta2,normuon,normuon_beta2,alias", [
     (0.0, True, 0.0, "normuon_beta2"), (1.0 - 1e-12, True, 1.0 - 1e-12, "normuon_beta2"),
-    (1.0, False, None, {"fixed": 1.0}), (None, True, 0.0, {"fixed": None})])
+    (1.0, True, 1.0, "normuon_beta2"), (1.5, True, 1.5, "normuon_beta2"),
+    (None, True, 0.0, {"fixed": None})])
 def test_nanochat_beta2_ends_translate(beta2, normuon, normuon_beta2, alias):
-    """Both ends of nanochat's beta2 (0 and 1 inclusive) and None (nanochat reads 0.0) translate
-    and step; 1 and None are fixed (a write raises before the step: normuon is fixed at
-    construction), the rest stay live aliases of normuon_beta2."""
+    """nanochat's beta2 at 0, 1 (v stays at its zeros, in the engine too), above 1 and None
+    (older nanochat reads 0.0) translate and step; None is fixed (a write raises before the step),
+    the rest stay live aliases of normuon_beta2."""
     kwargs = dt.from_nanochat([_nanochat_muon_group(beta2)])
     group = kwargs["params"][0]
     assert group["normuon"] is normuon and group.get("normuon_beta2") == normuon_beta2

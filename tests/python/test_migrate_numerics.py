@@ -101,8 +101,8 @@ def test_negative_control_a_changed_rule_is_detected(peer, change):
 
 
 # nanochat reads `beta2` without a range check (None as 0.0). Its ends: 0 (v is the last v_mean) and
-# 1 (v never leaves its zeros: the NorMuon scaling is the identity; meshmuon translates it to
-# normuon=False, the engine taking normuon_beta2 in [0, 1) only), both taken as nanochat takes them.
+# 1 (v never leaves its zeros, in nanochat and in meshmuon's engine: the NorMuon scaling is the
+# identity up to rounding), both taken as nanochat takes them.
 @pytest.mark.parametrize("beta2", [0.0, 0.5, 1.0, None])
 def test_nanochat_beta2_range_ends_take_nanochats_steps(beta2):
     if not B_KEYS:

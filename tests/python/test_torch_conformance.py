@@ -290,11 +290,45 @@ def test_can_unpickle_older_optimizer(info):
             assert all(g[flag] == optimizer.defaults[flag] for g in older.param_groups), flag
 
 
-def test_save_load_equality_with_weights_only(info):
+def older_model():
+    """The model of torch's state-dict checks for Muon: 2-D weights only."""
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(2, 3, bias=False), torch.nn.Sigmoid(),
+                               torch.nn.Linear(3, 1, bias=False), torch.nn.Sigmoid())
+
+
+def can_load_from_to_named_state_dict(info, is_named_optim0, is_named_optim1):
+    """TestOptimRenewed.test_can_load_from_to_named_state_dict (parametrized over both flags): a
+    state dict of an optimizer given named_parameters() or parameters() loads into one given
+    either, steps, and keeps the parameter names when either side had them."""
+    for optim_input in inputs(info):
+        model = older_model()
+        x = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]).reshape(3, 2)
+
+        def step(optimizer):
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+
+        params = model.named_parameters() if is_named_optim0 else model.parameters()
+        optimizer = info.optim_cls(params, **optim_input.kwargs)
+        for _ in range(3):
+            step(optimizer)
+        old = copy.deepcopy(optimizer.state_dict())
+        params = model.named_parameters() if is_named_optim1 else model.parameters()
+        optimizer2 = info.optim_cls(params, **optim_input.kwargs)
+        optimizer2.load_state_dict(old)
+        step(optimizer2)
+        if is_named_optim0 or is_named_optim1:
+            assert optimizer2.state_dict()["param_groups"][0]["param_names"] == ["0.weight", "2.weight"]
+
+
+def test_save_load_equality_with_weights_only(info, is_named_optim=False):
     for optim_input in inputs(info):
         weight, bias = Parameter(torch.randn(2, 3)), Parameter(torch.randn(2, 1))
         x = torch.randn(3)
-        optimizer = info.optim_cls([weight, bias], **optim_input.kwargs)
+        params = [("name0", weight), ("name1", bias)] if is_named_optim else [weight, bias]
+        optimizer = info.optim_cls(params, **optim_input.kwargs)
         closure = functools.partial(fwd_bwd, optimizer, weight, bias, x)
         for _ in range(3):
             optimizer.step(closure)
@@ -593,6 +627,13 @@ CHECKS.update({
     for c in (True, False) for s in (True, False)})
 CHECKS.update({"step_post_hook": functools.partial(step_hook, register="register_step_post_hook", start=2, after_two=6),
                "step_pre_hook": functools.partial(step_hook, register="register_step_pre_hook", start=5, after_two=9)})
+# TestOptimRenewed's parametrized checks: the named-parameter variants (torch >= 2.6).
+CHECKS.update({
+    f"can_load_from_to_named_state_dict[is_named_optim0={a},is_named_optim1={b}]":
+        functools.partial(can_load_from_to_named_state_dict, is_named_optim0=a, is_named_optim1=b)
+    for a in (True, False) for b in (True, False)})
+CHECKS["save_load_equality_with_weights_only[is_named_optim=True]"] = functools.partial(
+    CHECKS["save_load_equality_with_weights_only"], is_named_optim=True)
 CHECKS.update({f"copy_steps_as_the_original[{how}]":
                functools.partial(copy_steps_as_the_original, how=how) for how in ("deepcopy", "pickle")})
 for _name in [n for n in globals() if n.startswith("test_")]:

@@ -18,9 +18,11 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
@@ -184,17 +186,18 @@ class FakeDeviceBackend final : public detail::Backend {
     v.data = mem_->alias(v.data);
     return v;
   }
+  // One scratch per calling thread (threads may run Gram NS at once, as the cuda backend allows).
   float* gram_scratch(size_t count) {
     std::lock_guard<std::mutex> lock(gram_mu_);
-    if (gram_count_ < count) gram_ = static_cast<float*>(mem_->allocate(count * sizeof(float))), gram_count_ = count;
-    return gram_;
+    auto& [gram, gram_count] = gram_[std::this_thread::get_id()];
+    if (gram_count < count) gram = static_cast<float*>(mem_->allocate(count * sizeof(float))), gram_count = count;
+    return gram;
   }
 
   std::shared_ptr<FakeDeviceMemory> mem_;
   std::shared_ptr<detail::Backend> cpu_;
   std::mutex gram_mu_;
-  float* gram_ = nullptr;
-  size_t gram_count_ = 0;
+  std::map<std::thread::id, std::pair<float*, size_t>> gram_;
 };
 
 // Device buffers on a fake device backend, filled from / read back to host vectors.

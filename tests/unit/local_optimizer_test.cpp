@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -453,7 +454,7 @@ TEST_F(BadInput, ShapeDtypeContiguityLogitsAndOptions) {
   expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, {}); }, "'wq'");
   expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, {{0, {1.0f, 2.0f, 3.0f}}}); },
                                              "'wq'");
-  opt_.options(1).momentum = 1.5;
+  opt_.options(1).momentum = -0.5;  // >= 0 only (1 and above are torch.optim.Muon's range)
   expect_throw_naming<std::invalid_argument>([&] { opt_.step(pv, gv, logits); }, "momentum");
   opt_.options(1).momentum = 0.9;
   opt_.options(2).eps = 0.0;
@@ -508,6 +509,35 @@ TEST(LocalOptimizerSetup, RejectsBadGroupingNamingTheParameter) {
 // Empty matrices and stacks, 1-D and empty AdamW parameters, a bf16 gradient and an absent one,
 // NorMuon on: every thread count gives bitwise the results of threads = 1; a skipped step modifies
 // nothing.
+// Group ranges at their ends: momentum and normuon_beta2 take any finite value >= 0 (torch.optim.Muon
+// and Dion check only >= 0; 1 freezes an EMA or NorMuon's v), AdamW's betas [0, 1) (1 divides by
+// 1 - beta^t = 0 in every peer's bias correction).
+TEST(GroupOptionsRanges, BoundaryValues) {
+  using meshmuon::test::error_of;
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double x : {0.0, 1.0, 1.5}) {
+    GroupOptions o;
+    o.momentum = x;
+    o.normuon = true;
+    o.normuon_beta2 = x;
+    EXPECT_EQ(error_of([&] { meshmuon::validate_group_options(o, 0); }), "") << x;
+  }
+  for (double x : {-1e-12, -0.5, inf, std::nan("")}) {
+    GroupOptions o;
+    o.momentum = x;
+    EXPECT_NE(error_of([&] { meshmuon::validate_group_options(o, 2); }).find("group 2: momentum"), std::string::npos);
+    o = GroupOptions{};
+    o.normuon_beta2 = x;
+    const std::string msg = error_of([&] { meshmuon::validate_group_options(o, 2); });
+    EXPECT_NE(msg.find("group 2: normuon_beta2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("must be finite and >= 0"), std::string::npos) << msg;
+  }
+  GroupOptions a;
+  a.algorithm = Algorithm::AdamW;
+  a.beta1 = 1.0;
+  EXPECT_NE(error_of([&] { meshmuon::validate_group_options(a, 1); }).find("beta1 1 is outside [0, 1)"), std::string::npos);
+}
+
 TEST(LocalOptimizerEngine, EdgeShapesBitwiseOnEveryThreadCount) {
   std::vector<ParamInfo> info = {{"rows0", {0, 16}},       {"cols0", {16, 0}},   {"stack0", {0, 4, 4}, true},
                                  {"stack_empty", {2, 0, 5}, true}, {"w", {40, 24}}, {"w_t", {24, 40}},

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -108,10 +109,71 @@ TEST(Momentum, UpdateMayAliasFp32GradButNotBuffer) {
   meshmuon::momentum_step({}, buf2.data(), g2.data(), g2.data(), 33);  // in place over the gradient
   expect_bitwise(out, g2, "aliased update");
   EXPECT_THROW(meshmuon::momentum_step({}, buf.data(), g.data(), buf.data() + 5, 20), std::invalid_argument);
-  EXPECT_THROW(meshmuon::momentum_step({meshmuon::MomentumKind::Ema, 1.0, true}, buf.data(), g.data(),
+  EXPECT_THROW(meshmuon::momentum_step({meshmuon::MomentumKind::Ema, -0.5, true}, buf.data(), g.data(),
                                     out.data(), 33),
                std::invalid_argument);
   EXPECT_THROW(meshmuon::momentum_step({}, nullptr, g.data(), out.data(), 3), std::invalid_argument);
+}
+
+// The range's boundary values, as torch.optim.Muon (EMA, checks only μ >= 0) and Motif / Dion (heavy
+// ball, μ >= 0) take them: μ = 0 (no memory), μ = 1 (EMA: the buffer never moves from where it is;
+// heavy ball: the buffer is the plain sum of the gradients), μ > 1 (extrapolation). Integer-valued
+// gradients make the sums exact, so the expected values are written without rounding.
+using MomentumEdge = std::tuple<meshmuon::MomentumKind, bool /*nesterov*/, double /*mu*/>;
+class MomentumEdgeTest : public ::testing::TestWithParam<MomentumEdge> {};
+
+TEST_P(MomentumEdgeTest, BoundaryMomentumIsTheRule) {
+  const auto [kind, nesterov, mu] = GetParam();
+  const int n = 19;
+  const bool ema = kind == meshmuon::MomentumKind::Ema;
+  std::vector<float> buf(n), update(n), buf_f(n), sum(n);
+  for (int i = 0; i < n; ++i) buf[i] = buf_f[i] = sum[i] = static_cast<float>(i % 5) - 2.0f;  // a nonzero start
+  const std::vector<float> start = buf;
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> g(n);
+    for (int i = 0; i < n; ++i) g[i] = static_cast<float>((i * 7 + step * 3) % 11) - 5.0f;
+    meshmuon::momentum_step({kind, mu, nesterov}, buf.data(), g.data(), update.data(), n);
+    const float mu_f = static_cast<float>(mu), w_f = static_cast<float>(1.0 - mu);
+    for (int i = 0; i < n; ++i) {
+      float upd;
+      if (ema) {
+        buf_f[i] = lerp_fp32(buf_f[i], g[i], w_f);
+        upd = nesterov ? lerp_fp32(g[i], buf_f[i], mu_f) : buf_f[i];
+      } else {
+        buf_f[i] = buf_f[i] * mu_f + g[i];
+        upd = nesterov ? std::fma(buf_f[i], mu_f, g[i]) : buf_f[i];
+      }
+      sum[i] += g[i];
+      ASSERT_EQ(buf[i], buf_f[i]) << "element " << i << " step " << step;
+      ASSERT_EQ(update[i], upd) << "element " << i << " step " << step;
+      if (mu == 1.0 && ema) {  // torch: buf.lerp_(g, 0) keeps buf; g.lerp(buf, 1) is buf
+        ASSERT_EQ(buf[i], start[i]);
+        ASSERT_EQ(update[i], start[i]);
+      } else if (mu == 1.0) {  // Motif / Dion: buf.mul_(1).add_(g), a pure sum
+        ASSERT_EQ(buf[i], sum[i]);
+        ASSERT_EQ(update[i], nesterov ? sum[i] + g[i] : sum[i]);
+      } else if (mu == 0.0) {  // no memory: the update is the gradient
+        ASSERT_EQ(buf[i], g[i]);
+        ASSERT_EQ(update[i], g[i]);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    KindsNesterovEdges, MomentumEdgeTest,
+    ::testing::Combine(::testing::Values(meshmuon::MomentumKind::Ema, meshmuon::MomentumKind::HeavyBall),
+                       ::testing::Bool(), ::testing::Values(0.0, 1.0, 1.5)));
+
+TEST(Momentum, RefusesNegativeAndNonFiniteMomentum) {
+  std::vector<float> g(4, 1.0f), buf(4, 0.0f), out(4);
+  for (double mu : {-1e-9, -0.5, std::numeric_limits<double>::infinity(), std::nan("")}) {
+    const std::string msg = meshmuon::test::error_of(
+        [&] { meshmuon::momentum_step({meshmuon::MomentumKind::Ema, mu, true}, buf.data(), g.data(), out.data(), 4); });
+    EXPECT_NE(msg.find("momentum"), std::string::npos) << mu;
+    EXPECT_NE(msg.find("must be finite and >= 0"), std::string::npos) << msg;
+  }
+  for (float x : buf) EXPECT_EQ(x, 0.0f);  // refused before anything is written
 }
 
 TEST(Momentum, TorchLerpPicksItsBranchByWeight) {
@@ -353,6 +415,53 @@ TEST(NorMuon, NormUsesTheWholeMatrix) {
   std::vector<float> z(m * n, 0.0f), vz(m, 0.0f);
   meshmuon::normuon_apply(z.data(), m, n, vz.data(), 0.9);
   for (float x : z) EXPECT_EQ(x, 0.0f);
+}
+
+// NorMuon's β2 at its boundary values (nanochat checks none; Dion's NorMuon only β2 >= 0): β2 = 1
+// leaves v exactly where it is (from v's initial zeros the scaling is the identity up to rounding:
+// a uniform step 1e5 that the renormalization divides out); β2 = 0 makes v the last v_mean; β2 > 1
+// extrapolates. Each against the double reference; negative and non-finite β2 refused.
+class NorMuonEdgeTest : public ::testing::TestWithParam<double> {};
+
+TEST_P(NorMuonEdgeTest, BoundaryBeta2IsTheRule) {
+  const double beta2 = GetParam();
+  for (auto [m, n] : {Shape2{13, 5}, Shape2{5, 13}}) {
+    const int len = static_cast<int>(meshmuon::normuon_state_size(m, n));
+    std::vector<float> v(len, 0.0f);
+    std::vector<double> v_ref(len, 0.0);
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> u = randn(static_cast<size_t>(m) * n, 700 + step);
+      for (int i = 0; i < m; ++i) u[i * n] *= 3.0f;  // rows of different scales
+      const std::vector<float> u0 = u, v0 = v;
+      std::vector<double> u_ref(u.begin(), u.end());
+      std::vector<float> mean(len);
+      meshmuon::normuon_mean_square(u0.data(), m, n, mean.data());
+      meshmuon::normuon_apply(u.data(), m, n, v.data(), beta2);
+      meshmuon::test::normuon_reference(u_ref.data(), m, n, v_ref.data(), beta2);
+      expect_near_rel(u, u_ref, 1e-5, 1e-3, "U");
+      if (beta2 == 1.0) {
+        expect_bitwise(v, v0, "v with beta2 = 1");
+        for (size_t i = 0; i < u.size(); ++i) ASSERT_NEAR(u[i], u0[i], 1e-5 * std::max(1.0f, std::fabs(u0[i])));
+      } else if (beta2 == 0.0) {
+        expect_bitwise(v, mean, "v with beta2 = 0");
+      } else {
+        expect_near_rel(v, v_ref, 1e-5, 1e-12, "v");
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Edges, NorMuonEdgeTest, ::testing::Values(0.0, 1.0, 1.5));
+
+TEST(NorMuon, RefusesNegativeAndNonFiniteBeta2) {
+  std::vector<float> u = randn(12, 3), v(4, 0.0f);
+  const std::vector<float> u0 = u;
+  for (double beta2 : {-0.1, std::numeric_limits<double>::infinity(), std::nan("")}) {
+    const std::string msg = meshmuon::test::error_of([&] { meshmuon::normuon_apply(u.data(), 4, 3, v.data(), beta2); });
+    EXPECT_NE(msg.find("[normuon] beta2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("must be finite and >= 0"), std::string::npos) << msg;
+  }
+  expect_bitwise(u, u0, "U after refused calls");
 }
 
 // ---- AdamW -----------------------------------------------------------------------------------

@@ -23,6 +23,7 @@
 #include "meshmuon/orthogonalize.h"
 #include "kernels/cpu/bf16_matmul.h"
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/ns_methods.h"
 #include "kernels/cpu/products.h"
 
 namespace meshmuon::cli {
@@ -162,7 +163,7 @@ void run_bench(const BenchNsArgs& a) {
   base.scale = a.scale;
   std::vector<NsMethod> methods;
   if (a.compare)
-    methods = {NsMethod::Plain, NsMethod::Symmetric, NsMethod::Gram};
+    methods = cpu::ns_methods();  // every method of the table (kernels/cpu/ns_methods.h)
   else
     methods = {parse_ns_method(a.method)};
   std::vector<DType> dtypes;
@@ -184,7 +185,7 @@ void run_bench(const BenchNsArgs& a) {
   std::vector<Result> results;
   for (DType dt : dtypes)
     for (NsMethod meth : methods) {
-      if (a.compare && dt == DType::BF16 && meth == NsMethod::Gram) continue;  // refused, see NsOptions
+      if (a.compare && dt == DType::BF16 && !cpu::ns_method_spec(meth).bf16_refusal.empty()) continue;  // refused, see NsOptions
       NsOptions o = base;
       o.method = meth;
       o.matmul_dtype = dt;
@@ -354,7 +355,7 @@ void add_bench_ns_command(CLI::App& bench) {
   cmd->add_option("--shape", args->shape, "Matrix shape MxN")->capture_default_str();
   cmd->add_option("--schedule", args->schedule, "jordan | you | polar_express")->capture_default_str();
   cmd->add_option("--steps", args->steps, "Newton–Schulz steps")->capture_default_str();
-  cmd->add_option("--method", args->method, "plain | symmetric | gram")->capture_default_str();
+  cmd->add_option("--method", args->method, cpu::ns_method_names())->capture_default_str();
   cmd->add_option("--repeats", args->repeats, "Timed runs (the median is reported)")->capture_default_str();
   cmd->add_option("--warmup", args->warmup, "Untimed warm-up runs")->capture_default_str();
   cmd->add_option("--threads", args->threads, "BLAS threads (0: leave as is)")->capture_default_str();

@@ -25,7 +25,6 @@ from ._layouts import (as_layout, check_local_shards, engine_placement, is_dtens
 from ._options import make_group_options
 
 QK_KEYS = ("layer", "kind", "heads", "head_dim", "rope_dim", "v_dim")
-KINDS = ("local", "distributed")
 
 # The distributed core's options (window, chunk_bytes, strategy pins, replica, machine, timeout_s,
 # exact, offload_state; the local core reads offload_state only) for the Engines built inside `with engine_options(...)`: Muon sets them around building its

@@ -1,6 +1,7 @@
 """Reading a state dict into meshmuon.torch.Muon: what kind of dict it is (meshmuon's own, torch.optim.Muon's,
-or another optimizer's), torch.optim.Muon's translated to meshmuon's, and the checks made before
-anything is modified (docs/python.md, "State dicts")."""
+or another optimizer's), torch.optim.Muon's translated to meshmuon's, the checks made before
+anything is modified (docs/python.md, "State dicts"), and the load itself: values copied into the
+engine's state tensors, which stay the ones in Muon.state (load, load_entries, adopt_replaced_state)."""
 from __future__ import annotations
 
 import copy
@@ -8,6 +9,7 @@ from typing import Any, Optional
 
 import torch
 
+from ._layouts import is_dtensor
 from ._options import ADAMW_DEFAULTS, GENERIC_KEYS, MUON_DEFAULTS, STRUCTURAL
 
 # torch.optim.Muon's group keys (torch 2.9+; its defaults are meshmuon's Muon defaults) and state keys.
@@ -165,3 +167,92 @@ def step_count(entry: dict) -> Optional[int]:
     if step is None:
         return None
     return int(step.item() if isinstance(step, torch.Tensor) else step)
+
+
+def load(opt: Any, state_dict: dict[str, Any]) -> None:
+    """Muon.load_state_dict (its docstring has the contract): pre-hooks, checks, values copied into
+    the engine's state tensors, post-hooks, then what they replaced adopted into the engine."""
+    state_dict = dict(state_dict)  # as the base class: hooks may edit the (shallow) copy
+    for hook in opt._optimizer_load_state_dict_pre_hooks.values():
+        result = hook(opt, state_dict)
+        if result is not None:
+            state_dict = result
+    kind = kind_of(state_dict)
+    if kind == "torch_muon":
+        if len(state_dict["param_groups"]) != len(opt.param_groups):
+            raise ValueError(f"[torch] loaded torch.optim.Muon state dict has "
+                             f"{len(state_dict['param_groups'])} parameter groups, this "
+                             f"optimizer has {len(opt.param_groups)}")
+        state_dict = from_torch_muon(state_dict, opt.param_groups)
+    entries = check(state_dict, opt.param_groups, opt._engine, fresh_ok=kind == "torch_muon")
+    groups = loaded_groups(state_dict, opt.param_groups)
+    for group, built in zip(groups, opt._built_strategy):
+        if group.get("strategy") != built:  # the plan was made with these; a checkpoint keeps it
+            group["strategy"] = built
+    opt.param_groups = groups
+    load_entries(opt, entries, fresh=kind == "torch_muon")
+    opt._built = [{k: g.get(k) for k in STRUCTURAL} for g in opt.param_groups]
+    for hook in opt._optimizer_load_state_dict_post_hooks.values():
+        hook(opt)
+    adopt_replaced_state(opt)
+
+
+def load_entries(opt: Any, entries: list[dict], fresh: bool = False) -> None:
+    """Copies saved per-parameter state (engine order) into the engine's state tensors and
+    step counts; opt.state[p] is the engine's state again. `fresh`: what an entry lacks
+    starts from zero (torch.optim.Muon's dicts)."""
+    engine = opt._engine
+    for i, (p, entry) in enumerate(zip(engine.params, entries)):
+        bound = engine.state(i)
+        for key, tensor in bound.items():
+            value = entry.get(key)
+            if value is None and fresh:
+                _device_zero(tensor)
+            elif value is not tensor:  # the values as saved (bf16 masters kept fp32)
+                copy_into(tensor, value)
+        count = step_count(entry) or 0
+        engine.set_step_count(i, count)
+        bound["step"] = opt._step_tensors[i]
+        bound["step"].fill_(float(count))
+        opt.state[p] = bound
+
+
+def adopt_replaced_state(opt: Any) -> None:
+    """A state value replaced in opt.state (by a load_state_dict post-hook) is copied into
+    the engine's tensor, which takes its place again; the step count likewise."""
+    engine = opt._engine
+    for i, p in enumerate(engine.params):
+        current = opt.state.get(p, {})
+        bound = engine.state(i)
+        for key, tensor in bound.items():
+            value = current.get(key)
+            if value is not None and value is not tensor:
+                copy_into(tensor, value)
+        step = current.get("step")
+        if step is not None and step is not opt._step_tensors[i]:
+            count = step_count(current)
+            engine.set_step_count(i, count)
+            opt._step_tensors[i].fill_(float(count))
+        bound["step"] = opt._step_tensors[i]
+        opt.state[p] = bound
+
+
+def copy_into(bound: torch.Tensor, value: torch.Tensor) -> None:
+    """Copies a loaded state value into the engine's tensor: a DTensor of the same layout locally,
+    another layout after redistributing it, a plain (full) tensor by taking this rank's shard."""
+    if not is_dtensor(bound):
+        bound.copy_(value.full_tensor() if is_dtensor(value) else value)
+        return
+    from torch.distributed.tensor import distribute_tensor
+    if is_dtensor(value):
+        if value.device_mesh != bound.device_mesh or tuple(value.placements) != tuple(bound.placements):
+            value = value.redistribute(bound.device_mesh, bound.placements)
+        local = value._local_tensor
+    else:
+        local = distribute_tensor(value, bound.device_mesh, bound.placements,
+                                  src_data_rank=None)._local_tensor
+    bound._local_tensor.copy_(local)
+
+
+def _device_zero(tensor: torch.Tensor) -> None:
+    (tensor._local_tensor if is_dtensor(tensor) else tensor).zero_()

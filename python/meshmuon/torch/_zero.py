@@ -1,6 +1,6 @@
 """Data-parallel ZeRO for meshmuon.torch.Muon (docs/python.md, "ZeRO", "reduce_grads").
 
-ZeroOptions checks Muon's options zero / reduce_grads / check_replicas. ZeroEngine (`zero=True`;
+ZeroOptions (_options.py) checks Muon's zero / reduce_grads / check_replicas. ZeroEngine (`zero=True`;
 the interface of _engine.Engine: params, names, kind, core, state(i), options(g), step_count,
 set_step_count, last_stats, step; _factory.make_engine() picks it): plain parameters replicated on
 every rank (a data-parallel job) are sharded Shard(0) over the world INSIDE the optimizer by a
@@ -24,34 +24,7 @@ from . import _comms, _device
 from ._engine import CoreDelegate, current_engine_options, engine_core_options, param_name
 from ._layouts import as_layout, is_dtensor
 from ._master import MASTER
-from ._options import make_group_options
-
-REDUCE_GRADS = (None, "mean", "sum")
-
-
-class ZeroOptions:
-    """The ZeRO options of meshmuon.torch.Muon, checked (ValueError naming the option) before anything
-    is built."""
-
-    def __init__(self, zero: Any, reduce_grads: Any, check_replicas: Any, engine: Optional[str]):
-        if not isinstance(zero, bool):
-            raise ValueError(f"[torch] zero={zero!r}; use True (ZeRO: optimizer state and work "
-                             f"split over the ranks) or False")
-        if reduce_grads not in REDUCE_GRADS:
-            raise ValueError(f"[torch] reduce_grads={reduce_grads!r}; use 'mean', 'sum' or None")
-        if not isinstance(check_replicas, bool):
-            raise ValueError(f"[torch] check_replicas={check_replicas!r}; use True or False")
-        if reduce_grads is not None and not zero:
-            raise ValueError(f"[torch] reduce_grads={reduce_grads!r} needs zero=True: the step "
-                             f"reduces local gradients to the shard owners of ZeRO; without "
-                             f"zero, all-reduce the gradients first (DDP) and leave reduce_grads=None")
-        if check_replicas and (not zero or reduce_grads is not None):
-            raise ValueError("[torch] check_replicas=True checks that the already-reduced gradients "
-                             "agree on every rank: it needs zero=True and reduce_grads=None")
-        if zero and engine is not None:
-            raise ValueError(f"[torch] engine={engine!r} with zero=True: ZeRO has its own engine; "
-                             f"leave engine=None")
-        self.zero, self.reduce_grads, self.check_replicas = zero, reduce_grads, check_replicas
+from ._options import ZeroOptions, make_group_options  # ZeroOptions: checked with the other options
 
 
 class ZeroEngine(CoreDelegate):

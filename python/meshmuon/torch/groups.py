@@ -55,8 +55,9 @@ def param_groups(model: nn.Module, *, muon: Optional[dict[str, Any]] = None,
                  adamw: Optional[dict[str, Any]] = None, experts: Optional[dict[str, Any]] = None,
                  lm_head_names=LM_HEAD_NAMES, expert_pattern: Optional[str] = None,
                  vocab_size: Optional[int] = None,
-                 is_muon: Optional[Callable[[str, nn.Parameter], Optional[bool]]] = None) -> list[dict[str, Any]]:
-    """Param groups for meshmuon.torch.Muon, with parameter names (as named parameters):
+                 is_muon: Optional[Callable[[str, nn.Parameter], Optional[bool]]] = None,
+                 split: Optional[dict[str, dict[str, Any]]] = None) -> list[dict[str, Any]]:
+    r"""Param groups for meshmuon.torch.Muon, with parameter names (as named parameters):
 
     - AdamW: parameters of nn.Embedding / nn.EmbeddingBag, of norm layers (torch's norms and any
       module whose class name contains "Norm"), of convolutions, of the LM head (an nn.Linear named
@@ -72,6 +73,18 @@ def param_groups(model: nn.Module, *, muon: Optional[dict[str, Any]] = None,
       2-D weight but the embeddings"), decides first: True = Muon (a 3-D parameter becomes an
       expert stack), False = AdamW, None = the rules above. True for a parameter that is not 2-D or
       3-D is a ValueError naming it.
+    - `split` tags attention weights for split orthogonalization: {regex: options}, each Muon
+      matrix whose name matches a regex (the first that matches) goes to a Muon group of its own
+      with those options, `num_heads=h` (h equal row blocks of dim 0, the output dim) or
+      `split_sizes=(a, b, ...)` (row blocks of those sizes), each block orthogonalized as its own
+      matrix. With head_dim hd, n_heads query heads and n_kv key/value heads:
+        * separate q / k / v weights, each per head: {r"\.wq\.": dict(num_heads=n_heads),
+          r"\.w[kv]\.": dict(num_heads=n_kv)};
+        * a fused QKV [(n_heads + 2 n_kv) hd, d], q, k and v each per head: every head is hd rows,
+          so {r"qkv": dict(num_heads=n_heads + 2 * n_kv)} (MHA: n_kv = n_heads, 3 n_heads blocks);
+        * the same fused weight split into q | k | v only (Megatron's split QKV, GQA's uneven
+          blocks): {r"qkv": dict(split_sizes=(n_heads * hd, n_kv * hd, n_kv * hd))}.
+      A Muon parameter matching no regex stays in the plain Muon group; an AdamW one is an error.
     Frozen parameters (requires_grad=False) are left out. `muon`, `adamw`, `experts` add or
     override hyperparameters of the respective groups (experts default to `muon`'s). Empty groups
     are omitted.
@@ -96,13 +109,28 @@ def param_groups(model: nn.Module, *, muon: Optional[dict[str, Any]] = None,
                                  f"is {p.ndim}-D {tuple(p.shape)}; Muon takes 2-D matrices and 3-D "
                                  f"expert stacks: return False (AdamW) for it")
             kinds[name] = ("muon" if p.ndim == 2 else "expert") if choice else "adamw"
+    patterns = [(re.compile(k), k) for k in (split or {})]
     buckets: dict[str, list] = {"muon": [], "expert": [], "adamw": []}
+    split_buckets: dict[str, list] = {k: [] for _, k in patterns}
     for name, p in model.named_parameters():
-        if name in kinds:
+        if name not in kinds:
+            continue
+        key = next((k for r, k in patterns if r.search(name)), None)
+        if key is not None and kinds[name] == "adamw":
+            raise ValueError(f"[torch] param_groups: split pattern {key!r} matches {name!r}, an AdamW "
+                             f"parameter {tuple(p.shape)}; split orthogonalization is for Muon "
+                             f"matrices: narrow the pattern")
+        if key is not None and kinds[name] == "muon":
+            split_buckets[key].append((name, p))
+        else:
             buckets[kinds[name]].append((name, p))
     groups = []
     if buckets["muon"]:
         groups.append(dict(algorithm="muon", params=buckets["muon"], **(muon or {})))
+    for _, key in patterns:
+        if split_buckets[key]:
+            groups.append(dict(algorithm="muon", params=split_buckets[key],
+                               **dict(muon or {}, **split[key])))
     if buckets["expert"]:
         groups.append(dict(algorithm="muon", expert_stacks=True, params=buckets["expert"],
                            **dict(muon or {}, **(experts or {}))))

@@ -7,38 +7,13 @@ from typing import Any, Optional
 
 import torch
 
-from . import _clip, _comms, _device, _group_checks, _plan, _precision, _state_dict
-from ._engine import KINDS, engine_options, qk_tag
+from . import _clip, _comms, _group_checks, _options, _plan, _precision, _qk_layout, _state_dict
+from ._engine import engine_options
 from ._factory import make_engine
-from ._layouts import is_dtensor
-from ._zero import ZeroOptions
-from ._options import (ADAMW_DEFAULTS, MUON_DEFAULTS, MUON_ONLY, STRUCTURAL, apply_group,
-                       check_group_keys)
+from ._options import MUON_DEFAULTS, MUON_ONLY, STRUCTURAL, apply_group, check_group_keys
 from ._profile import StepPhases
 
 _GRAD_DTYPES = (torch.float32, torch.bfloat16)
-_LR_RULES = (None, "original", "match_rms_adamw", "none")  # adjust_lr_fn: torch's two, and "none"
-
-
-def _copy_into(bound: torch.Tensor, value: torch.Tensor) -> None:
-    """Copies a loaded state value into the engine's tensor: a DTensor of the same layout locally,
-    another layout after redistributing it, a plain (full) tensor by taking this rank's shard."""
-    if not is_dtensor(bound):
-        bound.copy_(value.full_tensor() if is_dtensor(value) else value)
-        return
-    from torch.distributed.tensor import distribute_tensor
-    if is_dtensor(value):
-        if value.device_mesh != bound.device_mesh or tuple(value.placements) != tuple(bound.placements):
-            value = value.redistribute(bound.device_mesh, bound.placements)
-        local = value._local_tensor
-    else:
-        local = distribute_tensor(value, bound.device_mesh, bound.placements,
-                                  src_data_rank=None)._local_tensor
-    bound._local_tensor.copy_(local)
-
-
-def _device_zero(tensor: torch.Tensor) -> None:
-    (tensor._local_tensor if is_dtensor(tensor) else tensor).zero_()
 
 
 class Muon(torch.optim.Optimizer):
@@ -124,64 +99,11 @@ class Muon(torch.optim.Optimizer):
         reduce_grads: Optional[str] = None,
         check_replicas: bool = False,
     ) -> None:
-        if isinstance(lr, torch.Tensor) and lr.numel() != 1:  # torch's check and wording
-            raise ValueError(f"[torch] Tensor lr must be 1-element (got shape {tuple(lr.shape)}); "
-                             f"pass a float or a 1-element tensor")
-        if adjust_lr_fn not in _LR_RULES:  # torch's wording (code matches on it), meshmuon's rules
-            raise ValueError(f"[torch] Adjust learning rate function {adjust_lr_fn} is not "
-                             f"supported; use one of {_LR_RULES}")
-        self._zero = ZeroOptions(zero, reduce_grads, check_replicas, engine)  # docs/python.md, ZeRO
-        if non_finite not in ("raise", "skip"):
-            raise ValueError(f"[torch] non_finite={non_finite!r}; use 'raise' or 'skip'")
-        if comm_dtype not in ("fp32", "bf16"):
-            raise ValueError(f"[torch] comm_dtype={comm_dtype!r}; use 'fp32' or 'bf16'")
-        # The distributed engine's options (docs/python.md): checked here for both engines; the
-        # local engine (one process) ignores them.
-        self._dist_args = dict(window=window, chunk_bytes=chunk_bytes, replica=replica,
-                               timeout_s=timeout_s, allow_inexact=allow_inexact, machine=machine)
-        self._dist_options = _plan.check_dist_options(**self._dist_args)
-        self._strategy = _plan.check_strategy(strategy)
-        if not isinstance(none_grad, bool):
-            raise ValueError(f"[torch] none_grad={none_grad!r}; use True (free each .grad once the "
-                             f"step has used it) or False")
-        self._none_grad = none_grad
-        clip_threshold = _clip.check_clip_config(clip_config)
-        if clip_threshold is not None:
-            if qk_clip_threshold not in (0.0, clip_threshold):
-                raise ValueError(f"[torch] qk_clip_threshold={qk_clip_threshold!r} and "
-                                 f"clip_config['threshold']={clip_threshold!r} differ; give one")
-            qk_clip_threshold = clip_threshold
-        self._clip_config, self._clip_masks = clip_config, {}
-        self._last_phases: Optional[StepPhases] = None
-        self._comm_dtype = comm_dtype
-        if threads is not None and (not isinstance(threads, int) or threads < 1):
-            raise ValueError(f"[torch] threads={threads!r}; use an int >= 1, or None for the BLAS "
-                             f"thread count")
-        self._threads = 0 if threads is None else threads
-        if not isinstance(offload_state, bool):
-            raise ValueError(f"[torch] offload_state={offload_state!r}; use True (optimizer state in "
-                             f"pinned host memory, staged to the device chunk by chunk) or False")
-        self._offload_state = offload_state
-        if engine is not None and engine not in KINDS:
-            raise ValueError(f"[torch] engine={engine!r}; use None (automatic), 'local' or "
-                             f"'distributed'")
-        self._engine_kind = engine
-        defaults = dict(MUON_DEFAULTS, lr=lr, weight_decay=weight_decay, momentum=momentum,
-                        nesterov=nesterov, ns_coefficients=tuple(ns_coefficients), eps=eps,
-                        ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, ns_schedule=ns_schedule,
-                        ns_method=ns_method, ns_scale=ns_scale, eps_mode=eps_mode, ns_bf16=ns_bf16,
-                        ns_matmul_dtype=ns_matmul_dtype,
-                        momentum_kind=momentum_kind, cautious_wd=cautious_wd, decay_lr=decay_lr,
-                        muon_eq=muon_eq, muon_plus=muon_plus, normuon=normuon,
-                        normuon_beta2=normuon_beta2, qk_clip_threshold=qk_clip_threshold,
-                        algorithm="muon")
-        self._adamw_defaults = dict(ADAMW_DEFAULTS, **(adamw_defaults or {}))
-        unknown = sorted(set(self._adamw_defaults) - set(ADAMW_DEFAULTS))
-        if unknown:
-            raise ValueError(f"[torch] adamw_defaults: unknown keys {unknown}; use "
-                             f"{sorted(ADAMW_DEFAULTS)}")
-        self._non_finite = non_finite
-        self._qk_layout = dict(qk_layout or {})
+        # Every keyword argument, by name: check_constructor reads the Muon group keys among them
+        # from MUON_DEFAULTS (a new group key is one entry there) and checks the rest in one pass.
+        defaults, options = _options.check_constructor(locals())
+        vars(self).update(options)
+        self._clip_masks, self._last_phases = {}, None
         self._engine = None
         self.engine_builds = 0  # how often the engine's inventory was built (tests, diagnostics)
         params = _group_checks.checked_param_list(params)  # every group's unknown keys named at once
@@ -199,7 +121,8 @@ class Muon(torch.optim.Optimizer):
             raise TypeError(f"param_group must be a dict, but got {type(param_group)}")
         index = len(self.param_groups)
         algorithm = check_group_keys(param_group, index)
-        self._check_params(param_group, index, algorithm)
+        _group_checks.check_params(param_group, index, algorithm, self.param_groups,
+                                   bool(self.defaults.get("expert_stacks", False)))
         user_keys = set(param_group)
         param_group["algorithm"] = algorithm
         if algorithm == "adamw":
@@ -216,83 +139,11 @@ class Muon(torch.optim.Optimizer):
                 self.param_groups.pop()
                 raise
 
-    def _check_params(self, group: dict, index: int, algorithm: str) -> None:
-        raw = group.get("params")
-        if raw is None:
-            raise ValueError(f"[torch] param group {index} has no 'params'")
-        if isinstance(raw, torch.Tensor):
-            raw = [raw]
-        elif isinstance(raw, set):
-            raise TypeError("optimizer parameters need to be organized in ordered collections, "
-                            "but the ordering of tensors in sets will change between runs. "
-                            "Please use a list instead.")
-        raw = _group_checks.without_duplicates(list(raw))  # torch's warning; each kept once
-        group["params"] = raw  # a generator is consumed once: the base class gets the list
-        lr = group.get("lr")
-        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
-            raise ValueError(f"[torch] param group {index}: Tensor lr must be 1-element (got shape "
-                             f"{tuple(lr.shape)}); pass a float or a 1-element tensor")
-        params = [p[1] if isinstance(p, tuple) and len(p) == 2 else p for p in raw]
-        owner = {id(p): k for k, g in enumerate(self.param_groups) for p in g["params"]}
-        expert = bool(group.get("expert_stacks", self.defaults.get("expert_stacks", False)))
-        for j, p in enumerate(params):
-            name = f" '{raw[j][0]}'" if isinstance(raw[j], tuple) else ""
-            where = f"param group {index} ({algorithm}), parameter {j}{name}"
-            if not isinstance(p, torch.Tensor):
-                raise TypeError(f"[torch] {where} is a {torch.typename(p)}, not a Tensor")
-            if p.dtype not in (torch.float32, torch.bfloat16):
-                raise TypeError(f"[torch] {where} is {p.dtype}; meshmuon takes fp32 parameters, or "
-                                f"bf16 ones with fp32 masters (gradients may be fp32 or bf16)")
-            _device.check_tensor_device(p, where)
-            # Non-contiguous plain parameters are stepped through a contiguous shadow
-            # (_engine.Engine.step); a DTensor's local shard must be contiguous (_layouts).
-            if id(p) in owner:  # the base class's wording, which code matches on
-                raise ValueError(f"[torch] some parameters appear in more than one parameter group: "
-                                 f"{where} (shape {tuple(p.shape)}) is already in param group "
-                                 f"{owner[id(p)]}; put each parameter in exactly one group")
-            if algorithm == "muon":
-                if p.ndim == 3 and not expert:
-                    raise ValueError(f"[torch] {where} has shape {tuple(p.shape)} (3-D) in a Muon "
-                                     f"group; set expert_stacks=True on the group for [E, A, B] "
-                                     f"expert stacks, or put it in an AdamW group")
-                if p.ndim not in (2, 3):
-                    raise ValueError(f"[torch] {where} has shape {tuple(p.shape)} ({p.ndim}-D); "
-                                     f"Muon takes 2-D matrices (and 3-D expert stacks): put it "
-                                     f"in an AdamW group (meshmuon.torch.param_groups does this)")
-
     def _qk_tags(self) -> dict:
-        """Resolves qk_layout keys (parameter, module with .weight, or parameter name) to tags."""
-        by_name = {}
-        for group in self.param_groups:
-            for name, p in zip(group.get("param_names", []), group["params"]):
-                by_name[name] = p
-        muon_ids = {id(p) for g in self.param_groups if g["algorithm"] == "muon"
-                    for p in g["params"]}
-        tags = {}
-        for key, spec in self._qk_layout.items():
-            if isinstance(key, str):
-                if key not in by_name:
-                    raise ValueError(f"[torch] qk_layout names {key!r}, which is not a parameter "
-                                     f"name of this optimizer (pass named parameters or the "
-                                     f"tensor itself)")
-                p, where = by_name[key], key
-            elif isinstance(key, torch.nn.Module):
-                p, where = getattr(key, "weight", None), type(key).__name__
-            else:
-                p, where = key, f"tensor of shape {tuple(getattr(key, 'shape', ()))}"
-            if not isinstance(p, torch.Tensor) or id(p) not in muon_ids:
-                raise ValueError(f"[torch] qk_layout[{where}] is not a parameter of a Muon group "
-                                 f"of this optimizer")
-            tags[id(p)] = qk_tag(spec, where)
-        if self._clip_config is not None:  # Motif-style names and head indices -> the same tags
-            named = {name: (by_name[name], g["algorithm"]) for g in self.param_groups
-                     for name in g.get("param_names", [])}
-            layout, self._clip_masks = _clip.resolve_clip_config(self._clip_config, named)
-            for name, spec in layout.items():
-                if id(by_name[name]) in tags:
-                    raise ValueError(f"[torch] {name!r} is tagged by both qk_layout and clip_config; "
-                                     f"use one")
-                tags[id(by_name[name])] = qk_tag(spec, name)
+        """The engine's QK tags by parameter id (qk_layout and clip_config resolved); sets the
+        clip_config head masks."""
+        tags, self._clip_masks = _qk_layout.qk_tags(self.param_groups, self._qk_layout,
+                                                    self._clip_config)
         return tags
 
     def _engine_options(self) -> dict:
@@ -326,7 +177,7 @@ class Muon(torch.optim.Optimizer):
             if j is not None:  # carry the state of parameters the old engine had
                 for key, value in old.state(j).items():
                     if key in state:
-                        _copy_into(state[key], value)
+                        _state_dict.copy_into(state[key], value)
                 engine.set_step_count(i, old.step_count(j))
             step = counts[i]
             step.fill_(float(engine.step_count(i)))
@@ -428,68 +279,7 @@ class Muon(torch.optim.Optimizer):
         copied into the engine's state tensors (which stay the ones in self.state, same data_ptr),
         then the post-hooks (they see the loaded state; a value they replace in self.state is
         copied into the engine). Loads meshmuon's dicts and torch.optim.Muon's (docs/python.md)."""
-        state_dict = dict(state_dict)  # as the base class: hooks may edit the (shallow) copy
-        for hook in self._optimizer_load_state_dict_pre_hooks.values():
-            result = hook(self, state_dict)
-            if result is not None:
-                state_dict = result
-        kind = _state_dict.kind_of(state_dict)
-        if kind == "torch_muon":
-            if len(state_dict["param_groups"]) != len(self.param_groups):
-                raise ValueError(f"[torch] loaded torch.optim.Muon state dict has "
-                                 f"{len(state_dict['param_groups'])} parameter groups, this "
-                                 f"optimizer has {len(self.param_groups)}")
-            state_dict = _state_dict.from_torch_muon(state_dict, self.param_groups)
-        entries = _state_dict.check(state_dict, self.param_groups, self._engine,
-                                    fresh_ok=kind == "torch_muon")
-        groups = _state_dict.loaded_groups(state_dict, self.param_groups)
-        for group, built in zip(groups, self._built_strategy):
-            if group.get("strategy") != built:  # the plan was made with these; a checkpoint keeps it
-                group["strategy"] = built
-        self.param_groups = groups
-        self._load_entries(entries, fresh=kind == "torch_muon")
-        self._built = [{k: g.get(k) for k in STRUCTURAL} for g in self.param_groups]
-        for hook in self._optimizer_load_state_dict_post_hooks.values():
-            hook(self)
-        self._adopt_replaced_state()
-
-    def _load_entries(self, entries: list[dict], fresh: bool = False) -> None:
-        """Copies saved per-parameter state (engine order) into the engine's state tensors and
-        step counts; self.state[p] is the engine's state again. `fresh`: what an entry lacks
-        starts from zero (torch.optim.Muon's dicts)."""
-        engine = self._engine
-        for i, (p, entry) in enumerate(zip(engine.params, entries)):
-            bound = engine.state(i)
-            for key, tensor in bound.items():
-                value = entry.get(key)
-                if value is None and fresh:
-                    _device_zero(tensor)
-                elif value is not tensor:  # the values as saved (bf16 masters kept fp32)
-                    _copy_into(tensor, value)
-            count = _state_dict.step_count(entry) or 0
-            engine.set_step_count(i, count)
-            bound["step"] = self._step_tensors[i]
-            bound["step"].fill_(float(count))
-            self.state[p] = bound
-
-    def _adopt_replaced_state(self) -> None:
-        """A state value replaced in self.state (by a load_state_dict post-hook) is copied into
-        the engine's tensor, which takes its place again; the step count likewise."""
-        engine = self._engine
-        for i, p in enumerate(engine.params):
-            current = self.state.get(p, {})
-            bound = engine.state(i)
-            for key, tensor in bound.items():
-                value = current.get(key)
-                if value is not None and value is not tensor:
-                    _copy_into(tensor, value)
-            step = current.get("step")
-            if step is not None and step is not self._step_tensors[i]:
-                count = _state_dict.step_count(current)
-                engine.set_step_count(i, count)
-                self._step_tensors[i].fill_(float(count))
-            bound["step"] = self._step_tensors[i]
-            self.state[p] = bound
+        _state_dict.load(self, state_dict)
 
     # ---- copy and pickle -----------------------------------------------------------------------
 
@@ -525,7 +315,7 @@ class Muon(torch.optim.Optimizer):
         _comms.release_at_exit(self)
         self._rebuild_engine()
         self.engine_builds = builds
-        self._load_entries([saved.get(p, {}) for p in self._engine.params], fresh=True)
+        _state_dict.load_entries(self, [saved.get(p, {}) for p in self._engine.params], fresh=True)
         for key, value in saved.items():  # entries not keyed by a parameter (hooks may add them)
             if not isinstance(key, torch.Tensor):
                 self.state[key] = value

@@ -11,6 +11,7 @@
 #include "meshmuon/bf16.h"
 #include "meshmuon/blas.h"
 #include "meshmuon/error.h"
+#include "kernels/cpu/ns_methods.h"
 #include "kernels/cpu/products.h"
 
 namespace meshmuon::detail {
@@ -24,7 +25,7 @@ class CpuBackend final : public Backend {
   KernelCaps kernel_caps() const override {
     KernelCaps c;
     c.bf16_products = true;  // oneDNN's or meshmuon's widened products (kernels/cpu/bf16_products.h)
-    c.ns_methods = {NsMethod::Plain, NsMethod::Symmetric, NsMethod::Gram};
+    c.ns_methods = cpu::ns_methods();  // every method of the table (kernels/cpu/ns_methods.h), registered ones too
     return c;
   }
 

@@ -1,7 +1,7 @@
 // Internal: the nccl transport, a Transport (meshmuon/comm_transport.h) over one NCCL communicator,
 // and NcclShared, what the NCCL communicators of one root and its splits share (the loaded library,
 // the device, the timeout, the abort of them all). nccl_transport.cpp runs the operations;
-// nccl_bootstrap.cpp makes the root. libnccl is dlopen'd (nccl_loader.h); cudart is the static one
+// comm_nccl.cpp makes the root. libnccl is dlopen'd (nccl_loader.h); cudart is the static one
 // libmeshmuon already links.
 //
 // Every NCCL communicator is non-blocking (config.blocking = 0): init, split and group ends may

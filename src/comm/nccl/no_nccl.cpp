@@ -1,4 +1,4 @@
-// Built instead of nccl_loader.cpp, nccl_transport.cpp and nccl_bootstrap.cpp when the build has no
+// Built instead of nccl_loader.cpp, nccl_transport.cpp and comm_nccl.cpp when the build has no
 // CUDA or no NCCL headers, so callers need no #ifdef: every way to make an nccl communicator throws
 // meshmuon::Error naming the cause, and the transport registry lists nccl as missing with it.
 #include <string>

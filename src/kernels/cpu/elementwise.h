@@ -35,6 +35,12 @@ inline void check_buffer(const void* p, int64_t n, const char* area, const char*
   MESHMUON_CHECK(p != nullptr || n == 0, "[", area, "] ", what, " is null with ", n, " elements");
 }
 
+// A decay rate with no upper bound (momentum, NorMuon's beta2): torch.optim.Muon and Dion check only
+// >= 0; 1 keeps the state where it is (EMA, NorMuon) or sums (heavy ball), > 1 extrapolates, as theirs.
+inline void check_nonnegative_rate(double x, const char* area, const char* what) {
+  MESHMUON_CHECK(std::isfinite(x) && x >= 0.0, "[", area, "] ", what, " ", x, " must be finite and >= 0");
+}
+
 inline void check_unit_interval(double x, const char* area, const char* what) {
   MESHMUON_CHECK(std::isfinite(x) && x >= 0.0 && x < 1.0, "[", area, "] ", what, " ", x,
               " is outside [0, 1)");

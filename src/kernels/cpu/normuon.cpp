@@ -48,7 +48,7 @@ void normuon_mean_square(const float* u, int64_t rows, int64_t cols, float* v_me
 
 void normuon_finish(float* u, int64_t rows, int64_t cols, const float* v_mean, float* v,
                     double beta2) {
-  cpu::check_unit_interval(beta2, "normuon", "beta2");
+  cpu::check_nonnegative_rate(beta2, "normuon", "beta2");
   check_matrix(u, rows, cols, v_mean, "v_mean");
   cpu::check_buffer(v, normuon_state_size(rows, cols), "normuon", "v");
   const bool per_row = rows >= cols;
@@ -88,7 +88,7 @@ void normuon_finish(float* u, int64_t rows, int64_t cols, const float* v_mean, f
 }
 
 void normuon_apply(float* u, int64_t rows, int64_t cols, float* v, double beta2) {
-  cpu::check_unit_interval(beta2, "normuon", "beta2");
+  cpu::check_nonnegative_rate(beta2, "normuon", "beta2");
   std::vector<float> v_mean(static_cast<size_t>(std::max<int64_t>(normuon_state_size(rows, cols), 0)));
   normuon_mean_square(u, rows, cols, v_mean.data());
   normuon_finish(u, rows, cols, v_mean.data(), v, beta2);

@@ -12,6 +12,7 @@
 #include "meshmuon/orthogonalize.h"
 #include "kernels/cpu/bf16_products.h"
 #include "kernels/cpu/ns_kernels.h"
+#include "kernels/cpu/ns_methods.h"
 #include "kernels/cpu/products.h"
 
 namespace meshmuon {
@@ -29,15 +30,13 @@ bool overlaps(const void* a, const void* b, size_t bytes) {
 
 Orthogonalizer::Orthogonalizer(NsOptions options)
     : options_(std::move(options)), coefficients_(make_schedule(options_)) {
+  (void)cpu::ns_method_spec(options_.method);  // an unregistered method id fails here, naming it
   if (options_.matmul_dtype == DType::BF16) {  // checked before any allocation
     MESHMUON_CHECK(!options_.bf16_rounding,
                 "[orth] matmul_dtype bf16 and bf16_rounding (torch's bf16 emulation) exclude each "
                 "other; choose one");
-    MESHMUON_CHECK(options_.method != NsMethod::Gram,
-                "[orth] method gram needs matmul_dtype fp32: Gram Newton-Schulz iterates on X·Xᵀ, "
-                "whose small eigenvalues bf16 cannot resolve next to its large ones (singular "
-                "values off by up to 0.5 on low-rank inputs); use method symmetric with bf16 "
-                "products, or gram with fp32");
+    const std::string& refusal = cpu::ns_method_spec(options_.method).bf16_refusal;  // the method's own reason
+    MESHMUON_CHECK(refusal.empty(), refusal);
   }
   const cpu::Bf16ProductPath path = options_.matmul_dtype == DType::BF16
                                         ? cpu::require_bf16_products("Orthogonalizer").path
@@ -96,24 +95,19 @@ void Orthogonalizer::polar(const float* in, float* out, int64_t m, int64_t n) {
     return;
   }
   const int steps = static_cast<int>(coefficients_.size());
-  const bool gram = options_.method == NsMethod::Gram && std::max(m, n) >= 2 * std::min(m, n);
+  const cpu::NsMethodSpec& method = cpu::ns_method_spec(options_.method);  // ns_methods.h
   if (options_.matmul_dtype == DType::BF16)
     return cpu::newton_schulz_bf16_products(in, static_cast<float>(1.0 / denom), out, m, n,
-                                            coefficients_, options_.method == NsMethod::Plain,
+                                            coefficients_, method.bf16_plain,
                                             blas_get_num_threads(), *ws_);
-  // Place the normalized X₀ so that the last write lands in `out` without a final copy: standard NS
-  // alternates buffers every step; Gram NS writes X at its restart and once at the end.
+  // Place the normalized X₀ so that the method's last write lands in `out` without a final copy.
   float* x0 = out;
-  if (gram ? steps <= kGramRestartStep + 1 : steps % 2 == 1) x0 = ws_->ensure(ws_->x, m * n);
+  if (method.x0_in_scratch(m, n, steps)) x0 = ws_->ensure(ws_->x, m * n);
   const float inv = static_cast<float>(1.0 / denom);
   cpu::parallel_rows(m, n, [&](int64_t r0, int64_t r1) {
     for (int64_t i = r0 * n; i < r1 * n; ++i) x0[i] = in[i] * inv;
   });
-
-  if (gram)
-    cpu::gram_newton_schulz(x0, out, m, n, coefficients_, *ws_);
-  else
-    cpu::newton_schulz(x0, out, m, n, coefficients_, options_.method != NsMethod::Plain, *ws_);
+  method.fp32(x0, out, m, n, coefficients_, *ws_);
 }
 
 void Orthogonalizer::run(const TensorView& in, const TensorView& out) {

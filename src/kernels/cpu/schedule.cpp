@@ -5,6 +5,7 @@
 
 #include "meshmuon/error.h"
 #include "meshmuon/orthogonalize.h"
+#include "kernels/cpu/ns_methods.h"
 
 namespace meshmuon {
 namespace {
@@ -40,21 +41,18 @@ Schedule parse_schedule(std::string_view name) {
       "[orth] unknown schedule '", name, "'; use jordan, you, polar_express or custom"));
 }
 
+// Method names come from the method table (ns_methods.h): built-ins and registered methods alike.
 std::string_view to_string(NsMethod m) {
-  switch (m) {
-    case NsMethod::Plain: return "plain";
-    case NsMethod::Symmetric: return "symmetric";
-    case NsMethod::Gram: return "gram";
-  }
+  for (NsMethod k : cpu::ns_methods())
+    if (k == m) return cpu::ns_method_spec(m).name;
   return "unknown";
 }
 
 NsMethod parse_ns_method(std::string_view name) {
-  if (name == "plain") return NsMethod::Plain;
-  if (name == "symmetric") return NsMethod::Symmetric;
-  if (name == "gram") return NsMethod::Gram;
+  for (NsMethod k : cpu::ns_methods())
+    if (cpu::ns_method_spec(k).name == name) return k;
   detail::throw_invalid_argument(
-      detail::concat("[orth] unknown method '", name, "'; use plain, symmetric or gram"));
+      detail::concat("[orth] unknown method '", name, "'; use ", cpu::ns_method_names()));
 }
 
 std::vector<Coefficients> make_schedule(const NsOptions& o) {
@@ -100,35 +98,9 @@ double ns_flops(int64_t m, int64_t n, const NsOptions& options) {
   const double l = static_cast<double>(std::max(m, n));
   const int steps = options.steps;
   if (s == 0 || steps < 1) return 0;
-  const double s2l = s * s * l, s3 = s * s * s;
-  NsMethod method = options.method;
-  if (method == NsMethod::Gram && l < 2 * s) method = NsMethod::Symmetric;  // its fallback
-  if (options.bf16_rounding) method = NsMethod::Plain;  // the emulation forms plain products
-  switch (method) {
-    case NsMethod::Plain: return steps * (4 * s2l + 2 * s3);
-    case NsMethod::Symmetric: return steps * (3 * s2l + s3);
-    case NsMethod::Gram: {
-      // Mirrors gram_ns.cpp: R = XXᵀ (SYRK); each step R² (SYRK) and Q ← Z·Q (GEMM, free while
-      // Q = I); R ← Z²·R (SYRK + GEMM) between steps, or at the restart X = Q·X₀ and R = XXᵀ;
-      // finally X = Q·X₀.
-      double f = s2l;
-      bool q_identity = true;
-      for (int t = 0; t < steps; ++t) {
-        f += s3;
-        if (!q_identity) f += 2 * s3;
-        q_identity = false;
-        if (t == steps - 1) break;
-        if (t == kGramRestartStep) {
-          f += 2 * s2l + s2l;
-          q_identity = true;
-        } else {
-          f += 3 * s3;
-        }
-      }
-      return f + 2 * s2l;
-    }
-  }
-  return 0;
+  // the emulation forms plain products; otherwise the method's own count (its table entry)
+  const NsMethod method = options.bf16_rounding ? NsMethod::Plain : options.method;
+  return cpu::ns_method_spec(method).flops(s, l, steps);
 }
 
 }  // namespace meshmuon

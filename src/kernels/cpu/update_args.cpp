@@ -17,7 +17,7 @@ bool disjoint(const float* a, const float* b, int64_t n) {
 }  // namespace
 
 void check_momentum_args(const MomentumOptions& o, const float* buf, const void* grad, const float* update, int64_t n) {
-  check_unit_interval(o.momentum, "momentum", "momentum");
+  check_nonnegative_rate(o.momentum, "momentum", "momentum");
   check_buffer(buf, n, "momentum", "buf");
   check_buffer(grad, n, "momentum", "grad");
   check_buffer(update, n, "momentum", "update");

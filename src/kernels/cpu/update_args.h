@@ -10,7 +10,7 @@
 
 namespace meshmuon::cpu {
 
-// Throws std::invalid_argument "[momentum] ...": momentum outside [0, 1), negative count, a null
+// Throws std::invalid_argument "[momentum] ...": momentum negative or non-finite, negative count, a null
 // buffer with elements, update overlapping buf.
 void check_momentum_args(const MomentumOptions& o, const float* buf, const void* grad, const float* update, int64_t n);
 // "[update] ...": lr, adjusted_lr, weight_decay finite and >= 0; buffers; update overlapping param.

@@ -4,6 +4,7 @@ mapped to a meshmuon key, kept as a foreign key (docs/migration.md), or refused 
 names it. The result is the keyword arguments of meshmuon.torch.Muon: `Muon(**from_xxx(...))`."""
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 import torch
@@ -141,6 +142,44 @@ def check_choice(t: GroupTranslation, key: str, value: Any, allowed: Iterable[An
     allowed = tuple(allowed)
     if value not in allowed:
         raise t.fail(f"{key}={value!r} is not one of {t.peer}'s values {allowed}")
+
+
+def rate(t: GroupTranslation, key: str, value: Any, checked: str = "",
+         range_of: str = "torch.optim.Muon's range") -> Any:
+    """A hyperparameter meshmuon takes finite and >= 0 (lr, weight_decay, momentum, NorMuon's beta2,
+    eps): returned as given (a 1-element tensor lr too). A ValueError naming the key otherwise:
+    non-finite values make the source's first step write inf / NaN into the parameters (meshmuon
+    refuses them before anything is modified), negative ones are outside meshmuon's range, which
+    is torch.optim.Muon's (`range_of`). `checked`: what the source itself checks (for the message)."""
+    number = value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+    if isinstance(number, bool) or not isinstance(number, (int, float)):
+        raise t.fail(f"{key}={value!r} is not a number")
+    if not math.isfinite(number):
+        raise t.fail(f"{key}={value!r}: {t.peer} would take it and its step would write inf or NaN "
+                     f"into the parameters; meshmuon refuses non-finite hyperparameters: use a "
+                     f"finite value")
+    if number < 0:
+        raise t.fail(f"{key}={value!r} is negative: {checked or t.peer + ' does not check it'}; "
+                     f"meshmuon takes {key} >= 0 ({range_of}): use a value >= 0")
+    return value
+
+
+def unit_beta(t: GroupTranslation, key: str, value: Any) -> Any:
+    """An AdamW beta: meshmuon takes [0, 1), torch.optim.AdamW's range. beta = 1 makes the bias
+    correction 1 - beta^t zero (a division by zero: NaN / inf parameters in every source's AdamW);
+    beta2 > 1 makes it negative under a square root (NaN); beta1 > 1 extrapolates the first moment
+    with a negative correction, which no source documents: refused too, naming the key."""
+    number = value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+        raise t.fail(f"{key}={value!r} is not a finite number")
+    if not 0.0 <= number < 1.0:
+        why = ("1 - beta^t is 0 at every step: the source's AdamW divides by it (inf / NaN "
+               "parameters)" if number == 1.0 else
+               "its AdamW bias correction 1 - beta^t turns negative" if number > 1.0 else
+               "a negative average weight")
+        raise t.fail(f"{key}={value!r}: {why}; meshmuon's AdamW takes betas in [0, 1) "
+                     f"(torch.optim.AdamW's range): use a value in [0, 1)")
+    return value
 
 
 def bool_key(t: GroupTranslation, key: str) -> bool:

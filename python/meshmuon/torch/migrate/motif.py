@@ -2,10 +2,11 @@
 with the groups' own keys (`use_muon`, `names`, `adamw_betas`, ...) kept for the training script."""
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
-from ._common import (GroupTranslation, bool_key, muon_kwargs, plain_update, source_groups,
-                      tensors)
+from ._common import (GroupTranslation, bool_key, muon_kwargs, plain_update, rate, source_groups,
+                      tensors, unit_beta)
 
 PEER = "Motif Muon"
 # Motif's Newton-Schulz: X / (|X|_F + 1e-7), then You's five (a, b, c) rows (meshmuon's `you`).
@@ -23,8 +24,8 @@ def from_motif(params: Any, lr: float = 1e-3, weight_decay: float = 0.1, momentu
 
     `params`: Motif's group list (every group has `use_muon`; Muon groups carry `names`), or a
     Motif Muon that has not stepped. Muon groups (`use_muon=True`) map to heavy-ball momentum
-    (buf ← momentum·buf + g; Nesterov g + momentum·buf), You's 5-step schedule (`ns_steps` must
-    be 5: Motif's coefficient table has 5 rows) with X / (|X|_F + 1e-7), decoupled decay with the
+    (buf ← momentum·buf + g; Nesterov g + momentum·buf), You's 5-step schedule (any int `ns_steps`:
+    Motif's Newton-Schulz ignores it and runs its 5 coefficient rows) with X / (|X|_F + 1e-7), decoupled decay with the
     unadjusted lr and the update with lr·0.2·sqrt(max(A, B)) (`match_rms_adamw`); 3-D parameters
     become expert stacks (Motif orthogonalizes each [A, B] slice; it needs `expert_keys` for them).
     AdamW groups (`use_muon=False`) map `adamw_betas` / `adamw_eps` (kept, aliased to meshmuon's
@@ -55,12 +56,16 @@ def from_motif(params: Any, lr: float = 1e-3, weight_decay: float = 0.1, momentu
         t.fix("use_muon")
         none_grads.add(bool_key(t, "none_grad"))
         t.fix("none_grad")
-        t.set(lr=t.get("lr"), weight_decay=t.get("weight_decay"))
+        t.set(lr=rate(t, "lr", t.get("lr")), weight_decay=rate(t, "weight_decay", t.get("weight_decay")))
         if use_muon:
             _muon_group(t, expert_keys)
         else:
-            t.set(algorithm="adamw", betas=tuple(t.alias("adamw_betas", "betas")),
-                  eps=t.alias("adamw_eps", "eps"))
+            betas = tuple(t.alias("adamw_betas", "betas"))
+            if len(betas) != 2:
+                raise t.fail(f"adamw_betas={betas!r} must be (beta1, beta2)")
+            t.set(algorithm="adamw", betas=tuple(unit_beta(t, f"adamw_betas[{i}]", b)
+                                                 for i, b in enumerate(betas)),
+                  eps=_adamw_eps(t, t.alias("adamw_eps", "eps")))
             t.ignore("momentum", "nesterov", "ns_steps", "names")
         groups.append(t.finish())
     _name_every_group(groups)
@@ -72,9 +77,10 @@ def from_motif(params: Any, lr: float = 1e-3, weight_decay: float = 0.1, momentu
 
 def _muon_group(t: GroupTranslation, expert_keys: Optional[list]) -> None:
     ns_steps = t.get("ns_steps")
-    if ns_steps != 5:
-        raise t.fail(f"ns_steps={ns_steps!r}: Motif's Newton-Schulz runs its 5 coefficient rows; "
-                     f"use ns_steps=5")
+    # Motif's _zeropower_via_newtonschulz5(G, steps) ignores `steps` (it always runs its 5 rows;
+    # ns_steps only weighs the owner assignment's flop estimate): any int is those 5 steps.
+    if isinstance(ns_steps, bool) or not isinstance(ns_steps, int):
+        raise t.fail(f"ns_steps={ns_steps!r} must be an int (Motif multiplies its flop estimate by it)")
     params = tensors(t.source)
     names = t.source.get("names")
     t.read.add("names")
@@ -91,7 +97,7 @@ def _muon_group(t: GroupTranslation, expert_keys: Optional[list]) -> None:
             raise t.fail(f"parameter {j}{f' {name!r}' if name else ''} is 3-D and matches no "
                          f"expert_keys={expert_keys!r}; Motif refuses it too (each [A, B] slice of "
                          f"an expert stack is one matrix: name it in expert_keys)")
-    t.set(algorithm="muon", momentum=t.get("momentum"), nesterov=t.get("nesterov"),
+    t.set(algorithm="muon", momentum=rate(t, "momentum", t.get("momentum")), nesterov=t.get("nesterov"),
           momentum_kind="heavy_ball", ns_schedule="you", ns_steps=5, ns_scale=1.0, eps=NS_EPS,
           eps_mode="add", adjust_lr_fn="match_rms_adamw", cautious_wd=False, normuon=False,
           expert_stacks=bool(stacks))
@@ -108,3 +114,13 @@ def _name_every_group(groups: list[dict]) -> None:
             if not has:
                 group["params"] = [(f"param_groups[{i}][{j}]", p)
                                    for j, p in enumerate(tensors(group))]
+
+
+def _adamw_eps(t: GroupTranslation, eps: Any) -> Any:
+    """Motif's AdamW (torch's fused kernel) divides by sqrt(v_hat) + eps: eps <= 0 divides by zero
+    where a gradient element has been 0 (NaN parameters); meshmuon's AdamW takes a finite eps > 0."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        raise t.fail(f"adamw_eps={eps!r}: Motif's AdamW divides by sqrt(v_hat) + adamw_eps, which is 0 "
+                     f"(NaN parameters) where a gradient element has been 0 when adamw_eps <= 0; "
+                     f"meshmuon's AdamW takes a finite eps > 0: use one")
+    return eps

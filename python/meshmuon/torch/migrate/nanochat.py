@@ -2,10 +2,12 @@
 own keys (`kind`, `beta2`, `initial_lr`) kept so that base_train.py's schedule loop runs unedited."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from ._common import (GroupTranslation, check_choice, engine_flag, has_key, muon_kwargs,
-                      source_groups)
+from ... import _core
+from ._common import (GroupTranslation, check_choice, engine_flag, has_key, muon_kwargs, rate,
+                      source_groups, unit_beta)
 
 PEER = "nanochat"
 # nanochat's Polar Express: X / (|X|_F * 1.01 + 1e-6), then the 5-step table of arXiv 2505.16932
@@ -25,8 +27,8 @@ def from_nanochat(params: Any, *, muon_eq: bool = True, muon_plus: bool = True,
 
     Each Muon group maps to: EMA Nesterov momentum (`momentum`), MuonEq row equilibration
     (`muon_eq`), normalization X / (|X|·ns_scale + 1e-6) (`ns_scale`, `eps=1e-6`,
-    `eps_mode='add'`), Polar Express (`ns_schedule='polar_express'`, `ns_steps` must be 5: nanochat
-    takes the first `ns_steps` rows of its 5-row table, meshmuon computes a schedule per step count),
+    `eps_mode='add'`), Polar Express (`ns_schedule='polar_express'` for `ns_steps` >= 5; nanochat takes the
+    first `ns_steps` rows of its 5-row table, so 1-4 become a custom schedule of those rows),
     Muon+ renormalization (`muon_plus`), NorMuon (`normuon=True`, `normuon_beta2` aliased to the
     group's `beta2`), cautious weight decay (`cautious_wd=True`) and lr·sqrt(max(1, A/B))
     (`adjust_lr_fn='original'`) in both the update and the decay (`decay_lr='adjusted'`).
@@ -47,9 +49,14 @@ def from_nanochat(params: Any, *, muon_eq: bool = True, muon_plus: bool = True,
         t = GroupTranslation(PEER, index, group, defaults={})
         kind = t.fix("kind")  # kept for the script (nanochat's loop reads it); meshmuon: algorithm
         check_choice(t, "kind", kind, ("muon", "adamw"))
-        t.set(algorithm=kind, lr=t.get("lr"), weight_decay=t.get("weight_decay"))
+        t.set(algorithm=kind, lr=rate(t, "lr", t.get("lr")),
+              weight_decay=rate(t, "weight_decay", t.get("weight_decay")))
         if kind == "adamw":
-            t.set(betas=tuple(t.get("betas")), eps=t.get("eps"))
+            betas = tuple(t.get("betas"))
+            if len(betas) != 2:
+                raise t.fail(f"betas={betas!r} must be (beta1, beta2)")
+            t.set(betas=(unit_beta(t, "betas[0]", betas[0]), unit_beta(t, "betas[1]", betas[1])),
+                  eps=_adamw_eps(t))
         else:
             _muon_group(t, muon_eq, muon_plus, decay_lr, ns_scale)
         groups.append(t.finish())
@@ -58,14 +65,9 @@ def from_nanochat(params: Any, *, muon_eq: bool = True, muon_plus: bool = True,
 
 def _muon_group(t: GroupTranslation, muon_eq: bool, muon_plus: bool, decay_lr: str,
                 ns_scale: float) -> None:
-    ns_steps = t.get("ns_steps")
-    if ns_steps != 5:
-        raise t.fail(f"ns_steps={ns_steps!r}: nanochat runs the first ns_steps rows of its 5-step "
-                     f"Polar Express table, meshmuon's polar_express schedule is computed per step "
-                     f"count and equals that table only at 5 steps; use ns_steps=5")
     normuon = _normuon(t)
-    t.set(momentum=t.get("momentum"), momentum_kind="ema", nesterov=True,
-          ns_schedule="polar_express", ns_steps=5, ns_scale=ns_scale, eps=NS_EPS, eps_mode="add",
+    t.set(momentum=rate(t, "momentum", t.get("momentum")), momentum_kind="ema", nesterov=True,
+          **_ns_schedule(t), ns_scale=ns_scale, eps=NS_EPS, eps_mode="add",
           cautious_wd=True, adjust_lr_fn="original", expert_stacks=False, **normuon)
     engine_flag(t, "muon_eq", muon_eq, "nanochat's MuonEq row equilibration",
                 "pass muon_eq=False to migrate without it (the update then differs from nanochat's)")
@@ -79,26 +81,46 @@ def _muon_group(t: GroupTranslation, muon_eq: bool, muon_plus: bool, decay_lr: s
                      "to decay with the unadjusted lr (differs for tall matrices)")
 
 
+def _ns_schedule(t: GroupTranslation) -> dict:
+    """nanochat runs polar_express_coeffs[:ns_steps], a prefix of its 5-row table (arXiv 2505.16932,
+    5 steps), which is meshmuon's polar_express schedule at 5 steps: ns_steps >= 5 is that schedule
+    (the group then says ns_steps=5); 1-4 its first rows, as a custom schedule. ns_steps <= 0 runs
+    no orthogonalization in nanochat: meshmuon's runs >= 1 step, so it is refused."""
+    ns_steps = t.get("ns_steps")
+    if isinstance(ns_steps, bool) or not isinstance(ns_steps, int) or ns_steps < 1:
+        raise t.fail(f"ns_steps={ns_steps!r}: nanochat then runs no Polar Express step (the update is "
+                     f"not orthogonalized); meshmuon's orthogonalization runs >= 1 step: use an int "
+                     f"ns_steps >= 1")
+    if ns_steps >= 5:
+        return dict(ns_schedule="polar_express", ns_steps=5)
+    ns = _core.NsOptions()
+    ns.schedule, ns.steps = "polar_express", 5
+    return dict(ns_schedule="custom", ns_steps=ns_steps, ns_coefficients=ns.coefficients()[:ns_steps])
+
+
 def _normuon(t: GroupTranslation) -> dict:
-    """nanochat's `beta2` (no range check there; None is read as 0.0) as meshmuon's NorMuon keys.
-    In [0, 1): NorMuon with `normuon_beta2` aliased to `beta2` (the script may write it). Exactly 1:
-    nanochat's second moment v ← lerp(v, v_mean, 1 - beta2) never moves from its zeros, so its step
-    size is the uniform clamp_min(0, 1e-10)^-1/2 and the renormalization v_norm / v_norm_new undoes it:
-    the update is the one without NorMuon (within float rounding). meshmuon's engine takes
-    normuon_beta2 in [0, 1) only, so beta2 = 1 maps to `normuon=False`, with `beta2` kept fixed (a
-    write raises at the next step: NorMuon is fixed at construction; translate again). None: 0.0,
-    kept fixed likewise. Outside [0, 1] (nanochat would extrapolate the lerp; v is then no second
-    moment) a ValueError."""
+    """nanochat's `beta2` (no range check there; older versions read None as 0.0) as meshmuon's NorMuon
+    keys: any finite beta2 >= 0 is NorMuon with `normuon_beta2` aliased to `beta2` (the script may
+    write it). beta2 = 1 keeps v at its initial zeros in both (nanochat and meshmuon start v at 0):
+    a uniform step that the renormalization divides out; beta2 > 1 extrapolates the lerp in both.
+    None: 0.0, with `beta2` kept fixed (a write raises at the next step: translate again).
+    Negative or non-finite beta2: a ValueError (meshmuon's range is Dion's NorMuon's, >= 0)."""
     beta2 = t.get("beta2")
     if beta2 is None:
         t.fix("beta2")
         return dict(normuon=True, normuon_beta2=0.0)
-    if isinstance(beta2, bool) or not isinstance(beta2, (int, float)) or not 0.0 <= beta2 <= 1.0:
-        raise t.fail(f"beta2={beta2!r}: nanochat's second moment is lerp(v, v_mean, 1 - beta2), an "
-                     f"average only for beta2 in [0, 1]; meshmuon translates beta2 in [0, 1] (and "
-                     f"None, read as 0.0 by nanochat)")
-    if beta2 == 1.0:
-        t.fix("beta2")
-        return dict(normuon=False)
+    rate(t, "beta2", beta2, "nanochat does not check it (its lerp weight 1 - beta2 then exceeds 1)",
+         range_of="Dion's NorMuon's range for its muon_beta2")
     t.alias("beta2", "normuon_beta2")
     return dict(normuon=True, normuon_beta2=beta2)
+
+
+def _adamw_eps(t: GroupTranslation) -> float:
+    """nanochat's AdamW divides by sqrt(v / bias2) + eps: eps <= 0 divides by zero wherever a
+    gradient element has been 0 (NaN parameters); meshmuon's AdamW takes eps > 0, finite."""
+    eps = t.get("eps")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        raise t.fail(f"eps={eps!r}: nanochat's AdamW divides by sqrt(v / (1 - beta2^t)) + eps, which is "
+                     f"0 (NaN parameters) where a gradient element has been 0 when eps <= 0; "
+                     f"meshmuon's AdamW takes a finite eps > 0: use one")
+    return eps

@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from .._options import JORDAN
-from ._common import (GroupTranslation, check_choice, muon_kwargs, plain_update, source_groups,
-                      tensors)
+import math
+
+from ._common import (GroupTranslation, check_choice, muon_kwargs, plain_update, rate,
+                      source_groups, tensors)
 
 PEER = "torch.optim.Muon"
 
@@ -44,11 +46,41 @@ def from_torch_muon(params: Any, lr: float = 1e-3, weight_decay: float = 0.1,
         coefficients = tuple(float(c) for c in t.get("ns_coefficients"))
         if len(coefficients) != 3:
             raise t.fail(f"ns_coefficients={coefficients!r} must be one (a, b, c) triple")
-        t.set(algorithm="muon", lr=t.get("lr"), weight_decay=t.get("weight_decay"),
-              momentum=t.get("momentum"), nesterov=t.get("nesterov"), momentum_kind="ema",
-              ns_coefficients=coefficients, ns_steps=t.get("ns_steps"), ns_schedule=None,
-              eps=t.get("eps"), eps_mode="clamp", ns_scale=1.0, adjust_lr_fn=rule,
+        checked = "torch.optim.Muon refuses it as a constructor argument (a group's own value is not checked)"
+        t.set(algorithm="muon", lr=rate(t, "lr", t.get("lr"), checked),
+              weight_decay=rate(t, "weight_decay", t.get("weight_decay"), checked),
+              momentum=rate(t, "momentum", t.get("momentum"), checked), nesterov=t.get("nesterov"),
+              momentum_kind="ema", ns_coefficients=coefficients, ns_steps=_ns_steps(t),
+              ns_schedule=None, eps=_eps(t), eps_mode="clamp", ns_scale=1.0, adjust_lr_fn=rule,
               cautious_wd=False, normuon=False, expert_stacks=False)
         plain_update(t)
         groups.append(t.finish())
     return muon_kwargs(groups)
+
+
+def _ns_steps(t: GroupTranslation) -> int:
+    """torch runs `range(ns_steps)` Newton-Schulz steps and raises at its first step for >= 100."""
+    steps = t.get("ns_steps")
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        raise t.fail(f"ns_steps={steps!r} must be an int (torch.optim.Muon runs range(ns_steps))")
+    if steps >= 100:
+        raise t.fail(f"ns_steps={steps}: torch.optim.Muon raises at its first step (\"Number of steps "
+                     f"must be less than 100\"); use ns_steps < 100")
+    if steps < 1:
+        raise t.fail(f"ns_steps={steps}: torch.optim.Muon then runs no Newton-Schulz step (its update "
+                     f"is the normalized momentum, not orthogonalized); meshmuon's orthogonalization "
+                     f"runs >= 1 step: use ns_steps >= 1, or plain SGD with momentum for this group")
+    return steps
+
+
+def _eps(t: GroupTranslation) -> float:
+    """torch divides by norm.clamp(min=eps): a negative eps never acts (the norm is >= 0), exactly as
+    eps = 0, which is what meshmuon is given; an infinite one makes every update zero: refused."""
+    eps = t.get("eps")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or math.isnan(eps):
+        raise t.fail(f"eps={eps!r} is not a number")
+    if math.isinf(eps):
+        raise t.fail(f"eps={eps!r}: torch.optim.Muon divides by norm.clamp(min=inf), so its updates "
+                     f"are all zero (only weight decay acts); meshmuon takes a finite eps >= 0: "
+                     f"use one")
+    return max(float(eps), 0.0)

@@ -1,6 +1,6 @@
 // Communicator, collectives: argument validation (before anything is posted), byte counters,
 // default timeout, sub-communicator helpers, backend selection. Transports only post
-// (transport.cpp hands them the validated calls).
+// (comm_transport.cpp hands them the validated calls).
 #include <algorithm>
 #include <cstdlib>
 #include <numeric>

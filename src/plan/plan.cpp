@@ -32,9 +32,14 @@ Strategy cost_choice(const ParamSpec& p, const ShardTable& t, bool split, const 
   for (int i = 0; i < kNumStrategies; ++i) {
     const Strategy s = static_cast<Strategy>(i);
     if (!detail::applies(s, p, t, split) || (o.exact && s == Strategy::GramAllReduce)) continue;
-    const auto [it, fresh] = memo.try_emplace({&t, i, split}, 0.0);
-    if (fresh) it->second = detail::amortized_seconds(s, p, t, split, o);
-    const double sec = it->second;
+    double sec = 0;
+    if (p.split.empty()) {
+      const auto [it, fresh] = memo.try_emplace({&t, i, split}, 0.0);
+      if (fresh) it->second = detail::amortized_seconds(s, p, t, split, o);
+      sec = it->second;
+    } else {
+      sec = detail::amortized_seconds(s, p, t, split, o);  // flops per block split: not the table's alone
+    }
     if (sec < best_s) best_s = sec, best = s;  // ties keep the earlier (simpler) strategy
   }
   return best;
@@ -80,7 +85,7 @@ void build(const Inventory& inv, const PlanOptions& o, bool split, detail::Shard
       e.decision = fell_back ? Decision::Fallback : Decision::Cost;
     }
     e.replica_split = split && t.r > 1 && e.strategy == Strategy::OwnerA2A;
-    e.unit_flops = ns_flops(p.rows(), p.cols(), o.ns);
+    e.unit_flops = detail::unit_ns_flops(p, o.ns);
     entries.push_back(std::move(e));
   }
   detail::form_chunks(entries, tables, inv, o, chunks);

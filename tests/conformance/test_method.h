@@ -1,0 +1,16 @@
+// A test-only orthogonalization method, registered from this test binary through the method table
+// (src/kernels/cpu/ns_methods.h) exactly as a new method would be: the proof of docs/design.md
+// "Adding an orthogonalization method". "conformance_test_method" is Newton–Schulz with every
+// product accumulated in double by plain loops (then rounded to fp32): slow, accurate, and
+// different in its bits from every built-in method.
+#pragma once
+
+#include "meshmuon/orthogonalize.h"
+
+namespace meshmuon::conformance {
+
+inline constexpr const char* kTestMethodName = "conformance_test_method";
+// Registers the method on first use; its id.
+NsMethod test_method();
+
+}  // namespace meshmuon::conformance
