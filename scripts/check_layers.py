@@ -4,7 +4,9 @@ python/meshmuon against the layer order written down once, here (docs/design.md,
 shows the same order):
 
   C++ (bottom first): a file may include headers of its own layer and of the layers below it,
-  never one above; no two files may include each other through a cycle.
+  never one above; no two files may include each other through a cycle. A backend's folder
+  (src/backend/<name>/) is private to it: other files include only its shared/ subfolder (the device
+  helpers its transports need too, e.g. backend/cuda/shared/device_guard.h for comm/nccl/).
   Public headers: include/meshmuon/X.h is drawn in the folder of the sources that implement it
   (scripts/header_homes.py finds them by what they define), so every one of them lies in the
   header's layer and one is named X.cpp (mlx's rule): a header implemented elsewhere would draw
@@ -71,6 +73,17 @@ def layer_of_src(path: Path) -> str | None:
     return None
 
 
+def private_backend_folder(target: Path) -> Path | None:
+    """The backend folder src/backend/<name>/ a header is private to; None for a header of a shared/
+    subfolder, or outside any backend's folder."""
+    rel = target.relative_to(ROOT) if target.is_relative_to(ROOT) else None
+    if rel is None or rel.parts[:2] != ("src", "backend") or len(rel.parts) < 4:
+        return None
+    if len(rel.parts) >= 5 and rel.parts[3] == "shared":
+        return None
+    return ROOT / "src" / "backend" / rel.parts[2]
+
+
 def resolve(inc: str, where: Path) -> Path | None:
     for base in (ROOT / "include", ROOT / "src", where.parent):
         p = base / inc
@@ -105,6 +118,10 @@ def cpp_violations() -> list[str]:
                 continue
             if LEVEL.get(theirs, -1) > LEVEL.get(mine, 99):
                 problems.append(f"{f.relative_to(ROOT)} ({mine}) includes {inc} ({theirs}): a layer above it")
+            private = private_backend_folder(target)
+            if private is not None and not f.resolve().is_relative_to(private):
+                problems.append(f"{f.relative_to(ROOT)} includes {inc}: a private header of "
+                                f"{private.relative_to(ROOT)}/ (include its shared/ folder only)")
     problems += [f"include cycle: {' -> '.join(str(Path(p).relative_to(ROOT)) for p in c)}" for c in cycles(graph)]
     return problems
 

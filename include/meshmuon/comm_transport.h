@@ -59,7 +59,7 @@ class MESHMUON_API Transport {
   virtual ~Transport();
   // The communicator's backend() and the "[name]" prefix of its errors: "single", "mpi", "nccl", "c10d".
   virtual std::string_view backend() const = 0;
-  // True when every operation accepts device (CUDA) memory (Communicator::device_buffers); false by
+  // True when every operation accepts device memory (Communicator::device_buffers); false by
   // default: a transport that moves host memory only (c10d over gloo).
   virtual bool device_buffers() const { return false; }
   // False once the transport refuses new operations for a reason of its own (mpi: a collective timed
@@ -86,12 +86,13 @@ class MESHMUON_API Transport {
                                            const std::string& name) = 0;
   // A wait on this transport (or one split from the same root) passed its deadline.
   virtual void on_timeout() {}
-  // Communicator::order_after: operations posted after this call wait for `cuda_event` (a recorded
-  // cudaEvent_t, never null here; valid during the call only: it is pooled and recorded again later,
-  // so wait for it now, e.g. cudaStreamWaitEvent, never keep it). Default: a host wait for it
-  // (cudaEventSynchronize); a transport that posts on a CUDA stream of its own makes that stream
-  // wait instead (nccl). A failure may throw any std::exception (rethrown as meshmuon::Error).
-  virtual void order_after(void* cuda_event);
+  // Communicator::order_after: operations posted after this call wait for `event` (DeviceEvent::handle:
+  // the device API's event recorded by the engine's backend, never null here; valid during the call
+  // only: it is pooled and recorded again later, so wait for it now, never keep it). Default: a host
+  // wait for it through the process's memory space (MemorySpace::wait_on_host); a transport that
+  // posts on a device stream of its own makes that stream wait instead (nccl). A failure may throw
+  // any std::exception (rethrown as meshmuon::Error).
+  virtual void order_after(void* event);
 };
 
 // A communicator of `size` ranks (this one is `rank`) over `transport`, named `name` ("world" for

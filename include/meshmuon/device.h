@@ -24,12 +24,13 @@ MESHMUON_API std::string to_string(const Device& d);  // "cpu", "cuda:0"
 // nullopt for anything else. The options that name a device (OptimizerOptions::device, ...) use it.
 MESHMUON_API std::optional<Device> parse_device(std::string_view name);
 
-// A point in a CUDA device's queued work: a cudaEvent_t (as a pointer) recorded on the stream that
-// writes some buffers. Empty: nothing to wait for (host memory, or work already complete). Backends
-// record them (Backend::fence) and communicators wait for them (Communicator::order_after).
+// A point in a device's queued work: an opaque handle, the device API's event (as a pointer) recorded
+// on the stream that writes some buffers; only the backend that recorded it and the transports of
+// the same device read it. Empty: nothing to wait for (host memory, or work already complete).
+// Backends record them (Backend::fence) and communicators wait for them (Communicator::order_after).
 struct DeviceEvent {
-  void* cuda_event = nullptr;
-  bool empty() const { return cuda_event == nullptr; }
+  void* handle = nullptr;
+  bool empty() const { return handle == nullptr; }
 };
 
 }  // namespace meshmuon

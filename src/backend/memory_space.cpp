@@ -7,17 +7,25 @@
 #include <limits>
 #include <string>
 
+#include "backend/registry.h"
 #include "meshmuon/error.h"
 
 namespace meshmuon::detail {
 
 MemorySpace::~MemorySpace() = default;
 
-#ifndef MESHMUON_HAVE_CUDA
-void wait_on_host(DeviceEvent e, std::string_view who) {
-  MESHMUON_CHECK_RUNTIME(e.empty(), "[", who, "] order_after was given a CUDA event, but meshmuon was built without CUDA");
+void MemorySpace::wait_on_host(DeviceEvent e, std::string_view who) {
+  MESHMUON_CHECK_RUNTIME(e.empty(), "[", who, "] order_after was given a device event, but memory space '", name(),
+                         "' has no device (no device backend of this build can run in this process)");
 }
-#endif
+
+void MemorySpace::check_device_index(int index, std::string_view who) const {
+  MESHMUON_CHECK(index == 0, who, ": memory space '", name(), "' has one device; name index 0");
+}
+
+void wait_on_host(DeviceEvent e, std::string_view who) {
+  if (!e.empty()) default_memory_space()->wait_on_host(e, who);
+}
 
 namespace {
 
@@ -48,9 +56,7 @@ std::shared_ptr<MemorySpace> host_memory_space() {
 }
 
 std::shared_ptr<MemorySpace> default_memory_space() {
-#ifdef MESHMUON_HAVE_CUDA
-  if (auto cuda = cuda_memory_space()) return cuda;
-#endif
+  if (auto device = backend_registry().device_space()) return device;
   return host_memory_space();
 }
 

@@ -1,9 +1,17 @@
-// Internal: stands where the CUDA backend (cuBLAS + own kernels) will go; this build has none.
+// Internal: built instead of cuda/ when the build has no CUDA: registers "cuda" as missing (with the
+// reason and what to do), and the cuda-only entry points throw the same reason.
 #include "backend/backend.h"
-#include "backend/cuda_bench.h"
+#include "backend/cuda/shared/cuda_bench.h"
+#include "backend/registry.h"
 #include "meshmuon/error.h"
 
 namespace meshmuon::detail {
+
+void register_cuda_backend(BackendRegistry& r) {
+  r.add_missing("cuda", "meshmuon was built without CUDA; use the cpu backend, or reconfigure with "
+                        "-DMESHMUON_WITH_CUDA=ON on a machine with nvcc and the cuBLAS headers",
+                /*indexed=*/true, "CUDA");
+}
 
 std::shared_ptr<Backend> make_cuda_backend(int device) {
   throw_error(concat("[cuda] meshmuon was built without CUDA (device ", device, " requested); use the cpu backend"));

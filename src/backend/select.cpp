@@ -1,6 +1,7 @@
 // Internal: backend selection by device name and its test hook (select.h).
 #include "backend/select.h"
 
+#include <charconv>
 #include <optional>
 #include <string>
 
@@ -14,11 +15,19 @@ thread_local std::optional<EngineDevice> tl_injected;
 }  // namespace
 
 EngineDevice select_device(std::string_view device) {
-  const std::optional<Device> d = parse_device(device);
-  MESHMUON_CHECK(d.has_value(), "[backend] option 'device' must be cpu, cuda or cuda:N (got '", device, "')");
-  if (d->kind == DeviceKind::Cpu) return {make_cpu_backend(), host_memory_space()};
-  std::shared_ptr<Backend> backend = make_cuda_backend(d->index);
-  return {std::move(backend), default_memory_space()};
+  const BackendRegistry& registry = backend_registry();
+  const size_t colon = device.find(':');
+  const std::string_view name = device.substr(0, colon);
+  int index = 0;
+  bool ok = !name.empty() && registry.registered(name);
+  if (ok && colon != std::string_view::npos) {
+    const std::string_view digits = device.substr(colon + 1);
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+    ok = registry.indexed(name) && !digits.empty() && ec == std::errc() && end == digits.data() + digits.size() &&
+         index >= 0;
+  }
+  MESHMUON_CHECK(ok, "[backend] option 'device' must be ", registry.device_names(), " (got '", device, "')");
+  return registry.make(name, index);
 }
 
 EngineDevice resolve_engine_device(std::string_view device) {

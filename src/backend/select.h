@@ -1,6 +1,6 @@
-// Internal: the one place a backend is chosen by device name ("cpu", "cuda", "cuda:N": the option
-// `device` of Optimizer, LocalOptimizer and ShardedParams), with the memory space the communicators
-// stage through. Tests inject their own backend (the fake device backend of tests/support/) with
+// Internal: the one place a backend is chosen by device name (a registered backend's name, or name:N
+// for one with several devices: the option `device` of Optimizer, LocalOptimizer and ShardedParams),
+// through the registry (registry.h), with the memory space the communicators stage through. Tests inject their own backend (the fake device backend of tests/support/) with
 // ScopedEngineDevice, so the public headers stay clean.
 #pragma once
 
@@ -9,19 +9,14 @@
 
 #include "backend/backend.h"
 #include "backend/memory_space.h"
+#include "backend/registry.h"
 
 namespace meshmuon::detail {
 
-struct EngineDevice {
-  std::shared_ptr<Backend> backend;
-  // Tells the communicators which pointers are the backend's device memory (single / mpi staging);
-  // the host space for the cpu backend.
-  std::shared_ptr<MemorySpace> space;
-};
-
-// The named device: "cpu" -> the cpu backend and the host space; "cuda" / "cuda:N" ->
-// make_cuda_backend(N) and default_memory_space(). std::invalid_argument for any other name;
-// meshmuon::Error where the cuda backend cannot run.
+// The named device: backend_registry().make(name, N) for "name" (N = 0) or "name:N" (a backend
+// registered `indexed`). std::invalid_argument "[backend] option 'device' must be cpu, cuda or cuda:N
+// (got '...')" (the registered names) for any other name; meshmuon::Error where the backend is
+// missing from this build or cannot run here (the registry's reason).
 EngineDevice select_device(std::string_view device);
 // The injected device while a ScopedEngineDevice lives on this thread, else select_device(device).
 EngineDevice resolve_engine_device(std::string_view device);
@@ -40,8 +35,8 @@ class ScopedEngineDevice {
 };
 
 // Where the step's own memory (state without offload, chunk arenas, scratch) comes from.
-inline MemoryKind step_memory(const Backend& b) {
-  return b.capabilities().device_memory ? MemoryKind::Device : MemoryKind::Host;
+inline MemoryKind step_memory(const DeviceServices& b) {
+  return b.device_caps().device_memory ? MemoryKind::Device : MemoryKind::Host;
 }
 
 }  // namespace meshmuon::detail

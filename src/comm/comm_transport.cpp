@@ -16,7 +16,7 @@ namespace meshmuon {
 
 TransportOp::~TransportOp() = default;
 Transport::~Transport() = default;
-void Transport::order_after(void* cuda_event) { detail::wait_on_host({cuda_event}, backend()); }
+void Transport::order_after(void* event) { detail::wait_on_host({event}, backend()); }
 
 Communicator::Communicator(std::shared_ptr<Transport> transport, std::shared_ptr<detail::CommRoot> root, int rank,
                            int size, std::string name)
@@ -101,7 +101,7 @@ void Communicator::order_after(DeviceEvent ready) {
                       name_, "' after device work: an earlier collective timed out and communication is unusable; "
                       "end the job (meshmuon::abort_all)");
   try {
-    transport_->order_after(ready.cuda_event);
+    transport_->order_after(ready.handle);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -7,8 +7,8 @@
 
 namespace meshmuon::detail {
 
-void check_comm_carries_device(const Backend& backend, const Communicator& comm, std::string_view who) {
-  if (!backend.capabilities().device_memory || comm.device_buffers()) return;
+void check_comm_carries_device(const DeviceServices& backend, const Communicator& comm, std::string_view who) {
+  if (!backend.device_caps().device_memory || comm.device_buffers()) return;
   // The device kind without its index: the same text on every rank (agreements compare it).
   std::string kind = to_string(Device{backend.device().kind, 0});
   kind = kind.substr(0, kind.find(':'));

@@ -3,7 +3,7 @@
 
 #include <string_view>
 
-#include "backend/backend.h"
+#include "backend/device_services.h"
 #include "meshmuon/comm.h"
 
 namespace meshmuon::detail {
@@ -12,6 +12,6 @@ namespace meshmuon::detail {
 // carry device memory (Communicator::device_buffers): `who` prefixes the message ("[optim]"; empty:
 // none). Local, and the same text on every rank (the device's index is left out; the
 // communicator's capability is agreed when it is made).
-void check_comm_carries_device(const Backend& backend, const Communicator& comm, std::string_view who);
+void check_comm_carries_device(const DeviceServices& backend, const Communicator& comm, std::string_view who);
 
 }  // namespace meshmuon::detail

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "comm/staging.h"
+#include "comm/transport_registry.h"
 #include "meshmuon/comm.h"
 #include "meshmuon/error.h"
 
@@ -18,6 +19,13 @@ std::unique_ptr<Communicator> make_mpi_communicator(std::shared_ptr<detail::Memo
 }
 
 bool mpi_available() { return false; }
+
+namespace detail {
+void register_mpi_transport(TransportRegistry& r) {
+  r.add_missing("mpi", "meshmuon was built without MPI; reconfigure with -DMESHMUON_WITH_MPI=ON (apt-get install "
+                       "libopenmpi-dev) or use the single backend");
+}
+}  // namespace detail
 
 void abort_all(int code) {
   std::fflush(stdout);

@@ -24,11 +24,11 @@ struct Copy {
 // waits on the device for the fence its copy-in job records; the write-backs are ordered after
 // the slot's kernels by a fence and before the slot's next copy-in by the stream's order; flush()
 // and the destructor wait for the device work too.
-std::unique_ptr<Stream> make_copy_stream(Backend& backend) { return backend.make_stream(true, JobEnd::Queued); }
+std::unique_ptr<Stream> make_copy_stream(DeviceServices& backend) { return backend.make_stream(true, JobEnd::Queued); }
 
 }  // namespace
 
-StateOffload::StateOffload(Backend& backend, std::vector<std::vector<Region>> params, std::vector<std::string> names)
+StateOffload::StateOffload(DeviceServices& backend, std::vector<std::vector<Region>> params, std::vector<std::string> names)
     : backend_(backend), params_(std::move(params)), names_(std::move(names)), copies_(make_copy_stream(backend)),
       group_of_(params_.size(), nullptr) {}
 
@@ -94,7 +94,7 @@ StateOffload::Slot* StateOffload::take_slot(size_t bytes) {
       return true;
     });
     auto fresh = std::make_unique<Slot>();
-    fresh->mem = backend_.allocate(bytes, backend_.capabilities().device_memory ? MemoryKind::Device : MemoryKind::Host);
+    fresh->mem = backend_.allocate(bytes, backend_.device_caps().device_memory ? MemoryKind::Device : MemoryKind::Host);
     counters_.resident_bytes += fresh->mem.bytes();
     counters_.peak_resident_bytes = std::max(counters_.peak_resident_bytes, counters_.resident_bytes);
     s = fresh.get();
@@ -129,7 +129,7 @@ StateOffload::Group* StateOffload::create(std::span<const size_t> params) {
     }
   }
   if (!in.empty()) {
-    Backend* be = &backend_;
+    DeviceServices* be = &backend_;
     auto fence = std::make_shared<Fence>();  // recorded by the job after its copies
     copies_->submit([be, in = std::move(in), fence] {
       for (const Copy& c : in) be->copy_queued(c.dst, c.src, c.bytes);
@@ -187,7 +187,7 @@ void StateOffload::release(std::span<const size_t> params) {
   if (!out.empty()) {
     // The copy stream reads what this thread's kernels wrote (a device backend's kernels may still
     // be queued on the thread's stream: backend.h): it waits for them on the device.
-    Backend* be = &backend_;
+    DeviceServices* be = &backend_;
     copies_->submit(
         [be, out = std::move(out)] {
           for (const Copy& c : out) be->copy_queued(c.dst, c.src, c.bytes);

@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend/device_services.h"
 
 namespace meshmuon::detail {
 
@@ -52,7 +52,7 @@ class StateOffload {
     size_t bytes = 0;
   };
   // `names`: per parameter, for error messages. The backend must outlive this object.
-  StateOffload(Backend& backend, std::vector<std::vector<Region>> params, std::vector<std::string> names);
+  StateOffload(DeviceServices& backend, std::vector<std::vector<Region>> params, std::vector<std::string> names);
   ~StateOffload();
   StateOffload(const StateOffload&) = delete;
   StateOffload& operator=(const StateOffload&) = delete;
@@ -92,7 +92,7 @@ class StateOffload {
   void reclaim();
   void wait(const Event& e);
 
-  Backend& backend_;
+  DeviceServices& backend_;
   std::vector<std::vector<Region>> params_;
   std::vector<std::string> names_;
   std::unique_ptr<Stream> copies_;

@@ -17,12 +17,12 @@ std::string_view to_string(StateKey key) {
   return "?";
 }
 
-void StateStore::init(std::vector<StateSpec> specs, Backend& backend, bool offload) {
+void StateStore::init(std::vector<StateSpec> specs, DeviceServices& backend, bool offload) {
   offload_.reset();  // first: it may still copy into the tensors below
   params_.clear();
   params_.reserve(specs.size());
   // without offload the state lives in the backend's step memory (device memory on a device backend)
-  const bool device = backend.capabilities().device_memory;
+  const bool device = backend.device_caps().device_memory;
   const MemoryKind home = offload ? MemoryKind::PinnedHost : device ? MemoryKind::Device : MemoryKind::Host;
   view_device_ = offload || !device ? Device{} : backend.device();
   backend_ = &backend;

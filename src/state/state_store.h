@@ -21,7 +21,7 @@
 
 #include <memory>
 
-#include "backend/backend.h"
+#include "backend/device_services.h"
 #include "meshmuon/state_hooks.h"
 #include "meshmuon/update.h"
 #include "meshmuon/tensor.h"
@@ -46,7 +46,7 @@ class StateStore {
  public:
   // All state zero (host memory from `backend`, pinned when `offload`), step counts 0. The backend
   // must outlive the store.
-  void init(std::vector<StateSpec> specs, Backend& backend, bool offload = false);
+  void init(std::vector<StateSpec> specs, DeviceServices& backend, bool offload = false);
   bool offload() const { return offload_ != nullptr; }
   size_t size() const { return params_.size(); }
 
@@ -93,7 +93,7 @@ class StateStore {
   StateHooks hooks_;
   std::vector<uint8_t> untouched_;
   Device view_device_;  // where view() tensors live: the backend's device when the state is device memory
-  Backend* backend_ = nullptr;  // synchronized before the release hook (its kernels may be queued)
+  DeviceServices* backend_ = nullptr;  // synchronized before the release hook (its kernels may be queued)
   std::unique_ptr<StateOffload> offload_;
 };
 

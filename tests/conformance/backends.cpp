@@ -28,8 +28,8 @@ std::vector<ConformanceBackend> conformance_backends() {
                  [](std::string*) -> std::shared_ptr<detail::Backend> { return std::make_shared<test::FakeDeviceBackend>(); },
                  0, 0, 0, 0, {}});
 #if MESHMUON_CONFORMANCE_CUDA
-  // cuda implements plain and symmetric; `gram` runs as symmetric there today (issue 36: to be
-  // refused at construction), and a method registered by a program has no cuda kernel.
+  // cuda implements plain and symmetric (KernelCaps::ns_methods): `gram` and a method registered by
+  // a program are refused by name at construction (issue 36).
   out.push_back({"cuda",
                  [](std::string* why) -> std::shared_ptr<detail::Backend> {
                    if (!detail::cuda_device_available(why)) return nullptr;

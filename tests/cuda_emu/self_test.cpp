@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/registry.h"
 #include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "meshmuon/local_optimizer.h"

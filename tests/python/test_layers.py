@@ -35,6 +35,16 @@ def test_an_include_up_a_layer_is_found(tmp_path):
     assert "src/core/error.cpp (core) includes exec/optimizer_impl.h (exec): a layer above it" in r.stdout
 
 
+def test_a_private_backend_header_included_from_outside_is_found(tmp_path):
+    root = copy_tree(tmp_path)
+    f = root / "src" / "comm" / "nccl" / "nccl_args.h"
+    f.write_text(f.read_text() + '\n#include "backend/cuda/cuda_backend.h"\n')
+    r = run(root)
+    assert r.returncode == 1
+    assert ("src/comm/nccl/nccl_args.h includes backend/cuda/cuda_backend.h: a private header of src/backend/cuda/"
+            in r.stdout), r.stdout
+
+
 def test_an_include_cycle_is_found(tmp_path):
     root = copy_tree(tmp_path)
     f = root / "src" / "exec" / "param_table.h"

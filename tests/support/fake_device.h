@@ -8,7 +8,7 @@
 //   PROT_NONE pointers; every kernel, pack table, copy and Gram reduce buffer is translated to the
 //   alias and forwarded to the cpu backend, so results are bitwise the cpu backend's.
 //   device() reports cuda:0 (no test-only DeviceKind in the public enum): the engine's device
-//   checks then run exactly as they would on a GPU; capabilities().device_memory is true.
+//   checks then run exactly as they would on a GPU; device_caps().device_memory is true.
 #pragma once
 
 #include <sys/mman.h>
@@ -112,11 +112,8 @@ class FakeDeviceBackend final : public detail::Backend {
 
   std::string_view name() const override { return "fake-device"; }
   Device device() const override { return {DeviceKind::Cuda, 0}; }
-  detail::BackendCaps capabilities() const override {
-    detail::BackendCaps c = cpu_->capabilities();
-    c.device_memory = true;
-    return c;
-  }
+  detail::DeviceCaps device_caps() const override { return {.device_memory = true}; }
+  detail::KernelCaps kernel_caps() const override { return cpu_->kernel_caps(); }
   detail::Buffer allocate(size_t bytes, detail::MemoryKind kind) override {
     if (kind != detail::MemoryKind::Device) return cpu_->allocate(bytes, kind);
     ++device_allocations;

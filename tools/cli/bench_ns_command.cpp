@@ -15,7 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backend/cuda_bench.h"
+#include "backend/cuda/shared/cuda_bench.h"
 #include "commands.h"
 #include "meshmuon/bf16.h"
 #include "meshmuon/blas.h"
@@ -85,8 +85,8 @@ std::vector<double> singular_values(const std::vector<float>& x, int64_t m, int6
   return sv;
 }
 
-// --device cuda: the cuda backend's Newton–Schulz (--method plain: full GEMMs; symmetric, and gram
-// which runs as symmetric there: G and G² on their block triangle) against cuBLAS GEMMs of the same
+// --device cuda: the cuda backend's Newton–Schulz (--method plain: full GEMMs; symmetric: G and G² on
+// their block triangle; gram is not a method of that backend and is refused by name) against cuBLAS GEMMs of the same
 // sizes and operand dtype, timed in the same run (detail::time_ns_cuda). TFLOP/s count the flops
 // the backend's products do (detail::cuda_ns_flops_done).
 void run_bench_cuda(const BenchNsArgs& a, const NsOptions& base, const std::vector<DType>& dtypes,
@@ -368,7 +368,7 @@ void add_bench_ns_command(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--device", args->device,
                   "cpu | cuda (the cuda backend on device 0, next to cuBLAS GEMMs of the same dtype; "
-                  "gram runs as symmetric there; --compare is cpu only)")
+                  "--method gram is refused there: the cuda backend implements plain and symmetric; --compare is cpu only)")
       ->capture_default_str();
   cmd->add_flag("--compare", args->compare, "Run plain, symmetric and gram in one run and compare");
   cmd->add_flag("--json", args->json, "Print JSON");

@@ -1,12 +1,18 @@
 // `meshmuon info [--json]`: version, BLAS library, core and threads, the CPU, and what runs the bf16
 // products there (native oneDNN, meshmuon's widened products, or oneDNN's emulation) with their cost
-// relative to fp32 measured now, and what ns_matmul_dtype "auto" picks.
+// relative to fp32 measured now, what ns_matmul_dtype "auto" picks, and the backends and transports
+// this build registered (backend/registry.h, comm/transport_registry.h) with why a missing one is
+// missing.
 #include <cstdio>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "backend/registry.h"
+#include "comm/transport_registry.h"
 #include "commands.h"
 #include "core/cpu_features.h"
 #include "meshmuon/blas.h"
@@ -14,6 +20,31 @@
 #include "meshmuon/version.h"
 
 namespace meshmuon::cli {
+namespace {
+
+// name -> "" (available) or why it is missing, in registration order.
+template <class Registry>
+std::vector<std::pair<std::string, std::string>> registered(const Registry& r) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const std::string& name : r.names()) out.emplace_back(name, r.why_missing(name));
+  return out;
+}
+
+nlohmann::json entries_json(const std::vector<std::pair<std::string, std::string>>& entries) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& [name, why] : entries)
+    j.push_back({{"name", name}, {"available", why.empty()}, {"why_missing", why}});
+  return j;
+}
+
+void print_entries(const char* label, const std::vector<std::pair<std::string, std::string>>& entries) {
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto& [name, why] = entries[i];
+    std::printf("%-11s%s%s%s\n", i == 0 ? label : "", name.c_str(), why.empty() ? "" : "  (missing: ", why.empty() ? "" : (why + ")").c_str());
+  }
+}
+
+}  // namespace
 
 void add_info_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Show the version, the BLAS meshmuon computes with, the CPU and its bf16 products");
@@ -27,6 +58,8 @@ void add_info_command(CLI::App& app) {
     Bf16Cost cost;
     if (bf16.error.empty()) cost = measure_bf16_cost();
     const std::string auto_dtype(to_string(auto_matmul_dtype()));
+    const auto backends = registered(detail::backend_registry());
+    const auto transports = registered(detail::transport_registry());
     if (*as_json) {
       nlohmann::json j = {{"version", std::string(kVersion)}, {"blas_library", info.library},
                           {"blas_core", info.corename}, {"blas_config", info.config},
@@ -37,7 +70,8 @@ void add_info_command(CLI::App& app) {
                           {"bf16_kernel", bf16.kernel}, {"bf16_reason", bf16.reason},
                           {"bf16_forced", bf16.forced}, {"bf16_error", bf16.error},
                           {"bf16_over_fp32", bf16.error.empty() ? nlohmann::json(cost.bf16_over_fp32) : nlohmann::json()},
-                          {"auto_matmul_dtype", auto_dtype}};
+                          {"auto_matmul_dtype", auto_dtype}, {"backends", entries_json(backends)},
+                          {"transports", entries_json(transports)}};
       std::cout << j.dump(2) << "\n";
       return;
     }
@@ -57,6 +91,8 @@ void add_info_command(CLI::App& app) {
                   cost.size, cost.size);
     }
     std::printf("auto      ns_matmul_dtype auto = %s here\n", auto_dtype.c_str());
+    print_entries("backends", backends);
+    print_entries("transports", transports);
   });
 }
 

@@ -1,15 +1,17 @@
 // Internal: the cpu backend (backend.h): today's kernels behind the device seam. Every Muon step of
 // both engines goes through muon_units (the same code for every layout: bitwise layout invariance).
-#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/shared/cpu_backend.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/registry.h"
 #include "meshmuon/bf16.h"
 #include "meshmuon/blas.h"
 #include "meshmuon/error.h"
+#include "kernels/cpu/ns_methods.h"
 #include "kernels/cpu/products.h"
 
 namespace meshmuon::detail {
@@ -19,9 +21,11 @@ class CpuBackend final : public Backend {
  public:
   std::string_view name() const override { return "cpu"; }
   Device device() const override { return {}; }
-  BackendCaps capabilities() const override {
-    BackendCaps c;
+  DeviceCaps device_caps() const override { return {}; }
+  KernelCaps kernel_caps() const override {
+    KernelCaps c;
     c.bf16_products = true;  // oneDNN's or meshmuon's widened products (kernels/cpu/bf16_products.h)
+    c.ns_methods = cpu::ns_methods();  // every method of the table (kernels/cpu/ns_methods.h), registered ones too
     return c;
   }
 
@@ -113,6 +117,7 @@ class CpuBackend final : public Backend {
   }
 
   std::unique_ptr<Orthogonalizer> make_orthogonalizer(const NsOptions& o) override {
+    check_ns_method(name(), kernel_caps(), o);
     return std::make_unique<Orthogonalizer>(o);
   }
   void muon_units(Orthogonalizer& orth, float* u, int64_t batch, int64_t rows, int64_t cols, float* v, float* v_mean,
@@ -178,6 +183,10 @@ class CpuBackend final : public Backend {
 std::shared_ptr<Backend> make_cpu_backend() {
   static const std::shared_ptr<Backend> cpu = std::make_shared<CpuBackend>();  // stateless: one for all
   return cpu;
+}
+
+void register_cpu_backend(BackendRegistry& r) {
+  r.add("cpu", [](int) { return EngineDevice{make_cpu_backend(), host_memory_space()}; });
 }
 
 }  // namespace meshmuon::detail

@@ -1,7 +1,7 @@
 // Internal: the cpu backend's pack-table kernel (backend/pack.h) and the per-element reference.
 #include <cstring>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/shared/cpu_backend.h"
 #include "backend/pack.h"
 #include "meshmuon/bf16.h"
 

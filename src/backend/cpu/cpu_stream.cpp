@@ -7,7 +7,7 @@
 #include <mutex>
 #include <thread>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/shared/cpu_backend.h"
 
 namespace meshmuon::detail {
 namespace {

@@ -28,11 +28,11 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_error.h"
+#include "backend/cuda/shared/cuda_error.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_ns.h"
 #include "backend/cuda/cuda_stream.h"
-#include "backend/cuda/device_guard.h"
+#include "backend/cuda/shared/device_guard.h"
 #include "backend/cuda/event_pool.h"
 #include "backend/cuda/thread_resources.h"
 #include "meshmuon/error.h"
@@ -56,11 +56,14 @@ class CudaBackend final : public Backend {
 
   std::string_view name() const override { return "cuda"; }
   Device device() const override { return {DeviceKind::Cuda, device_}; }
-  BackendCaps capabilities() const override {
-    BackendCaps c;
+  DeviceCaps device_caps() const override { return {.device_memory = true}; }
+  KernelCaps kernel_caps() const override {
+    KernelCaps c;
     c.bf16_products = true;
-    c.device_memory = true;
     c.batches_units = true;
+    // No Gram Newton–Schulz for a whole matrix here (cuda_ns.cpp forms symmetric products); the
+    // gram_allreduce strategy's sharded form is gram_newton_schulz, which this backend has.
+    c.ns_methods = {NsMethod::Plain, NsMethod::Symmetric};
     return c;
   }
 
@@ -119,7 +122,7 @@ class CudaBackend final : public Backend {
   void wait(DeviceEvent e, void* stream) override {
     if (e.empty()) return;
     const DeviceGuard guard = enter();
-    check_cuda(cudaStreamWaitEvent(stream ? static_cast<cudaStream_t>(stream) : tl_stream, static_cast<cudaEvent_t>(e.cuda_event), 0),
+    check_cuda(cudaStreamWaitEvent(stream ? static_cast<cudaStream_t>(stream) : tl_stream, static_cast<cudaEvent_t>(e.handle), 0),
                "cudaStreamWaitEvent");
   }
 
@@ -337,6 +340,7 @@ class CudaBackend final : public Backend {
   // The Orthogonalizer carries the options and the schedule (validated as on the cpu); its run() is
   // the cpu kernel, so on this backend only muon_units uses it.
   std::unique_ptr<Orthogonalizer> make_orthogonalizer(const NsOptions& o) override {
+    check_ns_method(name(), kernel_caps(), o);
     MESHMUON_CHECK(!o.bf16_rounding,
                 "[cuda] bf16_rounding (torch's bf16 emulation) is not implemented on the cuda backend; use "
                 "matmul_dtype bf16 or the cpu backend");
@@ -396,6 +400,11 @@ std::shared_ptr<Backend> make_cuda_backend(int device) {
                       " CUDA device(s) are visible");
   const DeviceGuard guard(device);  // creates the device's context, leaves the caller's device current
   return std::make_shared<CudaBackend>(device);
+}
+
+void register_cuda_backend(BackendRegistry& r) {
+  r.add("cuda", [](int index) { return EngineDevice{make_cuda_backend(index), default_memory_space()}; },
+        /*indexed=*/true, [] { return cuda_memory_space(); }, "CUDA");
 }
 
 }  // namespace meshmuon::detail

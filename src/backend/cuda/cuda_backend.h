@@ -1,17 +1,24 @@
-// Internal: the cuda backend (cuda_backend.cpp and the files it names): make_cuda_backend (backend.h),
+// Internal: the cuda backend (cuda_backend.cpp and the files it names): make_cuda_backend (registry.h),
 // a device probe and the switches of tests.
 #pragma once
 
 #include <cstddef>
 #include <string>
 
+#include <memory>
+
 #include "backend/backend.h"
+#include "backend/memory_space.h"
+#include "backend/registry.h"
 
 namespace meshmuon::detail {
 
 // Whether the CUDA runtime sees at least one device; `why` gets the runtime's reason when not
 // ("CUDA driver version is insufficient...", "no CUDA-capable device is detected", ...). Never throws.
 bool cuda_device_available(std::string* why = nullptr);
+
+// cudart's MemorySpace (cuda_memory_space.cpp); nullptr when no CUDA device is usable.
+std::shared_ptr<MemorySpace> cuda_memory_space();
 
 // The scratch one muon_batch call takes at most at a time (512 MiB by default; at least one matrix
 // whatever the value): larger batches run in parts, each matrix with the bits it has alone. Returns

@@ -1,7 +1,7 @@
 // Internal: `meshmuon bench ns --device cuda` (cuda_bench.h). The orthogonalization is the backend's own
 // (Backend::muon_units, stream-ordered on the legacy stream, as the events); the GEMM baseline calls cuBLAS on a
 // handle of its own in the backend's configuration (make_blas_handle, gemm: fp32 without TF32), timed by events.
-#include "backend/cuda_bench.h"
+#include "backend/cuda/shared/cuda_bench.h"
 
 #include <cublas_api.h>
 #include <cuda_runtime_api.h>
@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "backend/backend.h"
+#include "backend/registry.h"
 #include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "meshmuon/error.h"

@@ -1,12 +1,14 @@
 // cudart's MemorySpace (memory_space.h), in CUDA builds: device pointers are those
 // cudaPointerGetAttributes calls device or managed memory; pinned buffers from cudaHostAlloc;
-// copies on a stream of this space's own, synchronized before returning. Without a usable device
-// (no driver, no GPU) cuda_memory_space() returns nullptr and the host space is used: the failing
-// probe never breaks a CPU-only run.
+// copies on a stream of this space's own, synchronized before returning; host waits for the cuda
+// backend's events. Registered as the cuda backend's space probe (cuda_backend.cpp): without a
+// usable device (no driver, no GPU) cuda_memory_space() returns nullptr and the host space is used:
+// the failing probe never breaks a CPU-only run.
 #include <cuda_runtime_api.h>
 
 #include <mutex>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/memory_space.h"
 #include "meshmuon/error.h"
 
@@ -44,6 +46,20 @@ class CudaMemorySpace final : public MemorySpace {
   void copy_to_host(void* host, const void* device, size_t bytes) override { copy(host, device, bytes); }
   void copy_to_device(void* device, const void* host, size_t bytes) override { copy(device, host, bytes); }
 
+  void check_device_index(int index, std::string_view who) const override {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) (void)cudaGetLastError(), count = 0;
+    MESHMUON_CHECK(index < count, who, ": this process sees ", count, " CUDA device", count == 1 ? "" : "s",
+                   " (cuda:0 to cuda:", count - 1, "); name one of them (CUDA_VISIBLE_DEVICES renumbers them from 0)");
+  }
+
+  void wait_on_host(DeviceEvent e, std::string_view who) override {
+    if (e.empty()) return;
+    const cudaError_t r = cudaEventSynchronize(static_cast<cudaEvent_t>(e.handle));
+    if (r != cudaSuccess)
+      throw_error(concat("[", who, "] waiting for the device work a communication follows: ", cudaGetErrorString(r)));
+  }
+
  private:
   // cudaMemcpyDefault: the runtime infers the direction (unified addressing) and the device.
   void copy(void* dst, const void* src, size_t bytes) {
@@ -59,13 +75,6 @@ class CudaMemorySpace final : public MemorySpace {
 };
 
 }  // namespace
-
-void wait_on_host(DeviceEvent e, std::string_view who) {
-  if (e.empty()) return;
-  const cudaError_t r = cudaEventSynchronize(static_cast<cudaEvent_t>(e.cuda_event));
-  if (r != cudaSuccess)
-    throw_error(concat("[", who, "] waiting for the device work a communication follows: ", cudaGetErrorString(r)));
-}
 
 std::shared_ptr<MemorySpace> cuda_memory_space() {
   static const std::shared_ptr<MemorySpace> space = []() -> std::shared_ptr<MemorySpace> {

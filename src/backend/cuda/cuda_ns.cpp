@@ -15,9 +15,9 @@
 #include "backend/cuda/batched_gemm.h"
 #include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_error.h"
+#include "backend/cuda/shared/cuda_error.h"
 #include "backend/cuda/cuda_kernels.h"
-#include "backend/cuda/device_guard.h"
+#include "backend/cuda/shared/device_guard.h"
 #include "backend/cuda/thread_resources.h"
 #include "meshmuon/error.h"
 #include "kernels/cpu/elementwise.h"
@@ -263,7 +263,8 @@ class CudaNs {
   // (bitwise the cpu's), X₀ = x / (‖x‖·scale + eps) (or max), per step G = X·Xᵀ (wide) / XᵀX (tall),
   // Z = aI + bG + cG², X ← Z·X / X·Z, then Muon+'s renormalization when on. Row-major X is
   // column-major Xᵀ (ld n) for cuBLAS. G and G² are formed on their block triangle (gram_product,
-  // square_product) unless the method is plain; method gram runs as symmetric here. Each product is
+  // square_product) unless the method is plain (method gram never reaches here: this backend does
+  // not declare it, and make_orthogonalizer refuses it by name). Each product is
   // one batched call over the part; the scalings and the norm run per matrix (its own bits whatever
   // the batch).
   const float* orthogonalize(Orthogonalizer& orth, std::span<const Matrix> mats, int64_t m, int64_t n, NsWork& w) {
@@ -285,7 +286,7 @@ class CudaNs {
                  "ns normalize");
     }
     const bool wide = m <= n;
-    const bool symmetric = o.method != NsMethod::Plain;  // gram runs as symmetric here
+    const bool symmetric = o.method != NsMethod::Plain;
     const int64_t s = w.s;
     float* cur = w.x0;
     float* other = w.x1;

@@ -9,9 +9,9 @@
 #include <memory>
 #include <mutex>
 
-#include "backend/cpu/cpu_backend.h"
-#include "backend/cuda/cuda_error.h"
-#include "backend/cuda/device_guard.h"
+#include "backend/cpu/shared/cpu_backend.h"
+#include "backend/cuda/shared/cuda_error.h"
+#include "backend/cuda/shared/device_guard.h"
 #include "backend/cuda/event_pool.h"
 #include "backend/cuda/thread_resources.h"
 
@@ -53,7 +53,7 @@ class CudaStream final : public Stream {
         }
       } restore{before, stream_};
       if (!after.empty())
-        check_cuda(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(after.event().cuda_event), 0), "cudaStreamWaitEvent (job)");
+        check_cuda(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(after.event().handle), 0), "cudaStreamWaitEvent (job)");
       if (end_ == JobEnd::Complete) {
         job();
         restore.synced = true;  // the check below either synchronized or throws a device error

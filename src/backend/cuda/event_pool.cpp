@@ -1,7 +1,7 @@
 // Internal: the pool of reusable CUDA events (event_pool.h).
 #include "backend/cuda/event_pool.h"
 
-#include "backend/cuda/cuda_error.h"
+#include "backend/cuda/shared/cuda_error.h"
 
 namespace meshmuon::detail {
 

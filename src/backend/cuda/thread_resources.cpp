@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "backend/cuda/cublas_loader.h"
-#include "backend/cuda/cuda_error.h"
+#include "backend/cuda/shared/cuda_error.h"
 #include "backend/cuda/upload_ring.h"
 
 namespace meshmuon::detail {

@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/cuda_error.h"
+#include "backend/cuda/shared/cuda_error.h"
 
 namespace meshmuon::detail {
 namespace {

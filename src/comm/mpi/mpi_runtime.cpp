@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "comm/transport_registry.h"
 #include "meshmuon/bf16.h"
 #include "meshmuon/error.h"
 
@@ -129,6 +130,12 @@ void mpi_fail(const char* call, int code) {
 // True in a build with the mpi backend, whether or not libmpi can be loaded here (that is known when
 // make_mpi_communicator first needs it).
 bool mpi_available() { return true; }
+
+namespace detail {
+void register_mpi_transport(TransportRegistry& r) {
+  r.add("mpi", [] { return make_mpi_communicator(); });
+}
+}  // namespace detail
 
 // Works whether or not libmpi is loaded: MPI_Abort only where MPI is in the process and running.
 void abort_all(int code) {

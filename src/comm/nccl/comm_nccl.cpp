@@ -12,10 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/device_guard.h"
+#include "backend/cuda/shared/device_guard.h"
 #include "comm/nccl/nccl_args.h"
 #include "comm/nccl/nccl_loader.h"
 #include "comm/nccl/nccl_transport.h"
+#include "comm/transport_registry.h"
 #include "comm/work_impl.h"
 #include "meshmuon/comm_nccl.h"
 #include "meshmuon/comm_transport.h"
@@ -148,5 +149,11 @@ std::unique_ptr<Communicator> make_nccl_communicator() {
 }
 
 bool nccl_available() { return true; }
+
+namespace detail {
+void register_nccl_transport(TransportRegistry& r) {
+  r.add("nccl", [] { return make_nccl_communicator(); });
+}
+}  // namespace detail
 
 }  // namespace meshmuon

@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "backend/cuda/device_guard.h"
+#include "backend/cuda/shared/device_guard.h"
 #include "meshmuon/error.h"
 
 namespace meshmuon {
@@ -149,10 +149,10 @@ class NcclTransport final : public Transport {
 
   // Later operations are enqueued on stream_ after this wait: the device orders them, the host does
   // not wait (Communicator::order_after).
-  void order_after(void* cuda_event) override {
+  void order_after(void* event) override {
     if (shared_->aborted) throw std::runtime_error("the NCCL communicator was aborted after a timeout");
     DeviceGuard g(shared_->device);
-    check_cuda(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(cuda_event), 0), "cudaStreamWaitEvent");
+    check_cuda(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(event), 0), "cudaStreamWaitEvent");
   }
 
   std::unique_ptr<TransportOp> all_to_all_v(InBuffer send, Counts sc, Counts sd, OutBuffer recv, Counts rc,

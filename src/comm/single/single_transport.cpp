@@ -4,16 +4,15 @@
 // With a memory space (engines on a device backend), a copy that touches the space's device memory
 // goes through the space's copies (staged via host memory), never a host memmove on device memory.
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <deque>
 #include <optional>
 #include <stdexcept>
 
-#ifdef MESHMUON_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
+#include "backend/registry.h"
 #include "comm/staging.h"
+#include "comm/transport_registry.h"
 #include "meshmuon/comm.h"
 #include "meshmuon/comm_transport.h"
 #include "meshmuon/device.h"
@@ -158,27 +157,35 @@ std::unique_ptr<Communicator> make_single_communicator(std::shared_ptr<detail::M
 }
 
 std::unique_ptr<Communicator> make_single_communicator(std::string_view device) {
-  const std::optional<Device> d = parse_device(device);
-  MESHMUON_CHECK(d.has_value(), "[comm] make_single_communicator: device must be cpu, cuda or cuda:N (got '", device,
-              "')");
-  if (d->kind == DeviceKind::Cpu) return make_single_communicator();
+  // The device names of the backend registry (backend/registry.h): a host backend ("cpu") needs no
+  // memory space; a device backend's name ("cuda", "cuda:N") the process's device memory space.
+  const detail::BackendRegistry& registry = detail::backend_registry();
+  const size_t colon = device.find(':');
+  const std::string_view name = device.substr(0, colon);
+  int index = 0;
+  bool ok = !name.empty() && registry.registered(name);
+  if (ok && colon != std::string_view::npos) {
+    const std::string_view digits = device.substr(colon + 1);
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+    ok = registry.indexed(name) && !digits.empty() && ec == std::errc() && end == digits.data() + digits.size() &&
+         index >= 0;
+  }
+  MESHMUON_CHECK(ok, "[comm] make_single_communicator: device must be ", registry.device_names(), " (got '", device,
+                 "')");
+  if (!registry.indexed(name)) return make_single_communicator();  // a host backend (cpu)
   std::shared_ptr<detail::MemorySpace> space = detail::default_memory_space();
-  MESHMUON_CHECK_RUNTIME(space->has_devices(), "[comm] make_single_communicator('", device,
-                      "'): no usable CUDA device in this process (",
-#ifdef MESHMUON_HAVE_CUDA
-                      "no driver or no GPU visible",
-#else
-                      "meshmuon was built without CUDA",
-#endif
-                      "); use device 'cpu'");
-#ifdef MESHMUON_HAVE_CUDA
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) (void)cudaGetLastError(), count = 0;
-  MESHMUON_CHECK(d->index < count, "[comm] make_single_communicator('", device, "'): this process sees ", count,
-              " CUDA device", count == 1 ? "" : "s", " (cuda:0 to cuda:", count - 1,
-              "); name one of them (CUDA_VISIBLE_DEVICES renumbers them from 0)");
-#endif
+  const std::string why = registry.why_missing(name);
+  MESHMUON_CHECK_RUNTIME(space->has_devices(), "[comm] make_single_communicator('", device, "'): no usable ", registry.label(name),
+                         " device in this process (", why.empty() ? std::string("no driver or no device visible") : why,
+                         "); use device 'cpu'");
+  space->check_device_index(index, detail::concat("[comm] make_single_communicator('", device, "')"));
   return make_single_communicator(std::move(space));
 }
+
+namespace detail {
+void register_single_transport(TransportRegistry& r) {
+  r.add("single", [] { return make_single_communicator(); });
+}
+}  // namespace detail
 
 }  // namespace meshmuon

@@ -1,10 +1,12 @@
-// Internal: DeviceGuard, the one scope that makes a CUDA device current (the cuda backend's calls
-// and streams, the nccl communicator's transport and bootstrap).
+// Internal, SHARED (backend/cuda/shared/: the CUDA helpers both the cuda backend and the nccl transport
+// include; scripts/check_layers.py lets src/comm/ include this folder only, not the rest of
+// backend/cuda/): DeviceGuard, the one scope that makes a CUDA device current (the cuda backend's
+// calls and streams, the nccl communicator's transport and bootstrap).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include "backend/cuda/cuda_error.h"
+#include "backend/cuda/shared/cuda_error.h"
 
 namespace meshmuon::detail {
 

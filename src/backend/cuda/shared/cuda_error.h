@@ -1,4 +1,5 @@
-// Internal: CUDA runtime results as the cuda backend reports them: errors as meshmuon::Error
+// Internal, SHARED (backend/cuda/shared/, see device_guard.h): CUDA runtime results as the cuda
+// backend and the nccl transport report them: errors as meshmuon::Error
 // "[cuda] <what>: <runtime's text>", and the event queries whose "not ready" is no error.
 #pragma once
 
