@@ -4,9 +4,8 @@
 // backend), gram_newton_schulz over 1 and 3 shards, determinism and exact zeros, and the test-only
 // method (test_method.h) through the same path. Bitwise where the backend's products are the cpu's,
 // else within its stated bound (backends.h); singular values against LAPACK's SVD as the oracle.
-// A method the backend lacks (backends.h `lacks`) must be refused by name at make_orthogonalizer;
-// until every backend refuses (issue 36), one that still substitutes another method is held to the
-// bound and recorded as "substituted" (ctest's XML / the log).
+// A method the backend lacks (backends.h `lacks`, which must agree with the methods its KernelCaps
+// declare) must be refused by name at make_orthogonalizer: a backend that runs it anyway fails.
 #include <lapacke.h>
 
 #include <algorithm>
@@ -46,10 +45,9 @@ class Orthogonalize : public Conformance {
       std::printf("[ conformance ] %s refuses method %s: %s\n", GetParam().c_str(), name.c_str(), e.what());
       return true;
     }
-    RecordProperty("substituted_" + name, GetParam());
-    std::printf("[ conformance ] %s lacks method %s and does not refuse it yet: held to the bound\n",
-                GetParam().c_str(), name.c_str());
-    return false;
+    ADD_FAILURE() << GetParam() << " lacks method " << name << " but make_orthogonalizer ran it: a lacked method "
+                  << "must be refused by name at construction, never substituted";
+    return true;
   }
   // got vs the cpu's want: bitwise on a backend with the cpu's products, else within its bound.
   void expect_matches_cpu(const std::vector<float>& got, const std::vector<float>& want, bool bf16, const std::string& what) {
@@ -118,6 +116,18 @@ TEST_P(Orthogonalize, NewtonSchulzEveryMethod) {
     ++ran;
   }
   EXPECT_GT(ran, 0);
+}
+
+// The suite's `lacks` list is the backend's own declaration (KernelCaps::ns_methods), not a second
+// opinion: every method of the table is either declared or listed as lacked, never both.
+TEST_P(Orthogonalize, LacksAgreesWithTheDeclaredMethods) {
+  (void)test_method();
+  const std::vector<NsMethod> declared = be().kernel_caps().ns_methods;
+  for (NsMethod method : cpu::ns_methods()) {
+    const std::string name(to_string(method));
+    const bool has = std::find(declared.begin(), declared.end(), method) != declared.end();
+    EXPECT_NE(has, spec().lacks.count(name) == 1) << GetParam() << ": method " << name << " declared " << has;
+  }
 }
 
 // Every method of the method table (kernels/cpu/ns_methods.h), the built-ins and the ones this binary
