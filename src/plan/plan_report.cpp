@@ -5,6 +5,7 @@
 
 #include "meshmuon/error.h"
 #include "meshmuon/plan.h"
+#include "plan/machine_profile.h"
 
 namespace meshmuon {
 
@@ -65,13 +66,15 @@ MachineProfile MachineProfile::from_json(std::string_view text) {
       m.name = v.get<std::string>();
       continue;
     }
+    if (detail::read_measured_field(m, key, v)) continue;
     double* field = key == "bandwidth_Bps" ? &m.bandwidth_Bps
                     : key == "replicate_bandwidth_Bps" ? &m.replicate_bandwidth_Bps
                     : key == "latency_s" ? &m.latency_s
                     : key == "flops_per_s" ? &m.flops_per_s
                     : key == "bf16_flops_per_s" ? &m.bf16_flops_per_s : nullptr;
     MESHMUON_CHECK(field, "[plan] machine profile: unknown field '", key,
-                "'; use bandwidth_Bps, replicate_bandwidth_Bps, latency_s, flops_per_s, bf16_flops_per_s, name");
+                "'; use bandwidth_Bps, replicate_bandwidth_Bps, latency_s, flops_per_s, bf16_flops_per_s, memory_Bps, "
+                "cores, overlap, ns_rates, comm_fits, name");
     MESHMUON_CHECK(v.is_number() && v.get<double>() >= 0, "[plan] machine profile: field '", key, "' must be a number ≥ 0");
     *field = v.get<double>();
   }
