@@ -72,7 +72,7 @@ OptimizerOptions optimizer_options(const PyOptimizerArgs& a) {
   if (nb::isinstance<MachineProfile>(a.machine))
     options.machine = nb::cast<MachineProfile>(a.machine);
   else if (nb::isinstance<nb::str>(a.machine))
-    options.machine = MachineProfile::resolve(nb::cast<std::string>(a.machine));
+    options.machine = MachineProfile::named(nb::cast<std::string>(a.machine));
   else
     throw nb::type_error("[python] machine must be a profile name (str) or a meshmuon.MachineProfile");
   options.pins = StrategyRules::parse(a.strategy, "strategy");
@@ -223,7 +223,7 @@ void init_optimizer(nb::module_& m) {
           nb::arg("blas_threads") = 0, nb::arg("timeout_s") = 0.0, nb::arg("machine") = "h100",
           nb::arg("strategy") = "", nb::arg("replica") = "auto", nb::arg("exact") = true,
           nb::arg("env_override") = true, nb::arg("offload_state") = false, nb::arg("device") = "cpu",
-          "machine: a profile name, a .json profile path (meshmuon bench calibrate) or a meshmuon.MachineProfile; strategy: pins 'pattern:strategy;...;"
+          "machine: a profile name or a meshmuon.MachineProfile; strategy: pins 'pattern:strategy;...;"
           "default:strategy' (highest precedence; MESHMUON_STRATEGY is read too unless env_override=False); "
           "replica: auto, duplicate or split; exact=False lets the cost model pick gram_allreduce; "
           "offload_state=True keeps the state in pinned host memory and stages each chunk's state through "

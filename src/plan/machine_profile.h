@@ -15,4 +15,7 @@ namespace meshmuon::detail {
 // std::invalid_argument naming the field on a malformed value.
 bool read_measured_field(MachineProfile& m, const std::string& key, const nlohmann::json& v);
 
+// The `cpu` profile (MachineProfile::named("cpu")): constants fitted on this project's machine.
+MachineProfile fitted_cpu_profile();
+
 }  // namespace meshmuon::detail

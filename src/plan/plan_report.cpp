@@ -43,8 +43,8 @@ MachineProfile MachineProfile::named(std::string_view name) {
     m.latency_s = 10e-6;
     return m;
   }
-  // REFERENCE.md section 3: ~150-250 GFLOP/s fp32 NS on 2 threads; shared-memory MPI a few GB/s.
-  if (name == "cpu") return {"cpu", 5e9, 5e9, 5e-6, 250e9, 0};
+  // fitted on this project's machine by `meshmuon bench calibrate` (docs/plan.md, "Calibration")
+  if (name == "cpu") return detail::fitted_cpu_profile();
   std::string names;
   for (const std::string& n : machine_profile_names()) names += n + ", ";
   detail::throw_invalid_argument(detail::concat("[plan] unknown machine profile '", name, "'; use ", names,

@@ -98,7 +98,8 @@ TEST(StepPrediction, NeutralProfileEqualsThePlannersTotal) {
     for (const char* strategy : {"", "default:owner_a2a", "default:allgather", "default:agrs"}) {
       PlanOptions o;
       o.machine = MachineProfile::named(machine);
-      o.machine.memory_Bps = 0, o.machine.overlap = 1, o.machine.ns_rates.clear(), o.machine.comm_fits.clear();
+      o.machine.memory_Bps = 0, o.machine.overlap = 1, o.machine.cores = 0;
+      o.machine.ns_rates.clear(), o.machine.comm_fits.clear();
       o.pins = StrategyRules::parse(strategy, "test");
       o.chunk_bytes = int64_t{8} << 20;  // several chunks
       const Plan plan = make_plan(apply_parallel(preset_model("gpt2-124m"), parse_parallel("dp_shard=4")), o);
