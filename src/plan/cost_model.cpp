@@ -96,10 +96,11 @@ double amortized_seconds(Strategy s, const ParamSpec& p, const ShardTable& t, bo
 
 namespace meshmuon {
 
-// docs/plan.md, "Predicted step time". Per chunk: the busiest rank's Newton–Schulz seconds (each
-// matrix at its shape's rate) and the busiest rank's communication (bytes over the fitted
-// bandwidth, the chunk's latency terms at the fitted latency), overlapped as the pipeline runs them;
-// then the busiest rank's elementwise bytes. Work: O(entries · ranks each touches) plus
+// docs/plan.md, "Predicted step time". Newton–Schulz seconds (each matrix at its shape's rate): the
+// busiest rank's total with chunks in flight (window ≥ 2), else the sum of each chunk's busiest;
+// communication per chunk, the busiest rank's (bytes over the fitted bandwidth, the chunk's latency
+// terms at the fitted latency), overlapped as the pipeline runs them; then the busiest rank's
+// elementwise bytes. Work: O(entries · ranks each touches) plus
 // O(parameters · world) for the local shard sizes (bench-sized worlds).
 StepPrediction predict_step(const Plan& plan, int ranks_per_node) {
   using namespace detail;
@@ -118,13 +119,14 @@ StepPrediction predict_step(const Plan& plan, int ranks_per_node) {
   ShardTables tables(inv);
   std::vector<double> secs(static_cast<size_t>(w)), sent(static_cast<size_t>(w)), recv(static_cast<size_t>(w)),
       sent_rep(static_cast<size_t>(w)), recv_rep(static_cast<size_t>(w));
-  std::vector<double> pack_bytes(static_cast<size_t>(w));  // whole step
+  std::vector<double> pack_bytes(static_cast<size_t>(w)), rank_compute(static_cast<size_t>(w));  // whole step
   std::vector<int> touched;
   std::vector<char> seen(static_cast<size_t>(w));
   const auto touch = [&](int r) {
     if (!seen[static_cast<size_t>(r)]) seen[static_cast<size_t>(r)] = 1, touched.push_back(r);
   };
   bool first = true;
+  double sum_compute = 0, hidden = 0;
   for (const Chunk& c : plan.chunks()) {
     for (int i = c.first_entry; i < c.end_entry; ++i) {
       const PlanEntry& e = plan.entries()[static_cast<size_t>(i)];
@@ -147,6 +149,7 @@ StepPrediction predict_step(const Plan& plan, int ranks_per_node) {
     for (int r : touched) {
       const size_t k = static_cast<size_t>(r);
       compute = std::max(compute, secs[k]);
+      rank_compute[k] += secs[k];
       const double inner = std::max(sent[k] - sent_rep[k], recv[k] - recv_rep[k]);
       const double rep = std::max(sent_rep[k], recv_rep[k]) / m.replicate_bandwidth_Bps;
       band = std::max(band, inner / bw + rep);
@@ -161,12 +164,24 @@ StepPrediction predict_step(const Plan& plan, int ranks_per_node) {
     const double latency = m.latency_s > 0 ? lat_plan * lat / m.latency_s : 0.0;
     compute *= out.time_sharing;
     const double comm = band + latency;
-    out.compute += compute, out.bandwidth += band, out.latency += latency;
-    const double hidden = o.window > 1 ? m.overlap * std::min(comm, compute) : 0.0;
-    out.pipeline += comm + compute - hidden;
-    // the pipeline's prologue, as the plan's total counts it: the first chunk's overlap is not had
-    if (first && o.window > 1) out.pipeline += m.overlap * std::min(comm, compute);
+    sum_compute += compute, out.bandwidth += band, out.latency += latency;
+    // the overlap the pipeline gets: each chunk's min(comm, compute), but the first chunk's (its
+    // prologue: nothing before it to hide behind), as the plan's total counts it
+    if (o.window > 1) hidden += m.overlap * std::min(comm, compute) - (first ? m.overlap * std::min(comm, compute) : 0.0);
     first = false;
+  }
+  const double comm_total = out.bandwidth + out.latency;
+  if (o.window > 1) {
+    // with chunks in flight a rank runs ahead of the others by up to `window` chunks, so a chunk's
+    // imbalance (one rank's matrix larger than another's) is absorbed by the next ones: compute is
+    // the busiest rank's total, not the sum of each chunk's busiest (measured: docs/plan.md)
+    double busiest = 0;
+    for (double x : rank_compute) busiest = std::max(busiest, x);
+    out.compute = busiest * out.time_sharing;
+    out.pipeline = out.compute + comm_total - std::min({hidden, out.compute, comm_total});
+  } else {
+    out.compute = sum_compute;
+    out.pipeline = sum_compute + comm_total;
   }
   // elementwise passes of every rank's local shards
   double worst = 0;

@@ -92,8 +92,11 @@ TEST(StepPrediction, CommFitForTheWorldSizeReplacesTheScalars) {
 }
 
 // Neutral measured fields (no shape classes, no fits, no elementwise term, overlap 1, no sharing):
-// the prediction is the planner's own pipelined total, chunk by chunk, for every strategy.
-TEST(StepPrediction, NeutralProfileEqualsThePlannersTotal) {
+// with one chunk in flight (window 1) the prediction is the planner's own total, chunk by chunk
+// (comm + compute each), for every strategy; with a window, compute is the busiest rank's total
+// (plan flops_max / rate), at most the sum of each chunk's busiest, and the chunks' overlap is
+// subtracted (at most the smaller of comm and compute).
+TEST(StepPrediction, NeutralProfileAgreesWithThePlanner) {
   for (const char* machine : {"h100", "cpu", "h100-ib"})
     for (const char* strategy : {"", "default:owner_a2a", "default:allgather", "default:agrs"}) {
       PlanOptions o;
@@ -102,12 +105,25 @@ TEST(StepPrediction, NeutralProfileEqualsThePlannersTotal) {
       o.machine.ns_rates.clear(), o.machine.comm_fits.clear();
       o.pins = StrategyRules::parse(strategy, "test");
       o.chunk_bytes = int64_t{8} << 20;  // several chunks
-      const Plan plan = make_plan(apply_parallel(preset_model("gpt2-124m"), parse_parallel("dp_shard=4")), o);
-      ASSERT_GT(plan.chunks().size(), 2u);
-      const StepPrediction p = predict_step(plan, 4);
-      EXPECT_NEAR(p.step, plan.total().predicted_seconds, 1e-9 * plan.total().predicted_seconds) << machine << " " << strategy;
-      EXPECT_NEAR(p.compute, plan.total().compute_seconds, 1e-9 * plan.total().compute_seconds) << machine << " " << strategy;
-      EXPECT_NEAR(p.bandwidth + p.latency, plan.total().comm_seconds, 1e-9 * plan.total().comm_seconds) << machine << " " << strategy;
+      const Inventory inv = apply_parallel(preset_model("gpt2-124m"), parse_parallel("dp_shard=4"));
+      o.window = 1;
+      const Plan serial = make_plan(inv, o);
+      ASSERT_GT(serial.chunks().size(), 2u);
+      const StepPrediction p = predict_step(serial, 4);
+      const CostSummary& t = serial.total();
+      EXPECT_NEAR(p.step, t.predicted_seconds, 1e-9 * t.predicted_seconds) << machine << " " << strategy;
+      EXPECT_NEAR(p.compute, t.compute_seconds, 1e-9 * t.compute_seconds) << machine << " " << strategy;
+      EXPECT_NEAR(p.bandwidth + p.latency, t.comm_seconds, 1e-9 * t.comm_seconds) << machine << " " << strategy;
+      o.window = 2;
+      const Plan piped = make_plan(inv, o);
+      const StepPrediction q = predict_step(piped, 4);
+      const double rate = o.machine.ns_flops_per_s(o.ns);
+      EXPECT_NEAR(q.compute, piped.total().flops_max / rate, 1e-9 * q.compute) << machine << " " << strategy;
+      EXPECT_LE(q.compute, piped.total().compute_seconds * (1 + 1e-12));
+      const double comm = q.bandwidth + q.latency;
+      EXPECT_NEAR(comm, piped.total().comm_seconds, 1e-9 * comm);
+      EXPECT_LE(q.pipeline, q.compute + comm + 1e-12);
+      EXPECT_GE(q.pipeline, std::max(q.compute, comm) - 1e-12);
     }
 }
 

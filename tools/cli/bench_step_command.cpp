@@ -163,6 +163,12 @@ nlohmann::json run_strategy(const std::shared_ptr<Communicator>& comm, const Inv
                       {"latency_seconds", p.latency}, {"pipeline_seconds", p.pipeline},
                       {"elementwise_seconds", p.elementwise}, {"time_sharing", p.time_sharing}};
     r["predicted_over_measured"] = measured > 0 ? p.step / measured : 0.0;
+    // diagnostic, not a prediction: the Newton–Schulz rate the busiest rank reached in this run
+    // (its plan flops over the measured orthogonalize phase) against the profile's for the same
+    // flops: how far the machine's state (other jobs' load) drifted from the calibration's
+    const double flops = opt.plan().total().flops_max, orth_s = r["phase_seconds"]["orthogonalize"].get<double>();
+    r["ns_rate_measured"] = orth_s > 0 ? flops / orth_s : 0.0;
+    r["ns_rate_profile"] = p.compute > 0 ? flops * p.time_sharing / p.compute : 0.0;
   }
   r["strategy_counts"] = nlohmann::json::object();
   const auto counts = opt.plan().strategy_counts();
