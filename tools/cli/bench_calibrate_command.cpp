@@ -39,7 +39,7 @@ namespace {
 struct CalibrateArgs {
   std::string out, name = "measured", dtypes = "both";
   std::vector<std::string> models;
-  int repeats = 2, cores = 0;
+  int repeats = 3, cores = 0;
   double comm_mib = 16;
   bool no_grid = false;
 };
