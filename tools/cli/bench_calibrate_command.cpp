@@ -149,7 +149,10 @@ void run(const CalibrateArgs& a) {
   std::shared_ptr<Communicator> comm = backend == "single" ? make_single_communicator() : make_communicator(backend);
   Communicator& c = *comm;
   blas_set_num_threads(1);
+  // a new file starts from the `cpu` profile's scalars with no measured classes or fits (only what
+  // this machine measures goes in); an existing one is merged into
   MachineProfile m = MachineProfile::named("cpu");
+  m.ns_rates.clear(), m.comm_fits.clear();
   if (!a.out.empty()) {
     std::ifstream in(a.out);
     if (in.good()) {
