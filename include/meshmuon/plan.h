@@ -37,9 +37,33 @@ struct MachineProfile {
   double latency_s = 4e-6;                // per step of a collective (log2(group) steps)
   double flops_per_s = 50e12;             // orthogonalization throughput per rank, fp32 products
   double bf16_flops_per_s = 560e12;       // the same with bf16 products (0: flops_per_s)
+  // Step-time prediction only (predict_step; the per-parameter choice uses the fields above, so
+  // these never change a plan). docs/plan.md, "Predicted step time".
+  double memory_Bps = 2.3e12;             // elementwise passes per rank: momentum, pack, update, AdamW
+  int cores = 0;                          // cores the ranks of one node share (0: a core per rank)
+  double overlap = 1;                     // fraction of min(comm, compute) per chunk the pipeline hides
+  // Measured Newton–Schulz rates by matrix shape (short side, long side); the nearest class in log
+  // space is used, `flops_per_s` / `bf16_flops_per_s` where empty (0 in a class: not measured).
+  struct NsRate {
+    int64_t short_side = 0, long_side = 0;
+    double fp32 = 0, bf16 = 0;
+  };
+  std::vector<NsRate> ns_rates;
+  // Measured communication per world size (bandwidth_Bps / latency_s where absent).
+  struct CommFit {
+    int ranks = 0;
+    double bandwidth_Bps = 0, latency_s = 0;
+  };
+  std::vector<CommFit> comm_fits;
   MESHMUON_API static MachineProfile named(std::string_view name);  // the names above; throws otherwise
   // A measured profile: JSON object with any of the fields above; throws naming the field.
   MESHMUON_API static MachineProfile from_json(std::string_view text);
+  // A name above, or a path ending in .json: the file read by from_json (`--machine`, `machine=`).
+  MESHMUON_API static MachineProfile resolve(std::string_view name_or_path);
+  // The JSON object from_json reads back (every field).
+  MESHMUON_API std::string to_json() const;
+  // The Newton–Schulz rate for an m×n matrix with these options (ns_rates, else ns_flops_per_s).
+  MESHMUON_API double ns_rate(int64_t m, int64_t n, const NsOptions& ns) const;
   // The rate Newton–Schulz with these options runs at (bf16_flops_per_s for bf16 products).
   double ns_flops_per_s(const NsOptions& ns) const {
     return ns.matmul_dtype == DType::BF16 && bf16_flops_per_s > 0 ? bf16_flops_per_s : flops_per_s;
@@ -169,5 +193,29 @@ MESHMUON_API std::vector<Baseline> plan_baselines(const Inventory& inventory, co
 
 // Whether `s` can run parameter `param` of `inventory` (see strategy.h for the conditions).
 MESHMUON_API bool strategy_applies(Strategy s, const Inventory& inventory, int param);
+
+// The predicted wall time of one optimizer step running `plan` (docs/plan.md, "Predicted step
+// time"): per chunk, Newton–Schulz on the busiest rank at the profile's rate for each matrix shape,
+// and communication (bandwidth of the busiest rank and collective latency, comm_fits for this
+// world size when measured), overlapped as the pipeline does (profile `overlap`); plus the
+// elementwise passes of the busiest rank (momentum, pack / unpack, update, AdamW) at memory_Bps.
+// Compute and elementwise time are multiplied by the time sharing of `ranks_per_node` ranks on the
+// profile's `cores` (0: no sharing). Every field in seconds.
+struct StepPrediction {
+  double compute = 0;      // Newton–Schulz, summed over chunks (busiest rank of each)
+  double bandwidth = 0;    // communication bytes / bandwidth, summed over chunks
+  double latency = 0;      // collective latency terms, summed over chunks
+  double pipeline = 0;     // the chunks overlapped: sum of comm + compute − overlap · hidden
+  double elementwise = 0;  // momentum, pack / unpack, update, AdamW on the busiest rank
+  double time_sharing = 1; // the factor applied to compute and elementwise
+  double step = 0;         // pipeline + elementwise: the prediction
+};
+// Bytes each elementwise pass moves per element of a local shard (docs/plan.md): momentum (read
+// gradient and momentum, write momentum and the Nesterov blend), update (read parameter and update,
+// write parameter), AdamW (read gradient, parameter, two moments; write the last three), and per
+// byte sent or received: packing it and unpacking it (read and write each).
+inline constexpr double kMomentumBytesPerElem = 16, kUpdateBytesPerElem = 12, kAdamWBytesPerElem = 28;
+inline constexpr double kPackBytesPerCommByte = 2;
+MESHMUON_API StepPrediction predict_step(const Plan& plan, int ranks_per_node = 0);
 
 }  // namespace meshmuon

@@ -240,6 +240,17 @@ void init_optimizer(nb::module_& m) {
       .def("plan_string", [](const Optimizer& o) { return o.plan().to_string(); })
       .def("plan_json", [](const Optimizer& o) { return o.plan().to_json(); },
            "The plan as JSON (docs/plan.md): totals, options and every Muon parameter's entry.")
+      .def("predict_step",
+           [](const Optimizer& o, int ranks_per_node) {
+             const StepPrediction p = predict_step(o.plan(), ranks_per_node);
+             nb::dict d;
+             d["step_seconds"] = p.step, d["compute_seconds"] = p.compute, d["bandwidth_seconds"] = p.bandwidth;
+             d["latency_seconds"] = p.latency, d["pipeline_seconds"] = p.pipeline;
+             d["elementwise_seconds"] = p.elementwise, d["time_sharing"] = p.time_sharing;
+             return d;
+           },
+           nb::arg("ranks_per_node") = 0,
+           "The cost model's predicted step of this plan (meshmuon::predict_step, docs/plan.md), seconds.")
       .def("last_stats", [](const Optimizer& o) { return stats_dict(o.last_stats()); },
            "The counters of the last step on this rank (meshmuon::StepStats) as a dict.");
   bind_engine_methods(cls, "COLLECTIVE. One step on local shards, updated in place. False when skipped.",

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <vector>
 
 namespace meshmuon::detail {
 namespace {
@@ -97,3 +99,108 @@ double amortized_seconds(Strategy s, const ParamSpec& p, const ShardTable& t, bo
 }
 
 }  // namespace meshmuon::detail
+
+namespace meshmuon {
+
+// docs/plan.md, "Predicted step time". Newton–Schulz seconds (each matrix at its shape's rate): the
+// busiest rank's total with chunks in flight (window ≥ 2), else the sum of each chunk's busiest;
+// communication per chunk, the busiest rank's (bytes over the fitted bandwidth, the chunk's latency
+// terms at the fitted latency), overlapped as the pipeline runs them; then the busiest rank's
+// elementwise bytes. Work: O(entries · ranks each touches) plus
+// O(parameters · world) for the local shard sizes (bench-sized worlds).
+StepPrediction predict_step(const Plan& plan, int ranks_per_node) {
+  using namespace detail;
+  const Inventory& inv = plan.inventory();
+  const PlanOptions& o = plan.options();
+  const MachineProfile& m = o.machine;
+  const int w = plan.world_size();
+  double bw = m.bandwidth_Bps, lat = m.latency_s;
+  for (const MachineProfile::CommFit& f : m.comm_fits)
+    if (f.ranks == w) {
+      if (f.bandwidth_Bps > 0) bw = f.bandwidth_Bps;
+      lat = f.latency_s;
+    }
+  StepPrediction out;
+  out.time_sharing = m.cores > 0 && ranks_per_node > m.cores ? static_cast<double>(ranks_per_node) / m.cores : 1.0;
+  ShardTables tables(inv);
+  std::vector<double> secs(static_cast<size_t>(w)), sent(static_cast<size_t>(w)), recv(static_cast<size_t>(w)),
+      sent_rep(static_cast<size_t>(w)), recv_rep(static_cast<size_t>(w));
+  std::vector<double> pack_bytes(static_cast<size_t>(w)), rank_compute(static_cast<size_t>(w));  // whole step
+  std::vector<int> touched;
+  std::vector<char> seen(static_cast<size_t>(w));
+  const auto touch = [&](int r) {
+    if (!seen[static_cast<size_t>(r)]) seen[static_cast<size_t>(r)] = 1, touched.push_back(r);
+  };
+  bool first = true;
+  double sum_compute = 0, hidden = 0;
+  for (const Chunk& c : plan.chunks()) {
+    for (int i = c.first_entry; i < c.end_entry; ++i) {
+      const PlanEntry& e = plan.entries()[static_cast<size_t>(i)];
+      const ParamSpec& p = inv.params[static_cast<size_t>(e.param)];
+      const ShardTable& t = tables.get(e.param);
+      const double rate = m.ns_rate(p.rows(), p.cols(), o.ns);
+      visit_entry(e, t, p, o, [&](int r, const Contribution& x) {
+        touch(r);
+        secs[static_cast<size_t>(r)] += x.flops / rate;
+      });
+      const bool state = static_cast<size_t>(e.param) < o.normuon.size() && o.normuon[static_cast<size_t>(e.param)];
+      std::function<void(int, const Contribution&)> add = [&](int r, const Contribution& x) {
+        touch(r);
+        sent[static_cast<size_t>(r)] += x.sent, recv[static_cast<size_t>(r)] += x.recv;
+        sent_rep[static_cast<size_t>(r)] += x.sent_rep, recv_rep[static_cast<size_t>(r)] += x.recv_rep;
+      };
+      transfer_bytes(e, t, state ? &tables.get_state(e.param) : nullptr, p, o, add);
+    }
+    double compute = 0, band = 0, band_plan = 0;
+    for (int r : touched) {
+      const size_t k = static_cast<size_t>(r);
+      compute = std::max(compute, secs[k]);
+      rank_compute[k] += secs[k];
+      const double inner = std::max(sent[k] - sent_rep[k], recv[k] - recv_rep[k]);
+      const double rep = std::max(sent_rep[k], recv_rep[k]) / m.replicate_bandwidth_Bps;
+      band = std::max(band, inner / bw + rep);
+      band_plan = std::max(band_plan, inner / m.bandwidth_Bps + rep);
+      pack_bytes[k] += kPackBytesPerCommByte * (sent[k] + recv[k]);
+      secs[k] = sent[k] = recv[k] = sent_rep[k] = recv_rep[k] = 0, seen[k] = 0;
+    }
+    touched.clear();
+    // the chunk's latency terms: what the plan charged beyond its bandwidth term, rescaled to the
+    // fitted latency (they are linear in latency_s)
+    const double lat_plan = std::max(0.0, c.comm_seconds - band_plan);
+    const double latency = m.latency_s > 0 ? lat_plan * lat / m.latency_s : 0.0;
+    compute *= out.time_sharing;
+    const double comm = band + latency;
+    sum_compute += compute, out.bandwidth += band, out.latency += latency;
+    // the overlap the pipeline gets: each chunk's min(comm, compute), but the first chunk's (its
+    // prologue: nothing before it to hide behind), as the plan's total counts it
+    if (o.window > 1) hidden += m.overlap * std::min(comm, compute) - (first ? m.overlap * std::min(comm, compute) : 0.0);
+    first = false;
+  }
+  const double comm_total = out.bandwidth + out.latency;
+  if (o.window > 1) {
+    // with chunks in flight a rank runs ahead of the others by up to `window` chunks, so a chunk's
+    // imbalance (one rank's matrix larger than another's) is absorbed by the next ones: compute is
+    // the busiest rank's total, not the sum of each chunk's busiest (measured: docs/plan.md)
+    double busiest = 0;
+    for (double x : rank_compute) busiest = std::max(busiest, x);
+    out.compute = busiest * out.time_sharing;
+    out.pipeline = out.compute + comm_total - std::min({hidden, out.compute, comm_total});
+  } else {
+    out.compute = sum_compute;
+    out.pipeline = sum_compute + comm_total;
+  }
+  // elementwise passes of every rank's local shards
+  double worst = 0;
+  std::vector<double> elem_bytes(pack_bytes);
+  for (size_t i = 0; i < inv.params.size(); ++i) {
+    const bool muon = plan.entry_of(static_cast<int>(i)) != nullptr;
+    const double per = muon ? kMomentumBytesPerElem + kUpdateBytesPerElem : kAdamWBytesPerElem;
+    for (int r = 0; r < w; ++r) elem_bytes[static_cast<size_t>(r)] += per * static_cast<double>(plan.local_box(static_cast<int>(i), r).numel());
+  }
+  for (double b : elem_bytes) worst = std::max(worst, b);
+  out.elementwise = m.memory_Bps > 0 ? worst / m.memory_Bps * out.time_sharing : 0.0;
+  out.step = out.pipeline + out.elementwise;
+  return out;
+}
+
+}  // namespace meshmuon

@@ -5,6 +5,7 @@
 
 #include "meshmuon/error.h"
 #include "meshmuon/plan.h"
+#include "plan/machine_profile.h"
 
 namespace meshmuon {
 
@@ -33,14 +34,17 @@ std::string_view to_string(Decision d) {
 MachineProfile MachineProfile::named(std::string_view name) {
   MachineProfile m;  // h100: shard groups inside an 8-GPU NVLink node, replicas over InfiniBand
   m.name = std::string(name);
-  if (name == "h100" || name == "h200") return m;  // same NVLink 4, NICs and tensor-core rate
+  // h200: the same NVLink 4, NICs and tensor-core rate; only its HBM3e is faster (4.8 TB/s against
+  // 3.35 TB/s, x0.7 for the elementwise passes as for h100's default), which no plan choice reads
+  if (name == "h200" || name == "h200-ib") m.memory_Bps = 3.36e12;
+  if (name == "h100" || name == "h200") return m;
   if (name == "h100-ib" || name == "h200-ib") {    // shard groups span nodes: InfiniBand for both
     m.bandwidth_Bps = 46e9;
     m.latency_s = 10e-6;
     return m;
   }
-  // REFERENCE.md section 3: ~150-250 GFLOP/s fp32 NS on 2 threads; shared-memory MPI a few GB/s.
-  if (name == "cpu") return {"cpu", 5e9, 5e9, 5e-6, 250e9, 0};
+  // fitted on this project's machine by `meshmuon bench calibrate` (docs/plan.md, "Calibration")
+  if (name == "cpu") return detail::fitted_cpu_profile();
   std::string names;
   for (const std::string& n : machine_profile_names()) names += n + ", ";
   detail::throw_invalid_argument(detail::concat("[plan] unknown machine profile '", name, "'; use ", names,
@@ -65,13 +69,15 @@ MachineProfile MachineProfile::from_json(std::string_view text) {
       m.name = v.get<std::string>();
       continue;
     }
+    if (detail::read_measured_field(m, key, v)) continue;
     double* field = key == "bandwidth_Bps" ? &m.bandwidth_Bps
                     : key == "replicate_bandwidth_Bps" ? &m.replicate_bandwidth_Bps
                     : key == "latency_s" ? &m.latency_s
                     : key == "flops_per_s" ? &m.flops_per_s
                     : key == "bf16_flops_per_s" ? &m.bf16_flops_per_s : nullptr;
     MESHMUON_CHECK(field, "[plan] machine profile: unknown field '", key,
-                "'; use bandwidth_Bps, replicate_bandwidth_Bps, latency_s, flops_per_s, bf16_flops_per_s, name");
+                "'; use bandwidth_Bps, replicate_bandwidth_Bps, latency_s, flops_per_s, bf16_flops_per_s, memory_Bps, "
+                "cores, overlap, ns_rates, comm_fits, name");
     MESHMUON_CHECK(v.is_number() && v.get<double>() >= 0, "[plan] machine profile: field '", key, "' must be a number ≥ 0");
     *field = v.get<double>();
   }

@@ -29,7 +29,7 @@ namespace {
 struct StepArgs {
   PlanArgs plan;
   int steps = 3, blas_threads = 0;
-  bool compare = false, json = false;
+  bool compare = false, json = false, predict = false, no_reference = false;
   std::string backend;  // "" = mpi under mpirun, else single
   std::string device = "cpu";
 };
@@ -98,6 +98,13 @@ double reference_seconds(const Inventory& inv, const NsOptions& ns) {
   return total;
 }
 
+// Ranks sharing this node's cores: Open MPI's local size, else every rank of the job.
+int ranks_per_node(int world) {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int n = local ? std::atoi(local) : 0;
+  return n > 0 ? n : world;
+}
+
 nlohmann::json run_strategy(const std::shared_ptr<Communicator>& comm, const Inventory& inv, const PlanOptions& po,
                             const StepArgs& a, const std::string& strategy) {
   OptimizerOptions o;
@@ -147,6 +154,22 @@ nlohmann::json run_strategy(const std::shared_ptr<Communicator>& comm, const Inv
   r["bytes_match_plan"] = reduce_max(c, static_cast<int64_t>(last.bytes_sent != last.bytes_sent_predicted)) == 0;
   r["peak_buffer_bytes_max"] = reduce_max(c, static_cast<int64_t>(last.peak_buffer_bytes));
   r["chunks"] = last.chunks;
+  if (a.predict) {
+    // the cost model's prediction of this plan (docs/plan.md, "Predicted step time"), next to the
+    // measured step: the planner's own function, the ranks of this node sharing its cores
+    const StepPrediction p = predict_step(opt.plan(), ranks_per_node(c.size()));
+    const double measured = r["step_seconds"].get<double>();
+    r["predicted"] = {{"step_seconds", p.step}, {"compute_seconds", p.compute}, {"bandwidth_seconds", p.bandwidth},
+                      {"latency_seconds", p.latency}, {"pipeline_seconds", p.pipeline},
+                      {"elementwise_seconds", p.elementwise}, {"time_sharing", p.time_sharing}};
+    r["predicted_over_measured"] = measured > 0 ? p.step / measured : 0.0;
+    // diagnostic, not a prediction: the Newton–Schulz rate the busiest rank reached in this run
+    // (its plan flops over the measured orthogonalize phase) against the profile's for the same
+    // flops: how far the machine's state (other jobs' load) drifted from the calibration's
+    const double flops = opt.plan().total().flops_max, orth_s = r["phase_seconds"]["orthogonalize"].get<double>();
+    r["ns_rate_measured"] = orth_s > 0 ? flops / orth_s : 0.0;
+    r["ns_rate_profile"] = p.compute > 0 ? flops * p.time_sharing / p.compute : 0.0;
+  }
   r["strategy_counts"] = nlohmann::json::object();
   const auto counts = opt.plan().strategy_counts();
   for (int s = 0; s < kNumStrategies; ++s)
@@ -174,7 +197,7 @@ void run(const StepArgs& a) {
   }
   double ref = 0;
   comm->barrier("bench reference").wait();
-  if (comm->rank() == 0) ref = reference_seconds(inv, po.ns);
+  if (comm->rank() == 0 && !a.no_reference) ref = reference_seconds(inv, po.ns);
   comm->broadcast(OutBuffer(&ref, CommType::I64, 1), 0, "bench reference").wait();  // 8 raw bytes
   nlohmann::json out;
   out["model"] = inv.model, out["parallel"] = a.plan.parallel, out["world_size"] = comm->size();
@@ -185,6 +208,10 @@ void run(const StepArgs& a) {
   out["results"] = nlohmann::json::array();
   for (const std::string& s : strategies) out["results"].push_back(run_strategy(comm, inv, po, a, s));
   const double base = out["results"][0]["step_seconds"].get<double>();
+  double fastest = base;
+  for (const auto& r : out["results"]) fastest = std::min(fastest, r["step_seconds"].get<double>());
+  out["machine"] = po.machine.name, out["ranks_per_node"] = ranks_per_node(comm->size());
+  out["auto_over_fastest"] = fastest > 0 ? base / fastest : 0.0;  // results[0] is auto under --compare
   for (auto& r : out["results"]) {
     r["ratio_to_auto"] = base > 0 ? r["step_seconds"].get<double>() / base : 0.0;
     // the target's bound: single-process orthogonalization / ranks + measured communication time
@@ -209,6 +236,20 @@ void run(const StepArgs& a) {
                 r["comm_seconds"].get<double>(), 100 * r["overlap"].get<double>(), r["bytes_sent_max"].get<double>(),
                 r["bytes_predicted_max"].get<double>(), r["peak_buffer_bytes_max"].get<double>(), r["ratio_to_auto"].get<double>());
   }
+  if (!a.predict) return;
+  std::printf("\npredicted (machine %s, %d rank(s) per node, time sharing x%.2f) vs measured step:\n", po.machine.name.c_str(),
+              ranks_per_node(comm->size()), out["results"][0]["predicted"]["time_sharing"].get<double>());
+  std::printf("%-16s %10s %10s %8s %10s %10s %10s %10s %8s\n", "strategy", "measured s", "predict s", "pred/meas", "compute",
+              "bandwidth", "latency", "elementw", "vs best");
+  double best = 0;
+  for (const auto& r : out["results"]) best = best == 0 ? r["step_seconds"].get<double>() : std::min(best, r["step_seconds"].get<double>());
+  for (const auto& r : out["results"]) {
+    const auto& p = r["predicted"];
+    std::printf("%-16s %10.4f %10.4f %8.3f %10.4f %10.4f %10.4f %10.4f %7.3fx\n", r["strategy"].get<std::string>().c_str(),
+                r["step_seconds"].get<double>(), p["step_seconds"].get<double>(), r["predicted_over_measured"].get<double>(),
+                p["compute_seconds"].get<double>(), p["bandwidth_seconds"].get<double>(), p["latency_seconds"].get<double>(),
+                p["elementwise_seconds"].get<double>(), best > 0 ? r["step_seconds"].get<double>() / best : 0.0);
+  }
 }
 
 }  // namespace
@@ -221,6 +262,10 @@ void add_bench_step_command(CLI::App& bench) {
   cmd->add_option("--steps", a->steps, "Timed steps (after one warm-up step); medians reported")->capture_default_str();
   cmd->add_flag("--compare", a->compare, "Run auto and every single-strategy baseline that applies; print ratios");
   cmd->add_flag("--json", a->json, "Print JSON (top level: results)");
+  cmd->add_flag("--predict", a->predict,
+                "Also print the cost model's predicted step per strategy (predict_step: --machine's constants) "
+                "next to the measured one, with their ratio");
+  cmd->add_flag("--no-reference", a->no_reference, "Skip the single-process orthogonalization reference (slow on big models)");
   cmd->add_option("--blas-threads", a->blas_threads, "BLAS threads per rank (0: 1 under MPI with > 1 rank)");
   cmd->add_option("--backend", a->backend, "mpi or single (default: mpi under mpirun)");
   cmd->add_option("--device", a->device,

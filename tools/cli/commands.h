@@ -12,5 +12,6 @@ void add_plan_command(CLI::App& app);
 void add_bench_plan_command(CLI::App& bench);
 void add_bench_step_command(CLI::App& bench);
 void add_bench_fsdp_command(CLI::App& bench);
+void add_bench_calibrate_command(CLI::App& bench);
 
 }  // namespace meshmuon::cli

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   meshmuon::cli::add_bench_plan_command(*bench);
   meshmuon::cli::add_bench_step_command(*bench);
   meshmuon::cli::add_bench_fsdp_command(*bench);
+  meshmuon::cli::add_bench_calibrate_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

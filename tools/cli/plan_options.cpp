@@ -1,9 +1,6 @@
 // Options shared by `meshmuon plan` and `meshmuon bench plan` (docs/plan.md lists them).
 #include "plan_options.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "meshmuon/error.h"
 
 namespace meshmuon::cli {
@@ -19,10 +16,12 @@ void add_plan_args(CLI::App& cmd, PlanArgs& a) {
       ->capture_default_str();
   cmd.add_option("--pin", a.pins, "PATTERN:STRATEGY user pin (repeatable; highest precedence)");
   cmd.add_option("--comm-dtype", a.comm_dtype, "fp32 or bf16")->capture_default_str();
-  cmd.add_option("--machine", a.machine, "h100, h200 (NVLink shard groups, InfiniBand replicas), h100-ib, h200-ib (shard groups across nodes), cpu, or a JSON file of measured constants (docs/plan.md)")->capture_default_str();
+  cmd.add_option("--machine", a.machine, "h100, h200 (NVLink shard groups, InfiniBand replicas), h100-ib, h200-ib (shard groups across nodes), cpu, or a JSON file of measured constants (docs/plan.md; `meshmuon bench calibrate --out` writes one)")->capture_default_str();
   cmd.add_option("--replica", a.replica, "HSDP replicas: auto, duplicate or split")->capture_default_str();
   cmd.add_option("--schedule", a.schedule, "jordan, you, polar_express")->capture_default_str();
   cmd.add_option("--method", a.method, "plain, symmetric, gram")->capture_default_str();
+  cmd.add_option("--matmul-dtype", a.matmul_dtype, "Newton–Schulz product operands: fp32 or bf16 (the flop rate the cost model uses)")
+      ->capture_default_str();
   cmd.add_option("--ns-steps", a.ns_steps, "Newton–Schulz steps")->capture_default_str();
   cmd.add_option("--chunk-mib", a.chunk_mib, "Cap on a chunk's buffer MiB per rank")->capture_default_str();
   cmd.add_option("--window", a.window, "Chunks in flight")->capture_default_str();
@@ -41,19 +40,14 @@ Inventory make_inventory(const PlanArgs& a) {
 PlanOptions make_plan_options(const PlanArgs& a) {
   PlanOptions o;
   o.comm_dtype = parse_dtype(a.comm_dtype, "--comm-dtype");
-  if (a.machine.size() > 5 && a.machine.substr(a.machine.size() - 5) == ".json") {
-    std::ifstream in(a.machine);
-    MESHMUON_CHECK(in.good(), "[plan] cannot read machine profile '", a.machine, "'");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    o.machine = MachineProfile::from_json(ss.str());
-  } else {
-    o.machine = MachineProfile::named(a.machine);
-  }
+  o.machine = MachineProfile::resolve(a.machine);
   o.replica = parse_replica_mode(a.replica);
   o.ns.schedule = parse_schedule(a.schedule);
   o.ns.method = parse_ns_method(a.method);
   o.ns.steps = a.ns_steps;
+  o.ns.matmul_dtype = parse_dtype(a.matmul_dtype, "--matmul-dtype");
+  MESHMUON_CHECK(o.ns.matmul_dtype == DType::F32 || o.ns.matmul_dtype == DType::BF16, "[plan] --matmul-dtype is '",
+                 a.matmul_dtype, "'; use fp32 or bf16");
   // chunk_bytes is int64: bound the MiB so the conversion cannot overflow (2^40 MiB = 1 EiB)
   MESHMUON_CHECK(a.chunk_mib > 0 && a.chunk_mib <= 1099511627776.0, "[plan] --chunk-mib is ", a.chunk_mib,
               "; give a positive number of at most 1099511627776 (2^40)");

@@ -19,7 +19,7 @@ struct PlanArgs {
   // get --parallel, so no error ever quotes a layout the user did not type.
   std::string model = "llama3-8b", model_file, parallel, strategy = "auto";
   std::vector<std::string> pins;
-  std::string comm_dtype = "fp32", machine = "h100", replica = "auto", schedule = "jordan", method = "symmetric";
+  std::string comm_dtype = "fp32", machine = "h100", replica = "auto", schedule = "jordan", method = "symmetric", matmul_dtype = "fp32";
   int ns_steps = 5, window = 2;
   double chunk_mib = 1024;
   bool allow_inexact = false;

@@ -1,6 +1,10 @@
 """Benchmarks of the Python package. Timings are ratios to a baseline measured in the same run.
 
   python -m meshmuon.bench compare-torch [--json] [--layers 12] [--d 768] [--repeat 1] [--device cpu]
+  python -m meshmuon.bench layouts [--json] [--ranks 2,4] [--layers 4] [--d 256] [--machine cpu|profile.json]
+
+layouts: meshmuon/bench/layouts.py (AdamW, Muon on FSDP2, owner placement under torchrun; the cost
+model's predicted optimizer step over the measured one).
 
 compare-torch: one optimizer step of torch.optim.Muon and of meshmuon.torch.Muon with fp32 and with
 bf16 Newton–Schulz products, in this process, on the 2-D weights of a GPT (per layer qkv [3d, d],
@@ -28,6 +32,7 @@ import torch
 import meshmuon
 import meshmuon.torch as dt
 from meshmuon.torch import _precision
+from meshmuon.bench import layouts as layouts_module
 
 
 def gpt_matrices(layers, d):
@@ -169,7 +174,15 @@ def main(argv=None):
     c.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where both optimizers run")
     c.add_argument("--threads", type=int, default=None,
                    help="matrices orthogonalized at once (default: the BLAS thread count)")
+    lay = sub.add_parser("layouts", help="train a small GPT under torchrun (2 and 4 ranks): AdamW, Muon on "
+                                         "FSDP2 (auto), Muon with owner placement; predicted vs measured")
+    lay.add_argument("--json", action="store_true", help="print one JSON object")
+    lay.add_argument("--ranks", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4],
+                     help="comma-separated rank counts (default 2,4)")
+    layouts_module.add_arguments(lay)
     args = parser.parse_args(argv)
+    if args.command == "layouts":
+        return layouts_module.layouts(args)
     return compare_torch(args)
 
 
