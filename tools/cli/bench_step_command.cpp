@@ -204,14 +204,17 @@ nlohmann::json run_strategy(const std::shared_ptr<Communicator>& comm, const Inv
     r["ns_rate_profile"] = p.compute > 0 ? flops * p.time_sharing / p.compute : 0.0;
     // the same prediction with the profile's Newton–Schulz rates rescaled to the standalone rate of
     // this run (the calibration's shape ratios kept): measured ranks sharing the node already, so
-    // the model's time sharing is taken out of the scale
-    const StandaloneRate sr = standalone_ns_rate(c, inv, po.ns, opt.plan().options().machine);
-    const double scale = sr.profile > 0 && sr.measured > 0 ? sr.measured * p.time_sharing / sr.profile : 1.0;
-    const StepPrediction q = predict_step(opt.plan(), ranks_per_node(c.size()), scale);
-    r["ns_rate_standalone"] = sr.measured;
-    r["ns_rate_scale"] = scale;
-    r["predicted_same_run"] = {{"step_seconds", q.step}, {"compute_seconds", q.compute}};
-    r["predicted_same_run_over_measured"] = measured > 0 ? q.step / measured : 0.0;
+    // the model's time sharing is taken out of the scale. CPU only: the standalone Orthogonalizer
+    // is the CPU's, which says nothing about a device's rate.
+    if (a.device == "cpu") {
+      const StandaloneRate sr = standalone_ns_rate(c, inv, po.ns, opt.plan().options().machine);
+      const double scale = sr.profile > 0 && sr.measured > 0 ? sr.measured * p.time_sharing / sr.profile : 1.0;
+      const StepPrediction q = predict_step(opt.plan(), ranks_per_node(c.size()), scale);
+      r["ns_rate_standalone"] = sr.measured;
+      r["ns_rate_scale"] = scale;
+      r["predicted_same_run"] = {{"step_seconds", q.step}, {"compute_seconds", q.compute}};
+      r["predicted_same_run_over_measured"] = measured > 0 ? q.step / measured : 0.0;
+    }
   }
   r["strategy_counts"] = nlohmann::json::object();
   const auto counts = opt.plan().strategy_counts();
@@ -292,7 +295,7 @@ void run(const StepArgs& a) {
                 r["step_seconds"].get<double>(), p["step_seconds"].get<double>(), r["predicted_over_measured"].get<double>(),
                 p["compute_seconds"].get<double>(), p["bandwidth_seconds"].get<double>(), p["latency_seconds"].get<double>(),
                 p["elementwise_seconds"].get<double>(), best > 0 ? r["step_seconds"].get<double>() / best : 0.0,
-                r["predicted_same_run_over_measured"].get<double>());
+                r.value("predicted_same_run_over_measured", 0.0));
   }
 }
 
