@@ -216,6 +216,9 @@ struct StepPrediction {
 // byte sent or received: packing it and unpacking it (read and write each).
 inline constexpr double kMomentumBytesPerElem = 16, kUpdateBytesPerElem = 12, kAdamWBytesPerElem = 28;
 inline constexpr double kPackBytesPerCommByte = 2;
-MESHMUON_API StepPrediction predict_step(const Plan& plan, int ranks_per_node = 0);
+// `ns_rate_scale` (> 0) multiplies every Newton–Schulz rate of the profile: the ratio of a rate
+// measured in the same run as the step to the calibrated one (`bench step --predict` measures it:
+// a calibration's rates are a snapshot of the node's load, which moves 2–4x within minutes here).
+MESHMUON_API StepPrediction predict_step(const Plan& plan, int ranks_per_node = 0, double ns_rate_scale = 1.0);
 
 }  // namespace meshmuon

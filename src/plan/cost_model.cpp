@@ -108,8 +108,11 @@ namespace meshmuon {
 // terms at the fitted latency), overlapped as the pipeline runs them; then the busiest rank's
 // elementwise bytes. Work: O(entries · ranks each touches) plus
 // O(parameters · world) for the local shard sizes (bench-sized worlds).
-StepPrediction predict_step(const Plan& plan, int ranks_per_node) {
+StepPrediction predict_step(const Plan& plan, int ranks_per_node, double ns_rate_scale) {
   using namespace detail;
+  MESHMUON_CHECK(ns_rate_scale > 0 && std::isfinite(ns_rate_scale),
+                 "[plan] predict_step's ns_rate_scale must be a finite number > 0 (1: the profile's rates), got ",
+                 ns_rate_scale);
   const Inventory& inv = plan.inventory();
   const PlanOptions& o = plan.options();
   const MachineProfile& m = o.machine;
@@ -138,7 +141,7 @@ StepPrediction predict_step(const Plan& plan, int ranks_per_node) {
       const PlanEntry& e = plan.entries()[static_cast<size_t>(i)];
       const ParamSpec& p = inv.params[static_cast<size_t>(e.param)];
       const ShardTable& t = tables.get(e.param);
-      const double rate = m.ns_rate(p.rows(), p.cols(), o.ns);
+      const double rate = m.ns_rate(p.rows(), p.cols(), o.ns) * ns_rate_scale;
       visit_entry(e, t, p, o, [&](int r, const Contribution& x) {
         touch(r);
         secs[static_cast<size_t>(r)] += x.flops / rate;

@@ -34,6 +34,12 @@ for r in out["results"]:
     assert p["step_seconds"] > 0 and p["compute_seconds"] > 0, r
     assert r["predicted_over_measured"] > 0 and math.isfinite(r["predicted_over_measured"]), r
     assert r["bytes_match_plan"] is True, r
+    # the same-run rate: a positive scale, and the same-run prediction differs from the profile's
+    # by its compute term only (compute / scale)
+    assert r["ns_rate_standalone"] > 0 and r["ns_rate_scale"] > 0 and math.isfinite(r["ns_rate_scale"]), r
+    q = r["predicted_same_run"]
+    assert math.isclose(q["compute_seconds"], p["compute_seconds"] / r["ns_rate_scale"], rel_tol=1e-9), (q, p)
+    assert math.isclose(r["predicted_same_run_over_measured"] * r["step_seconds"], q["step_seconds"], rel_tol=1e-9), r
 assert out["auto_over_fastest"] >= 1, out["auto_over_fastest"]
 print("bench predict structure ok:", names)
 PY

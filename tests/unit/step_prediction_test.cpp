@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <stdexcept>
+#include <string>
 
 #include "meshmuon/plan.h"
 
@@ -79,6 +81,34 @@ TEST(StepPrediction, ArithmeticByHandOnTwoRanks) {
   o.ns.matmul_dtype = DType::BF16;
   o.machine.overlap = 0;
   EXPECT_NEAR(predict_step(make_plan(two_rank_model(), o), 2).compute, ns_flops(64, 32, o.ns) / 4e9 * 2, 1e-15);
+}
+
+// A same-run rate scale (bench step --predict's ns_rate_scale) divides the Newton–Schulz seconds
+// and nothing else; a scale that is not a finite positive number is refused, naming it.
+TEST(StepPrediction, NsRateScaleDividesOnlyTheComputeTerm) {
+  PlanOptions o;
+  o.machine = simple_profile();
+  o.machine.ns_rates = {{32, 64, 2e9, 8e9}};  // a measured class: the scale applies to it too
+  o.pins = StrategyRules::parse("default:owner_a2a", "test");
+  const Plan plan = make_plan(two_rank_model(), o);
+  const StepPrediction base = predict_step(plan, 2), fast = predict_step(plan, 2, 2.5);
+  const double compute = ns_flops(64, 32, o.ns) / 2e9 * 2;  // the class's rate, x2 sharing
+  EXPECT_NEAR(base.compute, compute, 1e-15);
+  EXPECT_NEAR(fast.compute, compute / 2.5, 1e-15);
+  EXPECT_DOUBLE_EQ(fast.bandwidth, base.bandwidth);
+  EXPECT_DOUBLE_EQ(fast.latency, base.latency);
+  EXPECT_DOUBLE_EQ(fast.elementwise, base.elementwise);
+  // overlap 0, one chunk: step = compute + comm + elementwise, with the scaled compute
+  EXPECT_NEAR(fast.step, compute / 2.5 + base.bandwidth + base.latency + base.elementwise, 1e-15);
+  EXPECT_NEAR(predict_step(plan, 2, 1.0).step, base.step, 0.0);
+  for (double bad : {0.0, -1.0, std::nan(""), HUGE_VAL}) {
+    try {
+      (void)predict_step(plan, 2, bad);
+      ADD_FAILURE() << "scale " << bad << " accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("ns_rate_scale"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(StepPrediction, CommFitForTheWorldSizeReplacesTheScalars) {

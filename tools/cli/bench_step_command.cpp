@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <set>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -98,6 +100,37 @@ double reference_seconds(const Inventory& inv, const NsOptions& ns) {
   return total;
 }
 
+// The same run's reference for the executor's Newton–Schulz rate: a standalone Orthogonalizer (the
+// plan's options, as `bench calibrate` runs it) on one matrix of each distinct Muon shape of the
+// model, every rank at once, one warm-up run each; the flops over the slowest rank's seconds, next
+// to the profile's rate for the same matrices (each at its shape class's rate). Measured right
+// after a strategy's timed steps, so it sees the step's load, which a calibration minutes earlier
+// does not (docs/plan.md, "Measured on this machine").
+struct StandaloneRate {
+  double measured = 0, profile = 0;  // flops per second
+};
+StandaloneRate standalone_ns_rate(Communicator& c, const Inventory& inv, const NsOptions& ns, const MachineProfile& machine) {
+  std::set<std::pair<int64_t, int64_t>> shapes;
+  for (const ParamSpec& p : inv.params)
+    if (p.role == Role::Muon && p.rows() > 0 && p.cols() > 0) shapes.insert({p.rows(), p.cols()});
+  Orthogonalizer orth(ns);
+  std::vector<float> g, out;
+  double flops = 0, secs = 0, profile_secs = 0;
+  c.barrier("bench standalone").wait();
+  for (const auto& [m, n] : shapes) {
+    g.resize(static_cast<size_t>(m * n)), out.resize(g.size());
+    for (size_t i = 0; i < g.size(); ++i) g[i] = synthetic(i + 1);
+    orth.run(g.data(), out.data(), m, n);
+    const auto t = std::chrono::steady_clock::now();
+    orth.run(g.data(), out.data(), m, n);
+    secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+    const double f = ns_flops(m, n, ns);
+    flops += f, profile_secs += f / machine.ns_rate(m, n, ns);
+  }
+  secs = slowest(c, secs);
+  return {secs > 0 ? flops / secs : 0.0, profile_secs > 0 ? flops / profile_secs : 0.0};
+}
+
 // Ranks sharing this node's cores: Open MPI's local size, else every rank of the job.
 int ranks_per_node(int world) {
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
@@ -169,6 +202,19 @@ nlohmann::json run_strategy(const std::shared_ptr<Communicator>& comm, const Inv
     const double flops = opt.plan().total().flops_max, orth_s = r["phase_seconds"]["orthogonalize"].get<double>();
     r["ns_rate_measured"] = orth_s > 0 ? flops / orth_s : 0.0;
     r["ns_rate_profile"] = p.compute > 0 ? flops * p.time_sharing / p.compute : 0.0;
+    // the same prediction with the profile's Newton–Schulz rates rescaled to the standalone rate of
+    // this run (the calibration's shape ratios kept): measured ranks sharing the node already, so
+    // the model's time sharing is taken out of the scale. CPU only: the standalone Orthogonalizer
+    // is the CPU's, which says nothing about a device's rate.
+    if (a.device == "cpu") {
+      const StandaloneRate sr = standalone_ns_rate(c, inv, po.ns, opt.plan().options().machine);
+      const double scale = sr.profile > 0 && sr.measured > 0 ? sr.measured * p.time_sharing / sr.profile : 1.0;
+      const StepPrediction q = predict_step(opt.plan(), ranks_per_node(c.size()), scale);
+      r["ns_rate_standalone"] = sr.measured;
+      r["ns_rate_scale"] = scale;
+      r["predicted_same_run"] = {{"step_seconds", q.step}, {"compute_seconds", q.compute}};
+      r["predicted_same_run_over_measured"] = measured > 0 ? q.step / measured : 0.0;
+    }
   }
   r["strategy_counts"] = nlohmann::json::object();
   const auto counts = opt.plan().strategy_counts();
@@ -239,16 +285,17 @@ void run(const StepArgs& a) {
   if (!a.predict) return;
   std::printf("\npredicted (machine %s, %d rank(s) per node, time sharing x%.2f) vs measured step:\n", po.machine.name.c_str(),
               ranks_per_node(comm->size()), out["results"][0]["predicted"]["time_sharing"].get<double>());
-  std::printf("%-16s %10s %10s %8s %10s %10s %10s %10s %8s\n", "strategy", "measured s", "predict s", "pred/meas", "compute",
-              "bandwidth", "latency", "elementw", "vs best");
+  std::printf("%-16s %10s %10s %8s %10s %10s %10s %10s %8s %9s\n", "strategy", "measured s", "predict s", "pred/meas", "compute",
+              "bandwidth", "latency", "elementw", "vs best", "same-run");
   double best = 0;
   for (const auto& r : out["results"]) best = best == 0 ? r["step_seconds"].get<double>() : std::min(best, r["step_seconds"].get<double>());
   for (const auto& r : out["results"]) {
     const auto& p = r["predicted"];
-    std::printf("%-16s %10.4f %10.4f %8.3f %10.4f %10.4f %10.4f %10.4f %7.3fx\n", r["strategy"].get<std::string>().c_str(),
+    std::printf("%-16s %10.4f %10.4f %8.3f %10.4f %10.4f %10.4f %10.4f %7.3fx %9.3f\n", r["strategy"].get<std::string>().c_str(),
                 r["step_seconds"].get<double>(), p["step_seconds"].get<double>(), r["predicted_over_measured"].get<double>(),
                 p["compute_seconds"].get<double>(), p["bandwidth_seconds"].get<double>(), p["latency_seconds"].get<double>(),
-                p["elementwise_seconds"].get<double>(), best > 0 ? r["step_seconds"].get<double>() / best : 0.0);
+                p["elementwise_seconds"].get<double>(), best > 0 ? r["step_seconds"].get<double>() / best : 0.0,
+                r.value("predicted_same_run_over_measured", 0.0));
   }
 }
 
