@@ -1,6 +1,7 @@
 // Internal: the backend registry (registry.h) and its built-in registrations.
 #include "backend/registry.h"
 
+#include <charconv>
 #include <stdexcept>
 
 #include "meshmuon/error.h"
@@ -94,6 +95,20 @@ std::shared_ptr<MemorySpace> BackendRegistry::device_space() const {
   for (const SpaceProbe& p : probes)
     if (auto s = p()) return s;
   return nullptr;
+}
+
+std::optional<BackendRegistry::DeviceName> BackendRegistry::parse(std::string_view device) const {
+  const size_t colon = device.find(':');
+  const std::string_view name = device.substr(0, colon);
+  if (name.empty() || !registered(name)) return std::nullopt;
+  int index = 0;
+  if (colon != std::string_view::npos) {
+    const std::string_view digits = device.substr(colon + 1);
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+    if (!indexed(name) || digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || index < 0)
+      return std::nullopt;
+  }
+  return DeviceName{std::string(name), index};
 }
 
 std::string BackendRegistry::device_names() const {

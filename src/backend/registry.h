@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -61,6 +62,14 @@ class BackendRegistry {
   std::shared_ptr<MemorySpace> device_space() const;
   // "cpu, cuda or cuda:N": the device names the options accept, for error messages.
   std::string device_names() const;
+  // A device name the options accept, split: "name" -> {name, 0}, "name:N" -> {name, N} for an indexed
+  // backend (N >= 0, digits only); std::nullopt for anything else (the callers raise, naming their
+  // option and device_names()).
+  struct DeviceName {
+    std::string name;
+    int index = 0;
+  };
+  std::optional<DeviceName> parse(std::string_view device) const;
   bool registered(std::string_view name) const;  // available or missing
   bool indexed(std::string_view name) const;     // false for an unregistered name
   std::string label(std::string_view name) const;  // the label given at registration, else the name

@@ -1,7 +1,6 @@
 // Internal: backend selection by device name and its test hook (select.h).
 #include "backend/select.h"
 
-#include <charconv>
 #include <optional>
 #include <string>
 
@@ -16,18 +15,9 @@ thread_local std::optional<EngineDevice> tl_injected;
 
 EngineDevice select_device(std::string_view device) {
   const BackendRegistry& registry = backend_registry();
-  const size_t colon = device.find(':');
-  const std::string_view name = device.substr(0, colon);
-  int index = 0;
-  bool ok = !name.empty() && registry.registered(name);
-  if (ok && colon != std::string_view::npos) {
-    const std::string_view digits = device.substr(colon + 1);
-    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
-    ok = registry.indexed(name) && !digits.empty() && ec == std::errc() && end == digits.data() + digits.size() &&
-         index >= 0;
-  }
-  MESHMUON_CHECK(ok, "[backend] option 'device' must be ", registry.device_names(), " (got '", device, "')");
-  return registry.make(name, index);
+  const std::optional<BackendRegistry::DeviceName> d = registry.parse(device);
+  MESHMUON_CHECK(d.has_value(), "[backend] option 'device' must be ", registry.device_names(), " (got '", device, "')");
+  return registry.make(d->name, d->index);
 }
 
 EngineDevice resolve_engine_device(std::string_view device) {

@@ -4,7 +4,6 @@
 // With a memory space (engines on a device backend), a copy that touches the space's device memory
 // goes through the space's copies (staged via host memory), never a host memmove on device memory.
 #include <algorithm>
-#include <charconv>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -160,25 +159,17 @@ std::unique_ptr<Communicator> make_single_communicator(std::string_view device) 
   // The device names of the backend registry (backend/registry.h): a host backend ("cpu") needs no
   // memory space; a device backend's name ("cuda", "cuda:N") the process's device memory space.
   const detail::BackendRegistry& registry = detail::backend_registry();
-  const size_t colon = device.find(':');
-  const std::string_view name = device.substr(0, colon);
-  int index = 0;
-  bool ok = !name.empty() && registry.registered(name);
-  if (ok && colon != std::string_view::npos) {
-    const std::string_view digits = device.substr(colon + 1);
-    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
-    ok = registry.indexed(name) && !digits.empty() && ec == std::errc() && end == digits.data() + digits.size() &&
-         index >= 0;
-  }
-  MESHMUON_CHECK(ok, "[comm] make_single_communicator: device must be ", registry.device_names(), " (got '", device,
-                 "')");
+  const std::optional<detail::BackendRegistry::DeviceName> d = registry.parse(device);
+  MESHMUON_CHECK(d.has_value(), "[comm] make_single_communicator: device must be ", registry.device_names(), " (got '",
+                 device, "')");
+  const std::string& name = d->name;
   if (!registry.indexed(name)) return make_single_communicator();  // a host backend (cpu)
   std::shared_ptr<detail::MemorySpace> space = detail::default_memory_space();
   const std::string why = registry.why_missing(name);
   MESHMUON_CHECK_RUNTIME(space->has_devices(), "[comm] make_single_communicator('", device, "'): no usable ", registry.label(name),
                          " device in this process (", why.empty() ? std::string("no driver or no device visible") : why,
                          "); use device 'cpu'");
-  space->check_device_index(index, detail::concat("[comm] make_single_communicator('", device, "')"));
+  space->check_device_index(d->index, detail::concat("[comm] make_single_communicator('", device, "')"));
   return make_single_communicator(std::move(space));
 }
 
