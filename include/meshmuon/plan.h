@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "meshmuon/box.h"
@@ -220,5 +221,25 @@ inline constexpr double kPackBytesPerCommByte = 2;
 // measured in the same run as the step to the calibrated one (`bench step --predict` measures it:
 // a calibration's rates are a snapshot of the node's load, which moves 2–4x within minutes here).
 MESHMUON_API StepPrediction predict_step(const Plan& plan, int ranks_per_node = 0, double ns_rate_scale = 1.0);
+
+// Owner placement (issue 38): which of `params` (an FSDP / HSDP model's parameters, placements not
+// needed) to place whole on one owner rank of a `replicate` x `shard` data-parallel mesh, and which
+// rank. mode "owner": every eligible matrix (Muon, 2-D, not an expert stack); "auto": those whose
+// owner placement the cost model (options.machine, options.ns, comm dtype) predicts faster than the
+// sharded one, `overlap` (0..1) the fraction of forward / backward traffic hidden behind compute;
+// "sharded": none. Owners by longest-processing-time on Newton–Schulz flops and memory, matrices of
+// one layer on different ranks. Pure and local: every rank gets the same answer. Throws
+// std::invalid_argument naming the bad argument.
+struct OwnerPlacementChoice {
+  bool eligible = false, owned = false;
+  int owner = -1;                                   // world rank (row-major over the mesh) when owned
+  double owner_seconds = 0, sharded_seconds = 0;    // the cost model's exposed seconds per step
+  double owner_peak_bytes = 0, sharded_peak_bytes = 0;
+  std::string why;                                  // one line: what was compared, or why not eligible
+};
+MESHMUON_API std::vector<OwnerPlacementChoice> choose_owner_placement(const std::vector<ParamSpec>& params,
+                                                                      int replicate, int shard,
+                                                                      const PlanOptions& options,
+                                                                      std::string_view mode, double overlap = 0.8);
 
 }  // namespace meshmuon

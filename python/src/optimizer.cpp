@@ -104,10 +104,12 @@ void init_optimizer(nb::module_& m) {
       .def_prop_ro("ndim", &Mesh::ndim)
       .def("__repr__", [](const Mesh& mesh) { return "Mesh(" + mesh.to_string() + ")"; });
 
-  nb::class_<Placement>(m, "Placement", "Replicate / Shard(d) / StridedShard(d, f) (placement.h).")
+  nb::class_<Placement>(m, "Placement", "Replicate / Shard(d) / StridedShard(d, f) / Owned(k) (placement.h).")
       .def_static("replicate", &Placement::replicate)
       .def_static("shard", &Placement::shard, nb::arg("dim"))
       .def_static("strided_shard", &Placement::strided_shard, nb::arg("dim"), nb::arg("split_factor"))
+      .def_static("owned", &Placement::owned, nb::arg("owner"),
+                  "Owner placement: mesh-dim coordinate `owner` holds the whole piece, the others nothing.")
       .def_static("parse", [](const std::string& s) { return parse_placement(s); }, nb::arg("text"))
       .def("__repr__", [](const Placement& p) { return to_string(p); });
 
@@ -196,6 +198,37 @@ void init_optimizer(nb::module_& m) {
     for (int i = 0; i < kNumStrategies; ++i) names.emplace_back(to_string(static_cast<Strategy>(i)));
     return names;
   }, "The strategy names (strategy.h).");
+  m.def(
+      "choose_owner_placement",
+      [](const std::vector<ParamSpec>& params, int replicate, int shard, const std::string& mode,
+         const nb::object& machine, const std::string& comm_dtype, double overlap) {
+        PlanOptions o;
+        if (nb::isinstance<MachineProfile>(machine))
+          o.machine = nb::cast<MachineProfile>(machine);
+        else if (nb::isinstance<nb::str>(machine))
+          o.machine = MachineProfile::named(nb::cast<std::string>(machine));
+        else
+          throw nb::type_error("[python] machine must be a profile name (str) or a meshmuon.MachineProfile");
+        o.comm_dtype = parse_dtype(comm_dtype, "comm_dtype");
+        nb::list out;
+        for (const OwnerPlacementChoice& c : choose_owner_placement(params, replicate, shard, o, mode, overlap)) {
+          nb::dict d;
+          d["eligible"] = c.eligible;
+          d["owned"] = c.owned;
+          d["owner"] = c.owner;
+          d["owner_seconds"] = c.owner_seconds;
+          d["sharded_seconds"] = c.sharded_seconds;
+          d["owner_peak_bytes"] = c.owner_peak_bytes;
+          d["sharded_peak_bytes"] = c.sharded_peak_bytes;
+          d["why"] = c.why;
+          out.append(d);
+        }
+        return out;
+      },
+      nb::arg("params"), nb::arg("replicate"), nb::arg("shard"), nb::arg("mode") = "auto", nb::arg("machine") = "cpu",
+      nb::arg("comm_dtype") = "fp32", nb::arg("overlap") = 0.8,
+      "Owner placement (meshmuon/plan.h choose_owner_placement): per parameter a dict eligible, owned, owner (world "
+      "rank), owner_seconds, sharded_seconds, owner_peak_bytes, sharded_peak_bytes, why. mode: owner, auto or sharded.");
   m.def("replica_modes", [] {
     std::vector<std::string> names;
     for (ReplicaMode r : {ReplicaMode::Auto, ReplicaMode::Duplicate, ReplicaMode::Split})

@@ -259,3 +259,25 @@ Inventory apply_placements(const Inventory& inv, const std::vector<PlacementChoi
 }
 
 }  // namespace meshmuon::detail
+
+namespace meshmuon {
+
+std::vector<OwnerPlacementChoice> choose_owner_placement(const std::vector<ParamSpec>& params, int replicate, int shard,
+                                                         const PlanOptions& options, std::string_view mode,
+                                                         double overlap) {
+  MESHMUON_CHECK(replicate >= 1 && shard >= 1, "[plan] choose_owner_placement: replicate and shard must be >= 1, got ",
+                 replicate, " x ", shard);
+  const auto choices = detail::choose_placements(params, replicate, shard, options,
+                                                 detail::parse_placement_mode(mode), overlap);
+  std::vector<OwnerPlacementChoice> out(choices.size());
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const detail::PlacementChoice& c = choices[i];
+    OwnerPlacementChoice& o = out[i];
+    o.eligible = c.eligible, o.owned = c.owned, o.owner = c.owner, o.why = c.why;
+    o.owner_seconds = c.owner_cost.seconds, o.sharded_seconds = c.sharded_cost.seconds;
+    o.owner_peak_bytes = c.owner_cost.peak_bytes, o.sharded_peak_bytes = c.sharded_cost.peak_bytes;
+  }
+  return out;
+}
+
+}  // namespace meshmuon

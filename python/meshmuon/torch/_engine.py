@@ -23,6 +23,7 @@ from . import _comms, _device
 from ._layouts import (as_layout, check_local_shards, engine_placement, is_dtensor, lift_to_job,
                        local_grad, mesh_key)
 from ._options import make_group_options
+from ._owned import owned_info
 
 QK_KEYS = ("layer", "kind", "heads", "head_dim", "rope_dim", "v_dim")
 
@@ -84,9 +85,10 @@ def param_name(group: dict, group_index: int, j: int) -> str:
 def engine_kind(params: list[torch.Tensor], requested: Optional[str]) -> str:
     """'distributed' for DTensor parameters, or plain ones in a job of several ranks that meshmuon has
     a communicator for; 'local' otherwise. `requested` ("local" / "distributed") overrides."""
-    dtensors = any(is_dtensor(p) for p in params)
+    dtensors = any(is_dtensor(p) or owned_info(p) is not None for p in params)
     if requested == "local" and dtensors:
-        raise ValueError("[torch] engine='local' cannot run DTensor parameters; leave engine=None")
+        raise ValueError("[torch] engine='local' cannot run DTensor or owned (meshmuon.torch.own) "
+                         "parameters; leave engine=None")
     if requested is not None:
         return requested
     return "distributed" if dtensors or _comms.job_size() > 1 else "local"
@@ -160,7 +162,14 @@ class Engine(CoreDelegate):
                 spec.shape = list(p.shape)
                 spec.role = "muon" if muon else "adamw"
                 spec.expert = muon and p.ndim == 3 and bool(group.get("expert_stacks"))
-                if is_dtensor(p):
+                owned = owned_info(p)
+                if owned is not None:  # owner placement (_owned.py): whole on one world rank
+                    spec.shape = list(owned.shape)
+                    key = (("world", world),)
+                    spec.mesh = engine_mesh(key)
+                    spec.placements = [_core.Placement.owned(owned.owner)]
+                    self.layouts.append(None)
+                elif is_dtensor(p):
                     where = f"parameter '{spec.name}'"
                     mesh, placements = lift_to_job(p.device_mesh, list(p.placements), world, where)
                     spec.mesh = engine_mesh(mesh_key(mesh))

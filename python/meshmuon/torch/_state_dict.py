@@ -10,6 +10,7 @@ from typing import Any, Optional
 import torch
 
 from ._layouts import is_dtensor
+from ._owned import held_elsewhere
 from ._options import ADAMW_DEFAULTS, GENERIC_KEYS, MUON_DEFAULTS, STRUCTURAL
 
 # torch.optim.Muon's group keys (torch 2.9+; its defaults are meshmuon's Muon defaults) and state keys.
@@ -117,6 +118,9 @@ def check(state_dict: dict, groups: list[dict], engine: Any, fresh_ok: bool) -> 
             raise ValueError(f"[torch] loaded state dict has no state for parameter {key!r} "
                              f"('{engine.names[i]}')")
         entry = entry or {}
+        if held_elsewhere(engine.params[i]):  # owned by another rank: no value here (_owned.py)
+            entries.append(entry)
+            continue
         for name, tensor in engine.state(i).items():
             value = entry.get(name)
             if value is None and fresh_ok:
@@ -206,6 +210,8 @@ def load_entries(opt: Any, entries: list[dict], fresh: bool = False) -> None:
         bound = engine.state(i)
         for key, tensor in bound.items():
             value = entry.get(key)
+            if value is None and held_elsewhere(p):
+                continue  # owned by another rank (_owned.py): nothing held here
             if value is None and fresh:
                 _device_zero(tensor)
             elif value is not tensor:  # the values as saved (bf16 masters kept fp32)

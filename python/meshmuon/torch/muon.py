@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import _clip, _comms, _group_checks, _options, _plan, _precision, _qk_layout, _state_dict
+from . import _clip, _comms, _group_checks, _options, _owned, _plan, _precision, _qk_layout, _state_dict
 from ._engine import engine_options
 from ._factory import make_engine
 from ._options import MUON_DEFAULTS, MUON_ONLY, STRUCTURAL, apply_group, check_group_keys
@@ -271,6 +271,12 @@ class Muon(torch.optim.Optimizer):
         return out
 
     # ---- state dict ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """As torch.optim.Optimizer.state_dict; the state of a matrix owned by another rank
+        (meshmuon.torch.own) holds its "step" only: each owned matrix's state is saved once, by its
+        owner (DCP reshards it into any owner or layout)."""
+        return _owned.drop_elsewhere_state(self, super().state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """As torch.optim.Optimizer.load_state_dict, in its order: the load_state_dict pre-hooks
