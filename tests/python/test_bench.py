@@ -44,8 +44,8 @@ def test_compare_torch_refuses_a_device_it_cannot_use():
 
 def test_layouts_json_smoke():
     """`python -m meshmuon.bench layouts --json` at 2 ranks on a tiny GPT: every row's fields, the
-    Muon row's prediction from the optimizer's plan, the owner row marked not available. Structure
-    only; no timing is asserted."""
+    Muon rows' predictions from the optimizers' plans, the owner row's matrices all owned and planned
+    `local` (no step traffic). Structure only; no timing is asserted."""
     proc = subprocess.run([sys.executable, "-m", "meshmuon.bench", "layouts", "--json", "--ranks", "2",
                            "--layers", "1", "--d", "64", "--vocab", "500", "--seq", "16", "--steps", "2",
                            "--warmup", "1", "--rounds", "1"], capture_output=True, text=True, cwd="/", timeout=300)
@@ -54,8 +54,8 @@ def test_layouts_json_smoke():
     (run,) = report["runs"]
     assert run["world_size"] == 2
     rows = {r["layout"]: r for r in run["rows"]}
-    assert list(rows) == ["adamw", "muon_auto", "muon_owner"]
-    for name in ("adamw", "muon_auto"):
+    assert list(rows) == ["adamw", "muon_auto", "muon_owner", "muon_placement_auto"]
+    for name in rows:
         for key in ("total_seconds", "fwd_bwd_seconds", "opt_seconds"):
             assert rows[name][key] > 0, (name, key)
     assert rows["adamw"]["overhead_over_adamw"] == 0
@@ -64,4 +64,7 @@ def test_layouts_json_smoke():
     assert muon["predicted_over_measured"] == muon["predicted"]["step_seconds"] / muon["opt_seconds"]
     # the block's four matrices (the vocabulary is not 4·d, else fc would count as a head)
     assert sum(muon["strategy_counts"].values()) == 4
-    assert rows["muon_owner"]["available"] is False and "owner" in rows["muon_owner"]["reason"]
+    owner = rows["muon_owner"]
+    assert owner["owned_matrices"] == 4 and owner["strategy_counts"] == {"local": 4}, owner
+    assert owner["predicted_over_measured"] > 0
+    assert 0 <= rows["muon_placement_auto"]["owned_matrices"] <= 4

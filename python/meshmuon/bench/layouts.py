@@ -1,7 +1,8 @@
 """`python -m meshmuon.bench layouts`: a small GPT trained under torchrun at 2 and 4 ranks (FSDP2,
 gloo, CPU), one row per optimizer layout: AdamW (torch.optim.AdamW, the baseline), Muon on FSDP2
-with the planner's `auto` strategies (meshmuon.torch.Muon), and Muon with owner placement (not
-available from Python yet: its row says so). Per row, the median over the timed steps of the total
+with the planner's `auto` strategies (meshmuon.torch.Muon), Muon with owner placement of every block
+matrix (`muon_owner`: meshmuon.torch.own(select="owner"), the rest with fully_shard) and with the
+planner's placement choice (`muon_placement_auto`: own(select="auto")). Per row, the median over the timed steps of the total
 train step, forward + backward and the optimizer step, the total's overhead over AdamW's of the
 same run, and for Muon rows `predicted_over_measured`: the cost model's predicted optimizer step
 (meshmuon::predict_step on the optimizer's plan, the --machine profile, the node's ranks sharing its
@@ -17,9 +18,7 @@ import sys
 import tempfile
 import time
 
-OWNER_ROW = {"layout": "muon_owner", "available": False,
-             "reason": "owner placement (issue 38 item 1) is built in the C++ ShardedParams only; "
-                       "meshmuon.torch has no owner-placed FSDP2 path yet"}
+LAYOUTS = ("adamw", "muon_auto", "muon_owner", "muon_placement_auto")
 
 
 def build_model(layers, d, vocab, seq):
@@ -77,12 +76,20 @@ def worker(args):
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world))
 
+    owned = {}
+
     def make(layout):
         torch.manual_seed(0)
         model = build_model(args.layers, args.d, args.vocab, args.seq)
+        ignored = None
+        if layout in ("muon_owner", "muon_placement_auto"):
+            select = "owner" if layout == "muon_owner" else "auto"
+            placement = mt.own(model, mesh, select=select, machine=args.machine)
+            ignored = placement.params
+            owned[layout] = len(placement.names)
         for blk in model.blocks:
-            fully_shard(blk, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(blk, mesh=mesh, ignored_params=ignored)
+        fully_shard(model, mesh=mesh, ignored_params=ignored)
         if layout == "adamw":
             opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
         else:
@@ -115,7 +122,7 @@ def worker(args):
             sink["strategies"] = json.loads(opt._engine.core.plan_json()).get("strategy_counts", {})
         return float(loss)
 
-    samples = {"adamw": {}, "muon_auto": {}}
+    samples = {layout: {} for layout in args.layouts}
     for _ in range(args.rounds):
         for layout in samples:
             run(layout, args.warmup + args.steps, samples[layout])
@@ -128,6 +135,8 @@ def worker(args):
     rows = []
     for layout, s in samples.items():
         row = {"layout": layout, "available": True}
+        if layout in owned:
+            row["owned_matrices"] = owned[layout]
         for key in ("total", "fwd_bwd", "opt"):
             row[f"{key}_seconds"] = slowest(statistics.median(s[key]))
         if "predicted" in s:
@@ -136,10 +145,10 @@ def worker(args):
             row["predicted_over_measured"] = s["predicted"]["step_seconds"] / row["opt_seconds"]
             row["strategy_counts"] = {k: v for k, v in s["strategies"].items() if v}
         rows.append(row)
-    base = rows[0]["total_seconds"]
+    base = next((r["total_seconds"] for r in rows if r["layout"] == "adamw"), None)
     for row in rows:
-        row["overhead_over_adamw"] = row["total_seconds"] / base - 1
-    rows.append(dict(OWNER_ROW))
+        if base is not None:
+            row["overhead_over_adamw"] = row["total_seconds"] / base - 1
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({"world_size": world, "rows": rows}, f)
@@ -147,6 +156,9 @@ def worker(args):
 
 
 def layouts(args):
+    unknown = [x for x in args.layouts if x not in LAYOUTS]
+    if unknown:
+        raise SystemExit(f"layouts: --layouts {unknown} unknown; choose among {','.join(LAYOUTS)}")
     results = []
     for ranks in args.ranks:
         with tempfile.TemporaryDirectory() as tmp:
@@ -169,14 +181,16 @@ def layouts(args):
         return 0
     for run in results:
         print(f"{run['world_size']} ranks (FSDP2, gloo):")
-        print(f"  {'layout':<12} {'total s':>9} {'fwd+bwd s':>10} {'opt s':>9} {'vs AdamW':>9} {'pred/meas':>10}")
+        print(f"  {'layout':<20} {'total s':>9} {'fwd+bwd s':>10} {'opt s':>9} {'vs AdamW':>9} {'pred/meas':>10}")
         for r in run["rows"]:
             if not r["available"]:
-                print(f"  {r['layout']:<12} not available: {r['reason']}")
+                print(f"  {r['layout']:<20} not available: {r['reason']}")
                 continue
             pm = f"{r['predicted_over_measured']:.2f}" if "predicted_over_measured" in r else "-"
-            print(f"  {r['layout']:<12} {r['total_seconds']:9.4f} {r['fwd_bwd_seconds']:10.4f} {r['opt_seconds']:9.4f} "
-                  f"{100 * r['overhead_over_adamw']:+8.1f}% {pm:>10}")
+            vs = f"{100 * r['overhead_over_adamw']:+8.1f}%" if "overhead_over_adamw" in r else f"{'-':>9}"
+            owned = f"  ({r['owned_matrices']} owned)" if "owned_matrices" in r else ""
+            print(f"  {r['layout']:<20} {r['total_seconds']:9.4f} {r['fwd_bwd_seconds']:10.4f} {r['opt_seconds']:9.4f} "
+                  f"{vs} {pm:>10}{owned}")
     return 0
 
 
@@ -191,12 +205,15 @@ def add_arguments(p):
     p.add_argument("--rounds", type=int, default=2, help="alternating AdamW / Muon rounds")
     p.add_argument("--machine", default="cpu", help="cost-model profile: a name or a .json (bench calibrate)")
     p.add_argument("--matmul-dtype", default="fp32", choices=["fp32", "bf16"], help="Newton-Schulz products")
+    p.add_argument("--layouts", type=lambda v: v.split(","), default=list(LAYOUTS),
+                   help=f"comma-separated rows among {','.join(LAYOUTS)} (AdamW first: the baseline)")
 
 
 def forwarded(args):
     return ["--layers", str(args.layers), "--width", str(args.d), "--vocab", str(args.vocab), "--seq", str(args.seq),
             "--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
-            "--rounds", str(args.rounds), "--machine", args.machine, "--matmul-dtype", args.matmul_dtype]
+            "--rounds", str(args.rounds), "--machine", args.machine, "--matmul-dtype", args.matmul_dtype,
+            "--layouts", ",".join(args.layouts)]
 
 
 if __name__ == "__main__":  # the torchrun worker
