@@ -5,13 +5,15 @@ HSDP 2x2 (reshard_after_forward=False, gradient sync off for the first micro-bat
 (param_dtype with FSDP2's MixedPrecisionPolicy), zero optimizer-step bytes (negative control: FSDP2
 alone moves bytes); DCP checkpoints saved at 3 ranks (owner placement and plain FSDP2) and loaded at
 2 and 4 ranks into owner placement (FSDP, HSDP) or plain FSDP2, bitwise the uninterrupted run
-(negative control: without the load it differs); bad arguments raise on every rank.
+(negative control: without the load it differs); bad arguments raise on every rank. The FSDP case
+also under mpirun (meshmuon.torch.init_distributed's gloo group).
 Run: python -m pytest tests/python/multirank/test_owner.py -q"""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from harness import MPIRUN, launch_mpirun
 from test_torchrun import leaked, ok, torchrun
 
 HERE = Path(__file__).parent
@@ -44,3 +46,8 @@ def test_case(runs, ranks, case):
 
 def test_no_leak_report(runs):
     assert not any(leaks for _, leaks in runs.values())
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="no mpirun")
+def test_train_under_mpirun(tmp_path):
+    assert "CASE train_fsdp OK" in launch_mpirun(CASES, 3, ["--cases", "train_fsdp"], HERE)
