@@ -226,8 +226,9 @@ MESHMUON_API StepPrediction predict_step(const Plan& plan, int ranks_per_node = 
 // needed) to place whole on one owner rank of a `replicate` x `shard` data-parallel mesh, and which
 // rank. mode "owner": every eligible matrix (Muon, 2-D, not an expert stack); "auto": those whose
 // owner placement the cost model (options.machine, options.ns, comm dtype) predicts faster than the
-// sharded one, `overlap` (0..1) the fraction of forward / backward traffic hidden behind compute;
-// "sharded": none. Owners by longest-processing-time on Newton–Schulz flops and memory, matrices of
+// sharded one, `overlap` (0..1) the fraction of forward / backward traffic hidden behind compute,
+// `scatter_gather_reduce` the gradient's way to the owner (false: every rank's gradient to the owner,
+// as ShardedParams; true: reduce-scatter then gather of the sums, as meshmuon.torch.own); "sharded": none. Owners by longest-processing-time on Newton–Schulz flops and memory, matrices of
 // one layer on different ranks. Pure and local: every rank gets the same answer. Throws
 // std::invalid_argument naming the bad argument.
 struct OwnerPlacementChoice {
@@ -240,6 +241,7 @@ struct OwnerPlacementChoice {
 MESHMUON_API std::vector<OwnerPlacementChoice> choose_owner_placement(const std::vector<ParamSpec>& params,
                                                                       int replicate, int shard,
                                                                       const PlanOptions& options,
-                                                                      std::string_view mode, double overlap = 0.8);
+                                                                      std::string_view mode, double overlap = 0.8,
+                                                                      bool scatter_gather_reduce = false);
 
 }  // namespace meshmuon

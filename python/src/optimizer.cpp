@@ -201,7 +201,7 @@ void init_optimizer(nb::module_& m) {
   m.def(
       "choose_owner_placement",
       [](const std::vector<ParamSpec>& params, int replicate, int shard, const std::string& mode,
-         const nb::object& machine, const std::string& comm_dtype, double overlap) {
+         const nb::object& machine, const std::string& comm_dtype, double overlap, bool scatter_gather_reduce) {
         PlanOptions o;
         if (nb::isinstance<MachineProfile>(machine))
           o.machine = nb::cast<MachineProfile>(machine);
@@ -211,7 +211,8 @@ void init_optimizer(nb::module_& m) {
           throw nb::type_error("[python] machine must be a profile name (str) or a meshmuon.MachineProfile");
         o.comm_dtype = parse_dtype(comm_dtype, "comm_dtype");
         nb::list out;
-        for (const OwnerPlacementChoice& c : choose_owner_placement(params, replicate, shard, o, mode, overlap)) {
+        for (const OwnerPlacementChoice& c : choose_owner_placement(params, replicate, shard, o, mode, overlap,
+                                                                             scatter_gather_reduce)) {
           nb::dict d;
           d["eligible"] = c.eligible;
           d["owned"] = c.owned;
@@ -226,7 +227,7 @@ void init_optimizer(nb::module_& m) {
         return out;
       },
       nb::arg("params"), nb::arg("replicate"), nb::arg("shard"), nb::arg("mode") = "auto", nb::arg("machine") = "cpu",
-      nb::arg("comm_dtype") = "fp32", nb::arg("overlap") = 0.8,
+      nb::arg("comm_dtype") = "fp32", nb::arg("overlap") = 0.8, nb::arg("scatter_gather_reduce") = false,
       "Owner placement (meshmuon/plan.h choose_owner_placement): per parameter a dict eligible, owned, owner (world "
       "rank), owner_seconds, sharded_seconds, owner_peak_bytes, sharded_peak_bytes, why. mode: owner, auto or sharded.");
   m.def("replica_modes", [] {

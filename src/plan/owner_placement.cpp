@@ -91,10 +91,20 @@ PlacementCost owner_placement_cost(const PlacementInputs& in, const MachineProfi
   const double bcast_bw = in.R > 1 ? m.replicate_bandwidth_Bps : m.bandwidth_Bps;
   // Reduce to the owner: S−1 full gradients arrive over the shard link, then R−1 partial sums over
   // the replicate link (the fixed-order two-stage sum of sharded_params.h): the owner's link is the busiest.
-  const double red_shard = (in.S - 1) * P * static_cast<double>(in.grad_bytes);
-  const double red_rep = (in.R - 1) * P * static_cast<double>(in.grad_bytes);
+  double red_shard = (in.S - 1) * P * static_cast<double>(in.grad_bytes);
+  double red_rep = (in.R - 1) * P * static_cast<double>(in.grad_bytes);
+  double red_latency = (in.S > 1 ? 1 : 0) + (in.R > 1 ? 1 : 0);
+  if (in.scatter_gather_reduce && N > 1) {
+    // reduce-scatter over the world by data movement, then the summed blocks to the owner: (N−1)/N of
+    // the gradient in each stage through the owner's link, (S−1)/N of it within the shard group and
+    // (N−S)/N across replicas.
+    const double g = P * static_cast<double>(in.grad_bytes);
+    red_shard = 2.0 * (in.S - 1) / N * g;
+    red_rep = 2.0 * (N - in.S) / N * g;
+    red_latency = 2;
+  }
   c.fwd_bwd_bytes = bcast + red_shard + red_rep;
-  c.fwd_bwd_latency_s = m.latency_s * (steps(N) + (in.S > 1 ? 1 : 0) + (in.R > 1 ? 1 : 0));
+  c.fwd_bwd_latency_s = m.latency_s * (steps(N) + red_latency);
   const double fwd_bwd_s = bcast / bcast_bw + red_shard / m.bandwidth_Bps + red_rep / m.replicate_bandwidth_Bps + c.fwd_bwd_latency_s;
   // The step: no communication; the matrix's Newton–Schulz once in the whole mesh (mean per rank: 1/N
   // of it once LPT balances many matrices).
@@ -175,7 +185,7 @@ std::string seconds_text(double s) {
 }  // namespace
 
 std::vector<PlacementChoice> choose_placements(const std::vector<ParamSpec>& params, int R, int S, const PlanOptions& o,
-                                               PlacementMode mode, double overlap) {
+                                               PlacementMode mode, double overlap, bool scatter_gather_reduce) {
   MESHMUON_CHECK(overlap >= 0 && overlap <= 1, "[plan] placement overlap must be in [0, 1], got ", overlap);
   std::vector<PlacementChoice> out(params.size());
   std::vector<bool> owned(params.size(), false);
@@ -199,6 +209,7 @@ std::vector<PlacementChoice> choose_placements(const std::vector<ParamSpec>& par
     PlacementInputs in;
     in.R = R, in.S = S, in.rows = p.shape[0], in.cols = p.shape[1], in.overlap = overlap;
     in.param_bytes = comm_bytes, in.grad_bytes = comm_bytes;
+    in.scatter_gather_reduce = scatter_gather_reduce;
     c.owner_cost = owner_placement_cost(in, o.machine, o.ns);
     c.sharded_cost = sharded_placement_cost(in, o.machine, o.ns);
     const bool cheaper = c.owner_cost.seconds < c.sharded_cost.seconds;
@@ -264,11 +275,11 @@ namespace meshmuon {
 
 std::vector<OwnerPlacementChoice> choose_owner_placement(const std::vector<ParamSpec>& params, int replicate, int shard,
                                                          const PlanOptions& options, std::string_view mode,
-                                                         double overlap) {
+                                                         double overlap, bool scatter_gather_reduce) {
   MESHMUON_CHECK(replicate >= 1 && shard >= 1, "[plan] choose_owner_placement: replicate and shard must be >= 1, got ",
                  replicate, " x ", shard);
   const auto choices = detail::choose_placements(params, replicate, shard, options,
-                                                 detail::parse_placement_mode(mode), overlap);
+                                                 detail::parse_placement_mode(mode), overlap, scatter_gather_reduce);
   std::vector<OwnerPlacementChoice> out(choices.size());
   for (size_t i = 0; i < choices.size(); ++i) {
     const detail::PlacementChoice& c = choices[i];

@@ -54,6 +54,11 @@ struct PlacementInputs {
   double overlap = 0.8;       // fraction of forward / backward traffic hidden behind compute
   size_t param_bytes = 4;     // unshard dtype (fp32 or bf16)
   size_t grad_bytes = 4;      // reduce dtype
+  // How gradients reach the owner. false: every rank's full gradient goes to the owner (a star: the
+  // owner's link carries (S−1) + (R−1) gradients; ShardedParams). true: a reduce-scatter by data
+  // movement then a gather of the summed blocks (meshmuon.torch.own): the owner's link carries about
+  // 2·(N−1)/N of one gradient, in two latency rounds; the same sums in the same order.
+  bool scatter_gather_reduce = false;
 };
 
 PlacementCost owner_placement_cost(const PlacementInputs& in, const MachineProfile& m, const NsOptions& ns);
@@ -76,7 +81,8 @@ struct PlacementChoice {
 
 // R, S: the mesh's dp_replicate and dp_shard sizes (1 when absent). `overlap` as PlacementInputs'.
 std::vector<PlacementChoice> choose_placements(const std::vector<ParamSpec>& params, int R, int S, const PlanOptions& o,
-                                               PlacementMode mode, double overlap = 0.8);
+                                               PlacementMode mode, double overlap = 0.8,
+                                               bool scatter_gather_reduce = false);
 
 // The dp_replicate / dp_shard sizes of a mesh whose every dim is one of them; false otherwise.
 bool dp_mesh_sizes(const Mesh& mesh, int& R, int& S);

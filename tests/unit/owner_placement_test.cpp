@@ -115,6 +115,24 @@ TEST(OwnerPlacement, CostTermsAndChoice) {
   EXPECT_DOUBLE_EQ(sh.peak_bytes, 512.0 * 4096 * 4 * 2);
   EXPECT_GT(own.fwd_bwd_bytes, sh.fwd_bwd_bytes);  // the reduce to the owner is heavier than a reduce-scatter
   EXPECT_LT(own.step_flops, sh.step_flops);        // HSDP: once in the mesh, not once per replica
+  // scatter_gather (meshmuon.torch.own): the owner's link carries ~2 (N-1)/N of a gradient, not
+  // (S-1) + (R-1) of them; the broadcast and everything else unchanged
+  detail::PlacementInputs sg = in;
+  sg.scatter_gather_reduce = true;
+  const detail::PlacementCost own_sg = detail::owner_placement_cost(sg, o.machine, o.ns);
+  const double P = 4096.0 * 4096 * 4;
+  EXPECT_DOUBLE_EQ(own.fwd_bwd_bytes, P + 7 * P + 1 * P);
+  EXPECT_DOUBLE_EQ(own_sg.fwd_bwd_bytes, P + 2.0 * 15 / 16 * P);
+  EXPECT_LT(own_sg.seconds, own.seconds);
+  EXPECT_EQ(own_sg.step_flops, own.step_flops);
+  // the public entry point passes it through (and checks its mesh sizes)
+  const std::vector<ParamSpec> one{matrix("layers.0.w", 4096, 4096)};
+  const auto star = choose_owner_placement(one, 2, 8, o, "owner", 0.8, false);
+  const auto two = choose_owner_placement(one, 2, 8, o, "owner", 0.8, true);
+  EXPECT_TRUE(star[0].owned && two[0].owned);
+  EXPECT_DOUBLE_EQ(star[0].owner_seconds, own.seconds);
+  EXPECT_DOUBLE_EQ(two[0].owner_seconds, own_sg.seconds);
+  EXPECT_THROW(choose_owner_placement(one, 0, 8, o, "owner"), std::invalid_argument);
   // choices: AdamW and expert stacks never owned; Owner owns every eligible matrix; one rank: sharded
   std::vector<ParamSpec> ps{matrix("layers.0.w", 256, 256), matrix("bias", 256, 1, Role::AdamW)};
   ParamSpec ex;

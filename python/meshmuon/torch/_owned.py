@@ -24,9 +24,13 @@ Mechanism (one concept per hook, FSDP2's own model; FSDP2's internals are not to
   accumulation as torch's); elsewhere an empty [0, cols] gradient, so zero_grad() and the optimizer's
   "which gradients exist" agree on every rank.
 - The reduction's order is fixed and documented: each rank's gradient converted to reduce_dtype
-  (fp32 default; bf16 rounds once before it travels), gathered to the owner in row blocks of at most
-  `bucket_bytes` in all, summed in fp32 in rank order 0, 1, ..., W-1, one division by W. Bitwise
-  reproducible, and the same whatever the process group's reduce algorithm.
+  (fp32 default; bf16 rounds once before it travels), every element summed in fp32 in rank order
+  0, 1, ..., W-1, one division by W. Bitwise reproducible, and the same whatever the process group's
+  algorithms. Two ways to get there, the same bits: reduce="scatter_gather" (auto's above 2 ranks) sends row block
+  b of every rank's gradient to rank b (an all-to-all: a reduce-scatter by data movement), which sums
+  it and sends the sum to the owner (a second all-to-all): the owner's link carries ~2 (W-1)/W of one
+  gradient; reduce="gather" gathers every rank's gradient to the owner in row blocks of at most
+  `bucket_bytes` in all (the owner's link carries W-1 gradients: a star, ShardedParams' way).
 - set_requires_gradient_sync(False) (as FSDP2's): backwards accumulate the local gradient in fp32 on
   every rank, the next synchronised backward reduces the sum.
 - State dicts: model.state_dict() holds an owned matrix only on its owner (the full tensor, under its
@@ -50,6 +54,7 @@ from .. import _core
 from .groups import classify
 
 SELECT_MODES = ("auto", "owner", "all")
+REDUCE_MODES = ("auto", "scatter_gather", "gather")
 
 # id(P) -> _Owned, for the engine (_engine.py), Muon's state dict and clip_grad_norm_. Weak values:
 # a placement dropped with its model leaves no entry behind.
@@ -136,7 +141,7 @@ class OwnerPlacement:
 
     def __init__(self, model: nn.Module, mesh: Any, select: Any, param_dtype: Optional[torch.dtype],
                  reduce_dtype: torch.dtype, reshard_after_forward: bool, machine: Any,
-                 bucket_bytes: int, timeout_s: Optional[float]):
+                 bucket_bytes: int, timeout_s: Optional[float], reduce: str = "auto"):
         if not dist.is_initialized():
             raise ValueError("[torch] own() needs torch.distributed: call meshmuon.torch.init_distributed() "
                              "(or torch.distributed.init_process_group) first")
@@ -145,14 +150,20 @@ class OwnerPlacement:
         if param_dtype is not None and param_dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"[torch] own(param_dtype={param_dtype}): use None (the parameter's dtype), "
                              f"torch.float32 or torch.bfloat16")
+        if reduce not in REDUCE_MODES:
+            raise ValueError(f"[torch] own(reduce={reduce!r}): use 'scatter_gather' (reduce-scatter, then the "
+                             f"sums to the owner), 'gather' (every rank's gradient to the owner) or 'auto' "
+                             f"(gather on 2 ranks, where it is one exchange of the same bytes)")
         if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
             raise ValueError(f"[torch] own(bucket_bytes={bucket_bytes!r}): give a positive int")
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        if reduce == "auto":
+            reduce = "gather" if self.world <= 2 else "scatter_gather"
         R, S = _mesh_sizes(mesh, self.world)
         self.mesh, self.reduce_dtype, self.reshard_after_forward = mesh, reduce_dtype, reshard_after_forward
-        self.bucket_bytes = bucket_bytes
+        self.bucket_bytes, self.reduce = bucket_bytes, reduce
         candidates = _candidates(model)
-        chosen = _choose(candidates, select, R, S, machine)
+        chosen = _choose(candidates, select, R, S, machine, reduce == "scatter_gather")
         self.choices = {name: why for name, (_, _, _, why, _) in chosen.items()}
         kw = {} if timeout_s is None else {"timeout": timedelta(seconds=float(timeout_s))}
         # two groups of our own over the same ranks: unshard broadcasts and gradient gathers never
@@ -186,7 +197,8 @@ class OwnerPlacement:
             u.module.register_load_state_dict_post_hook(self._load_post_hook(u))
         self._order: list[_Unit] = []    # units in forward order (recorded on the first forward)
         self._recording = True
-        self._pending: list[tuple[_Owned, list[Any], list[torch.Tensor], list[tuple[int, int]]]] = []
+        self._pending: list[tuple[_Owned, list[Any], list[Any], list[tuple[int, int]]]] = []
+        self._scattering: list[tuple[_Owned, Any, torch.Tensor, int]] = []  # scatter_gather's first stage
         self._callback_queued = False
         self._sync = True
         self.last_stats: dict[str, float] = {}
@@ -332,11 +344,26 @@ class OwnerPlacement:
         rows = max(1, self.bucket_bytes // max(per_row, 1))
         return [(b, min(b + rows, o.shape[0])) for b in range(0, o.shape[0], rows)] or [(0, 0)]
 
+    def _rows(self, o: _Owned) -> list[int]:
+        """scatter_gather's row blocks: rank b sums rows [sum(rows[:b]), +rows[b]) (as even as can be)."""
+        base, extra = divmod(o.shape[0], self.world)
+        return [base + (1 if b < extra else 0) for b in range(self.world)]
+
     def _post_reduce(self, o: _Owned, g: torch.Tensor) -> None:
         g = g.to(self.reduce_dtype).contiguous()
         blocks = self._blocks(o)
         if self.world == 1:
             self._pending.append((o, [], [g], blocks))
+            return
+        if self.reduce == "scatter_gather":
+            # stage 1: every rank sends row block b to rank b (a reduce-scatter by data movement)
+            rows = self._rows(o)
+            mine = rows[self.rank]
+            recv = g.new_empty((self.world * mine, o.shape[1]))
+            work = dist.all_to_all_single(recv, g, [mine] * self.world, rows, group=self._reduce_pg, async_op=True)
+            self._scattering.append((o, work, recv, mine))
+            while len(self._scattering) > 2:  # stage 2 of the oldest, deterministically two behind
+                self._gather_sums(*self._scattering.pop(0))
             return
         works, parts = [], []
         for b, e in blocks:
@@ -346,9 +373,27 @@ class OwnerPlacement:
             parts.append((mine, gather))
         self._pending.append((o, works, parts, blocks))
 
+    def _gather_sums(self, o: _Owned, work: Any, recv: torch.Tensor, mine: int) -> None:
+        """scatter_gather's stage 2: this rank's block summed in fp32 in rank order, sent to the owner."""
+        work.wait()
+        acc = torch.empty((mine, o.shape[1]), dtype=torch.float32, device=recv.device)
+        if mine:
+            acc.copy_(recv[:mine])
+            for r in range(1, self.world):
+                acc.add_(recv[r * mine:(r + 1) * mine].to(torch.float32))
+        rows = self._rows(o)
+        send = [0] * self.world
+        send[o.owner] = mine
+        out = acc.new_empty((o.shape[0] if o.is_owner else 0, o.shape[1]))
+        w2 = dist.all_to_all_single(out, acc, rows if o.is_owner else [0] * self.world, send,
+                                    group=self._reduce_pg, async_op=True)
+        self._pending.append((o, [w2], [("sums", out, acc)], [(0, o.shape[0])]))
+
     def _finish_backward(self) -> None:
         """End of a backward: wait for the reductions, write P.grad, free what the backward left."""
         self._callback_queued = False
+        while self._scattering:
+            self._gather_sums(*self._scattering.pop(0))
         for o, works, parts, blocks in self._pending:
             for w in works:
                 w.wait()
@@ -359,6 +404,8 @@ class OwnerPlacement:
             total = torch.empty(o.shape, dtype=torch.float32, device=o.param.device)
             if self.world == 1:
                 total.copy_(parts[0])
+            elif parts and isinstance(parts[0], tuple) and parts[0][0] == "sums":
+                total = parts[0][1]  # scatter_gather: the owner received every block's fp32 sum
             else:
                 for (b, e), (_, gather) in zip(blocks, parts):
                     acc = total[b:e]
@@ -459,7 +506,7 @@ def _candidates(model: nn.Module) -> dict[str, tuple[nn.Module, str, nn.Paramete
     return out
 
 
-def _choose(candidates: dict, select: Any, R: int, S: int, machine: Any) -> dict:
+def _choose(candidates: dict, select: Any, R: int, S: int, machine: Any, scatter_gather: bool) -> dict:
     """name -> (module, attr, param, why, owner rank or -1)."""
     names = list(candidates)
     if isinstance(select, str):
@@ -489,8 +536,8 @@ def _choose(candidates: dict, select: Any, R: int, S: int, machine: Any) -> dict
         specs.append(spec)
     from ._plan import check_machine
     profile = check_machine(machine)
-    choices = _core.choose_owner_placement(specs, R, S, mode, profile if profile is not None else "cpu") \
-        if specs else []
+    choices = _core.choose_owner_placement(specs, R, S, mode, profile if profile is not None else "cpu",
+                                           scatter_gather_reduce=scatter_gather) if specs else []
     out = {}
     for n, c in zip(picked, choices):
         module, attr, p = candidates[n]
@@ -500,7 +547,8 @@ def _choose(candidates: dict, select: Any, R: int, S: int, machine: Any) -> dict
 
 def own(model: nn.Module, mesh: Any = None, *, select: Any = "auto", param_dtype: Optional[torch.dtype] = None,
         reduce_dtype: torch.dtype = torch.float32, reshard_after_forward: bool = True, machine: Any = None,
-        bucket_bytes: int = 64 << 20, timeout_s: Optional[float] = None) -> OwnerPlacement:
+        bucket_bytes: int = 64 << 20, timeout_s: Optional[float] = None,
+        reduce: str = "auto") -> OwnerPlacement:
     """COLLECTIVE. Places chosen weight matrices of `model` whole on one owner rank each (see the
     module docstring); call it before fully_shard and pass `placement.params` as its ignored_params.
 
@@ -511,7 +559,8 @@ def own(model: nn.Module, mesh: Any = None, *, select: Any = "auto", param_dtype
     weights held by one module), a list of names / globs, or a callable (name, param) -> bool. Owners:
     longest-processing-time on Newton–Schulz flops and memory, matrices of one layer on different
     ranks. param_dtype: the forward's dtype of owned weights (None: theirs; torch.bfloat16 as FSDP2's
-    MixedPrecisionPolicy). reduce_dtype: what gradients travel as (sums in fp32). machine: the cost
-    model's profile (name, dict or JSON path; default "cpu")."""
+    MixedPrecisionPolicy). reduce_dtype: what gradients travel as (sums in fp32). reduce:
+    "scatter_gather", "gather" or "auto" (gather on 2 ranks; the same sums, module docstring).
+    machine: the cost model's profile (name, dict or JSON path; default "cpu")."""
     return OwnerPlacement(model, mesh, select, param_dtype, reduce_dtype, reshard_after_forward, machine,
-                          bucket_bytes, timeout_s)
+                          bucket_bytes, timeout_s, reduce)

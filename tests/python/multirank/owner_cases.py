@@ -159,10 +159,11 @@ def oracle_grads(ref, names, step, world, sync_first=True):
     return out
 
 
-def case_train(world, mesh_shape, reshard=True, sync_first=True):
+def case_train(world, mesh_shape, reshard=True, sync_first=True, reduce="auto"):
     """reshard: own(reshard_after_forward=); sync_first=False: the first micro-batch's backward runs
-    under set_requires_gradient_sync(False) (FSDP2's and the placement's)."""
-    model, ref, placement = build(world, mesh_shape, reshard_after_forward=reshard)
+    under set_requires_gradient_sync(False) (FSDP2's and the placement's); reduce: own(reduce=), both
+    ways must give the oracle's bits."""
+    model, ref, placement = build(world, mesh_shape, reshard_after_forward=reshard, reduce=reduce)
     names = owned_names(placement)
     assert len(names) == 8, names
     held = [n for n in names if placement.owner(n) == rank()]
@@ -330,6 +331,7 @@ def case_bad_input(world):
     expect_same_error(lambda: dt.own(model, select=3), TypeError, "select")
     expect_same_error(lambda: dt.own(model, reduce_dtype=torch.float16), ValueError, "reduce_dtype")
     expect_same_error(lambda: dt.own(model, param_dtype=torch.float16), ValueError, "param_dtype")
+    expect_same_error(lambda: dt.own(model, reduce="tree"), ValueError, "reduce='tree'")
     assert all(same(p.detach(), before[n]) for n, p in model.named_parameters())
     placement = dt.own(model, select=["blocks.0.*"])
     assert sorted(placement.names) == sorted(f"blocks.0.{m}.weight" for m in ("wq", "wo", "up", "down"))
@@ -349,7 +351,8 @@ def main():
     half = (2, world // 2) if world % 2 == 0 else (world,)
     cases = {
         "train_fsdp": lambda: case_train(world, (world,)),
-        "train_hsdp": lambda: case_train(world, half, reshard=False, sync_first=False),
+        "train_hsdp": lambda: case_train(world, half, reshard=False, sync_first=False, reduce="gather"),
+        "train_fsdp_gather": lambda: case_train(world, (world,), reduce="gather"),
         "mixed": lambda: case_mixed(world),
         "dcp_save_owner": lambda: case_dcp_save(world, args.ckpt + "/owner", True),
         "dcp_save_fsdp": lambda: case_dcp_save(world, args.ckpt + "/fsdp", False),

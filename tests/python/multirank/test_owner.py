@@ -1,7 +1,8 @@
 """Owner placement for FSDP2 models (meshmuon.torch.own) under torchrun (owner_cases.py): a GPT-like model's
 block matrices owned, the rest with fully_shard; BITWISE gradients (the documented reduction of the
 ranks' local gradients) and steps (the one-process step) on FSDP 3 ranks (8 matrices: uneven) and
-HSDP 2x2 (reshard_after_forward=False, gradient sync off for the first micro-batch), bf16 forward
+HSDP 2x2 (reshard_after_forward=False, gradient sync off for the first micro-batch), both reductions
+(reduce="scatter_gather" at 3, "gather" at 4 and 2 ranks), bf16 forward
 (param_dtype with FSDP2's MixedPrecisionPolicy), zero optimizer-step bytes (negative control: FSDP2
 alone moves bytes); DCP checkpoints saved at 3 ranks (owner placement and plain FSDP2) and loaded at
 2 and 4 ranks into owner placement (FSDP, HSDP) or plain FSDP2, bitwise the uninterrupted run
@@ -24,7 +25,8 @@ pytest.importorskip("torch.distributed.run")
 LAUNCHES = [  # (ranks, cases): saves first, loads after
     (3, ["train_fsdp", "mixed", "dcp_save_owner", "dcp_save_fsdp"]),
     (4, ["train_hsdp", "dcp_owner_to_owner", "dcp_fsdp_to_owner_hsdp"]),
-    (2, ["dcp_owner_to_owner", "dcp_owner_to_fsdp", "dcp_fsdp_to_owner", "dcp_negative", "bad_input"]),
+    (2, ["train_fsdp_gather", "dcp_owner_to_owner", "dcp_owner_to_fsdp", "dcp_fsdp_to_owner", "dcp_negative",
+         "bad_input"]),
 ]
 
 
