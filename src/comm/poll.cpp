@@ -19,18 +19,24 @@ bool poll_works(std::span<Work> ws, CommClock::time_point posted, std::chrono::m
   return all;
 }
 
+PollBackoff::Step PollBackoff::step(CommClock::duration waited) {
+  if (waited < kSpin) return {Phase::spin, {}};
+  if (waited < kYield) return {Phase::yield, {}};
+  const auto share = std::chrono::duration_cast<std::chrono::microseconds>(waited / kNapFraction);
+  return {Phase::nap, std::clamp(share, kFirstNap, kMaxNap)};
+}
+
 void PollBackoff::idle(CommClock::time_point deadline) {
   const auto now = CommClock::now();
   if (idle_since_ == CommClock::time_point{}) idle_since_ = now;
-  const auto spent = now - idle_since_;
-  if (spent < std::chrono::microseconds(50)) return;  // spin
-  if (spent < std::chrono::milliseconds(2)) {
+  const Step s = step(now - idle_since_);
+  if (s.phase == Phase::spin) return;
+  if (s.phase == Phase::yield) {
     std::this_thread::yield();
     return;
   }
   if (now >= deadline) return;
-  std::this_thread::sleep_for(std::min<CommClock::duration>(nap_, deadline - now));
-  nap_ = std::min(nap_ * 2, std::chrono::microseconds(200));
+  std::this_thread::sleep_for(std::min<CommClock::duration>(s.nap, deadline - now));
 }
 
 }  // namespace meshmuon::detail
