@@ -62,72 +62,73 @@ def build_model(layers, d, vocab, seq):
     return Gpt()
 
 
-def worker(args):
+def make_layout(layout, args, mesh, owned):
+    """The model and optimizer of one meshmuon row (`layout` among LAYOUTS) on `mesh`, every rank
+    starting from the same parameters (seed 0); `owned[layout]` gets the owner-placed matrix count."""
     import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     import meshmuon.torch as mt
 
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(1)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
-    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    torch.manual_seed(0)
+    model = build_model(args.layers, args.d, args.vocab, args.seq)
+    ignored = None
+    if layout in ("muon_owner", "muon_placement_auto"):
+        select = "owner" if layout == "muon_owner" else "auto"
+        placement = mt.own(model, mesh, select=select, machine=args.machine)
+        ignored = placement.params
+        owned[layout] = len(placement.names)
+    for blk in model.blocks:
+        fully_shard(blk, mesh=mesh, ignored_params=ignored)
+    fully_shard(model, mesh=mesh, ignored_params=ignored)
+    if layout == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+    else:
+        groups = mt.param_groups(model, muon=dict(lr=0.02, weight_decay=0.01), adamw=dict(lr=3e-4))
+        opt = mt.Muon(groups, lr=0.02, machine=args.machine, ns_matmul_dtype=args.matmul_dtype)
+    return model, opt
 
-    owned = {}
 
-    def make(layout):
-        torch.manual_seed(0)
-        model = build_model(args.layers, args.d, args.vocab, args.seq)
-        ignored = None
-        if layout in ("muon_owner", "muon_placement_auto"):
-            select = "owner" if layout == "muon_owner" else "auto"
-            placement = mt.own(model, mesh, select=select, machine=args.machine)
-            ignored = placement.params
-            owned[layout] = len(placement.names)
-        for blk in model.blocks:
-            fully_shard(blk, mesh=mesh, ignored_params=ignored)
-        fully_shard(model, mesh=mesh, ignored_params=ignored)
-        if layout == "adamw":
-            opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
-        else:
-            groups = mt.param_groups(model, muon=dict(lr=0.02, weight_decay=0.01), adamw=dict(lr=3e-4))
-            opt = mt.Muon(groups, lr=0.02, machine=args.machine, ns_matmul_dtype=args.matmul_dtype)
-        return model, opt
+def make_batches(args, rank):
+    """This rank's token batches (its own seed), cycled through by train_steps."""
+    import torch
 
     gen = torch.Generator().manual_seed(1234 + rank)
-    batches = [torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=gen) for _ in range(4)]
+    return [torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=gen) for _ in range(4)]
 
-    def run(layout, steps, sink):
-        model, opt = make(layout)
-        for s in range(steps):
-            idx = batches[s % len(batches)]
-            dist.barrier()
-            t0 = time.perf_counter()
-            logits = model(idx[:, :-1])
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, args.vocab), idx[:, 1:].reshape(-1))
-            loss.backward()
-            t1 = time.perf_counter()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            t2 = time.perf_counter()
-            if s >= args.warmup:
-                sink.setdefault("fwd_bwd", []).append(t1 - t0)
-                sink.setdefault("opt", []).append(t2 - t1)
-                sink.setdefault("total", []).append(t2 - t0)
-        if layout != "adamw":
-            sink["predicted"] = opt._engine.core.predict_step(local_size)
-            sink["strategies"] = json.loads(opt._engine.core.plan_json()).get("strategy_counts", {})
-        return float(loss)
 
-    samples = {layout: {} for layout in args.layouts}
-    for _ in range(args.rounds):
-        for layout in samples:
-            run(layout, args.warmup + args.steps, samples[layout])
+def train_steps(model, opt, batches, args, steps, sink):
+    """`steps` train steps, each started after a barrier; past --warmup, appends the seconds of
+    forward + backward, the optimizer step and their total to sink["fwd_bwd"/"opt"/"total"]."""
+    import torch
+    import torch.distributed as dist
 
-    def slowest(x):  # the slowest rank's median: the job waits for it
+    loss = None
+    for s in range(steps):
+        idx = batches[s % len(batches)]
+        dist.barrier()
+        t0 = time.perf_counter()
+        logits = model(idx[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, args.vocab), idx[:, 1:].reshape(-1))
+        loss.backward()
+        t1 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t2 = time.perf_counter()
+        if s >= args.warmup:
+            sink.setdefault("fwd_bwd", []).append(t1 - t0)
+            sink.setdefault("opt", []).append(t2 - t1)
+            sink.setdefault("total", []).append(t2 - t0)
+    return float(loss)
+
+
+def summarize(samples, owned):
+    """One row per layout of `samples` ({layout: sink}): the slowest rank's medians (the job waits
+    for it), the predicted optimizer step where the sink has one, and the overhead over "adamw"."""
+    import torch
+    import torch.distributed as dist
+
+    def slowest(x):
         t = torch.tensor([x], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t)
@@ -149,6 +150,36 @@ def worker(args):
     for row in rows:
         if base is not None:
             row["overhead_over_adamw"] = row["total_seconds"] / base - 1
+    return rows
+
+
+def worker(args):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    owned = {}
+    batches = make_batches(args, rank)
+
+    def run(layout, steps, sink):
+        model, opt = make_layout(layout, args, mesh, owned)
+        loss = train_steps(model, opt, batches, args, steps, sink)
+        if layout != "adamw":
+            sink["predicted"] = opt._engine.core.predict_step(local_size)
+            sink["strategies"] = json.loads(opt._engine.core.plan_json()).get("strategy_counts", {})
+        return loss
+
+    samples = {layout: {} for layout in args.layouts}
+    for _ in range(args.rounds):
+        for layout in samples:
+            run(layout, args.warmup + args.steps, samples[layout])
+
+    rows = summarize(samples, owned)
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({"world_size": world, "rows": rows}, f)
