@@ -43,6 +43,12 @@ struct MachineProfile {
   double memory_Bps = 2.3e12;             // elementwise passes per rank: momentum, pack, update, AdamW
   int cores = 0;                          // cores the ranks of one node share (0: a core per rank)
   double overlap = 1;                     // fraction of min(comm, compute) per chunk the pipeline hides
+  // Owner placement's choice (choose_owner_placement, `plan --placement auto`): the fraction of the
+  // forward / backward traffic (unshard, gradient reduction) hidden behind compute. 0.8 on the GPU
+  // profiles (assumed: collectives on their own stream; not measured); on `cpu` and calibrated
+  // profiles the measured comm / compute overlap (calibrate: a CPU's collectives copy on the cores that
+  // compute, ~0).
+  double fwd_bwd_overlap = 0.8;
   // Measured Newton–Schulz rates by matrix shape (short side, long side); the nearest class in log
   // space is used, `flops_per_s` / `bf16_flops_per_s` where empty (0 in a class: not measured).
   struct NsRate {
@@ -226,7 +232,8 @@ MESHMUON_API StepPrediction predict_step(const Plan& plan, int ranks_per_node = 
 // needed) to place whole on one owner rank of a `replicate` x `shard` data-parallel mesh, and which
 // rank. mode "owner": every eligible matrix (Muon, 2-D, not an expert stack); "auto": those whose
 // owner placement the cost model (options.machine, options.ns, comm dtype) predicts faster than the
-// sharded one, `overlap` (0..1) the fraction of forward / backward traffic hidden behind compute,
+// sharded one, `overlap` (0..1) the fraction of forward / backward traffic hidden behind compute
+// (negative: the profile's `fwd_bwd_overlap`),
 // `scatter_gather_reduce` the gradient's way to the owner (false: every rank's gradient to the owner,
 // as ShardedParams; true: reduce-scatter then gather of the sums, as meshmuon.torch.own); "sharded": none. Owners by longest-processing-time on Newton–Schulz flops and memory, matrices of
 // one layer on different ranks. Pure and local: every rank gets the same answer. Throws
@@ -241,7 +248,7 @@ struct OwnerPlacementChoice {
 MESHMUON_API std::vector<OwnerPlacementChoice> choose_owner_placement(const std::vector<ParamSpec>& params,
                                                                       int replicate, int shard,
                                                                       const PlanOptions& options,
-                                                                      std::string_view mode, double overlap = 0.8,
+                                                                      std::string_view mode, double overlap = -1,
                                                                       bool scatter_gather_reduce = false);
 
 }  // namespace meshmuon

@@ -227,7 +227,7 @@ void init_optimizer(nb::module_& m) {
         return out;
       },
       nb::arg("params"), nb::arg("replicate"), nb::arg("shard"), nb::arg("mode") = "auto", nb::arg("machine") = "cpu",
-      nb::arg("comm_dtype") = "fp32", nb::arg("overlap") = 0.8, nb::arg("scatter_gather_reduce") = false,
+      nb::arg("comm_dtype") = "fp32", nb::arg("overlap") = -1.0, nb::arg("scatter_gather_reduce") = false,
       "Owner placement (meshmuon/plan.h choose_owner_placement): per parameter a dict eligible, owned, owner (world "
       "rank), owner_seconds, sharded_seconds, owner_peak_bytes, sharded_peak_bytes, why. mode: owner, auto or sharded.");
   m.def("replica_modes", [] {

@@ -27,6 +27,12 @@ bool read_measured_field(MachineProfile& m, const std::string& key, const nlohma
     MESHMUON_CHECK(m.overlap <= 1, "[plan] machine profile: field 'overlap' is a fraction from 0 to 1 (got ", m.overlap, ")");
     return true;
   }
+  if (key == "fwd_bwd_overlap") {
+    m.fwd_bwd_overlap = number(v, "field 'fwd_bwd_overlap'");
+    MESHMUON_CHECK(m.fwd_bwd_overlap <= 1, "[plan] machine profile: field 'fwd_bwd_overlap' is a fraction from 0 to 1 (got ",
+                   m.fwd_bwd_overlap, ")");
+    return true;
+  }
   if (key == "cores") {
     MESHMUON_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= (1 << 20),
                    "[plan] machine profile: field 'cores' must be an integer from 0 to 2^20");
@@ -83,6 +89,7 @@ MachineProfile fitted_cpu_profile() {
   m.bf16_flops_per_s = 1.22e+11;
   m.memory_Bps = 2.565e+10;
   m.overlap = 0.03273;
+  m.fwd_bwd_overlap = 0.03273;  // the same measurement: collectives copy on the cores that compute
   m.cores = 2;
   m.ns_rates = {
       {768, 768, 3.309e+10, 1.137e+11},
@@ -121,7 +128,8 @@ std::string MachineProfile::to_json() const {
                       {"bf16_flops_per_s", bf16_flops_per_s},
                       {"memory_Bps", memory_Bps},
                       {"cores", cores},
-                      {"overlap", overlap}};
+                      {"overlap", overlap},
+                      {"fwd_bwd_overlap", fwd_bwd_overlap}};
   j["ns_rates"] = nlohmann::json::array();
   for (const NsRate& r : ns_rates)
     j["ns_rates"].push_back({{"short_side", r.short_side}, {"long_side", r.long_side}, {"fp32", r.fp32}, {"bf16", r.bf16}});

@@ -186,6 +186,7 @@ std::string seconds_text(double s) {
 
 std::vector<PlacementChoice> choose_placements(const std::vector<ParamSpec>& params, int R, int S, const PlanOptions& o,
                                                PlacementMode mode, double overlap, bool scatter_gather_reduce) {
+  if (overlap < 0) overlap = o.machine.fwd_bwd_overlap;
   MESHMUON_CHECK(overlap >= 0 && overlap <= 1, "[plan] placement overlap must be in [0, 1], got ", overlap);
   std::vector<PlacementChoice> out(params.size());
   std::vector<bool> owned(params.size(), false);

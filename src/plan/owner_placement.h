@@ -79,9 +79,10 @@ struct PlacementChoice {
   std::string why;                         // one line: what was compared, or why it is not eligible
 };
 
-// R, S: the mesh's dp_replicate and dp_shard sizes (1 when absent). `overlap` as PlacementInputs'.
+// R, S: the mesh's dp_replicate and dp_shard sizes (1 when absent). `overlap` as PlacementInputs'
+// (negative: o.machine.fwd_bwd_overlap).
 std::vector<PlacementChoice> choose_placements(const std::vector<ParamSpec>& params, int R, int S, const PlanOptions& o,
-                                               PlacementMode mode, double overlap = 0.8,
+                                               PlacementMode mode, double overlap = -1,
                                                bool scatter_gather_reduce = false);
 
 // The dp_replicate / dp_shard sizes of a mesh whose every dim is one of them; false otherwise.

@@ -133,6 +133,18 @@ TEST(OwnerPlacement, CostTermsAndChoice) {
   EXPECT_DOUBLE_EQ(star[0].owner_seconds, own.seconds);
   EXPECT_DOUBLE_EQ(two[0].owner_seconds, own_sg.seconds);
   EXPECT_THROW(choose_owner_placement(one, 0, 8, o, "owner"), std::invalid_argument);
+  // no overlap given: the profile's fwd_bwd_overlap (measured ~0 on `cpu`, 0.8 assumed on the GPUs)
+  EXPECT_DOUBLE_EQ(o.machine.fwd_bwd_overlap, 0.8);
+  EXPECT_DOUBLE_EQ(choose_owner_placement(one, 2, 8, o, "owner", -1, true)[0].owner_seconds, own_sg.seconds);
+  PlanOptions cpu;
+  cpu.machine = MachineProfile::named("cpu");
+  EXPECT_LT(cpu.machine.fwd_bwd_overlap, 0.1);
+  const double profile_s = choose_owner_placement(one, 1, 4, cpu, "auto")[0].owner_seconds;
+  EXPECT_DOUBLE_EQ(profile_s, choose_owner_placement(one, 1, 4, cpu, "auto", cpu.machine.fwd_bwd_overlap)[0].owner_seconds);
+  EXPECT_LT(choose_owner_placement(one, 1, 4, cpu, "auto", 0.8)[0].owner_seconds, profile_s);
+  EXPECT_DOUBLE_EQ(MachineProfile::from_json(R"({"fwd_bwd_overlap": 0.5})").fwd_bwd_overlap, 0.5);
+  EXPECT_DOUBLE_EQ(MachineProfile::from_json(cpu.machine.to_json()).fwd_bwd_overlap, cpu.machine.fwd_bwd_overlap);
+  EXPECT_THROW(MachineProfile::from_json(R"({"fwd_bwd_overlap": 2})"), std::invalid_argument);
   // choices: AdamW and expert stacks never owned; Owner owns every eligible matrix; one rank: sharded
   std::vector<ParamSpec> ps{matrix("layers.0.w", 256, 256), matrix("bias", 256, 1, Role::AdamW)};
   ParamSpec ex;

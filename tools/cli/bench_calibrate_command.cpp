@@ -249,7 +249,7 @@ void run(const CalibrateArgs& a) {
     // the planner's scalars: the smallest world measured (the least time sharing)
     m.bandwidth_Bps = m.replicate_bandwidth_Bps = m.comm_fits.front().bandwidth_Bps;
     m.latency_s = m.comm_fits.front().latency_s;
-    if (!oversubscribed) m.overlap = overlap;
+    if (!oversubscribed) m.overlap = overlap, m.fwd_bwd_overlap = overlap;
     if (c.rank() == 0)
       std::fprintf(stderr, "comm at %d ranks: latency %.1f us, bandwidth %.2f GB/s per rank; overlap %.2f%s\n", c.size(),
                    latency * 1e6, bw / 1e9, overlap, oversubscribed ? " (oversubscribed: not stored)" : "");

@@ -22,6 +22,7 @@ std::string mib(double b) {
 
 PlacementReport placement_report(const Inventory& inv, const PlanOptions& o, const std::string& mode_text, double overlap) {
   const detail::PlacementMode mode = detail::parse_placement_mode(mode_text);
+  if (overlap < 0) overlap = o.machine.fwd_bwd_overlap;  // not given: the profile's
   MESHMUON_CHECK(overlap >= 0 && overlap <= 1, "[plan] --overlap must be in [0, 1], got ", overlap);
   std::vector<detail::PlacementChoice> choices(inv.params.size()), sharded(inv.params.size());
   std::vector<double> bytes(static_cast<size_t>(inv.world_size()), 0.0), bytes_sharded = bytes;
