@@ -188,6 +188,13 @@ std::vector<PlacementChoice> choose_placements(const std::vector<ParamSpec>& par
                                                PlacementMode mode, double overlap, bool scatter_gather_reduce) {
   if (overlap < 0) overlap = o.machine.fwd_bwd_overlap;
   MESHMUON_CHECK(overlap >= 0 && overlap <= 1, "[plan] placement overlap must be in [0, 1], got ", overlap);
+  // the communication fitted at this world size where the profile has one (as predict_step)
+  MachineProfile m = o.machine;
+  for (const MachineProfile::CommFit& f : m.comm_fits)
+    if (f.ranks == R * S) {
+      if (f.bandwidth_Bps > 0) m.bandwidth_Bps = f.bandwidth_Bps;
+      m.latency_s = f.latency_s;
+    }
   std::vector<PlacementChoice> out(params.size());
   std::vector<bool> owned(params.size(), false);
   const size_t comm_bytes = dtype_size(o.comm_dtype);
@@ -211,8 +218,8 @@ std::vector<PlacementChoice> choose_placements(const std::vector<ParamSpec>& par
     in.R = R, in.S = S, in.rows = p.shape[0], in.cols = p.shape[1], in.overlap = overlap;
     in.param_bytes = comm_bytes, in.grad_bytes = comm_bytes;
     in.scatter_gather_reduce = scatter_gather_reduce;
-    c.owner_cost = owner_placement_cost(in, o.machine, o.ns);
-    c.sharded_cost = sharded_placement_cost(in, o.machine, o.ns);
+    c.owner_cost = owner_placement_cost(in, m, o.ns);
+    c.sharded_cost = sharded_placement_cost(in, m, o.ns);
     const bool cheaper = c.owner_cost.seconds < c.sharded_cost.seconds;
     c.owned = mode == PlacementMode::Owner || (mode == PlacementMode::Auto && cheaper && R * S > 1);
     owned[i] = c.owned;

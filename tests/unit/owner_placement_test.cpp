@@ -145,6 +145,16 @@ TEST(OwnerPlacement, CostTermsAndChoice) {
   EXPECT_DOUBLE_EQ(MachineProfile::from_json(R"({"fwd_bwd_overlap": 0.5})").fwd_bwd_overlap, 0.5);
   EXPECT_DOUBLE_EQ(MachineProfile::from_json(cpu.machine.to_json()).fwd_bwd_overlap, cpu.machine.fwd_bwd_overlap);
   EXPECT_THROW(MachineProfile::from_json(R"({"fwd_bwd_overlap": 2})"), std::invalid_argument);
+  // a communication fit of the mesh's world size replaces the scalars (as in predict_step); others not
+  PlanOptions fitted = cpu;
+  fitted.machine.comm_fits = {{4, 1e6, 1.0}, {8, 1e12, 0.0}};
+  const double slow = choose_owner_placement(one, 1, 4, fitted, "auto")[0].owner_seconds;
+  EXPECT_GT(slow, profile_s + 0.9);  // ≥ one 1 s latency step exposed
+  PlanOptions nofit = cpu;
+  nofit.machine.comm_fits.clear();
+  fitted.machine.comm_fits = {{8, 1e6, 1.0}};  // another world size: the scalars
+  EXPECT_DOUBLE_EQ(choose_owner_placement(one, 1, 4, fitted, "auto")[0].owner_seconds,
+                   choose_owner_placement(one, 1, 4, nofit, "auto")[0].owner_seconds);
   // choices: AdamW and expert stacks never owned; Owner owns every eligible matrix; one rank: sharded
   std::vector<ParamSpec> ps{matrix("layers.0.w", 256, 256), matrix("bias", 256, 1, Role::AdamW)};
   ParamSpec ex;
