@@ -39,7 +39,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 ROWS = ("adamw", "muon_owner", "xsquare_dmuon")
@@ -312,20 +311,10 @@ def main(args):
     if unknown:
         raise SystemExit(f"xsquare_dmuon_layouts: --rows {unknown} unknown; choose among {','.join(ROWS)}")
     sys.path.insert(0, src)
+    from meshmuon.bench.layouts import run_workers
     fp16_ratio, ns_seconds = fp16_over_fp32_matmul(args.d), dmuon_ns_seconds(args)
-    results = []
-    for ranks in args.ranks:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "rows.json")
-            env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-                   os.path.abspath(__file__), "--worker", "--out", out, *forwarded(args)]
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if proc.returncode != 0:
-                sys.stderr.write(proc.stdout[-6000:] + proc.stderr[-6000:])
-                raise SystemExit(f"xsquare_dmuon_layouts: torchrun with {ranks} ranks failed ({proc.returncode})")
-            with open(out) as f:
-                results.append(json.load(f))
+    results = [run_workers(os.path.abspath(__file__), ranks, forwarded(args), "xsquare_dmuon_layouts")
+               for ranks in args.ranks]
     report = {"model": {"layers": args.layers, "d": args.d, "vocab": args.vocab, "seq": args.seq,
                         "batch": args.batch},
               "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "machine": args.machine,

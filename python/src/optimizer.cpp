@@ -67,14 +67,20 @@ nb::dict stats_dict(const StepStats& s) {
   return d;
 }
 
+namespace {
+
+// `machine`: a profile name or a meshmuon.MachineProfile.
+MachineProfile machine_profile_of(const nb::object& machine) {
+  if (nb::isinstance<MachineProfile>(machine)) return nb::cast<MachineProfile>(machine);
+  if (nb::isinstance<nb::str>(machine)) return MachineProfile::named(nb::cast<std::string>(machine));
+  throw nb::type_error("[python] machine must be a profile name (str) or a meshmuon.MachineProfile");
+}
+
+}  // namespace
+
 OptimizerOptions optimizer_options(const PyOptimizerArgs& a) {
   OptimizerOptions options;
-  if (nb::isinstance<MachineProfile>(a.machine))
-    options.machine = nb::cast<MachineProfile>(a.machine);
-  else if (nb::isinstance<nb::str>(a.machine))
-    options.machine = MachineProfile::named(nb::cast<std::string>(a.machine));
-  else
-    throw nb::type_error("[python] machine must be a profile name (str) or a meshmuon.MachineProfile");
+  options.machine = machine_profile_of(a.machine);
   options.pins = StrategyRules::parse(a.strategy, "strategy");
   options.replica = parse_replica_mode(a.replica);
   options.exact = a.exact;
@@ -203,12 +209,7 @@ void init_optimizer(nb::module_& m) {
       [](const std::vector<ParamSpec>& params, int replicate, int shard, const std::string& mode,
          const nb::object& machine, const std::string& comm_dtype, double overlap, bool scatter_gather_reduce) {
         PlanOptions o;
-        if (nb::isinstance<MachineProfile>(machine))
-          o.machine = nb::cast<MachineProfile>(machine);
-        else if (nb::isinstance<nb::str>(machine))
-          o.machine = MachineProfile::named(nb::cast<std::string>(machine));
-        else
-          throw nb::type_error("[python] machine must be a profile name (str) or a meshmuon.MachineProfile");
+        o.machine = machine_profile_of(machine);
         o.comm_dtype = parse_dtype(comm_dtype, "comm_dtype");
         nb::list out;
         for (const OwnerPlacementChoice& c : choose_owner_placement(params, replicate, shard, o, mode, overlap,

@@ -186,23 +186,27 @@ def worker(args):
     dist.destroy_process_group()
 
 
+def run_workers(script, ranks, worker_args, what):
+    """`script --worker --out FILE worker_args` under torchrun with `ranks` ranks (one BLAS thread per
+    rank); the JSON rank 0 wrote to FILE. Exits naming `what` when the job fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.json")
+        env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+               script, "--worker", "--out", out, *worker_args]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stdout[-6000:] + proc.stderr[-6000:])
+            raise SystemExit(f"{what}: torchrun with {ranks} ranks failed ({proc.returncode})")
+        with open(out) as f:
+            return json.load(f)
+
+
 def layouts(args):
     unknown = [x for x in args.layouts if x not in LAYOUTS]
     if unknown:
         raise SystemExit(f"layouts: --layouts {unknown} unknown; choose among {','.join(LAYOUTS)}")
-    results = []
-    for ranks in args.ranks:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "rows.json")
-            env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-                   os.path.abspath(__file__), "--worker", "--out", out, *forwarded(args)]
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if proc.returncode != 0:
-                sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-                raise SystemExit(f"layouts: torchrun with {ranks} ranks failed ({proc.returncode})")
-            with open(out) as f:
-                results.append(json.load(f))
+    results = [run_workers(os.path.abspath(__file__), ranks, forwarded(args), "layouts") for ranks in args.ranks]
     report = {"model": {"layers": args.layers, "d": args.d, "vocab": args.vocab, "seq": args.seq,
                         "batch": args.batch},
               "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "machine": args.machine,
