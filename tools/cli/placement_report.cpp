@@ -20,8 +20,13 @@ std::string mib(double b) {
 
 }  // namespace
 
-PlacementReport placement_report(const Inventory& inv, const PlanOptions& o, const std::string& mode_text, double overlap) {
+PlacementReport placement_report(const Inventory& inv, const PlanOptions& o, const std::string& mode_text, double overlap,
+                                 const std::string& reduce) {
   const detail::PlacementMode mode = detail::parse_placement_mode(mode_text);
+  MESHMUON_CHECK(reduce == "star" || reduce == "scatter_gather", "[plan] --reduce '", reduce,
+                 "': use star (ShardedParams: every gradient to the owner) or scatter_gather (meshmuon.torch.own: "
+                 "reduce-scatter, then the sums to the owner)");
+  const bool sg = reduce == "scatter_gather";
   if (overlap < 0) overlap = o.machine.fwd_bwd_overlap;  // not given: the profile's
   MESHMUON_CHECK(overlap >= 0 && overlap <= 1, "[plan] --overlap must be in [0, 1], got ", overlap);
   std::vector<detail::PlacementChoice> choices(inv.params.size()), sharded(inv.params.size());
@@ -39,8 +44,8 @@ PlacementReport placement_report(const Inventory& inv, const PlanOptions& o, con
         choices[i].why = sharded[i].why = "mesh '" + inv.meshes[m].to_string() + "' has dims other than dp_shard / dp_replicate: as placed";
       continue;
     }
-    const auto c = detail::choose_placements(ps, R, S, o, mode, overlap);
-    const auto c0 = detail::choose_placements(ps, R, S, o, detail::PlacementMode::Sharded, overlap);
+    const auto c = detail::choose_placements(ps, R, S, o, mode, overlap, sg);
+    const auto c0 = detail::choose_placements(ps, R, S, o, detail::PlacementMode::Sharded, overlap, sg);
     const auto b = detail::placement_bytes_per_rank(ps, R, S, c), b0 = detail::placement_bytes_per_rank(ps, R, S, c0);
     for (size_t k = 0; k < idx.size(); ++k) choices[idx[k]] = c[k], sharded[idx[k]] = c0[k];
     for (size_t r = 0; r < bytes.size(); ++r) bytes[r] += b[r], bytes_sharded[r] += b0[r];
@@ -75,12 +80,14 @@ PlacementReport placement_report(const Inventory& inv, const PlanOptions& o, con
   }
   rep.json = {{"mode", detail::to_string(mode)},
               {"overlap", overlap},
+              {"reduce", reduce},
               {"owned", owned},
               {"memory_per_rank", {{"max_bytes", *peak}, {"max_rank", peak - bytes.begin()}, {"mean_bytes", mean},
                                    {"sharded_max_bytes", peak0}}},
               {"params", std::move(params)}};
   rep.text = "placement: " + std::string(detail::to_string(mode)) + " (" + std::to_string(owned) + " matrices owned, " +
-             std::to_string(static_cast<int>(overlap * 100 + 0.5)) + "% of forward / backward traffic hidden)\n" +
+             std::to_string(static_cast<int>(overlap * 100 + 0.5)) + "% of forward / backward traffic hidden, " + reduce +
+             " reduction to the owner)\n" +
              "  parameter                            shape          placement owner  why\n" + rows +
              "memory per rank (fp32 masters + optimizer state): max " + mib(*peak) + " (rank " +
              std::to_string(peak - bytes.begin()) + "), mean " + mib(mean) + "; all sharded: max " + mib(peak0) + "\n";

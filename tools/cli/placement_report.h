@@ -18,6 +18,9 @@ struct PlacementReport {
 };
 
 // `mode`: sharded, owner or auto; `overlap`: fraction of forward / backward traffic hidden (0..1).
-PlacementReport placement_report(const Inventory& inv, const PlanOptions& o, const std::string& mode, double overlap);
+// `reduce`: how owned gradients reach their owner: "star" (ShardedParams: every gradient to the owner)
+// or "scatter_gather" (meshmuon.torch.own above 2 ranks: reduce-scatter, then the sums to the owner).
+PlacementReport placement_report(const Inventory& inv, const PlanOptions& o, const std::string& mode, double overlap,
+                                 const std::string& reduce = "star");
 
 }  // namespace meshmuon::cli

@@ -57,6 +57,7 @@ void add_plan_command(CLI::App& app) {
   auto detail = std::make_shared<bool>(false);
   auto placement = std::make_shared<std::string>("sharded");
   auto overlap = std::make_shared<double>(-1.0);  // -1: the machine profile's fwd_bwd_overlap
+  auto reduce = std::make_shared<std::string>("star");
   add_plan_args(*cmd, *args);
   cmd->add_option("--placement", *placement,
                   "sharded (as placed), owner (Muon matrices whole on one rank each) or auto (owner where the "
@@ -65,15 +66,20 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--overlap", *overlap,
                   "With --placement: fraction of forward / backward traffic hidden behind compute (default: the "
                   "machine profile's fwd_bwd_overlap: 0.8 on the GPU profiles, measured on cpu and calibrated ones)");
+  cmd->add_option("--reduce", *reduce,
+                  "With --placement: how owned gradients reach their owner: star (the C++ ShardedParams: every "
+                  "rank's gradient to the owner) or scatter_gather (meshmuon.torch.own above 2 ranks: reduce-scatter, "
+                  "then the sums to the owner; the same bits)")
+      ->capture_default_str();
   cmd->add_flag("--json", *as_json, "Print JSON (docs/plan.md): a summary, per strategy and per parameter class");
   cmd->add_flag("--detail", *detail, "With --json: every entry and the whole-model baselines (four more plans)");
-  cmd->callback([args, as_json, detail, placement, overlap] {
+  cmd->callback([args, as_json, detail, placement, overlap, reduce] {
     Inventory inv = make_inventory(*args);
     const PlanOptions options = make_plan_options(*args);
     const bool placed = *placement != "sharded";
     PlacementReport report;
     if (placed) {
-      report = placement_report(inv, options, *placement, *overlap);
+      report = placement_report(inv, options, *placement, *overlap, *reduce);
       inv = report.placed;  // owned matrices: one holder each, planned `local`
     }
     const Plan plan = make_plan(inv, options);
