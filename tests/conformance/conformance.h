@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "backends.h"
 #include "meshmuon/bf16.h"
+#include "../unit/test_support.h"
 
 namespace meshmuon::conformance {
 
@@ -69,13 +70,7 @@ class Conformance : public ::testing::TestWithParam<std::string> {
   std::vector<detail::Buffer> keep_;
 };
 
-inline std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using test::randn;  // tests/unit/test_support.h
 inline std::vector<BFloat16> to_bf16(const std::vector<float>& v) {
   std::vector<BFloat16> b(v.size());
   for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(v[i]);

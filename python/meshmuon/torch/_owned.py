@@ -127,8 +127,10 @@ class _Owned:
 class _Unit:
     """A module that directly holds owned matrices: unsharded and resharded together."""
 
-    def __init__(self, module: nn.Module, index: int):
-        self.module, self.index = module, index
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self.pos: Optional[int] = None  # its place in the recorded forward order
+        self.absent_keys: list[str] = []  # state-dict keys this rank does not hold (the last load's)
         self.owned: list[_Owned] = []
         self.works: list[Any] = []   # posted broadcasts
         self.posted = False          # its broadcast is posted (prefetch) or done
@@ -178,7 +180,7 @@ class OwnerPlacement:
                 continue
             u = unit_of.get(id(module))
             if u is None:
-                u = unit_of[id(module)] = _Unit(module, len(self.units))
+                u = unit_of[id(module)] = _Unit(module)
                 self.units.append(u)
             o = _Owned(name, module, attr, p, owner, self.rank, param_dtype or p.dtype, why)
             u.owned.append(o)
@@ -201,7 +203,6 @@ class OwnerPlacement:
         self._scattering: list[tuple[_Owned, Any, torch.Tensor, int]] = []  # scatter_gather's first stage
         self._callback_queued = False
         self._sync = True
-        self.last_stats: dict[str, float] = {}
 
     # ---- public -------------------------------------------------------------------------------------
 
@@ -269,17 +270,18 @@ class OwnerPlacement:
         u.posted = False
 
     def _neighbour(self, u: _Unit, step: int) -> Optional[_Unit]:
-        if self._recording or u not in self._order:
+        if self._recording or u.pos is None:
             return None
-        i = self._order.index(u) + step
+        i = u.pos + step
         return self._order[i] if 0 <= i < len(self._order) else None
 
     def _pre_forward(self, u: _Unit) -> Callable:
         def hook(module: nn.Module, args: Any) -> None:
             if self._recording:
-                if u in self._order:       # a unit runs twice: the order is complete
+                if u.pos is not None:       # a unit runs twice: the order is complete
                     self._recording = False
                 else:
+                    u.pos = len(self._order)
                     self._order.append(u)
             self._wait_unshard(u)
             for o in u.owned:
@@ -351,9 +353,8 @@ class OwnerPlacement:
 
     def _post_reduce(self, o: _Owned, g: torch.Tensor) -> None:
         g = g.to(self.reduce_dtype).contiguous()
-        blocks = self._blocks(o)
         if self.world == 1:
-            self._pending.append((o, [], [g], blocks))
+            self._pending.append((o, [], [g], []))
             return
         if self.reduce == "scatter_gather":
             # stage 1: every rank sends row block b to rank b (a reduce-scatter by data movement)
@@ -365,7 +366,7 @@ class OwnerPlacement:
             while len(self._scattering) > 2:  # stage 2 of the oldest, deterministically two behind
                 self._gather_sums(*self._scattering.pop(0))
             return
-        works, parts = [], []
+        works, parts, blocks = [], [], self._blocks(o)
         for b, e in blocks:
             mine = g[b:e]
             gather = [torch.empty_like(mine) for _ in range(self.world)] if o.is_owner else None
@@ -401,12 +402,12 @@ class OwnerPlacement:
                 if o.param.grad is None:
                     o.param.grad = o.param.data.new_empty((0, o.shape[1]))
                 continue
-            total = torch.empty(o.shape, dtype=torch.float32, device=o.param.device)
             if self.world == 1:
-                total.copy_(parts[0])
+                total = parts[0].to(torch.float32, copy=True)
             elif parts and isinstance(parts[0], tuple) and parts[0][0] == "sums":
                 total = parts[0][1]  # scatter_gather: the owner received every block's fp32 sum
             else:
+                total = torch.empty(o.shape, dtype=torch.float32, device=o.param.device)
                 for (b, e), (_, gather) in zip(blocks, parts):
                     acc = total[b:e]
                     acc.copy_(gather[0])
@@ -434,6 +435,7 @@ class OwnerPlacement:
     def _load_pre_hook(self, u: _Unit) -> Callable:
         def hook(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                  error_msgs) -> None:
+            u.absent_keys = [prefix + o.attr for o in u.owned if not o.is_owner]
             for o in u.owned:
                 key = prefix + o.attr
                 value = state_dict.get(key)
@@ -446,17 +448,10 @@ class OwnerPlacement:
 
     def _load_post_hook(self, u: _Unit) -> Callable:
         def hook(module: nn.Module, incompatible: Any) -> None:
-            names = {o.attr for o in u.owned if not o.is_owner}
-            keys = [k for k in incompatible.missing_keys if k.rsplit(".", 1)[-1] in names
-                    and _owner_of_key(u, k) is not None]
-            for k in keys:
-                incompatible.missing_keys.remove(k)
+            for k in u.absent_keys:  # exactly this module's keys held elsewhere (the pre-hook's)
+                if k in incompatible.missing_keys:
+                    incompatible.missing_keys.remove(k)
         return hook
-
-
-def _owner_of_key(u: _Unit, key: str) -> Optional[_Owned]:
-    attr = key.rsplit(".", 1)[-1]
-    return next((o for o in u.owned if o.attr == attr and not o.is_owner), None)
 
 
 def _tensors(output: Any) -> list[torch.Tensor]:

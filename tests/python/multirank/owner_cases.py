@@ -30,6 +30,7 @@ torch.set_num_threads(1)
 
 import meshmuon  # noqa: E402
 import meshmuon.torch as dt  # noqa: E402
+from dist_cases import grad_for  # noqa: E402  (deterministic full gradients by name and step)
 from harness import expect_same_error, guarded, run_cases, say  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
@@ -253,11 +254,6 @@ def case_mixed(world):
 
 # ---- DCP -----------------------------------------------------------------------------------------
 
-def grad_for(name, shape, step):
-    g = torch.Generator().manual_seed(zlib.crc32(f"{name}/{step}".encode()))
-    return torch.randn(*shape, generator=g)
-
-
 def set_grads(model, placement, step):
     for name, p in model.named_parameters():
         o = placement.owner(p) if placement is not None else -1
@@ -335,6 +331,12 @@ def case_bad_input(world):
     assert all(same(p.detach(), before[n]) for n, p in model.named_parameters())
     placement = dt.own(model, select=["blocks.0.*"])
     assert sorted(placement.names) == sorted(f"blocks.0.{m}.weight" for m in ("wq", "wo", "up", "down"))
+    # a strict load: keys held elsewhere are not missing, a key missing for real still is (every rank)
+    sd = model.state_dict()
+    assert all((n in sd) == (placement.owner(n) == rank()) for n in placement.names), sorted(sd)
+    model.load_state_dict(sd)
+    del sd["embed.weight"]  # loaded before the owned modules, under their attribute name "weight"
+    expect_same_error(lambda: model.load_state_dict(sd), RuntimeError, "embed.weight")
     # a matrix already owned is not eligible again
     expect_same_error(lambda: dt.own(model, select=["blocks.0.wq.weight"]), ValueError, "blocks.0.wq.weight")
     auto = dt.own(Net(), select="auto")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import zlib
 
 import torch
 import torch.nn as nn
@@ -22,11 +21,12 @@ torch.set_num_threads(1)
 
 import meshmuon  # noqa: E402
 import meshmuon.torch as dt  # noqa: E402
+from dist_cases import grad_for, set_grads  # noqa: E402  (deterministic full gradients, distributed)
 from harness import guarded, run_cases, say  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
-from torch.distributed.tensor import DTensor, distribute_tensor  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
 
 MUON = dict(lr=0.02, weight_decay=0.1)
 ADAMW = dict(lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01)
@@ -51,16 +51,6 @@ def groups(model, split=True, normuon=False, strategy=None):
             dict(params=[model.norm.weight], algorithm="adamw", **ADAMW)]
 
 
-def grad_for(name: str, shape, step: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(zlib.crc32(f"{name}/{step}".encode()))
-    return torch.randn(*shape, generator=g)
-
-
-def set_grads(model, step: int) -> None:
-    for name, p in model.named_parameters():
-        full = grad_for(name, p.shape, step)
-        p.grad = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None) \
-            if isinstance(p, DTensor) else full
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
