@@ -378,7 +378,7 @@ TEST_P(Orthogonalize, GramNewtonSchulzOverShards) {
 
 // The test-only method through the method table: its name parses and prints, ns_flops prices it,
 // bf16 products are refused with its own reason, and muon_units runs it: an orthogonalization (SVD
-// band) that is not any built-in method's bits, on every backend as on the cpu (or refused).
+// band) by the test method's own function (counted), on every backend as on the cpu (or refused).
 TEST_P(Orthogonalize, ATestOnlyMethodRunsThroughTheTable) {
   const NsMethod id = test_method();
   EXPECT_EQ(parse_ns_method(kTestMethodName), id);
@@ -407,13 +407,22 @@ TEST_P(Orthogonalize, ATestOnlyMethodRunsThroughTheTable) {
     EXPECT_GT(*std::min_element(sv.begin(), sv.end()), 0.5);
     EXPECT_LT(*std::max_element(sv.begin(), sv.end()), 1.5);
   }
-  for (NsMethod builtin : {NsMethod::Plain, NsMethod::Symmetric, NsMethod::Gram}) {  // negative control
+  // The cpu's bits are the test method's own: each unit ran its function (counted; not inferred
+  // from bits that differ from a built-in's, which two methods need not), and they are repeatable.
+  const uint64_t before = test_method_runs();
+  std::vector<float> again = u;
+  auto to = cpu().make_orthogonalizer(o);
+  cpu().muon_units(*to, again.data(), 2, m, n, nullptr, nullptr, 0.95, DType::F32);
+  EXPECT_EQ(test_method_runs(), before + 2) << "the test method did not run for each unit";
+  EXPECT_EQ(first_difference(again, want), -1);
+  for (NsMethod builtin : {NsMethod::Plain, NsMethod::Symmetric, NsMethod::Gram}) {  // the same polar factor
     NsOptions k = o;
     k.method = builtin;
     std::vector<float> other = u;
     auto ko = cpu().make_orthogonalizer(k);
+    const uint64_t ran = test_method_runs();
     cpu().muon_units(*ko, other.data(), 2, m, n, nullptr, nullptr, 0.95, DType::F32);
-    EXPECT_NE(first_difference(other, want), -1) << "the test method gave " << to_string(builtin) << "'s bits";
+    EXPECT_EQ(test_method_runs(), ran) << to_string(builtin) << " ran the test method";
     EXPECT_LE(relative_distance(other, want), 1e-4) << "the same polar factor as " << to_string(builtin);
   }
 }

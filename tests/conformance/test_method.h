@@ -1,9 +1,11 @@
 // A test-only orthogonalization method, registered from this test binary through the method table
 // (src/kernels/cpu/ns_methods.h) exactly as a new method would be: the proof of docs/design.md
 // "Adding an orthogonalization method". "conformance_test_method" is Newton–Schulz with every
-// product accumulated in double by plain loops (then rounded to fp32): slow, accurate, and
-// different in its bits from every built-in method.
+// product accumulated in double by plain loops (then rounded to fp32): slow and accurate. Whether
+// it ran is observed by its run counter, not inferred from bits that differ from a built-in's.
 #pragma once
+
+#include <cstdint>
 
 #include "meshmuon/orthogonalize.h"
 
@@ -12,5 +14,7 @@ namespace meshmuon::conformance {
 inline constexpr const char* kTestMethodName = "conformance_test_method";
 // Registers the method on first use; its id.
 NsMethod test_method();
+// How many matrices the method has orthogonalized in this process.
+uint64_t test_method_runs();
 
 }  // namespace meshmuon::conformance

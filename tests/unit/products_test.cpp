@@ -146,7 +146,9 @@ TEST(Products, BitwiseOnEveryThreadCount) {
 }
 
 // Negative control for the test above: these products really are split, and the tiles really run
-// on several threads (otherwise "bitwise on every thread count" would hold vacuously).
+// on several threads (otherwise "bitwise on every thread count" would hold vacuously). Why tiles at
+// all: OpenBLAS's own threaded driver splits k by thread count on some cores (Haswell, Zen seen), so
+// its bits follow the thread count; whether a core does is OpenBLAS's business, not asserted here.
 TEST(Products, LargeProductsAreSplitAndRunOnSeveralThreads) {
   const auto g = meshmuon::cpu::sgemm_tiles(1024, 1024, 1024);
   EXPECT_GE(g.row_parts * g.col_parts, 8);
@@ -172,27 +174,6 @@ TEST(Products, LargeProductsAreSplitAndRunOnSeveralThreads) {
   meshmuon::blas_set_num_threads(3);
   meshmuon::cpu::sgemm(false, true, 1024, 1024, 1024, 1.0f, a.data(), 1024, a.data(), 1024, 0.0f, c.data(), 1024, &record);
   EXPECT_GE(seen.size(), 2u);
-}
-
-// Negative control: on OpenBLAS's Haswell and Zen cores the library's own threaded driver gives
-// other bits on 2 threads than on 1 (what the tiles above avoid); SkylakeX keeps them.
-TEST(Products, TheBlasOwnThreadsChangeBitsOnHaswellAndZenCores) {
-  const auto& api = meshmuon::cpu::blas();
-  if (api.get_corename == nullptr) GTEST_SKIP() << "not OpenBLAS: " << api.library;
-  const std::string core = api.get_corename();
-  const int s = 256, k = 1024;
-  const auto a = normals(size_t(s) * k, 91);
-  std::vector<float> one(size_t(s) * s), two(one.size());
-  api.sgemm(meshmuon::cpu::kRowMajor, meshmuon::cpu::kNoTrans, meshmuon::cpu::kTrans, s, s, k, 1.0f, a.data(), k, a.data(), k,
-            0.0f, one.data(), s);
-  api.set_num_threads(2);
-  api.sgemm(meshmuon::cpu::kRowMajor, meshmuon::cpu::kNoTrans, meshmuon::cpu::kTrans, s, s, k, 1.0f, a.data(), k, a.data(), k,
-            0.0f, two.data(), s);
-  api.set_num_threads(1);
-  if (core != "Haswell" && core != "Zen")
-    GTEST_SKIP() << "core " << core << " keeps its bits on 2 threads ("
-                 << (one == two ? "same" : "different") << "); products_test_haswell / _zen run this control";
-  EXPECT_NE(one, two) << "OpenBLAS " << core << " no longer changes bits with its thread count";
 }
 
 TEST(Products, TheBlasItselfRunsOnOneThread) {

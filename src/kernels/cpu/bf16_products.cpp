@@ -80,6 +80,7 @@ Bf16Products choose(std::optional<Bf16ProductPath> forced_path) {
 }
 
 std::atomic<int> g_override{-1};  // -1: none; else a Bf16ProductPath
+std::atomic<uint64_t> g_runs[2];   // per Bf16ProductPath
 
 }  // namespace
 
@@ -100,6 +101,9 @@ Bf16Products require_bf16_products(const char* who) {
 void set_bf16_product_path_for_tests(std::optional<Bf16ProductPath> path) {
   g_override.store(path ? static_cast<int>(*path) : -1);
 }
+
+uint64_t bf16_product_runs(Bf16ProductPath path) { return g_runs[static_cast<int>(path)].load(); }
+void note_bf16_product_run(Bf16ProductPath path) { g_runs[static_cast<int>(path)].fetch_add(1, std::memory_order_relaxed); }
 
 }  // namespace meshmuon::cpu
 

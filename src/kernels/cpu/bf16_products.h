@@ -12,6 +12,7 @@
 // emulation, and the only way where oneDNN has none).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -37,5 +38,10 @@ Bf16Products require_bf16_products(const char* who);
 
 // Tests: forces a path for Orthogonalizers made afterwards (nullopt: back to the environment's).
 void set_bf16_product_path_for_tests(std::optional<Bf16ProductPath> path);
+
+// Newton–Schulz runs each path has executed in this process: which path really ran, observed
+// rather than inferred from bits (two paths may round alike). Counted by ns_bf16_products.cpp.
+uint64_t bf16_product_runs(Bf16ProductPath path);
+void note_bf16_product_run(Bf16ProductPath path);
 
 }  // namespace meshmuon::cpu

@@ -257,6 +257,7 @@ void newton_schulz_bf16_products(const float* in, float inv, float* out, int64_t
   const int64_t mn = m * n, ss = g.s * g.s;
   float* r = sc.ensure(sc.r, ss);
   float* sq = sc.ensure(sc.s, ss);
+  note_bf16_product_run(sc.bf16_path);
   if (sc.bf16_path == Bf16ProductPath::Widened) {
     WidenedEngine e;
     iterate(e, in, inv, out, g, coefficients, plain, sc.ensure(sc.x, mn), sc.ensure(sc.x2, mn), r, sq,
