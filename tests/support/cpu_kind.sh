@@ -8,6 +8,9 @@
 #               bf16), OpenBLAS's SkylakeX core
 #   haswell     OpenBLAS's Haswell core (the other AVX2 core DYNAMIC_ARCH picks)
 #   zen         OpenBLAS's Zen core
+#   skylakex    OpenBLAS's SkylakeX core, oneDNN uncapped: what an AVX-512 machine whose environment
+#               sets no OPENBLAS_CORETYPE runs (meshmuon then picks SkylakeX), run also where the
+#               environment sets another core (Haswell on some AVX-512 hosts)
 # A kind needs the instructions it uses: where this CPU lacks them the command is not run and the
 # script exits 77 (CTest's SKIP_RETURN_CODE) saying so. The environment is inherited by mpirun's
 # ranks and by subprocesses.
@@ -28,6 +31,7 @@ case "$kind" in
   avx512) need avx512f avx512dq avx512bw avx512vl; export ONEDNN_MAX_CPU_ISA=AVX512_CORE OPENBLAS_CORETYPE=SkylakeX ;;
   haswell) need avx2 fma; export OPENBLAS_CORETYPE=Haswell ;;
   zen) need avx2 fma; export OPENBLAS_CORETYPE=Zen ;;
-  *) echo "cpu_kind.sh: unknown kind '$kind' (avx2, avx512, haswell, zen)" >&2; exit 2 ;;
+  skylakex) need avx512f avx512dq avx512bw avx512vl; unset ONEDNN_MAX_CPU_ISA; export OPENBLAS_CORETYPE=SkylakeX ;;
+  *) echo "cpu_kind.sh: unknown kind '$kind' (avx2, avx512, haswell, zen, skylakex)" >&2; exit 2 ;;
 esac
 exec "$@"
