@@ -5,7 +5,7 @@
 #   dist/meshmuon-<version>-cp312-abi3-manylinux_2_28_x86_64.whl     CPython 3.12 and later (stable ABI)
 # The engine is compiled once (ccache: every interpreter's build folder sits at the same depth, so
 # only the bindings and nanobind are compiled again per interpreter). MESHMUON_WHEEL_PYTHONS="3.11"
-# builds a subset. Why three wheels and not one: docs/decisions/001-wheels-per-python.md.
+# builds a subset. Why three wheels and not one: docs/decisions/056-wheels-per-python.md.
 #
 # The wheel carries the extension meshmuon._core and the `meshmuon` CLI, both linked against nothing
 # but glibc 2.28 (RHEL 8+, Ubuntu 20.04+): they are compiled by zig (PyPI's `ziglang`, its clang and
