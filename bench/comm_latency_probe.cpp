@@ -4,7 +4,7 @@
 // ONE run. Two rounds with a late peer (rank 0 busy `late_us` before the barrier) show what a waiter
 // that went to sleep costs the exchange that follows; one round with a long-late peer (rank 0 busy
 // `idle_ms`) shows the CPU share a waiter burns while it waits. Prints medians and p90, max over
-// ranks. docs/design.md, "Waiting for a peer", has the figures.
+// ranks. docs/decisions/054-waiting-for-a-peer.md has the figures.
 //   mpirun -np 2 --oversubscribe --bind-to none build/bin/comm_latency_probe [rounds] [late_us] [idle_ms]
 //   (prefix `taskset -c 0`: every rank on one core)
 #define OMPI_SKIP_MPICXX 1  // the C API only

@@ -20,7 +20,7 @@
 #
 # VARIANT=cuda builds the same wheel with the CUDA backend (sm_90, cudart static; cuBLAS and NCCL
 # dlopen'd at run time as in the source build) into dist/cu13/ (OUT=build-wheel-cu13): nvcc's host compiler is
-# zig's clang too, an older zig (scripts/wheel-requirements-cuda.txt), see docs/design.md "Wheels".
+# zig's clang too, an older zig (scripts/wheel-requirements-cuda.txt), see docs/decisions/037-manylinux-wheels.md.
 #
 # Usage: bash scripts/build_wheel.sh        (from the repository root; OUT=build-wheel, DIST=dist)
 #        VARIANT=cuda bash scripts/build_wheel.sh

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The include / import graph of src/, include/meshmuon/, the frontends (python/src, tools/cli) and
-python/meshmuon against the layer order written down once, here (docs/design.md, "Layers as folders",
+python/meshmuon against the layer order written down once, here (docs/architecture.md, "The layers",
 shows the same order):
 
   C++ (bottom first): a file may include headers of its own layer and of the layers below it,

@@ -93,7 +93,7 @@ struct OptimizerOptions {
   // without that device, fails at construction). On a device backend every parameter and gradient
   // view must carry that device (TensorView::device; checked each step, naming the parameter), the
   // state, chunk arenas and scratch are device memory, and state() returns device views (read them
-  // with the device's own copy; docs/design.md "The engine on a device backend"). Streams: by
+  // with the device's own copy; docs/decisions/022-engine-on-a-device-backend.md). Streams: by
   // default the step does not order itself after the caller's streams, so the gradients must be in
   // memory when step() is called (synchronize the stream that wrote them), and when step() returns
   // its writes are in memory, for any stream to read; Optimizer::set_stream orders it with one
@@ -197,7 +197,7 @@ class MESHMUON_API Optimizer {
   // the non-finite check of the gradients (so, once, for what the stream queued before the call),
   // for each collective's completion (its deadline), and where a hand-off cannot wait on the
   // device (a communicator other than nccl, gram_allreduce's trace, the offload copy-in, state
-  // hooks: docs/design.md "Device order between streams"). Another stream, or the host, reading the
+  // hooks: docs/decisions/028-device-order-without-host-waits.md). Another stream, or the host, reading the
   // parameters or state afterwards must be ordered after this stream (cudaStreamWaitEvent /
   // wait_stream, or a synchronization of this stream). StepStats wall times then measure the
   // host's part (orthogonalize_seconds is device time, and a step's last chunk may count in the

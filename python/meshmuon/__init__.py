@@ -6,7 +6,7 @@ AdamW for the rest) on plain or sharded parameters.
 """
 # MPI: _core links no libmpi. The engine loads Open MPI itself (RTLD_GLOBAL, which Open MPI's plugins
 # need) when the first MPI communicator is made, so importing meshmuon works without any MPI
-# (docs/design.md "MPI is loaded at run time").
+# (docs/decisions/038-mpi-loaded-at-run-time.md).
 from ._core import (
     abort_all,
     blas_get_num_threads,

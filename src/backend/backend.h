@@ -5,7 +5,7 @@
 // through the registry (registry.h); the executor and LocalOptimizer call only these interfaces.
 // Implementations: `cpu` (cpu/: OpenBLAS, oneDNN), `cuda` (cuda/: cuBLAS and meshmuon's kernels; a
 // build without CUDA compiles no_cuda.cpp instead, which registers why it is missing).
-// docs/design.md "Adding a backend" lists the files a new one touches.
+// docs/architecture.md "How to add a backend" lists the files a new one touches.
 //
 // Contract: pointers passed to a kernel are the backend's device memory (host memory for cpu).
 // Kernels run on the calling thread (cpu) unless submitted to a Stream. Numerics are those of the

@@ -16,7 +16,7 @@ bool poll_work(Work& w, CommClock::time_point posted, std::chrono::milliseconds 
 // Every Work of `ws` complete (each polled once, as poll_work).
 bool poll_works(std::span<Work> ws, CommClock::time_point posted, std::chrono::milliseconds timeout);
 
-// What a polling thread does when a pass made no progress (docs/design.md, "Waiting for a peer"):
+// What a polling thread does when a pass made no progress (docs/decisions/054-waiting-for-a-peer.md):
 // - spin for 50 µs: small operations finish in microseconds, without a system call;
 // - then yield until 2 ms: ranks are often oversubscribed on few cores, and a waiter that gives up
 //   its core lets the peer it waits for run (Open MPI progresses non-blocking operations only inside

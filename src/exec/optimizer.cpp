@@ -119,7 +119,7 @@ void fill_table(Optimizer::Impl& s) {
     MESHMUON_CHECK(!(e && e->strategy == Strategy::GramAllReduce && t.normuon[g]), "[optim] parameter '", params[i].name,
                 "' uses gram_allreduce, which does not support NorMuon; pin another strategy or turn NorMuon off");
     // gram_allreduce orthogonalizes a matrix that stays sharded along its long dim: MuonEq's row norms
-    // and Muon+'s Frobenius norm would need reductions of their own (design.md, MuonEq and Muon+).
+    // and Muon+'s Frobenius norm would need reductions of their own (docs/decisions/040-muoneq-muonplus-decay-lr.md).
     const NsOptions& ns = s.groups[g].options.ns;
     MESHMUON_CHECK(!(e && e->strategy == Strategy::GramAllReduce && s.groups[g].options.algorithm == Algorithm::Muon &&
                   (ns.muon_eq || ns.muon_plus)),

@@ -77,8 +77,8 @@ bool read_measured_field(MachineProfile& m, const std::string& key, const nlohma
 //   mpirun -np 4 meshmuon bench calibrate --out cpu.json
 // at 01:14 UTC on 2026-11-28 (load average 4.2 → 4.3 from other jobs during the fit; round r3 of
 // docs/plan.md's table). Latency: 110 us at 2 ranks against 6 us at 4, in every fit: the poll's 50 us
-// spin paid on each hand-over when the scheduler puts both ranks on one core (docs/design.md,
-// "Waiting for a peer"); kept, as it is what a 2-rank job on this 2-core machine pays.
+// spin paid on each hand-over when the scheduler puts both ranks on one core (docs/decisions/
+// 054-waiting-for-a-peer.md); kept, as it is what a 2-rank job on this 2-core machine pays.
 MachineProfile fitted_cpu_profile() {
   MachineProfile m;
   m.name = "cpu";

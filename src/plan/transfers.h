@@ -19,7 +19,7 @@
 // executor) gets the star's messages, in the same place of the stream.
 //
 // Adding a strategy: its case here (what moves, who computes), its `applies` rule and latency in
-// cost_model.cpp, its flops and buffers in visit.h (docs/design.md, "adding a strategy").
+// cost_model.cpp, its flops and buffers in visit.h (docs/architecture.md, "How to add a strategy").
 #pragma once
 
 #include <algorithm>

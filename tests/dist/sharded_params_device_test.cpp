@@ -218,7 +218,7 @@ TEST(ShardedParamsDevice, WithOptimizerOnTheDeviceBitwiseEqualsCpu) {
 }
 
 // The comparison is not vacuous: the traces hold data and one flipped bit in a capture is seen (that
-// a wrong device kernel is seen too was checked by hand, docs/design.md).
+// a wrong device kernel is seen too was checked by hand, docs/decisions/022).
 TEST(ShardedParamsDevice, ComparisonDetectsADifference) {
   const std::string ms = meshes().front();
   Trace cpu = run(false, ms, Config{});

@@ -1,4 +1,4 @@
-# Open MPI is loaded at run time (docs/design.md "MPI is loaded at run time"): `import meshmuon` loads
+# Open MPI is loaded at run time (docs/decisions/038-mpi-loaded-at-run-time.md): `import meshmuon` loads
 # no libmpi (a wheel runs where no MPI is installed), and an MPI that cannot be loaded is an error of
 # make_mpi_communicator naming what was tried and what to do. Each case runs in a fresh interpreter
 # (the engine keeps the libmpi it loaded for the process).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs a command as it would run on another kind of x86-64 CPU, as far as this CPU allows:
 #   cpu_kind.sh KIND COMMAND [ARGS...]
-# Kinds (what meshmuon's machines have had; docs/design.md, "Every x86-64 CPU"):
+# Kinds (what meshmuon's machines have had; docs/decisions/033-every-cpu-kind-in-make-test.md):
 #   avx2        AVX2 + FMA only (e.g. Zen 3): oneDNN capped at AVX2 (no bf16 matmul at all, as
 #               there), OpenBLAS's Zen core, torch's bf16 matmul on its slow path
 #   avx512      AVX-512 without bf16 (e.g. the Xeon seen): oneDNN capped at AVX512_CORE (emulated

@@ -1,5 +1,5 @@
 // Test support: a test-only backend, registered through the backend registry the way a new backend
-// would be (docs/design.md "Adding a backend"), that runs every call on an inner backend (the cpu's).
+// would be (docs/architecture.md "How to add a backend"), that runs every call on an inner backend (the cpu's).
 // It proves the plug-in point: an engine constructed with OptimizerOptions::device = its name finds
 // it through select_device, runs on it, and gets the cpu's bits; and a backend that declares fewer
 // orthogonalization methods (KernelCaps::ns_methods) is refused by name at engine construction.

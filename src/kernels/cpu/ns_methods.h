@@ -2,7 +2,7 @@
 // program registers) as one entry of name, cpu kernel and properties. Everything that names,
 // parses, validates, runs or prices a method reads it here (to_string / parse_ns_method, the
 // Orthogonalizer's checks and its fp32 iteration, ns_flops, `bench ns`'s method list), so a new
-// method is one entry (docs/design.md "Adding an orthogonalization method").
+// method is one entry (docs/architecture.md "How to add an orthogonalization method").
 //
 // Contract of an entry's kernel: `fp32` runs the polar iteration from the normalized X₀ (x0; the
 // Frobenius normalization, MuonEq and Muon+ stay the Orthogonalizer's) into `out` with the
