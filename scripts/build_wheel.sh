@@ -29,18 +29,18 @@ cd "$(dirname "$0")/.."
 VARIANT=${VARIANT:-cpu}
 case $VARIANT in
   cpu)  OUT=${OUT:-build-wheel}; DIST=${DIST:-dist}; REQS=scripts/wheel-requirements.txt
-        CUDA_DEFINES=(-C cmake.define.MESHMUON_WITH_CUDA=OFF) ;;
+        CUDA_DEFINES=(--config-settings=cmake.define.MESHMUON_WITH_CUDA=OFF) ;;
   cuda) OUT=${OUT:-build-wheel-cu13}; DIST=${DIST:-dist/cu13}; REQS=scripts/wheel-requirements-cuda.txt
         # nvcc: zig's clang++ as host compiler, libc++ (CUDA refuses it on x86 unless told), and the
         # .cu files' headers made parsable by nvcc's front end: __HORIZON__ (CUDA's libc++ math
         # declarations), __ALTIVEC__ (libc++'s vector algorithms off), no _GNU_SOURCE (cuda_prelude.h),
         # NDEBUG (as Release has anyway: glibc's __assert_fail clashes with CUDA's __HORIZON__ one).
         CUDA_FLAGS="-DNDEBUG -D_ALLOW_UNSUPPORTED_LIBCPP -D__HORIZON__ -D__ALTIVEC__ -U_GNU_SOURCE -D_XOPEN_SOURCE=700 -D_DEFAULT_SOURCE -include $PWD/scripts/zig/cuda_prelude.h"
-        CUDA_DEFINES=(-C cmake.define.MESHMUON_WITH_CUDA=ON -C cmake.define.CMAKE_CUDA_HOST_COMPILER="$PWD/scripts/zig/clang++"
-                      -C cmake.define.CMAKE_CUDA_FLAGS="$CUDA_FLAGS"
+        CUDA_DEFINES=(--config-settings=cmake.define.MESHMUON_WITH_CUDA=ON --config-settings=cmake.define.CMAKE_CUDA_HOST_COMPILER="$PWD/scripts/zig/clang++"
+                      --config-settings=cmake.define.CMAKE_CUDA_FLAGS="$CUDA_FLAGS"
                       # cudart is the project's CUDA::cudart_static (a full path): no implicit
                       # -lcudart_static -lcudadevrt, which zig's linker, given no -L, cannot find.
-                      -C cmake.define.CMAKE_CUDA_RUNTIME_LIBRARY=None) ;;
+                      --config-settings=cmake.define.CMAKE_CUDA_RUNTIME_LIBRARY=None) ;;
   *) echo "build_wheel: VARIANT must be cpu or cuda (got '$VARIANT')" >&2; exit 1 ;;
 esac
 PY=${PYTHON:-python3}
@@ -101,10 +101,10 @@ for target in "${targets[@]}"; do
   rm -rf "$OUT/raw"
   start=$(date +%s)
   "$BPY" -m pip wheel . --no-build-isolation --no-deps --disable-pip-version-check -q -w "$OUT/raw" \
-    -C build-dir="$OUT/build-$tag" \
-    -C cmake.define.MESHMUON_PORTABLE=ON -C cmake.define.MESHMUON_DEPS_DIR="$DEPS" \
-    "${CUDA_DEFINES[@]}" -C cmake.define.MESHMUON_WITH_MPI=ON \
-    -C cmake.define.MESHMUON_WITH_DNNL=ON -C cmake.define.DNNL_INCLUDE_DIR="$OUT/venv/include" -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=$LAUNCHER
+    --config-settings=build-dir="$OUT/build-$tag" \
+    --config-settings=cmake.define.MESHMUON_PORTABLE=ON --config-settings=cmake.define.MESHMUON_DEPS_DIR="$DEPS" \
+    "${CUDA_DEFINES[@]}" --config-settings=cmake.define.MESHMUON_WITH_MPI=ON \
+    --config-settings=cmake.define.MESHMUON_WITH_DNNL=ON --config-settings=cmake.define.DNNL_INCLUDE_DIR="$OUT/venv/include" --config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=$LAUNCHER
 
   # 4. auditwheel: the lowest tag the binaries allow, written into the name (it needs patchelf on PATH).
   raw=$(ls "$OUT"/raw/meshmuon-*.whl)
