@@ -1,7 +1,7 @@
 """Owner placement's misuses under torchrun (owner_edge_cases.py, 4 ranks on gloo): own() after
 fully_shard, a list for mesh, an owned matrix also handed to fully_shard (first forward, and Muon()
-built first). Each case runs in a job of its own with a deadline: a rank that hangs (a mismatched
-collective) fails its test instead of hanging the suite, and the whole job is killed.
+built first). Each job has a deadline: a rank that hangs (a mismatched collective) fails its
+tests instead of hanging the suite, and the whole job is killed.
 Run: python -m pytest tests/python/multirank/test_owner_edges.py -q"""
 from __future__ import annotations
 
@@ -62,9 +62,21 @@ def torchrun_job(ranks: int, case: str) -> tuple[int, str, str]:
         return -9, out, err + f"\n(killed: no result after {DEADLINE_S} s, a hang)"
 
 
-@pytest.mark.parametrize("case", ["after_fully_shard", "mesh_list", "also_sharded_forward",
-                                  "also_sharded_sequential", "also_sharded_optimizer"])
-def test_misuse_raises_on_every_rank(case):
-    rc, out, err = torchrun_job(RANKS, case)
-    assert rc == 0 and f"CASE {case} OK" in out.splitlines(), f"{case} ({rc}):\n{(out + err)[-6000:]}"
+# Jobs: the checks that involve no collective share one; each forward case (gloo aborted, or the
+# ranks hung, before the checks) has its own.
+JOBS = [["after_fully_shard", "mesh_list", "also_sharded_optimizer"], ["also_sharded_forward"],
+        ["also_sharded_sequential"]]
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    done: dict[str, tuple[int, str, str]] = {}  # each job run once, when a test first needs it
+    return lambda job: done[job] if job in done else done.setdefault(job, torchrun_job(RANKS, job))
+
+
+@pytest.mark.parametrize("job,case", [(",".join(cases), c) for cases in JOBS for c in cases])
+def test_misuse_raises_on_every_rank(jobs, job, case):
+    rc, out, err = jobs(job)
+    assert f"CASE {case} OK" in out.splitlines(), f"{case} (job {job}, exit {rc}):\n{(out + err)[-6000:]}"
+    assert rc == 0, f"job {job} exit {rc}:\n{(out + err)[-6000:]}"
     assert not leaked(subprocess.CompletedProcess([], rc, out, err)), err[-3000:]
