@@ -52,6 +52,12 @@ CpuBf16 cpu_bf16_support() {
   return r;
 }
 
+std::string cpu_bf16_features(const CpuBf16& b) {
+  std::string out = b.avx512_bf16 ? "avx512_bf16" : "";
+  if (b.amx_bf16) out += out.empty() ? "amx_bf16" : ", amx_bf16";
+  return out.empty() ? "none" : out;
+}
+
 std::string cpu_model_name() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;

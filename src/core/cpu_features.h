@@ -24,6 +24,10 @@ struct CpuBf16 {
 };
 MESHMUON_API CpuBf16 cpu_bf16_support();
 
+// The bf16 features of `b` by name, as /proc/cpuinfo spells them: "avx512_bf16", "amx_bf16",
+// "avx512_bf16, amx_bf16", or "none" (what `meshmuon info` prints).
+MESHMUON_API std::string cpu_bf16_features(const CpuBf16& b);
+
 // The CPU's model name ("model name" of /proc/cpuinfo, else the CPUID brand string, else "unknown").
 MESHMUON_API std::string cpu_model_name();
 

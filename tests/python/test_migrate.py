@@ -341,6 +341,18 @@ def test_dion_refuses_what_it_cannot_map():
         dt.from_dion([dict(params=[tall], step=3)])
 
 
+def test_dion_wide_block_refusal_names_the_block():
+    # a square matrix split into wide blocks: the refusal names the block's shape and the split,
+    # not only the matrix's (which is not wide)
+    square, tall = mats((64, 64), (16, 4))
+    with pytest.raises(ValueError, match=r"parameter 0 has shape \(64, 64\) .*4 row blocks "
+                                         r"\(num_heads=4\) of shape \(16, 64\).*lr·0\.5"):
+        dt.from_dion([dict(params=[square], num_heads=4)], lr=0.01)
+    with pytest.raises(ValueError, match=r"parameter 0 has shape \(16, 4\) .*row block 1 of shape "
+                                         r"\(2, 4\) \(split_sizes=\(14, 2\)\)"):
+        dt.from_dion([dict(params=[tall], split_sizes=(14, 2))])
+
+
 def _nanochat_muon_group(beta2):
     return dict(kind="muon", params=[torch.nn.Parameter(torch.randn(8, 4))], lr=0.02,
                 momentum=0.95, ns_steps=5, beta2=beta2, weight_decay=0.1)

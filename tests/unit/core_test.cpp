@@ -167,6 +167,17 @@ TEST(CpuFeatures, Bf16SupportMatchesProcCpuinfo) {
   EXPECT_FALSE(meshmuon::detail::cpu_model_name().empty());
 }
 
+// `meshmuon info`'s text of the bf16 features: only those present, "none" without (a CPU with
+// avx512_bf16 and no AMX, as Zen 4 or Cooper Lake, reads "avx512_bf16").
+TEST(CpuFeatures, Bf16FeaturesNameOnlyWhatIsThere) {
+  using meshmuon::detail::CpuBf16;
+  using meshmuon::detail::cpu_bf16_features;
+  EXPECT_EQ(cpu_bf16_features(CpuBf16{false, false, false}), "none");
+  EXPECT_EQ(cpu_bf16_features(CpuBf16{true, false, true}), "avx512_bf16");
+  EXPECT_EQ(cpu_bf16_features(CpuBf16{false, true, true}), "amx_bf16");
+  EXPECT_EQ(cpu_bf16_features(CpuBf16{true, true, true}), "avx512_bf16, amx_bf16");
+}
+
 TEST(Blas, LoadsFastCore) {
   const meshmuon::BlasInfo info = meshmuon::blas_info();
   EXPECT_FALSE(info.library.empty());

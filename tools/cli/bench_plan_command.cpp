@@ -111,6 +111,7 @@ void add_bench_plan_command(CLI::App& bench) {
                 "Time every dp_replicate {1,8} x tp {1,8} x ep {1,8,64} at 2^14, 2^17 and 2^20 ranks (--parallel is ignored)");
   cmd->callback([args, repeat, as_json, grid] {
     if (*grid) return run_grid(*args, std::max(1, *repeat), *as_json);
+    check_parallel_given(*args);
     if (args->parallel.empty() && args->model_file.empty()) args->parallel = "dp_shard=1024";  // bench's preset default
     const double rss0 = max_rss_mib();
     const PlanOptions options = make_plan_options(*args);

@@ -80,8 +80,7 @@ void add_info_command(CLI::App& app) {
     std::printf("core      %s%s\n", info.corename.c_str(), info.coretype_ok ? "" : "  (slow: set OPENBLAS_CORETYPE)");
     std::printf("config    %s\n", info.config.c_str());
     std::printf("threads   %d (meshmuon splits each product into tiles; the BLAS runs one thread per tile)\n", info.threads);
-    std::printf("cpu       %s (%s)\n", cpu.c_str(),
-                cpu_bf16.native ? "avx512_bf16 / amx_bf16: bf16 arithmetic in hardware" : "no bf16 arithmetic in hardware");
+    std::printf("cpu       %s (bf16 in hardware: %s)\n", cpu.c_str(), detail::cpu_bf16_features(cpu_bf16).c_str());
     if (!bf16.error.empty()) {
       std::printf("bf16      cannot run: %s\n", bf16.error.c_str());
     } else {

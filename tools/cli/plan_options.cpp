@@ -9,7 +9,7 @@ void add_plan_args(CLI::App& cmd, PlanArgs& a) {
   cmd.add_option("--model", a.model, "Preset: gpt2-124m, nanochat-d20, llama3-8b, llama3-70b, qwen3-30b-a3b, deepseek-v3")
       ->capture_default_str();
   cmd.add_option("--model-file", a.model_file, "Model JSON file (docs/model-format.md); overrides --model");
-  cmd.add_option("--parallel", a.parallel,
+  a.parallel_option = cmd.add_option("--parallel", a.parallel,
                  std::string("dp_replicate=R,dp_shard=S,tp=T,ep=E, each from 1 to 1048576 (2^20) ranks in all ") +
                      "[presets: " + kDefaultParallel + " (bench plan: dp_shard=1024); a model file: its own meshes]");
   cmd.add_option("--strategy", a.strategy, "auto (cost model) or a strategy for every parameter it can run")
@@ -28,7 +28,15 @@ void add_plan_args(CLI::App& cmd, PlanArgs& a) {
   cmd.add_flag("--allow-inexact", a.allow_inexact, "Let the cost model pick gram_allreduce (not bitwise layout-invariant)");
 }
 
+void check_parallel_given(const PlanArgs& a) {
+  MESHMUON_CHECK(!a.parallel.empty() || a.parallel_option == nullptr || a.parallel_option->count() == 0,
+                 "[plan] --parallel is empty; give dp_replicate=R,dp_shard=S,tp=T,ep=E (any of them, e.g. "
+                 "--parallel dp_shard=8), or leave --parallel out (a preset then takes its default layout, a "
+                 "model file its own meshes)");
+}
+
 Inventory make_inventory(const PlanArgs& a) {
+  check_parallel_given(a);
   if (!a.model_file.empty()) {
     if (a.parallel.empty()) return load_inventory_file(a.model_file, nullptr);
     const ParallelConfig config = parse_parallel(a.parallel);

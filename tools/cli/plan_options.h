@@ -23,9 +23,11 @@ struct PlanArgs {
   int ns_steps = 5, window = 2;
   double chunk_mib = 1024;
   bool allow_inexact = false;
+  const CLI::Option* parallel_option = nullptr;  // add_plan_args's: tells `--parallel ""` from no --parallel
 };
 
 void add_plan_args(CLI::App& cmd, PlanArgs& a);
+void check_parallel_given(const PlanArgs& a);  // `--parallel ""`: std::invalid_argument saying what to give
 Inventory make_inventory(const PlanArgs& a);
 PlanOptions make_plan_options(const PlanArgs& a);  // reads MESHMUON_STRATEGY
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from . import _device
+from . import _device, _owned, _owned_checks
 from ._options import known_keys, unknown_key_hints
 
 # torch.optim.Optimizer.add_param_group's warning, word for word (code and tests match on it).
@@ -70,6 +70,8 @@ def check_params(group: dict, index: int, algorithm: str, groups: list[dict], ex
                          f"{tuple(lr.shape)}); pass a float or a 1-element tensor")
     params = [p[1] if isinstance(p, tuple) and len(p) == 2 else p for p in raw]
     owner = {id(p): k for k, g in enumerate(groups) for p in g["params"]}
+    _owned_checks.check_optimizer_params(params, f"Muon(), param group {index} ({algorithm})",
+                                         _owned._REGISTRY.values())
     expert = bool(group.get("expert_stacks", expert_default))
     for j, p in enumerate(params):
         name = f" '{raw[j][0]}'" if isinstance(raw[j], tuple) else ""

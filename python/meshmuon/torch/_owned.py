@@ -51,6 +51,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import _core
+from . import _owned_checks
 from .groups import classify
 
 SELECT_MODES = ("auto", "owner", "all")
@@ -158,6 +159,8 @@ class OwnerPlacement:
                              f"(gather on 2 ranks, where it is one exchange of the same bytes)")
         if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
             raise ValueError(f"[torch] own(bucket_bytes={bucket_bytes!r}): give a positive int")
+        _owned_checks.check_mesh(mesh)
+        _owned_checks.check_not_sharded(model, classify(model), select)
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         if reduce == "auto":
             reduce = "gather" if self.world <= 2 else "scatter_gather"
@@ -203,6 +206,7 @@ class OwnerPlacement:
         self._scattering: list[tuple[_Owned, Any, torch.Tensor, int]] = []  # scatter_gather's first stage
         self._callback_queued = False
         self._sync = True
+        _owned_checks.check_at_first_forward(model, self)  # owned matrices not also sharded by fully_shard
 
     # ---- public -------------------------------------------------------------------------------------
 
@@ -277,6 +281,7 @@ class OwnerPlacement:
 
     def _pre_forward(self, u: _Unit) -> Callable:
         def hook(module: nn.Module, args: Any) -> None:
+            _owned_checks.check_forward(u.owned)  # before any collective of this forward
             if self._recording:
                 if u.pos is not None:       # a unit runs twice: the order is complete
                     self._recording = False

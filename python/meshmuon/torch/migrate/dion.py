@@ -88,7 +88,7 @@ def _muon_group(t: GroupTranslation, ns: dict) -> None:
         for j, p in enumerate(params):
             rows, cols = min(blocks[j] or [p.shape[-2]]), p.shape[-1]
             if rows < cols:
-                raise t.fail(f"parameter {j} has shape {tuple(p.shape)} (A < B): Dion's "
+                raise t.fail(f"parameter {j} has shape {tuple(p.shape)} {_wide(t, blocks[j], cols)}: Dion's "
                              f"spectral_norm lr·sqrt(A/B) = lr·{(rows / cols) ** 0.5:.3g} there, "
                              f"meshmuon's 'original' lr·sqrt(max(1, A/B)) = lr; meshmuon has no "
                              f"unclamped rule: use adjust_lr='rms_norm' or None, or put the "
@@ -101,6 +101,18 @@ def _muon_group(t: GroupTranslation, ns: dict) -> None:
           normuon=False, expert_stacks=any(p.ndim == 3 for p in params), **ns)
     plain_update(t)
     t.ignore("beta1", "beta2")
+
+
+def _wide(t: GroupTranslation, blocks: Optional[list], cols: int) -> str:
+    """What is wide (A < B): the matrix, or its row blocks (num_heads / split_sizes), named by shape."""
+    if blocks is None:
+        return "(A < B)"
+    heads = t.source.get("num_heads")
+    if heads is not None and heads > 1:
+        return f"(A < B) in each of its {len(blocks)} row blocks (num_heads={heads}) of shape ({blocks[0]}, {cols})"
+    k = next(i for i, rows in enumerate(blocks) if rows < cols)
+    return (f"(A < B) in its row block {k} of shape ({blocks[k]}, {cols}) "
+            f"(split_sizes={tuple(blocks)})")
 
 
 def _epsilon(t: GroupTranslation, algorithm: str) -> Any:
