@@ -122,6 +122,8 @@ class Muon(torch.optim.Optimizer):
         engine's inventory when the optimizer already exists (state of existing parameters kept)."""
         if not isinstance(param_group, dict):
             raise TypeError(f"param_group must be a dict, but got {type(param_group)}")
+        if self._engine is not None:
+            self._follow_params()  # tensors swapped before keep their state by position
         index = len(self.param_groups)
         algorithm = check_group_keys(param_group, index)
         _group_checks.check_params(param_group, index, algorithm, self.param_groups,
