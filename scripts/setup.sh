@@ -38,4 +38,22 @@ if [[ -f scripts/requirements.txt ]] && command -v "$PY" >/dev/null 2>&1; then
     "$PY" -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
   fi
 fi
+# The training frameworks of meshmuon.integrations (tests/python/integrations), never replacing
+# torch: pip gets a constraint of the torch already installed. Files named *-nodeps.txt hold
+# packages whose declared dependencies must not be followed (they would pull in what meshmuon does
+# not use, or another torch); their imports' own needs are pinned in requirements-integrations.txt.
+if command -v "$PY" >/dev/null 2>&1 && "$PY" -c "import torch" >/dev/null 2>&1; then
+  constraints=$(mktemp)
+  trap 'rm -f "$constraints"' EXIT
+  "$PY" -c "import torch; print('torch==' + torch.__version__.split('+')[0])" >"$constraints"
+  for req in scripts/requirements-integrations.txt scripts/requirements-integrations-nodeps.txt; do
+    [[ -f "$req" ]] || continue
+    if ! "$PY" scripts/check_requirements.py "$req" >/dev/null 2>&1; then
+      nodeps=()
+      [[ "$req" == *-nodeps.txt ]] && nodeps=(--no-deps)
+      echo "setup: installing PyPI packages from $req"
+      "$PY" -m pip install -q --disable-pip-version-check "${nodeps[@]}" -c "$constraints" -r "$req"
+    fi
+  done
+fi
 echo "setup: ok"

@@ -7,7 +7,8 @@ from typing import Any, Optional
 
 import torch
 
-from . import _clip, _comms, _group_checks, _options, _owned, _plan, _precision, _qk_layout, _state_dict
+from . import (_clip, _comms, _group_checks, _options, _owned, _plan, _precision, _qk_layout, _rebind,
+               _state_dict)
 from ._engine import engine_options
 from ._factory import make_engine
 from ._options import MUON_DEFAULTS, MUON_ONLY, STRUCTURAL, apply_group, check_group_keys
@@ -39,7 +40,9 @@ class Muon(torch.optim.Optimizer):
     state tensors are DTensors with the parameter's mesh and placements (DCP reshards them). Plain
     tensors of a job of several ranks with a meshmuon communicator (mpirun) run there too, replicated.
     Construction and step() are then collective. `engine="local"` / `"distributed"` overrides the
-    choice (tests, diagnostics). See docs/python.md.
+    choice (tests, diagnostics). Tensors replaced in param_groups after construction (Accelerate's
+    FSDP2 prepare()) are noticed at the next step, state_dict or load_state_dict: the engine is
+    rebuilt for them, state carried by position and global shape. See docs/python.md.
 
     The distributed engine's options `window`, `chunk_bytes`, `strategy` (pins: {glob: strategy,
     "default": strategy} or "glob:strategy;..."; also a group key), `replica`, `machine`,
@@ -119,6 +122,8 @@ class Muon(torch.optim.Optimizer):
         engine's inventory when the optimizer already exists (state of existing parameters kept)."""
         if not isinstance(param_group, dict):
             raise TypeError(f"param_group must be a dict, but got {type(param_group)}")
+        if self._engine is not None:
+            self._follow_params()  # tensors swapped before keep their state by position
         index = len(self.param_groups)
         algorithm = check_group_keys(param_group, index)
         _group_checks.check_params(param_group, index, algorithm, self.param_groups,
@@ -156,9 +161,11 @@ class Muon(torch.optim.Optimizer):
         return dict(self._dist_options, strategy=_plan.strategy_rules(rules, default, groups),
                     offload_state=self._offload_state)
 
-    def _rebuild_engine(self) -> None:
-        old, old_index = self._engine, {}
-        if old is not None:
+    def _rebuild_engine(self, carry: Optional[dict] = None) -> None:
+        """A new engine for the groups; the state of each parameter the old engine had (by id, or
+        `carry`: {id(new tensor): index of the old one}) is copied into it."""
+        old, old_index = self._engine, carry or {}
+        if old is not None and carry is None:
             old_index = {id(p): i for i, p in enumerate(old.params)}
         # The core: distributed for DTensors, and for plain tensors of a multi-rank job with a
         # meshmuon communicator (replicated; the planner places the work); local otherwise.
@@ -184,10 +191,27 @@ class Muon(torch.optim.Optimizer):
             state["step"] = step
             step_tensors.append(step)
             self.state[p] = state
+        kept = {id(p) for p in engine.params}
+        for p in (old.params if old is not None else []):  # a replaced tensor's state goes
+            if id(p) not in kept:
+                self.state.pop(p, None)
         self._engine, self._step_counts, self._step_tensors = engine, counts, step_tensors
+        self._built_params = [list(g["params"]) for g in self.param_groups]
         self._built = [{k: g.get(k) for k in STRUCTURAL} for g in self.param_groups]
         self._built_strategy = [g.get("strategy") for g in self.param_groups]
         self.engine_builds += 1
+
+    def _follow_params(self) -> None:
+        """A new engine when param_groups hold other tensors than those it was built from
+        (Accelerate's FSDP2 prepare() swaps them in place), the state carried by position; a
+        ValueError naming the group and parameter when they do not match (_rebind.py). Collective
+        like construction when the engine is distributed."""
+        if _rebind.swapped(self._built_params, self.param_groups):
+            carry = _rebind.carry_map(self._built_params, self.param_groups,
+                                      bool(self.defaults.get("expert_stacks", False)))
+            self._qk_layout = _rebind.remap_keys(self._qk_layout, self._built_params,
+                                                 self.param_groups)
+            self._rebuild_engine(carry)
 
     # ---- step ----------------------------------------------------------------------------------
 
@@ -212,6 +236,7 @@ class Muon(torch.optim.Optimizer):
 
     def _step(self, loss, qk_logits: Optional[dict], phases: StepPhases):
         phases.phase("meshmuon.collect_grads")
+        self._follow_params()  # never a step of tensors the groups no longer hold
         engine = self._engine
         for g, group in enumerate(self.param_groups):
             for key in STRUCTURAL:
@@ -276,6 +301,7 @@ class Muon(torch.optim.Optimizer):
         """As torch.optim.Optimizer.state_dict; the state of a matrix owned by another rank
         (meshmuon.torch.own) holds its "step" only: each owned matrix's state is saved once, by its
         owner (DCP reshards it into any owner or layout)."""
+        self._follow_params()
         return _owned.drop_elsewhere_state(self, super().state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -285,6 +311,7 @@ class Muon(torch.optim.Optimizer):
         copied into the engine's state tensors (which stay the ones in self.state, same data_ptr),
         then the post-hooks (they see the loaded state; a value they replace in self.state is
         copied into the engine). Loads meshmuon's dicts and torch.optim.Muon's (docs/python.md)."""
+        self._follow_params()
         _state_dict.load(self, state_dict)
 
     # ---- copy and pickle -----------------------------------------------------------------------

@@ -1,0 +1,20 @@
+"""torchtitan 0.3.0 with optimizer_name="MeshMuon" (meshmuon.integrations.torchtitan.MeshMuonOptimizers;
+torchtitan_cases.py, torchrun, gloo): on 2 CPU ranks with FSDP2, torchtitan's container and lr
+schedulers step bitwise the one-process meshmuon run; its flat FQN-keyed state saved through DCP
+loads at 1 rank (plain tensors) bitwise, and the next step is bitwise the reference's. torchtitan's
+own llama3 model is not used: it imports triton, which a CPU-only install lacks (torchtitan_cases.py).
+Run: python -m pytest tests/python/integrations/test_torchtitan.py -q   (about 30 s)."""
+from __future__ import annotations
+
+import pytest
+from launch import HERE, ok, torchrun
+
+pytest.importorskip("torchtitan.components.optimizer")
+
+
+def test_steps_then_reshard(tmp_path):
+    args = ["--out", str(tmp_path)]
+    proc = torchrun(2, HERE / "torchtitan_cases.py", ["--cases", "steps", *args], tmp_path)
+    ok(proc, "torchrun --nproc-per-node 2 torchtitan_cases.py steps", ["steps"])
+    proc = torchrun(1, HERE / "torchtitan_cases.py", ["--cases", "reshard", *args], tmp_path)
+    ok(proc, "torchrun --nproc-per-node 1 torchtitan_cases.py reshard", ["reshard"])
