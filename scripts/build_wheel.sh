@@ -87,7 +87,6 @@ while read -r v py; do
   esac
 done < <(bash scripts/pythons.sh)
 [[ ${#targets[@]} -gt 0 ]] || { echo "build_wheel: no CPython 3.10-3.13 found (scripts/pythons.sh)" >&2; exit 1; }
-rm -f "$DIST"/meshmuon-*.whl
 tools_v=$("$VPY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 for target in "${targets[@]}"; do
   read -r tag py <<< "$target"
@@ -111,6 +110,8 @@ for target in "${targets[@]}"; do
   rm -rf "$OUT/repaired"
   PATH=$OUT/venv/bin:$PATH "$VPY" -m auditwheel repair --plat manylinux_2_28_x86_64 -w "$OUT/repaired" "$raw" >/dev/null
   wheel=$(ls "$OUT"/repaired/meshmuon-*.whl)
+  case $tag in abi3) pytag=cp312-abi3 ;; *) pytag=$tag-$tag ;; esac
+  rm -f "$DIST"/meshmuon-*-"$pytag"-*.whl  # this ABI's older wheel; the others' stay
   cp "$wheel" "$DIST/"
   PATH=$OUT/venv/bin:$PATH "$VPY" -m auditwheel show "$DIST/$(basename "$wheel")" > "$OUT/auditwheel-show-$tag.txt"
   echo "built: $DIST/$(basename "$wheel") ($(du -k "$DIST/$(basename "$wheel")" | cut -f1) KiB, Python $v, $(( $(date +%s) - start )) s)"

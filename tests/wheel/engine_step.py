@@ -17,10 +17,13 @@ import meshmuon
 
 
 def values(n: int, seed: int) -> np.ndarray:
-    """n floats in [-1, 1), a fixed function of (n, seed): integer hashing, no numpy generator."""
-    i = np.arange(n, dtype=np.uint64) + np.uint64(seed) * np.uint64(1_000_003)
-    h = (i * np.uint64(2654435761) + np.uint64(97)) % np.uint64(1 << 31)
-    return (h.astype(np.float64) / float(1 << 30) - 1.0).astype(np.float32)
+    """n floats in [-1, 1), a fixed function of (n, seed): splitmix64 on uint64 arrays (wrapping
+    arithmetic, the same in every numpy), not numpy's generators, whose streams may change."""
+    z = np.arange(n, dtype=np.uint64) + np.uint64((seed + 1) * 0x9E3779B97F4A7C15 % (1 << 64))
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return ((z >> np.uint64(40)).astype(np.float64) / float(1 << 23) - 1.0).astype(np.float32)
 
 
 def main() -> None:
