@@ -55,5 +55,13 @@ if command -v "$PY" >/dev/null 2>&1 && "$PY" -c "import torch" >/dev/null 2>&1; 
       "$PY" -m pip install -q --disable-pip-version-check "${nodeps[@]}" -c "$constraints" -r "$req"
     fi
   done
+  # triton for the torchtitan llama3 test only, in a folder of its own (scripts/requirements-triton.txt).
+  triton_site=${MESHMUON_TRITON_SITE:-${XDG_CACHE_HOME:-$HOME/.cache}/meshmuon/triton-3.7.1}
+  if [[ ! -f "$triton_site/.complete" ]]; then
+    echo "setup: installing triton into $triton_site (for tests/python/integrations/test_torchtitan.py)"
+    rm -rf "$triton_site"
+    "$PY" -m pip install -q --disable-pip-version-check --no-deps --target "$triton_site" -r scripts/requirements-triton.txt
+    touch "$triton_site/.complete"
+  fi
 fi
 echo "setup: ok"

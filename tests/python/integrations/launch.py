@@ -17,7 +17,8 @@ def env(**extra: str) -> dict:
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "MESHMUON_COMM",
               "ACCELERATE_USE_FSDP", "FSDP_VERSION"):
         out.pop(k, None)
-    path = os.pathsep.join([str(HERE), str(MULTIRANK)] + ([out["PYTHONPATH"]] if out.get("PYTHONPATH") else []))
+    first = [extra.pop("PYTHONPATH")] if "PYTHONPATH" in extra else []  # a case's own folders first
+    path = os.pathsep.join(first + [str(HERE), str(MULTIRANK)] + ([out["PYTHONPATH"]] if out.get("PYTHONPATH") else []))
     out.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", WANDB_MODE="disabled", PYTHONPATH=path, **extra)
