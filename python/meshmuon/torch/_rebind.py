@@ -24,6 +24,11 @@ def swapped(built: list[list[torch.Tensor]], param_groups: list[dict]) -> bool:
     return False
 
 
+def same_structure(built: list[list[torch.Tensor]], param_groups: list[dict]) -> bool:
+    """As many groups, each with as many parameters, as the engine was built from (tensors may differ)."""
+    return len(built) == len(param_groups) and all(len(o) == len(g["params"]) for o, g in zip(built, param_groups))
+
+
 def global_shape(p: torch.Tensor) -> tuple[int, ...]:
     """The parameter's global shape: a DTensor's shape is already global; an owned matrix's
     (meshmuon.torch.own) is its registration's."""

@@ -300,8 +300,11 @@ class Muon(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """As torch.optim.Optimizer.state_dict; the state of a matrix owned by another rank
         (meshmuon.torch.own) holds its "step" only: each owned matrix's state is saved once, by its
-        owner (DCP reshards it into any owner or layout)."""
-        self._follow_params()
+        owner (DCP reshards it into any owner or layout). Follows swapped tensors, but only where the
+        groups kept their shape: groups edited by hand (torch allows repeating them) serialize as
+        torch serializes them, and the next step() names the edit."""
+        if _rebind.same_structure(self._built_params, self.param_groups):
+            self._follow_params()
         return _owned.drop_elsewhere_state(self, super().state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
