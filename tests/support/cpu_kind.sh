@@ -10,7 +10,10 @@
 #   zen         OpenBLAS's Zen core
 #   skylakex    OpenBLAS's SkylakeX core, oneDNN uncapped: what an AVX-512 machine whose environment
 #               sets no OPENBLAS_CORETYPE runs (meshmuon then picks SkylakeX), run also where the
-#               environment sets another core (Haswell on some AVX-512 hosts)
+#               environment sets another core (Haswell on some AVX-512 hosts); on an AMX Xeon,
+#               oneDNN's AMX kernels
+#   avx512bf16  AVX512-BF16 without AMX (e.g. Zen 4 / Zen 5): oneDNN capped at AVX512_CORE_BF16 (its
+#               native bf16 kernels of those CPUs, also on an AMX Xeon), OpenBLAS's SkylakeX core
 # A kind needs the instructions it uses: where this CPU lacks them the command is not run and the
 # script exits 77 (CTest's SKIP_RETURN_CODE) saying so. The environment is inherited by mpirun's
 # ranks and by subprocesses.
@@ -32,6 +35,7 @@ case "$kind" in
   haswell) need avx2 fma; export OPENBLAS_CORETYPE=Haswell ;;
   zen) need avx2 fma; export OPENBLAS_CORETYPE=Zen ;;
   skylakex) need avx512f avx512dq avx512bw avx512vl; unset ONEDNN_MAX_CPU_ISA; export OPENBLAS_CORETYPE=SkylakeX ;;
-  *) echo "cpu_kind.sh: unknown kind '$kind' (avx2, avx512, haswell, zen, skylakex)" >&2; exit 2 ;;
+  avx512bf16) need avx512f avx512dq avx512bw avx512vl avx512_bf16; export ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 OPENBLAS_CORETYPE=SkylakeX ;;
+  *) echo "cpu_kind.sh: unknown kind '$kind' (avx2, avx512, avx512bf16, haswell, zen, skylakex)" >&2; exit 2 ;;
 esac
 exec "$@"

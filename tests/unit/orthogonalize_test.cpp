@@ -536,8 +536,9 @@ TEST(Bf16Matmul, LowerProductCoversTheLowerTriangle) {
 // The products' bits do not depend on the thread count: oneDNN must not split the reduction (nor
 // pick a K blocking by thread count) for any shape. Random operands (sums depend on their order),
 // shapes from few outputs with long reductions (where a split reduction would pay off most) to the
-// Newton–Schulz ones, thread counts past the cores (oneDNN's heuristics look at the count, not at
-// the machine's cores).
+// Newton–Schulz ones, transposed A with a power-of-two K (the Gram product of a tall matrix, which
+// oneDNN's bf16 kernels split across 2 threads and more), thread counts past the cores and past
+// 16 (where AMX splits K: oneDNN's heuristics look at the count, not at the machine's cores).
 TEST(Bf16Matmul, BitwiseAcrossThreadCountsForManyShapes) {
   if (!meshmuon::cpu::bf16_matmul_info().available) GTEST_SKIP() << meshmuon::cpu::bf16_matmul_info().error;
   Bf16Matmul mm;
@@ -546,28 +547,31 @@ TEST(Bf16Matmul, BitwiseAcrossThreadCountsForManyShapes) {
   struct Shape {
     int64_t m, n, k;
     bool tb;
+    bool ta = false;  // A transposed: the Gram product of a tall matrix (X^T X, K its rows)
   };
-  const Shape shapes[] = {{1, 1, 20000, false}, {8, 8, 16384, true},  {32, 32, 8192, true},
-                          {64, 64, 4096, false}, {16, 512, 4096, false}, {128, 384, 2048, true},
-                          {256, 256, 1024, true}, {300, 700, 300, false}, {512, 128, 3000, true}};
+  const Shape shapes[] = {{1, 1, 20000, false},         {8, 8, 16384, true},           {32, 32, 8192, true},
+                          {64, 64, 4096, false},        {16, 512, 4096, false},        {128, 384, 2048, true},
+                          {256, 256, 1024, true},       {300, 700, 300, false},        {512, 128, 3000, true},
+                          {64, 64, 4096, false, true},  {128, 128, 2048, false, true}, {32, 32, 8192, false, true},
+                          {200, 96, 4096, true, true}};
   for (const Shape& sh : shapes) {
     std::vector<BFloat16> a(size_t(sh.m * sh.k)), b(size_t(sh.k * sh.n));
     for (BFloat16& v : a) v = meshmuon::float_to_bf16(normal(rng));
     for (BFloat16& v : b) v = meshmuon::float_to_bf16(normal(rng));
-    const Bf16Operand oa{a.data(), sh.k, false}, ob{b.data(), sh.tb ? sh.k : sh.n, sh.tb};
+    const Bf16Operand oa{a.data(), sh.ta ? sh.m : sh.k, sh.ta}, ob{b.data(), sh.tb ? sh.k : sh.n, sh.tb};
     std::vector<float> ref(size_t(sh.m * sh.n)), c(ref.size());
     std::vector<BFloat16> refb(ref.size()), cb(ref.size());
     const int saved = mm.set_threads(1);
     mm.gemm(sh.m, sh.n, sh.k, oa, ob, ref.data(), sh.n);
     mm.gemm(sh.m, sh.n, sh.k, oa, ob, refb.data(), sh.n);
     const auto expect_same = [&](const char* how, int threads) {
-      EXPECT_EQ(ref, c) << sh.m << "x" << sh.n << "x" << sh.k << " fp32 out, " << how << threads << " threads ("
+      EXPECT_EQ(ref, c) << sh.m << "x" << sh.n << "x" << sh.k << (sh.ta ? " (A transposed)" : "") << " fp32 out, " << how << threads << " threads ("
                         << meshmuon::cpu::bf16_matmul_info().kernel << ")";
       size_t differ = 0;
       for (size_t i = 0; i < cb.size(); ++i) differ += refb[i].bits != cb[i].bits;
-      EXPECT_EQ(differ, 0u) << sh.m << "x" << sh.n << "x" << sh.k << " bf16 out, " << how << threads << " threads";
+      EXPECT_EQ(differ, 0u) << sh.m << "x" << sh.n << "x" << sh.k << (sh.ta ? " (A transposed)" : "") << " bf16 out, " << how << threads << " threads";
     };
-    for (int threads : {2, 3, 4, 8, 16}) {
+    for (int threads : {2, 3, 4, 8, 16, 32}) {
       // The primitives made on one thread, run on more; then ones made on that many threads (oneDNN
       // sizes a primitive's blocking for the thread count current when it is made).
       mm.set_threads(threads);

@@ -15,6 +15,7 @@
 
 #include "core/dl_symbol.h"
 #include "core/library_loader.h"
+#include "meshmuon/bf16.h"
 #include "meshmuon/error.h"
 
 #include <oneapi/dnnl/dnnl_types.h>
@@ -58,6 +59,7 @@ struct DnnlApi {
   void (*kmp_set_blocktime)(int) = nullptr;  // Intel's OpenMP only
   dnnl_engine_t engine = nullptr;
   Bf16MatmulInfo info;
+  bool amx = false;  // the ISA oneDNN runs on has AMX (its K partitioning from 16 threads: below)
 };
 
 void check(dnnl_status_t status, const char* what) {
@@ -110,6 +112,7 @@ void probe(DnnlApi& api) {
   const dnnl_cpu_isa_t isa = api.get_effective_cpu_isa();
   api.info.native = api.info.kernel.rfind("ref", 0) != 0 &&
                     (has(isa, dnnl_cpu_isa_avx512_core_bf16) || has(isa, dnnl_cpu_isa_avx2_vnni_2));
+  api.amx = has(isa, dnnl_cpu_isa_avx512_core_amx);
   api.info.available = true;
 }
 
@@ -199,7 +202,7 @@ const DnnlApi& dnnl() {
 // sizes its blocking by the thread count current when a primitive is made (other bits for
 // 1x1x20000 and 8x8x16384 from 2 threads, 64x64x4096 and 256x256x1024 on 3, 300x700x300 on 8), so
 // its primitives are made and run on one thread: the contract holds on the forced onednn_emulated
-// path too. The native kernels (brg:*) keep their bits on 1-16 threads (tested).
+// path too. The native kernels (brg:*) split it only in the cases below (CreationThreads, copy_plain).
 class OneThreadIfEmulated {
  public:
   explicit OneThreadIfEmulated(const DnnlApi& api)
@@ -219,6 +222,42 @@ class OneThreadIfEmulated {
   int threads_;
 };
 
+// oneDNN 3.2's native bf16 kernels also split the reduction (K) across threads where their blocking
+// heuristics see too little work in M x N, which would make the bits depend on the thread count:
+// - a transposed A (its "backward by weights" heuristic; bf16 with a power-of-two K >= 2048: the
+//   Gram product X^T X of a tall matrix, whose K is the rows) on 2 threads and more, AVX512-BF16 and
+//   AMX alike: A is never handed over transposed, a transposed view is copied into a plain buffer;
+// - AMX with 16 threads and more (up to threads / 8 K-partitions): primitives are made with at most
+//   15 threads there (a primitive runs on the thread count it was made with).
+// Tested bitwise on 1-32 threads (orthogonalize_test, BitwiseAcrossThreadCountsForManyShapes).
+constexpr int kAmxMaxThreads = 15;
+
+class CreationThreads {
+ public:
+  explicit CreationThreads(const DnnlApi& api)
+      : api_(api), threads_(api.amx && api.omp_get_max_threads ? api.omp_get_max_threads() : 0) {
+    if (threads_ > kAmxMaxThreads) api_.omp_set_num_threads(kAmxMaxThreads);
+  }
+  ~CreationThreads() {
+    if (threads_ > kAmxMaxThreads) api_.omp_set_num_threads(threads_);
+  }
+  CreationThreads(const CreationThreads&) = delete;
+  CreationThreads& operator=(const CreationThreads&) = delete;
+
+ private:
+  const DnnlApi& api_;
+  int threads_;
+};
+
+// Element (i, p) of the m x k transposed view `a` (stored k x m) into row-major `out`, in tiles.
+void copy_plain(int64_t m, int64_t k, Bf16Operand a, BFloat16* out) {
+  constexpr int64_t kTile = 64;
+  for (int64_t p0 = 0; p0 < k; p0 += kTile)
+    for (int64_t i0 = 0; i0 < m; i0 += kTile)
+      for (int64_t p = p0; p < std::min(k, p0 + kTile); ++p)
+        for (int64_t i = i0; i < std::min(m, i0 + kTile); ++i) out[i * k + p] = a.data[p * a.ld + i];
+}
+
 struct Bf16Matmul::Impl {
   struct Entry {
     dnnl_primitive_t primitive = nullptr;
@@ -227,6 +266,11 @@ struct Bf16Matmul::Impl {
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, int64_t, bool, int64_t, bool>;
   dnnl_stream_t stream = nullptr;
   std::map<Key, Entry> cache;
+  std::vector<BFloat16> plain_a;  // a transposed A, copied plain (above)
+  // bf16 results: oneDNN's bf16-out AMX kernels give other bits on 15 threads than on one (seen for
+  // 512x128x3000, where its fp32-out kernels do not): the products are formed in fp32 and rounded
+  // to nearest even here, so bf16 results are the fp32 path's bits rounded (tested on 1-32 threads).
+  std::vector<float> acc;
 
   ~Impl() {
     const DnnlApi& api = dnnl();
@@ -249,6 +293,7 @@ struct Bf16Matmul::Impl {
     const MatrixDesc wei(api, k, n, b.ld, b.trans, dnnl_bf16);
     const MatrixDesc dst(api, m, n, ldc, false, bf16_out ? dnnl_bf16 : dnnl_f32);
     dnnl_primitive_desc_t pd = nullptr;
+    const CreationThreads threads(api);
     check(api.matmul_primitive_desc_create(&pd, api.engine, src.get(), wei.get(), nullptr, dst.get(), nullptr),
           "matmul primitive");
     Entry e;
@@ -266,14 +311,22 @@ struct Bf16Matmul::Impl {
     if (m == 0 || n == 0) return;
     const DnnlApi& api = dnnl();
     const OneThreadIfEmulated emulated(api);
-    Entry& e = entry(m, n, k, a, b, ldc, bf16_out);
+    if (a.trans) {
+      plain_a.resize(size_t(m * k));
+      copy_plain(m, k, a, plain_a.data());
+      a = Bf16Operand{plain_a.data(), k, false};
+    }
+    if (bf16_out) acc.resize(size_t(m * n));
+    Entry& e = entry(m, n, k, a, b, bf16_out ? n : ldc, false);
     check(api.memory_set_data_handle(e.src, const_cast<BFloat16*>(a.data)), "set src");
     check(api.memory_set_data_handle(e.weights, const_cast<BFloat16*>(b.data)), "set weights");
-    check(api.memory_set_data_handle(e.dst, c), "set dst");
+    check(api.memory_set_data_handle(e.dst, bf16_out ? acc.data() : c), "set dst");
     const dnnl_exec_arg_t args[3] = {
         {DNNL_ARG_SRC, e.src}, {DNNL_ARG_WEIGHTS, e.weights}, {DNNL_ARG_DST, e.dst}};
     check(api.primitive_execute(e.primitive, stream, 3, args), "matmul");
     check(api.stream_wait(stream), "stream wait");
+    if (bf16_out)  // the fp32 products rounded to nearest even here (see acc)
+      for (int64_t i = 0; i < m; ++i) float_to_bf16(acc.data() + i * n, static_cast<BFloat16*>(c) + i * ldc, size_t(n));
   }
 };
 
