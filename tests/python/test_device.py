@@ -83,7 +83,7 @@ import sys, torch, torch.distributed as dist
 dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:" + sys.argv[1])
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from meshmuon.torch import _layouts
+from meshmuon.torch._layout import dtensor as _layouts
 mesh = DeviceMesh("cuda", [0], _init_backend=False)  # a cuda mesh (no GPU needed to describe one)
 local = torch.arange(6.).reshape(2, 3)
 d = _layouts.wrap_local(local, mesh, [Shard(0)], [2, 3], (3, 1))

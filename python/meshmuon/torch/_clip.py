@@ -176,3 +176,17 @@ def mask_logits(logits: dict[int, list[float]], masks: dict[int, list[int]]) -> 
         keep = set(heads)
         out[layer] = [v if h in keep else 0.0 for h, v in enumerate(values)]
     return out
+
+
+def logits_of(qk_logits: Any) -> dict:
+    """step(qk_logits=...) as the engine takes it: {layer: [per-head max logits as floats]}."""
+    if qk_logits is None:
+        return {}
+    if not isinstance(qk_logits, dict):
+        raise TypeError("[torch] qk_logits must be a dict {layer: per-head max logits}")
+    out = {}
+    for layer, value in qk_logits.items():
+        if isinstance(value, torch.Tensor):
+            value = value.detach().to(torch.float32).cpu().reshape(-1).tolist()
+        out[int(layer)] = [float(v) for v in value]
+    return out

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _core
+from ._layout import local_tensor
 
 HOST_COMM_KINDS = ("mpi", "c10d")
 DEVICE_COMM_KINDS = ("nccl", "mpi")
@@ -262,7 +263,7 @@ _RELEASE: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def release_at_exit(obj: Any) -> None:
-    """Registers an engine (attributes core / sp / comm / _state_cache / engine holding native
+    """Registers an engine or a core (attributes core / _core / native / sp / comm / _state_cache holding native
     objects) or a meshmuon optimizer (its state aliases engine memory) for shutdown()."""
     _RELEASE.add(obj)
 
@@ -278,7 +279,7 @@ def _release_engines() -> None:
             o.state.clear()
     release_engine_memory()
     for o in live:
-        for attr in ("_state_cache", "core", "sp", "comm", "engine", "_dist_options"):
+        for attr in ("_state_cache", "core", "_core", "native", "sp", "comm", "engine", "_dist_options"):
             o.__dict__.pop(attr, None)
 
 
@@ -303,7 +304,7 @@ def release_engine_memory() -> None:
     such a tensor is a tensor of its own, not reached here."""
     with torch.no_grad():
         for t in list(_ENGINE_TENSORS.values()):
-            local = getattr(t, "_local_tensor", t)  # a DTensor's local tensor is the alias...
+            local = local_tensor(t)  # a DTensor's local tensor is the alias...
             for alias in (local, local._base):  # ...or a view of it (DTensor.from_local's)
                 if alias is not None:
                     alias.set_()

@@ -16,12 +16,12 @@ from typing import Optional
 import torch
 from torch.utils.dlpack import to_dlpack
 
-from ._layouts import is_dtensor
+from ._layout import local_tensor
 
 
 def tensor_device(t: torch.Tensor) -> torch.device:
     """Where the engine sees t's data: a DTensor's local shard, else t itself."""
-    return (t._local_tensor if is_dtensor(t) else t).device
+    return local_tensor(t).device
 
 
 def check_tensor_device(t: torch.Tensor, where: str) -> None:

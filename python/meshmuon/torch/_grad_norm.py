@@ -3,7 +3,8 @@ gradients, owner-placed matrices (meshmuon.torch.own: the gradient whole on its 
 and plain replicated gradients. torch's own refuses the mix ("mixed torch.Tensor and DTensor") and
 would count an owned gradient on its owner only. The total norm is the norm of the three norms:
 DTensors' through their full_tensor(), owned ones' p-th powers summed over the world (max for inf),
-plain ones as they are (every rank holds the same). COLLECTIVE when any gradient is a DTensor or owned.
+plain ones as they are (every rank holds the same): by how each parameter's gradient spreads over the
+ranks (the layout model's Layout.spread). COLLECTIVE when any gradient is a DTensor or owned.
 """
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from typing import Iterable, Optional, Union
 import torch
 import torch.distributed as dist
 
-from ._layouts import is_dtensor
-from ._owned import owned_info
+from ._layout import SPREAD_MESH, SPREAD_WORLD, layout_of
 
 
 def _norm(grads: list[torch.Tensor], norm_type: float, foreach: Optional[bool]) -> torch.Tensor:
@@ -30,11 +30,12 @@ def clip_grad_norm_(parameters: Union[torch.Tensor, Iterable[torch.Tensor]], max
     tensor on every rank), over DTensor, owned and plain gradients together (module docstring)."""
     params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
     norm_type = float(norm_type)
-    dtensors, owned, plain = [], [], []
+    dtensors, owned, plain = [], [], []  # spread over a DTensor mesh, over the world, replicated
     for p in params:
         if p.grad is None:
             continue
-        (dtensors if is_dtensor(p.grad) else owned if owned_info(p) is not None else plain).append(p)
+        spread = layout_of(p).spread
+        (dtensors if spread == SPREAD_MESH else owned if spread == SPREAD_WORLD else plain).append(p)
     parts = []
     if dtensors:
         n = torch.nn.utils.get_total_norm([p.grad for p in dtensors], norm_type, False, foreach)

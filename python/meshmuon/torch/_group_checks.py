@@ -8,7 +8,9 @@ from typing import Any
 
 import torch
 
-from . import _device, _owned, _owned_checks
+from . import _device
+from ._layout import owned_records
+from ._layout.owner import checks as _owned_checks
 from ._options import known_keys, unknown_key_hints
 
 # torch.optim.Optimizer.add_param_group's warning, word for word (code and tests match on it).
@@ -71,7 +73,7 @@ def check_params(group: dict, index: int, algorithm: str, groups: list[dict], ex
     params = [p[1] if isinstance(p, tuple) and len(p) == 2 else p for p in raw]
     owner = {id(p): k for k, g in enumerate(groups) for p in g["params"]}
     _owned_checks.check_optimizer_params(params, f"Muon(), param group {index} ({algorithm})",
-                                         _owned._REGISTRY.values())
+                                         owned_records())
     expert = bool(group.get("expert_stacks", expert_default))
     for j, p in enumerate(params):
         name = f" '{raw[j][0]}'" if isinstance(raw[j], tuple) else ""
@@ -83,7 +85,7 @@ def check_params(group: dict, index: int, algorithm: str, groups: list[dict], ex
                             f"bf16 ones with fp32 masters (gradients may be fp32 or bf16)")
         _device.check_tensor_device(p, where)
         # Non-contiguous plain parameters are stepped through a contiguous shadow
-        # (_engine.Engine.step); a DTensor's local shard must be contiguous (_layouts).
+        # (_cores.InPlaceCore.step); a DTensor's local shard must be contiguous (_layout).
         if id(p) in owner:  # the base class's wording, which code matches on
             raise ValueError(f"[torch] some parameters appear in more than one parameter group: "
                              f"{where} (shape {tuple(p.shape)}) is already in param group "

@@ -207,10 +207,9 @@ class Plan:
 
 
 def plan_of(engine: Any) -> Plan:
-    """The Plan of a meshmuon.torch engine: its native core's (meshmuon.Optimizer or meshmuon.LocalOptimizer),
-    also through a wrapper that keeps the Engine as `.engine` (bf16 masters)."""
-    for obj in (engine, getattr(engine, "engine", None)):
-        core = getattr(obj, "core", None)
-        if core is not None and hasattr(core, "plan_json"):
-            return Plan(core.plan_string(), core.plan_json(), getattr(obj, "kind", "distributed"))
+    """The Plan of a meshmuon.torch engine (_engine.Engine): its native core's (meshmuon.Optimizer or
+    meshmuon.LocalOptimizer)."""
+    core = getattr(engine, "core", None)
+    if core is not None and hasattr(core, "plan_json"):
+        return Plan(core.plan_string(), core.plan_json(), engine.kind)
     raise TypeError(f"[torch] this engine ({type(engine).__name__}) has no plan to show")

@@ -2,12 +2,14 @@
 module or parameter name) and Motif-style clip_config (_clip.py) resolved to the engine's tags."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
+from .. import _core
 from . import _clip
-from ._engine import qk_tag
+
+QK_KEYS = ("layer", "kind", "heads", "head_dim", "rope_dim", "v_dim")
 
 
 def qk_tags(groups: list[dict], qk_layout: dict, clip_config: Optional[dict]) -> tuple[dict, dict]:
@@ -46,3 +48,22 @@ def qk_tags(groups: list[dict], qk_layout: dict, clip_config: Optional[dict]) ->
                                  f"use one")
             tags[id(by_name[name])] = qk_tag(spec, name)
     return tags, masks
+
+
+def qk_tag(spec: Any, where: str) -> "_core.QkTag":
+    """A QkTag from a dict(layer=, kind=, heads=, head_dim=, rope_dim=0, v_dim=0) or a QkTag."""
+    if isinstance(spec, _core.QkTag):
+        return spec
+    if not isinstance(spec, dict):
+        raise TypeError(f"[torch] qk_layout[{where}] must be a dict with keys {QK_KEYS}, "
+                        f"got {type(spec).__name__}")
+    unknown = sorted(set(spec) - set(QK_KEYS))
+    missing = sorted({"layer", "kind", "heads", "head_dim"} - set(spec))
+    if unknown or missing:
+        raise ValueError(f"[torch] qk_layout[{where}]: unknown keys {unknown}, missing keys "
+                         f"{missing}; give layer, kind, heads, head_dim (rope_dim, v_dim optional)")
+    tag = _core.QkTag()
+    tag.layer, tag.kind = int(spec["layer"]), str(spec["kind"])
+    tag.heads, tag.head_dim = int(spec["heads"]), int(spec["head_dim"])
+    tag.rope_dim, tag.v_dim = int(spec.get("rope_dim", 0)), int(spec.get("v_dim", 0))
+    return tag

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 
 from . import _group_checks
-from ._engine import param_name
-from ._owned import owned_info
+from ._inventory import param_name
+from ._layout import layout_of
 
 
 def swapped(built: list[list[torch.Tensor]], param_groups: list[dict]) -> bool:
@@ -30,10 +30,8 @@ def same_structure(built: list[list[torch.Tensor]], param_groups: list[dict]) ->
 
 
 def global_shape(p: torch.Tensor) -> tuple[int, ...]:
-    """The parameter's global shape: a DTensor's shape is already global; an owned matrix's
-    (meshmuon.torch.own) is its registration's."""
-    owned = owned_info(p)
-    return tuple(owned.shape) if owned is not None else tuple(p.shape)
+    """The parameter's global shape (the layout model's)."""
+    return layout_of(p).shape
 
 
 def carry_map(built: list[list[torch.Tensor]], param_groups: list[dict],

@@ -9,8 +9,7 @@ from typing import Any, Optional
 
 import torch
 
-from ._layouts import is_dtensor
-from ._owned import held_elsewhere
+from ._layout import copy_into, layout_of, local_tensor
 from ._options import ADAMW_DEFAULTS, GENERIC_KEYS, MUON_DEFAULTS, STRUCTURAL
 
 # torch.optim.Muon's group keys (torch 2.9+; its defaults are meshmuon's Muon defaults) and state keys.
@@ -118,7 +117,7 @@ def check(state_dict: dict, groups: list[dict], engine: Any, fresh_ok: bool) -> 
             raise ValueError(f"[torch] loaded state dict has no state for parameter {key!r} "
                              f"('{engine.names[i]}')")
         entry = entry or {}
-        if held_elsewhere(engine.params[i]):  # owned by another rank: no value here (_owned.py)
+        if not layout_of(engine.params[i]).held_here:  # owned by another rank: no value here
             entries.append(entry)
             continue
         for name, tensor in engine.state(i).items():
@@ -210,8 +209,8 @@ def load_entries(opt: Any, entries: list[dict], fresh: bool = False) -> None:
         bound = engine.state(i)
         for key, tensor in bound.items():
             value = entry.get(key)
-            if value is None and held_elsewhere(p):
-                continue  # owned by another rank (_owned.py): nothing held here
+            if value is None and not layout_of(p).held_here:
+                continue  # owned by another rank: nothing held here
             if value is None and fresh:
                 _device_zero(tensor)
             elif value is not tensor:  # the values as saved (bf16 masters kept fp32)
@@ -243,22 +242,5 @@ def adopt_replaced_state(opt: Any) -> None:
         opt.state[p] = bound
 
 
-def copy_into(bound: torch.Tensor, value: torch.Tensor) -> None:
-    """Copies a loaded state value into the engine's tensor: a DTensor of the same layout locally,
-    another layout after redistributing it, a plain (full) tensor by taking this rank's shard."""
-    if not is_dtensor(bound):
-        bound.copy_(value.full_tensor() if is_dtensor(value) else value)
-        return
-    from torch.distributed.tensor import distribute_tensor
-    if is_dtensor(value):
-        if value.device_mesh != bound.device_mesh or tuple(value.placements) != tuple(bound.placements):
-            value = value.redistribute(bound.device_mesh, bound.placements)
-        local = value._local_tensor
-    else:
-        local = distribute_tensor(value, bound.device_mesh, bound.placements,
-                                  src_data_rank=None)._local_tensor
-    bound._local_tensor.copy_(local)
-
-
 def _device_zero(tensor: torch.Tensor) -> None:
-    (tensor._local_tensor if is_dtensor(tensor) else tensor).zero_()
+    local_tensor(tensor).zero_()

@@ -1,11 +1,10 @@
 """Data-parallel ZeRO for meshmuon.torch.Muon (docs/python.md, "ZeRO", "reduce_grads").
 
-ZeroOptions (_options.py) checks Muon's zero / reduce_grads / check_replicas. ZeroEngine (`zero=True`;
-the interface of _engine.Engine: params, names, kind, core, state(i), options(g), step_count,
-set_step_count, last_stats, step; _factory.make_engine() picks it): plain parameters replicated on
+ZeroOptions (_options.py) checks Muon's zero / reduce_grads / check_replicas. ZeroCore (`zero=True`;
+a core of the engine, _engine.py, with the interface of _cores.py): plain parameters replicated on
 every rank (a data-parallel job) are sharded Shard(0) over the world INSIDE the optimizer by a
 native meshmuon.ShardedParams: fp32 master shards in one flat buffer (state key "master", as the
-masters of _master.py), optimizer state only for this rank's rows, a meshmuon.Optimizer over the
+engine's bf16 masters), optimizer state only for this rank's rows, a meshmuon.Optimizer over the
 shards (the planner's usual sharded strategies), then one all-gather (direct landing) writes the
 masters into every rank's full torch parameters (fp32 bits, or bf16 rounded to nearest even). With
 `reduce_grads` the step reduces each rank's local .grad to the shard owners in the documented fixed
@@ -20,54 +19,37 @@ from typing import Any, Optional
 import torch
 
 from .. import _core
-from . import _comms, _device
-from ._engine import CoreDelegate, current_engine_options, engine_core_options, param_name
-from ._layouts import as_layout, is_dtensor
-from ._master import MASTER
-from ._options import ZeroOptions, make_group_options  # ZeroOptions: checked with the other options
+from . import _comms, _device, _inventory
+from ._layout import Layout
 
 
-class ZeroEngine(CoreDelegate):
+class ZeroCore:
     """ZeRO-1/2 over plain replicated parameters (see the module docstring). COLLECTIVE: construction
     and step() on every rank in the same order."""
 
     kind = "zero"
 
-    def __init__(self, param_groups: list[dict], qk_tags: dict, non_finite: str, comm_dtype: str,
-                 zero: ZeroOptions):
-        self.params: list[torch.Tensor] = [p for g in param_groups for p in g["params"]]
+    def __init__(self, param_groups: list[dict], targets: list[torch.Tensor], layouts: list[Layout],
+                 qk_tags: dict, options: Any):
+        self.params = targets
+        _comms.release_at_exit(self)  # native objects released in order at exit
+        zero = options.zero
         self.reduce_grads, self.check_replicas = zero.reduce_grads, zero.check_replicas
-        _comms.release_at_exit(self)
-        specs, groups, self.names = [], [], []
-        for g, group in enumerate(param_groups):  # every check before any collective
-            pg = _core.ParamGroup()
-            pg.options = make_group_options(group, g)
-            muon = group.get("algorithm", "muon") == "muon"
-            indices = []
-            for j, p in enumerate(group["params"]):
-                name = param_name(group, g, j)
-                if is_dtensor(p):
-                    raise ValueError(f"[torch] zero=True shards plain (replicated) parameters, but "
-                                     f"parameter '{name}' is a DTensor (FSDP2 / TP): leave zero=False, "
-                                     f"DTensor parameters already keep their state on the shard")
-                if p.ndim == 0:
-                    raise ValueError(f"[torch] zero=True shards parameters by rows, but parameter "
-                                     f"'{name}' is a 0-dim scalar: make it shape [1] or leave zero=False")
-                spec = _core.ParamSpec()
-                spec.name, spec.shape = name, list(p.shape)
-                spec.role = "muon" if muon else "adamw"
-                spec.expert = muon and p.ndim == 3 and bool(group.get("expert_stacks"))
-                tag = qk_tags.get(id(p))
-                if tag is not None:
-                    spec.qk = tag
-                indices.append(len(specs))
-                specs.append(spec)
-                self.names.append(name)
-            pg.params = indices
-            groups.append(pg)
+
+        def check(name: str, p: torch.Tensor, layout: Layout) -> None:  # every check before any collective
+            if layout.placed:
+                raise ValueError(f"[torch] zero=True shards plain (replicated) parameters, but "
+                                 f"parameter '{name}' is {layout.describe()}: leave zero=False, "
+                                 f"such parameters already keep their state on their ranks")
+            if p.ndim == 0:
+                raise ValueError(f"[torch] zero=True shards parameters by rows, but parameter "
+                                 f"'{name}' is a 0-dim scalar: make it shape [1] or leave zero=False")
+
+        inventory, groups, self.names = _inventory.build(param_groups, layouts, qk_tags, None, check)
+        specs = list(inventory.params)
         self.device = _device.engine_device(self.params, self.names)
         world = _comms.world_size()
-        self.mesh = None
+        self.mesh, self._layouts = None, None
         if world > 1:
             if not torch.distributed.is_initialized():
                 raise ValueError(f"[torch] zero=True on {world} ranks needs torch.distributed (its "
@@ -76,7 +58,9 @@ class ZeroEngine(CoreDelegate):
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.tensor import Shard
             self.mesh = init_device_mesh(self.device.split(":")[0], (world,), mesh_dim_names=("zero",))
-            self._layout = (self.mesh, (Shard(0),))
+            self._layouts = [Layout(shape=lay.shape, local=lay.local, mesh=self.mesh, placements=(Shard(0),),
+                                    stride=tuple(torch.empty(lay.shape, device="meta").stride()))
+                             for lay in layouts]
         comm = _comms.communicator(world, self.device)
         mesh = _core.Mesh([("dp_shard", world)] if world > 1 else [])
         self.sp = _core.ShardedParams(comm, mesh, specs, reduce=self.reduce_grads or "mean",
@@ -84,9 +68,9 @@ class ZeroEngine(CoreDelegate):
         # the distributed engine's options of the constructor (window, chunk_bytes, strategy pins,
         # replica, machine, timeout_s, exact), as for _engine.Engine; the device's cost model by
         # default; the optimizer runs on the masters' device
-        options = engine_core_options(current_engine_options(), self.device)
-        del options["device"]
-        self.core = self.sp.make_optimizer(groups, non_finite, comm_dtype, **options)
+        kwargs = options.core_kwargs(self.device)
+        del kwargs["device"]
+        self.native = self.sp.make_optimizer(groups, options.non_finite, options.comm_dtype, **kwargs)
         self.rows = []
         for i, p in enumerate(self.params):  # masters from this rank's rows of its replica
             rows = self.sp.local_box(i)
@@ -96,29 +80,18 @@ class ZeroEngine(CoreDelegate):
         self.masters = [self.sp.param(i) for i in range(len(self.params))]
         self.grad_shards = list(self.sp.grads())
         _comms.track_engine_tensors(self.masters + self.grad_shards)  # emptied at exit (_comms)
-        self._state_cache: dict[int, dict[str, torch.Tensor]] = {}
         self._stats: dict = {}
 
-    # ---- the interface Muon uses ---------------------------------------------------------------
+    # ---- the interface of a core (_cores.py) -------------------------------------------------------
 
-    def state(self, i: int) -> dict[str, torch.Tensor]:
-        """This rank's shard of parameter i's state (and its fp32 master, key "master"): DTensors
-        Shard(0) over the world mesh aliasing the engine's memory (plain full tensors on one rank)."""
-        cached = self._state_cache.get(i)
-        if cached is None:
-            layout = self._layout if self.mesh is not None else None
-            p = self.params[i]
-            cached = {key: as_layout(self.core.state(i, key), layout, p, key)
-                      for key in self.core.state_keys(i)}
-            cached[MASTER] = as_layout(self.masters[i], layout, p, MASTER)
-            _comms.track_engine_tensors(cached.values())  # emptied at exit (_comms)
-            self._state_cache[i] = cached
-        return dict(cached)
+    def state_layout(self, i: int) -> Optional[Layout]:
+        """Shard(0) over the "zero" mesh (None on one rank: the parameter's own, whole)."""
+        return None if self._layouts is None else self._layouts[i]
 
     def last_stats(self) -> Optional[dict]:
         """The optimizer step's counters (meshmuon::StepStats) plus reduce_seconds, reduce_bytes_sent,
         reduce_bytes_recv (reduce_grads) and unshard_seconds."""
-        return dict(self.core.last_stats(), **self._stats) if self._stats else None
+        return dict(self.native.last_stats(), **self._stats) if self._stats else None
 
     def step(self, params: list[torch.Tensor], grads: list[Optional[torch.Tensor]],
              qk_logits: dict[int, list[float]]) -> bool:
@@ -139,8 +112,8 @@ class ZeroEngine(CoreDelegate):
             shards = []
             for (begin, end), g in zip(self.rows, grads):
                 shards.append(None if g is None else g.detach().contiguous()[begin:end])
-        self.core.set_stream(_device.caller_stream(self.device))  # ordered on the device, as _engine's
-        applied = self.core.step(_device.engine_arrays(self.masters), _device.engine_arrays(shards), qk_logits)
+        self.native.set_stream(_device.caller_stream(self.device))  # ordered on the device, as _engine's
+        applied = self.native.step(_device.engine_arrays(self.masters), _device.engine_arrays(shards), qk_logits)
         if applied:  # agreed on every rank, so the all-gather is collective
             # The masters the step wrote are read on this thread's stream, after the step's tail
             # (the step queued it there); unshard_into completes before it returns.

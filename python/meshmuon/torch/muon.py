@@ -3,32 +3,46 @@ numerics of torch.optim.Muon (Muon groups) and torch.optim.AdamW (AdamW groups).
 """
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
-from . import (_clip, _comms, _group_checks, _options, _owned, _plan, _precision, _qk_layout, _rebind,
-               _state_dict)
-from ._engine import engine_options
-from ._factory import make_engine
+from . import _clip, _comms, _group_checks, _options, _plan, _precision, _qk_layout, _rebind, _state_dict
+from ._layout.owner.state_dict import drop_elsewhere_state
+from ._engine import Engine, EngineOptions
 from ._options import MUON_DEFAULTS, MUON_ONLY, STRUCTURAL, apply_group, check_group_keys
 from ._profile import StepPhases
+from .options import Distribution, EngineConfig, Memory, merge
 
 _GRAD_DTYPES = (torch.float32, torch.bfloat16)
+# Muon.__init__'s locals that are not options by name
+_NOT_OPTIONS = {"self", "params", "engine", "distribution", "memory", "option_fields", "__class__"}
 
 
 class Muon(torch.optim.Optimizer):
-    """Muon (and AdamW) with a native step.
+    """Muon (and AdamW) with a native step. The arguments, in three groups:
+
+    1. torch.optim.Muon's (positional as there): lr, weight_decay, momentum, nesterov,
+       ns_coefficients, eps, ns_steps, adjust_lr_fn.
+    2. meshmuon's algorithm options, keyword-only, each also a param-group key (docs/python.md):
+       ns_schedule, ns_method, ns_scale, eps_mode, ns_bf16, ns_matmul_dtype, momentum_kind,
+       cautious_wd, decay_lr, muon_eq, muon_plus, normuon, normuon_beta2, qk_clip_threshold; and
+       qk_layout / clip_config (QK-clip tags), adamw_defaults (AdamW groups' defaults, torch.optim.AdamW's
+       otherwise).
+    3. How the step runs, in option objects (meshmuon.torch.options): `engine=EngineConfig(kind,
+       threads, non_finite)` (or a kind string, "local" / "distributed"), `distribution=
+       Distribution(comm_dtype, window, chunk_bytes, strategy, replica, machine, timeout_s,
+       allow_inexact)`, `memory=Memory(offload_state, zero, reduce_grads, check_replicas, none_grad)`.
+       Each field is also accepted as a keyword by its name (`Muon(..., window=4)`), never both ways.
 
     Groups are explicit: `algorithm="muon"` (the default; 2-D matrices, or 3-D expert stacks
-    [E, A, B] in groups with `expert_stacks=True`) or `algorithm="adamw"` (any shape).
-    `meshmuon.torch.param_groups(model)` builds them. Muon defaults follow torch.optim.Muon; keyword-
-    only arguments are meshmuon's options (see docs/python.md for every group key). AdamW groups
-    default to torch.optim.AdamW's hyperparameters, overridden by `adamw_defaults`.
+    [E, A, B] in groups with `expert_stacks=True`) or `algorithm="adamw"` (any shape);
+    `meshmuon.torch.param_groups(model)` builds them.
 
     QK-clip: `qk_layout={param_or_name_or_module: dict(layer=, kind=, heads=, head_dim=,
-    rope_dim=0, v_dim=0)}` tags attention weights once; a Muon group with qk_clip_threshold > 0
-    then needs `step(qk_logits={layer: per-query-head max logits})`.
+    rope_dim=0, v_dim=0)}` tags attention weights once (`clip_config` tags them by names,
+    Motif-style); a Muon group with qk_clip_threshold > 0 then needs
+    `step(qk_logits={layer: per-query-head max logits})`.
 
     State (created eagerly, the same keys for every parameter of an algorithm): Muon
     `momentum_buffer` (+ `normuon_v`, the factored second moment [A, 1] or [1, B], with NorMuon),
@@ -36,29 +50,28 @@ class Muon(torch.optim.Optimizer):
     alias the engine's memory: they are updated in place, their data_ptr never changes.
 
     DTensor parameters (FSDP2 / HSDP / TP / EP; launch with mpirun and call
-    meshmuon.torch.init_distributed()) run on the distributed engine over their local shards; their
-    state tensors are DTensors with the parameter's mesh and placements (DCP reshards them). Plain
-    tensors of a job of several ranks with a meshmuon communicator (mpirun) run there too, replicated.
-    Construction and step() are then collective. `engine="local"` / `"distributed"` overrides the
-    choice (tests, diagnostics). Tensors replaced in param_groups after construction (Accelerate's
-    FSDP2 prepare()) are noticed at the next step, state_dict or load_state_dict: the engine is
-    rebuilt for them, state carried by position and global shape. See docs/python.md.
+    meshmuon.torch.init_distributed()) and owned ones (meshmuon.torch.own) run on the distributed
+    core over their local shards; their state tensors are DTensors with the parameter's mesh and
+    placements (DCP reshards them). Plain tensors of a job of several ranks with a meshmuon
+    communicator (mpirun) run there too, replicated. Construction and step() are then collective.
+    `engine="local"` / `"distributed"` overrides the choice (tests, diagnostics). Tensors replaced in
+    param_groups after construction (Accelerate's FSDP2 prepare()) are noticed at the next step,
+    state_dict or load_state_dict: the engine is rebuilt for them, state carried by position and
+    global shape. See docs/python.md.
 
-    The distributed engine's options `window`, `chunk_bytes`, `strategy` (pins: {glob: strategy,
-    "default": strategy} or "glob:strategy;..."; also a group key), `replica`, `machine`,
-    `timeout_s`, `allow_inexact` are checked by both engines and ignored by the local one.
-    `offload_state=True` (both engines) keeps the optimizer state in pinned host memory and stages
-    each chunk's state to the device ahead of use (bitwise the same results; on the cpu backend the
-    same copies, a cost: it is there so the mechanism is tested); `last_step_stats` then reports
-    offload_bytes_in / offload_bytes_out and peak_state_resident_bytes.
-    `none_grad=True` frees each .grad the step used; `clip_config` tags QK-clip weights by names
-    (Motif-style). `opt.plan()` returns the plan, `opt.last_step_stats` the last step's figures; the
-    step opens torch.profiler ranges meshmuon.step / .collect_grads / .engine / .write_back.
+    The Distribution options are checked by both cores and ignored by the local one.
+    `offload_state=True` (both cores) stages each chunk's state to the device ahead of use (bitwise
+    the same results; on the cpu backend the same copies, a cost: it is there so the mechanism is
+    tested); `last_step_stats` then reports offload_bytes_in / offload_bytes_out and
+    peak_state_resident_bytes. `opt.plan()` returns the plan, `opt.last_step_stats` the last step's
+    figures; the step opens torch.profiler ranges meshmuon.step / .collect_grads / .engine /
+    .write_back.
     """
 
     def __init__(
         self,
         params,
+        # torch.optim.Muon's hyperparameters, names and defaults
         lr: float = 1e-3,
         weight_decay: float = 0.1,
         momentum: float = 0.95,
@@ -68,6 +81,7 @@ class Muon(torch.optim.Optimizer):
         ns_steps: int = 5,
         adjust_lr_fn: Optional[str] = None,
         *,
+        # meshmuon's algorithm options (also group keys, docs/python.md)
         ns_schedule: Optional[str] = None,
         ns_method: str = "symmetric",
         ns_scale: float = 1.0,
@@ -82,29 +96,21 @@ class Muon(torch.optim.Optimizer):
         normuon: bool = False,
         normuon_beta2: float = 0.95,
         qk_clip_threshold: float = 0.0,
-        comm_dtype: str = "fp32",
         qk_layout: Optional[dict] = None,
-        adamw_defaults: Optional[dict] = None,
-        non_finite: str = "raise",
-        threads: Optional[int] = None,
-        offload_state: bool = False,
-        window: int = 2,
-        chunk_bytes: int = 32 << 20,
-        strategy: Optional[Any] = None,
-        replica: str = "auto",
-        machine: Optional[Any] = None,
-        timeout_s: Optional[float] = None,
-        allow_inexact: bool = False,
-        none_grad: bool = False,
         clip_config: Optional[dict] = None,
-        engine: Optional[str] = None,
-        zero: bool = False,
-        reduce_grads: Optional[str] = None,
-        check_replicas: bool = False,
+        adamw_defaults: Optional[dict] = None,
+        # how the step runs (meshmuon.torch.options); each field also accepted as a keyword
+        engine: Union[None, str, EngineConfig] = None,
+        distribution: Optional[Distribution] = None,
+        memory: Optional[Memory] = None,
+        **option_fields: Any,
     ) -> None:
-        # Every keyword argument, by name: check_constructor reads the Muon group keys among them
-        # from MUON_DEFAULTS (a new group key is one entry there) and checks the rest in one pass.
-        defaults, options = _options.check_constructor(locals())
+        # Every argument by name: check_constructor reads the Muon group keys among them from
+        # MUON_DEFAULTS (a new group key is one entry there) and checks the rest in one pass.
+        given = {k: v for k, v in locals().items() if k not in _NOT_OPTIONS}
+        given.update(merge(engine, distribution, memory, option_fields))
+        given["engine"] = given.pop("kind")
+        defaults, options = _options.check_constructor(given)
         vars(self).update(options)
         self._clip_masks, self._last_phases = {}, None
         self._engine = None
@@ -151,15 +157,17 @@ class Muon(torch.optim.Optimizer):
                                                     self._clip_config)
         return tags
 
-    def _engine_options(self) -> dict:
-        """The distributed engine's options with the strategy pins of the constructor and of the
-        groups' `strategy` keys (the local engine ignores them)."""
+    def _engine_options(self) -> EngineOptions:
+        """The engine's options: the constructor's, with the strategy pins of the constructor and of
+        the groups' `strategy` keys (the local core ignores the distributed options)."""
         rules, default = self._strategy
         groups = [([n for n in g.get("param_names", [])] or
                    [f"param_groups[{i}][{j}]" for j in range(len(g["params"]))],
                    _plan.group_strategy(g, i)) for i, g in enumerate(self.param_groups)]
-        return dict(self._dist_options, strategy=_plan.strategy_rules(rules, default, groups),
-                    offload_state=self._offload_state)
+        dist = dict(self._dist_options, strategy=_plan.strategy_rules(rules, default, groups))
+        return EngineOptions(non_finite=self._non_finite, comm_dtype=self._comm_dtype, threads=self._threads,
+                             kind=self._engine_kind, offload_state=self._offload_state, dist=dist,
+                             zero=self._zero)
 
     def _rebuild_engine(self, carry: Optional[dict] = None) -> None:
         """A new engine for the groups; the state of each parameter the old engine had (by id, or
@@ -170,9 +178,7 @@ class Muon(torch.optim.Optimizer):
         # The core: distributed for DTensors, and for plain tensors of a multi-rank job with a
         # meshmuon communicator (replicated; the planner places the work); local otherwise.
         _precision.check_groups(self.param_groups)
-        with engine_options(self._engine_options()):
-            engine = make_engine(self.param_groups, self._qk_tags(), self._non_finite,
-                                 self._comm_dtype, self._threads, self._engine_kind, self._zero)
+        engine = Engine(self.param_groups, self._qk_tags(), self._engine_options())
         # Each parameter's "step" (a 0-d float32 tensor, as torch's optimizers keep it) is a view of
         # one counter vector, so a step counts them all with one add (a foreach add over 48 0-d CPU
         # tensors costs ~60 us a step; the vector's add ~2 us).
@@ -265,10 +271,10 @@ class Muon(torch.optim.Optimizer):
         _precision.check_groups(self.param_groups)
         for g, group in enumerate(self.param_groups):
             apply_group(engine.options(g), group, g)
-        logits = _clip.mask_logits(self._logits(qk_logits), self._clip_masks)
+        logits = _clip.mask_logits(_clip.logits_of(qk_logits), self._clip_masks)
         phases.phase("meshmuon.engine")
         self._last_phases = phases
-        applied = engine.step(engine.params, grads, logits)
+        applied = engine.step(grads, logits)
         phases.phase("meshmuon.write_back")
         if applied:
             if len(present) == len(grads):
@@ -282,19 +288,6 @@ class Muon(torch.optim.Optimizer):
                 engine.params[i].grad = None
         return loss
 
-    @staticmethod
-    def _logits(qk_logits) -> dict:
-        if qk_logits is None:
-            return {}
-        if not isinstance(qk_logits, dict):
-            raise TypeError("[torch] qk_logits must be a dict {layer: per-head max logits}")
-        out = {}
-        for layer, value in qk_logits.items():
-            if isinstance(value, torch.Tensor):
-                value = value.detach().to(torch.float32).cpu().reshape(-1).tolist()
-            out[int(layer)] = [float(v) for v in value]
-        return out
-
     # ---- state dict ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -305,7 +298,7 @@ class Muon(torch.optim.Optimizer):
         torch serializes them, and the next step() names the edit."""
         if _rebind.same_structure(self._built_params, self.param_groups):
             self._follow_params()
-        return _owned.drop_elsewhere_state(self, super().state_dict())
+        return drop_elsewhere_state(self, super().state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """As torch.optim.Optimizer.load_state_dict, in its order: the load_state_dict pre-hooks
@@ -358,9 +351,8 @@ class Muon(torch.optim.Optimizer):
 
     @property
     def engine(self) -> str:
-        """Which engine runs the step: 'local' (meshmuon.LocalOptimizer in this process: one process,
-        or plain tensors without a meshmuon communicator) or 'distributed' (meshmuon.Optimizer over MPI:
-        DTensor parameters, or plain tensors of a job of several ranks under mpirun)."""
+        """Which core runs the step: 'local' (meshmuon.LocalOptimizer in this process), 'distributed'
+        (meshmuon.Optimizer: DTensor or owned parameters, or plain ones of a multi-rank job) or 'zero'."""
         return self._engine.kind
 
     @property

@@ -1,4 +1,4 @@
-"""Multi-rank cases of owner placement for FSDP2 models (meshmuon.torch.own, _owned.py), run under torchrun
+"""Multi-rank cases of owner placement for FSDP2 models (meshmuon.torch.own, _layout/owner), run under torchrun
 by test_owner.py. A small GPT-like model: its block matrices owned (whole on one rank each), the rest
 (embedding, norms, an expert stack, the head) with fully_shard; real forward / backward with gradient
 accumulation (2 micro-batches), meshmuon.torch.clip_grad_norm_, Muon + AdamW steps, zero_grad.
@@ -257,7 +257,7 @@ def case_mixed(world):
 def set_grads(model, placement, step):
     for name, p in model.named_parameters():
         o = placement.owner(p) if placement is not None else -1
-        shape = p.shape if o < 0 else tuple(meshmuon.torch._owned.owned_info(p).shape)
+        shape = p.shape if o < 0 else meshmuon.torch._layout.layout_of(p).shape
         g = grad_for(name, shape, step)
         if isinstance(p, DTensor):
             p.grad = distribute_tensor(g, p.device_mesh, p.placements, src_data_rank=None)

@@ -1,11 +1,9 @@
-"""DTensor layouts for the engine behind meshmuon.torch.Muon.
+"""DTensor layouts (a part of the layout model, _layout/__init__.py, which alone uses it).
 
-Maps a DTensor's device mesh and placements to the engine's (the Engine in _engine.py builds its
-inventory with them): engine_placement() per placement, lift_to_job() for a sub-mesh of the job's
-mesh, mesh_key() naming a mesh's dims and sizes; checks that the engine's local box of each
-parameter is the DTensor's local shard (check_local_shards); and wraps the engine's state in the
-DTensor's layout without copying (wrap_local, as_layout) and takes the gradients' local shards
-(local_grad). is_dtensor() tells DTensors from plain tensors.
+Maps a DTensor's device mesh and placements to the engine's: engine_placement() per placement,
+lift_to_job() for a sub-mesh of the job's mesh, mesh_key() naming a mesh's dims and sizes; wraps the
+engine's memory in a DTensor layout without copying (wrap_local, as_layout) and takes the gradients'
+local shards (local_grad). is_dtensor() tells DTensors from plain tensors.
 """
 from __future__ import annotations
 
@@ -14,7 +12,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from .. import _core
+from ... import _core
 
 
 def is_dtensor(t: Any) -> bool:
@@ -77,26 +75,6 @@ def mesh_key(mesh: Any) -> tuple:
     return tuple(zip(names, (int(s) for s in mesh.mesh.shape)))
 
 
-def check_local_shards(params: list, inventory: "_core.Inventory", names: list[str]) -> None:
-    """The engine's local box of every parameter must be its local shard (shape; a plain tensor is
-    whole), and the shard must be contiguous (the engine works in place on it). Before any
-    collective: raises ValueError on the rank that differs."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    for i, p in enumerate(params):
-        local = p._local_tensor if is_dtensor(p) else p
-        spec = inventory.params[i]
-        box = _core.local_box(spec.shape, spec.placements, inventory.meshes[spec.mesh], rank)
-        want = [sum(e - b for b, e in dim) for dim in box]
-        if list(local.shape) != want:
-            raise ValueError(f"[torch] parameter '{names[i]}': local shard has shape "
-                             f"{tuple(local.shape)} but its placements {list(spec.placements)} "
-                             f"give {tuple(want)} on rank {rank}")
-        if not local.is_contiguous():
-            raise ValueError(f"[torch] parameter '{names[i]}': the local shard (shape "
-                             f"{tuple(local.shape)}, stride {local.stride()}) is not contiguous; "
-                             f"the engine updates it in place and needs a contiguous shard")
-
-
 # ---- engine memory -> DTensor layout -------------------------------------------------------------
 
 def wrap_local(local: torch.Tensor, mesh: Any, placements: Any, shape: Any, stride: Any) -> Any:
@@ -114,15 +92,16 @@ def wrap_local(local: torch.Tensor, mesh: Any, placements: Any, shape: Any, stri
     return DTensor(local, spec, requires_grad=False)
 
 
-def as_layout(local: torch.Tensor, layout: Optional[tuple], p: Any, key: str) -> torch.Tensor:
-    """Engine state `local` of parameter `p` in p's layout: itself for a plain parameter (layout
-    None), else a DTensor with p's mesh and placements whose local tensor is `local` (no copy)."""
+def as_layout(local: torch.Tensor, layout: Optional[tuple], shape: Any, key: str) -> torch.Tensor:
+    """Engine state `local` (key `key`) of a parameter of global `shape` in the layout (mesh,
+    placements): itself for layout None, else a DTensor whose local tensor is `local` (no copy)."""
     if layout is None:
         return local
     mesh, placements = layout
-    shape = list(p.shape)
+    ndim = len(shape)
+    shape = list(shape)
     if key == "normuon_v":
-        shape = list(_core.normuon_state_shape(shape, p.ndim == 3))
+        shape = list(_core.normuon_state_shape(shape, ndim == 3))
     stride = torch.empty(shape, device="meta").stride()
     return wrap_local(local, mesh, placements, shape, stride)
 

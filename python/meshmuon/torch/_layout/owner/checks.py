@@ -1,4 +1,4 @@
-"""Checks of owner placement's misuses (meshmuon.torch.own, _owned.py), each a ValueError / TypeError
+"""Checks of owner placement's misuses (meshmuon.torch.own, placement.py), each a ValueError / TypeError
 naming the parameters and what to do, raised on every rank before any collective can mismatch: the
 checks read only the model's structure, which is the same on every rank.
 
@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 
 from torch import nn
 
-from ._layouts import is_dtensor
+from ..dtensor import is_dtensor
 
 FIX = "pass ignored_params=placement.params to every fully_shard call"
 
