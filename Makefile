@@ -27,20 +27,29 @@ export OMPI_MCA_rmaps_base_oversubscribe := 1
 all: build
 
 setup:
+	@echo "== $$(date +%T) setup"
 	@bash scripts/setup.sh
 
 configure: setup
 	@cmake -S . -B $(BUILD) -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
 
 build: configure
+	@echo "== $$(date +%T) build"
 	@cmake --build $(BUILD) -j $(JOBS)
 	@echo "built: $(BUILD)/bin/meshmuon"
 
+# Each phase of `make test` prints the time it starts (`== HH:MM:SS phase`), so a log shows where the
+# time goes (CI's whole run should stay well under 30 minutes).
 test: build
+	@echo "== $$(date +%T) ctest"
 	@cd $(BUILD) && ctest --output-on-failure --timeout 600
+	@echo "== $$(date +%T) cleanroom"
 	@$(MAKE) --no-print-directory cleanroom
+	@echo "== $$(date +%T) pip install ."
 	@$(PYTHON) -m pip install -q --no-build-isolation --disable-pip-version-check --root-user-action=ignore .
-	@$(PYTHON) -m pytest tests/python tests/demo -q
+	@echo "== $$(date +%T) pytest"
+	@$(PYTHON) -m pytest tests/python tests/demo -q --durations=15
+	@echo "== $$(date +%T) done"
 
 # The wheel a user installs (scripts/build_wheel.sh: zig for glibc 2.28, auditwheel), then the
 # clean-room test of it (tests/wheel/cleanroom.sh: a fresh venv, compilers and Debian libraries hidden).
