@@ -1,4 +1,4 @@
-"""Every repository path named in README.md and docs/ exists (scripts/check_doc_paths.py): the tree
+"""Every repository path named in README.md and docs/ exists (tools/lint/check_doc_paths.py): the tree
 keeps it, and the check names a planted wrong path with its file and line (the negative control,
 on a copy of the docs beside links to the rest of the tree). Run: python -m pytest
 tests/python/test_doc_paths.py -q (make test runs it with the Python suite)."""
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "check_doc_paths.py"
+SCRIPT = ROOT / "tools" / "lint" / "check_doc_paths.py"
 
 
 def run(root: Path) -> subprocess.CompletedProcess:

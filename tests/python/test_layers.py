@@ -1,5 +1,5 @@
 """The layer order of src/, the public headers' homes, the frontends (python/src, tools/cli) and
-python/meshmuon (scripts/check_layers.py): the tree keeps it, and the check sees a violation when
+python/meshmuon (tools/lint/check_layers.py): the tree keeps it, and the check sees a violation when
 there is one (negative controls on a copy of the tree, one per rule)."""
 import shutil
 import subprocess
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "check_layers.py"
+SCRIPT = ROOT / "tools" / "lint" / "check_layers.py"
 
 
 def run(root: Path) -> subprocess.CompletedProcess:

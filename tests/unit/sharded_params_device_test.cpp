@@ -1,5 +1,5 @@
 // ShardedParams on a device backend at one rank (the distributed runs are in
-// tests/dist/sharded_params_device_test.cpp): caller tensors on the wrong device are named before
+// tests/dist/sharded_params_device_dist_test.cpp): caller tensors on the wrong device are named before
 // anything changes; the device option is validated; the negative control that the host path on
 // fake device memory faults (so the bitwise runs prove ShardedParams never touches it from the
 // host); and the real cuda backend bitwise against the cpu one (skipped without a GPU).

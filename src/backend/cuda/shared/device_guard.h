@@ -1,5 +1,5 @@
 // Internal, SHARED (backend/cuda/shared/: the CUDA helpers both the cuda backend and the nccl transport
-// include; scripts/check_layers.py lets src/comm/ include this folder only, not the rest of
+// include; tools/lint/check_layers.py lets src/comm/ include this folder only, not the rest of
 // backend/cuda/): DeviceGuard, the one scope that makes a CUDA device current (the cuda backend's
 // calls and streams, the nccl communicator's transport and bootstrap).
 #pragma once

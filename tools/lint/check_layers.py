@@ -8,7 +8,7 @@ shows the same order):
   (src/backend/<name>/) is private to it: other files include only its shared/ subfolder (the device
   helpers its transports need too, e.g. backend/cuda/shared/device_guard.h for comm/nccl/).
   Public headers: include/meshmuon/X.h is drawn in the folder of the sources that implement it
-  (scripts/header_homes.py finds them by what they define), so every one of them lies in the
+  (tools/lint/header_homes.py finds them by what they define), so every one of them lies in the
   header's layer and one is named X.cpp (mlx's rule): a header implemented elsewhere would draw
   an arrow back up (or down) the house. A header that declares nothing out of line (export.h,
   version.h) has no source and stays in its layer.
@@ -16,7 +16,7 @@ shows the same order):
   internal src/ headers only of the layers up to FRONTENDS' limit; never another frontend's.
   Python: no module of the meshmuon package imports another in a cycle.
 
-Run: python3 scripts/check_layers.py [--graph] [--root DIR]   (make test runs it through
+Run: python3 tools/lint/check_layers.py [--graph] [--root DIR]   (make test runs it through
 tests/python/test_layers.py, with negative controls; exit 1 on a violation)
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from header_homes import implementers  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # The layers, bottom first: each one a folder of src/ and the public headers that are its contract.
 LAYERS: list[tuple[str, list[str]]] = [

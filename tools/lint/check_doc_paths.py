@@ -13,7 +13,7 @@ path with a `/` may also be the tail of a repository file (`comm/poll.h` as `#in
 src/comm/poll.h); a bare file name must be some file's name. `name.{h,cpp}` names both files; a
 trailing `:123` (a line) is dropped.
 
-Run: python3 scripts/check_doc_paths.py [--root DIR]   (make test runs it through
+Run: python3 tools/lint/check_doc_paths.py [--root DIR]   (make test runs it through
 tests/python/test_doc_paths.py, with a planted wrong path as the negative control; exit 1 naming
 each missing path with its file and line)
 """
@@ -25,7 +25,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Extensions that make a span a path even without a `/` (bare names are looked up by name).
 SOURCE_EXT = {".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh", ".py", ".sh", ".cmake", ".md", ".toml", ".map"}

@@ -1,4 +1,4 @@
-"""Which sources implement each public header (scripts/check_layers.py reads it): the view of a drawing
+"""Which sources implement each public header (tools/lint/check_layers.py reads it): the view of a drawing
 tool that places include/meshmuon/X.h in the folder of the source that implements it.
 
 A source implements a header when it defines, out of line, something the header declares: a function
