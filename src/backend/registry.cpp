@@ -85,6 +85,17 @@ EngineDevice BackendRegistry::make(std::string_view name, int device_index) cons
   return make(device_index);
 }
 
+bool BackendRegistry::device_found(std::string_view name) const {
+  SpaceProbe probe;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Entry* e = find(name);
+    if (e == nullptr || !e->make) return false;
+    probe = e->space;
+  }
+  return !probe || probe() != nullptr;  // probed outside the lock, as device_space()
+}
+
 std::shared_ptr<MemorySpace> BackendRegistry::device_space() const {
   std::vector<SpaceProbe> probes;
   {

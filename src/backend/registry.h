@@ -58,6 +58,9 @@ class BackendRegistry {
   // The backend `name` on device `device_index`. std::invalid_argument for an unregistered name;
   // meshmuon::Error "[<name>] <why missing>" for a missing one; the factory's error otherwise.
   EngineDevice make(std::string_view name, int device_index) const;
+  // True when `name` is available and, for a backend with a memory-space probe, the probe finds its
+  // device here (false for a missing or unregistered name): whether make(name, 0) can run here.
+  bool device_found(std::string_view name) const;
   // The first usable device memory space of the registered backends, nullptr when none.
   std::shared_ptr<MemorySpace> device_space() const;
   // "cpu, cuda or cuda:N": the device names the options accept, for error messages.

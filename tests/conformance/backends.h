@@ -1,6 +1,6 @@
 // The backends the conformance suite runs over, and what each declares about itself. One function,
-// conformance_backends(), lists them (test-local until the backend registry of issue 36 lands:
-// then it reads the registry and each backend's own declaration of the methods it lacks).
+// conformance_backends(), lists them: every backend of backend_registry() and the test-only fake
+// device; the methods a backend lacks must equal its own declaration (KernelCaps::ns_methods).
 #pragma once
 
 #include <functional>
