@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "meshmuon/orthogonalize.h"
-#include "kernels/cpu/products.h"
-#include "kernels/cpu/ns_kernels.h"
+#include "backend/cpu/kernels/products.h"
+#include "backend/cpu/kernels/ns_kernels.h"
 
 namespace {
 

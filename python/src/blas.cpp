@@ -7,7 +7,7 @@
 #include "meshmuon/blas.h"
 #include "meshmuon/error.h"
 #include "meshmuon/orthogonalize.h"
-#include "kernels/cpu/bf16_products.h"
+#include "backend/cpu/kernels/bf16_products.h"
 
 namespace meshmuon::python {
 

@@ -1,5 +1,5 @@
 // Internal: a process-wide pool of worker threads and the one loop that uses it. meshmuon's CPU products
-// (kernels/cpu/products.h) split their work into pieces whose shapes never depend on the thread
+// (backend/cpu/kernels/products.h) split their work into pieces whose shapes never depend on the thread
 // count, and hand the pieces to parallel_for; which thread runs a piece is then irrelevant to the
 // result, so every thread count gives the same bits.
 #pragma once

@@ -1,5 +1,5 @@
 // The non-finite policy's names and group hyperparameter validation (the update rules' names:
-// kernels/cpu/update.cpp).
+// backend/cpu/kernels/update.cpp).
 #include "meshmuon/optim_options.h"
 
 #include <cmath>

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "conformance.h"
-#include "kernels/cpu/ns_methods.h"
+#include "backend/cpu/kernels/ns_methods.h"
 #include "meshmuon/error.h"
 #include "meshmuon/orthogonalize.h"
 #include "meshmuon/update.h"
@@ -130,7 +130,7 @@ TEST_P(Orthogonalize, LacksAgreesWithTheDeclaredMethods) {
   }
 }
 
-// Every method of the method table (kernels/cpu/ns_methods.h), the built-ins and the ones this binary
+// Every method of the method table (backend/cpu/kernels/ns_methods.h), the built-ins and the ones this binary
 // registered, fp32 products, wide and tall, a batch of two: as the cpu's and in the SVD band, or
 // refused by name where the backend lacks it. A method added to the table runs here unasked.
 TEST_P(Orthogonalize, EveryRegisteredMethod) {

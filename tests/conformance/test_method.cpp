@@ -4,7 +4,7 @@
 #include <atomic>
 #include <vector>
 
-#include "kernels/cpu/ns_methods.h"
+#include "backend/cpu/kernels/ns_methods.h"
 
 namespace meshmuon::conformance {
 namespace {

@@ -1,5 +1,5 @@
 // A test-only orthogonalization method, registered from this test binary through the method table
-// (src/kernels/cpu/ns_methods.h) exactly as a new method would be: the proof of docs/architecture.md
+// (src/backend/cpu/kernels/ns_methods.h) exactly as a new method would be: the proof of docs/architecture.md
 // "How to add an orthogonalization method". "conformance_test_method" is Newton–Schulz with every
 // product accumulated in double by plain loops (then rounded to fp32): slow and accurate. Whether
 // it ran is observed by its run counter, not inferred from bits that differ from a built-in's.

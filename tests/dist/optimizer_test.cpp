@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "optimizer_fixture.h"
-#include "kernels/cpu/bf16_matmul.h"
+#include "backend/cpu/kernels/bf16_matmul.h"
 #include "meshmuon/bf16.h"
 #include "meshmuon/error.h"
 #include "meshmuon/local_optimizer.h"

@@ -67,7 +67,7 @@ def test_the_graph_draws_each_public_header_with_its_sources():
     r = subprocess.run([sys.executable, str(SCRIPT), "--graph"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "device.h <- device.cpp" in r.stdout and "comm.h <- comm.cpp" in r.stdout
-    assert "qk_clip.h <- cpu/qk_clip.cpp" in r.stdout and "export.h (header-only)" in r.stdout
+    assert "qk_clip.h <- qk_clip.cpp" in r.stdout and "export.h (header-only)" in r.stdout
 
 
 def test_a_header_implemented_in_a_layer_above_is_found(tmp_path):
@@ -83,12 +83,12 @@ def test_a_header_implemented_in_a_layer_above_is_found(tmp_path):
 
 def test_a_header_named_after_no_source_is_found(tmp_path):
     root = copy_tree(tmp_path)
-    cpu = root / "src" / "kernels" / "cpu"
+    cpu = root / "src" / "backend" / "cpu" / "kernels"
     (cpu / "qk_clip.cpp").rename(cpu / "clip.cpp")
     r = run(root)
     assert r.returncode == 1
     assert ("include/meshmuon/qk_clip.h (kernels) is named after no source "
-            "(implemented by src/kernels/cpu/clip.cpp)") in r.stdout
+            "(implemented by src/backend/cpu/kernels/clip.cpp)") in r.stdout
 
 
 def test_the_nanobind_module_reaching_into_the_engine_is_found(tmp_path):

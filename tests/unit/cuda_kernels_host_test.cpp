@@ -29,9 +29,9 @@
 #include "backend/backend.h"
 #include "meshmuon/bf16.h"
 #include "meshmuon/update.h"
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/ns_kernels.h"
-#include "kernels/cpu/update_args.h"
+#include "backend/cpu/kernels/elementwise.h"
+#include "backend/cpu/kernels/ns_kernels.h"
+#include "backend/cpu/kernels/update_args.h"
 #include "../support/cuda_on_host.h"
 
 namespace meshmuon::cuda_host {

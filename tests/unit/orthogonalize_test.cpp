@@ -17,8 +17,8 @@
 #include "meshmuon/blas.h"
 #include "meshmuon/error.h"
 #include "meshmuon/orthogonalize.h"
-#include "kernels/cpu/bf16_matmul.h"
-#include "kernels/cpu/bf16_products.h"
+#include "backend/cpu/kernels/bf16_matmul.h"
+#include "backend/cpu/kernels/bf16_products.h"
 #include "test_support.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// meshmuon's fp32 products (kernels/cpu/products.h) and the worker pool under them
+// meshmuon's fp32 products (backend/cpu/kernels/products.h) and the worker pool under them
 // (core/parallel_for.h): exact on integer-valued operands for every layout, bitwise the same on
 // every thread count, and split into several tiles where the sizes allow (so that the thread-count
 // check is not vacuous).
@@ -19,8 +19,8 @@
 
 #include "core/parallel_for.h"
 #include "meshmuon/blas.h"
-#include "kernels/cpu/blas.h"
-#include "kernels/cpu/products.h"
+#include "backend/cpu/kernels/blas.h"
+#include "backend/cpu/kernels/products.h"
 
 namespace {
 

@@ -21,10 +21,10 @@
 #include "meshmuon/blas.h"
 #include "meshmuon/error.h"
 #include "meshmuon/orthogonalize.h"
-#include "kernels/cpu/bf16_matmul.h"
-#include "kernels/cpu/blas.h"
-#include "kernels/cpu/ns_methods.h"
-#include "kernels/cpu/products.h"
+#include "backend/cpu/kernels/bf16_matmul.h"
+#include "backend/cpu/kernels/blas.h"
+#include "backend/cpu/kernels/ns_methods.h"
+#include "backend/cpu/kernels/products.h"
 
 namespace meshmuon::cli {
 namespace {
@@ -163,7 +163,7 @@ void run_bench(const BenchNsArgs& a) {
   base.scale = a.scale;
   std::vector<NsMethod> methods;
   if (a.compare)
-    methods = cpu::ns_methods();  // every method of the table (kernels/cpu/ns_methods.h)
+    methods = cpu::ns_methods();  // every method of the table (backend/cpu/kernels/ns_methods.h)
   else
     methods = {parse_ns_method(a.method)};
   std::vector<DType> dtypes;

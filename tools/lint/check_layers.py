@@ -6,7 +6,8 @@ shows the same order):
   C++ (bottom first): a file may include headers of its own layer and of the layers below it,
   never one above; no two files may include each other through a cycle. A backend's folder
   (src/backend/<name>/) is private to it: other files include only its shared/ subfolder (the device
-  helpers its transports need too, e.g. backend/cuda/shared/device_guard.h for comm/nccl/).
+  helpers its transports need too, e.g. backend/cuda/shared/device_guard.h for comm/nccl/) or a layer
+  that lives inside it (the cpu kernels: src/backend/cpu/kernels/, the kernels layer, see FOLDERS).
   Public headers: include/meshmuon/X.h is drawn in the folder of the sources that implement it
   (tools/lint/header_homes.py finds them by what they define), so every one of them lies in the
   header's layer and one is named X.cpp (mlx's rule): a header implemented elsewhere would draw
@@ -56,6 +57,15 @@ LAYERS: list[tuple[str, list[str]]] = [
 FRONTENDS: dict[str, str] = {"python/src": "kernels", "tools/cli": "comm"}
 LEVEL = {name: i for i, (name, _) in enumerate(LAYERS)}
 HEADER_LAYER = {h: name for name, headers in LAYERS for h in headers}
+# A layer's folder under src/ is its name, except: the cpu kernels live with the cpu backend (as mlx keeps
+# backend/cpu) but are a layer of their own, right above core, because the planner's flops and the
+# public rules headers (orthogonalize.h, update.h, qk_clip.h) read them and the cuda backend reuses
+# their scalar formulas; they include nothing of the backend layer.
+FOLDERS: dict[str, str] = {"kernels": "backend/cpu/kernels"}
+
+
+def folder(layer: str) -> str:
+    return FOLDERS.get(layer, layer)
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -67,6 +77,9 @@ def frontend_of(path: Path) -> str | None:
 def layer_of_src(path: Path) -> str | None:
     rel = path.relative_to(ROOT)
     if rel.parts[0] == "src" and len(rel.parts) > 2:
+        for layer, f in FOLDERS.items():
+            if rel.parts[1:1 + len(Path(f).parts)] == Path(f).parts:
+                return layer
         return rel.parts[1]
     if rel.parts[:2] == ("include", "meshmuon"):
         return HEADER_LAYER.get(rel.name)
@@ -79,7 +92,7 @@ def private_backend_folder(target: Path) -> Path | None:
     rel = target.relative_to(ROOT) if target.is_relative_to(ROOT) else None
     if rel is None or rel.parts[:2] != ("src", "backend") or len(rel.parts) < 4:
         return None
-    if len(rel.parts) >= 5 and rel.parts[3] == "shared":
+    if len(rel.parts) >= 5 and rel.parts[3] == "shared" or layer_of_src(ROOT / rel) != "backend":
         return None
     return ROOT / "src" / "backend" / rel.parts[2]
 
@@ -161,11 +174,11 @@ def header_homes() -> tuple[dict[str, set[Path]], list[str]]:
             if theirs != layer:
                 way = "back up" if LEVEL.get(theirs, 99) > LEVEL[layer] else "down"
                 problems.append(f"{name} is implemented in {s.relative_to(ROOT)} ({theirs}): drawn there, an arrow "
-                                f"{way} from what includes it; define it in src/{layer}/ or move it to {theirs}'s layer")
+                                f"{way} from what includes it; define it in src/{folder(layer)}/ or move it to {theirs}'s layer")
         if not any(s.stem == Path(h).stem and layer_of_src(s) == layer for s in srcs):
             have = ", ".join(str(s.relative_to(ROOT)) for s in sorted(srcs))
             problems.append(f"{name} is named after no source (implemented by {have}): name the source that "
-                            f"implements it {Path(h).stem}.cpp, in src/{layer}/")
+                            f"implements it {Path(h).stem}.cpp, in src/{folder(layer)}/")
     return homes, problems
 
 
@@ -175,10 +188,10 @@ def draw(homes: dict[str, set[Path]]) -> list[str]:
     for name, headers in LAYERS:
         parts = []
         for h in headers:
-            srcs = sorted(str(s.relative_to(ROOT / "src" / name)) if layer_of_src(s) == name
+            srcs = sorted(str(s.relative_to(ROOT / "src" / folder(name))) if layer_of_src(s) == name
                           else f"[{s.relative_to(ROOT)}: {layer_of_src(s)}]" for s in homes.get(h, ()))
             parts.append(f"{h} <- {' '.join(srcs)}" if srcs else f"{h} (header-only)")
-        lines.append(f"  {name:<10} src/{name}/: " + ("; ".join(parts) if parts else "(internal)"))
+        lines.append(f"  {name:<10} src/{folder(name)}/: " + ("; ".join(parts) if parts else "(internal)"))
     for front, limit in FRONTENDS.items():
         lines.append(f"  {'frontend':<10} {front}/: public headers; internal headers up to {limit}")
     return lines

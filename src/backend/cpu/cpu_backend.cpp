@@ -11,8 +11,8 @@
 #include "meshmuon/bf16.h"
 #include "meshmuon/blas.h"
 #include "meshmuon/error.h"
-#include "kernels/cpu/ns_methods.h"
-#include "kernels/cpu/products.h"
+#include "backend/cpu/kernels/ns_methods.h"
+#include "backend/cpu/kernels/products.h"
 
 namespace meshmuon::detail {
 namespace {
@@ -24,8 +24,8 @@ class CpuBackend final : public Backend {
   DeviceCaps device_caps() const override { return {}; }
   KernelCaps kernel_caps() const override {
     KernelCaps c;
-    c.bf16_products = true;  // oneDNN's or meshmuon's widened products (kernels/cpu/bf16_products.h)
-    c.ns_methods = cpu::ns_methods();  // every method of the table (kernels/cpu/ns_methods.h), registered ones too
+    c.bf16_products = true;  // oneDNN's or meshmuon's widened products (backend/cpu/kernels/bf16_products.h)
+    c.ns_methods = cpu::ns_methods();  // every method of the table (backend/cpu/kernels/ns_methods.h), registered ones too
     return c;
   }
 

@@ -36,8 +36,8 @@
 #include "backend/cuda/event_pool.h"
 #include "backend/cuda/thread_resources.h"
 #include "meshmuon/error.h"
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/update_args.h"
+#include "backend/cpu/kernels/elementwise.h"
+#include "backend/cpu/kernels/update_args.h"
 
 namespace meshmuon::detail {
 namespace {

@@ -2,7 +2,7 @@
 // a plain launcher interface so that the host side (cuda_*.cpp) is ordinary C++. The launchers
 // are defined in launchers.cuh, the kernels in the .cuh files device_code.cuh lists. Each launcher
 // enqueues on `stream` and returns the launch's error; none synchronizes. Numerics are exactly those
-// of the cpu kernels (src/kernels/cpu, update.h): scalars arrive already rounded to fp32 as the cpu
+// of the cpu kernels (src/backend/cpu/kernels, update.h): scalars arrive already rounded to fp32 as the cpu
 // code rounds them, fma only where the cpu code calls std::fma.
 #pragma once
 
@@ -14,14 +14,14 @@
 #include "backend/cuda/device_scratch.h"
 #include "backend/cuda/multi_tensor.h"
 #include "backend/pack.h"
-#include "kernels/cpu/adam_scalars.h"
+#include "backend/cpu/kernels/adam_scalars.h"
 
 namespace meshmuon::cuda {
 
 using detail::PackConv;
 using detail::PackRun;
 
-using cpu::AdamScalars;  // kernels/cpu/adam_scalars.h: the cpu kernel's scalars, derived once (update_args.h)
+using cpu::AdamScalars;  // backend/cpu/kernels/adam_scalars.h: the cpu kernel's scalars, derived once (update_args.h)
 
 cudaError_t momentum_multi(const MomentumItem* items, int count, int64_t blocks, cudaStream_t s);
 cudaError_t apply_multi(const ApplyItem* items, int count, int64_t blocks, cudaStream_t s);

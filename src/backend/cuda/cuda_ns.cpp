@@ -20,8 +20,8 @@
 #include "backend/cuda/shared/device_guard.h"
 #include "backend/cuda/thread_resources.h"
 #include "meshmuon/error.h"
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/ns_kernels.h"
+#include "backend/cpu/kernels/elementwise.h"
+#include "backend/cpu/kernels/ns_kernels.h"
 
 namespace meshmuon::detail {
 namespace {

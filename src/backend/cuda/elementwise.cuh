@@ -19,7 +19,7 @@ __device__ __forceinline__ float load_grad(const void* g, bool bf16, int64_t i) 
   return bf16 ? bf16_bits_to_float(static_cast<const uint16_t*>(g)[i]) : static_cast<const float*>(g)[i];
 }
 
-// torch_lerp of src/kernels/cpu/elementwise.h
+// torch_lerp of src/backend/cpu/kernels/elementwise.h
 __device__ __forceinline__ float torch_lerp(float a, float b, float w) {
   const float diff = __fsub_rn(b, a);
   return fabsf(w) < 0.5f ? __fmaf_rn(w, diff, a) : __fmaf_rn(__fsub_rn(w, 1.0f), diff, b);

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "kernels/cpu/adam_scalars.h"
+#include "backend/cpu/kernels/adam_scalars.h"
 
 namespace meshmuon::cuda {
 

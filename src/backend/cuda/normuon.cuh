@@ -1,4 +1,4 @@
-// Internal: NorMuon on the device (device_code.cuh; src/kernels/cpu/normuon.cpp, the same
+// Internal: NorMuon on the device (device_code.cuh; src/backend/cpu/kernels/normuon.cpp, the same
 // operations in the same order): the mean squares per row or column, the two ordered sums, the
 // state's EMA and the scaling. The sums go through shared memory and barriers;
 // tests/unit/cuda_kernels_host_test.cpp runs them on the host (tests/support/cuda_on_host.h),

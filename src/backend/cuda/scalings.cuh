@@ -1,5 +1,5 @@
 // Internal: nanochat's two scalings around the polar iteration on the device (device_code.cuh;
-// src/kernels/cpu/equilibrate.cpp): MuonEq's row equilibration before the normalization, bitwise the
+// src/backend/cpu/kernels/equilibrate.cpp): MuonEq's row equilibration before the normalization, bitwise the
 // cpu's (its row sums in the cpu's order: 8 interleaved partial sums per row, combined pairwise, rows
 // added in order), and Muon+'s renormalization after the last step, from the device's Σ x² (the fixed
 // tree of reductions.cuh: deterministic, not the cpu's order). tests/unit/cuda_kernels_host_test.cpp

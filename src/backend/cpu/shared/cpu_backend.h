@@ -1,6 +1,6 @@
 // Internal, SHARED (backend/cpu/shared/: what other backends reuse of the cpu backend): the host
 // stream (a worker thread, or the caller's thread) and the pack table run on the host. The cpu backend
-// itself (OpenBLAS fp32 products, oneDNN bf16 products, the kernels of src/kernels/cpu) is
+// itself (OpenBLAS fp32 products, oneDNN bf16 products, the kernels of src/backend/cpu/kernels) is
 // cpu_backend.cpp, found through the registry (registry.h).
 #pragma once
 

@@ -1,7 +1,7 @@
 // Run-time BLAS loading. dlopen (rather than link-time) lets libmeshmuon set OPENBLAS_CORETYPE before
 // OpenBLAS initializes, so C++, CLI and Python users all get the fast kernels without doing anything.
-#include "kernels/cpu/blas.h"
-#include "kernels/cpu/products.h"
+#include "backend/cpu/kernels/blas.h"
+#include "backend/cpu/kernels/products.h"
 
 #include <dlfcn.h>
 

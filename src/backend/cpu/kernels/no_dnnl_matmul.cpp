@@ -1,7 +1,7 @@
 // Bf16Matmul without oneDNN (bf16_matmul.h): built instead of dnnl_matmul.cpp when CMake finds no
 // oneDNN 3.x headers. bf16_matmul_info() says why; constructing a Bf16Matmul throws it (the widened
 // products of bf16_products.h serve bf16 products then).
-#include "kernels/cpu/bf16_matmul.h"
+#include "backend/cpu/kernels/bf16_matmul.h"
 
 #include "meshmuon/error.h"
 

@@ -9,8 +9,8 @@
 
 #include "meshmuon/dtype.h"
 #include "meshmuon/orthogonalize.h"
-#include "kernels/cpu/bf16_matmul.h"
-#include "kernels/cpu/bf16_products.h"
+#include "backend/cpu/kernels/bf16_matmul.h"
+#include "backend/cpu/kernels/bf16_products.h"
 
 namespace meshmuon::cpu {
 

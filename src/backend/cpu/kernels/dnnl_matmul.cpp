@@ -2,7 +2,7 @@
 // no_dnnl_matmul.cpp): oneDNN loaded at run time (dlopen) for bf16 products. Only the C API of
 // oneDNN 3.x is used (libdnnl.so.3; PyPI's onednn-cpu-iomp 2023.2.0 is oneDNN 3.2): a matmul
 // primitive per shape, cached.
-#include "kernels/cpu/bf16_matmul.h"
+#include "backend/cpu/kernels/bf16_matmul.h"
 
 #include <dlfcn.h>
 #include <unistd.h>

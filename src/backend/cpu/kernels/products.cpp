@@ -1,7 +1,7 @@
 // Tiled products over single-threaded BLAS calls (products.h). Tile bounds are a function of the
 // sizes only: that is the whole determinism argument, so nothing here may read the thread count
 // before the tiles are fixed.
-#include "kernels/cpu/products.h"
+#include "backend/cpu/kernels/products.h"
 
 #include <algorithm>
 #include <atomic>
@@ -9,7 +9,7 @@
 
 #include "core/parallel_for.h"
 #include "meshmuon/error.h"
-#include "kernels/cpu/blas.h"
+#include "backend/cpu/kernels/blas.h"
 
 namespace meshmuon::cpu {
 namespace {

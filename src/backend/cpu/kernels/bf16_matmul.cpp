@@ -1,6 +1,6 @@
 // Bf16Matmul's parts common to both builds (bf16_matmul.h): the lower block triangle of a symmetric
 // product through gemm(), which dnnl_matmul.cpp (oneDNN) or no_dnnl_matmul.cpp defines.
-#include "kernels/cpu/bf16_matmul.h"
+#include "backend/cpu/kernels/bf16_matmul.h"
 
 namespace meshmuon::cpu {
 

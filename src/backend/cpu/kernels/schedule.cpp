@@ -5,7 +5,7 @@
 
 #include "meshmuon/error.h"
 #include "meshmuon/orthogonalize.h"
-#include "kernels/cpu/ns_methods.h"
+#include "backend/cpu/kernels/ns_methods.h"
 
 namespace meshmuon {
 namespace {

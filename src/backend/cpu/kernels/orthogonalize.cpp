@@ -10,10 +10,10 @@
 #include "meshmuon/blas.h"
 #include "meshmuon/error.h"
 #include "meshmuon/orthogonalize.h"
-#include "kernels/cpu/bf16_products.h"
-#include "kernels/cpu/ns_kernels.h"
-#include "kernels/cpu/ns_methods.h"
-#include "kernels/cpu/products.h"
+#include "backend/cpu/kernels/bf16_products.h"
+#include "backend/cpu/kernels/ns_kernels.h"
+#include "backend/cpu/kernels/ns_methods.h"
+#include "backend/cpu/kernels/products.h"
 
 namespace meshmuon {
 

@@ -3,8 +3,8 @@
 #include <functional>
 
 #include "meshmuon/update.h"
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/update_args.h"
+#include "backend/cpu/kernels/elementwise.h"
+#include "backend/cpu/kernels/update_args.h"
 
 namespace meshmuon {
 namespace {

@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "meshmuon/bf16.h"
-#include "kernels/cpu/products.h"
-#include "kernels/cpu/ns_kernels.h"
+#include "backend/cpu/kernels/products.h"
+#include "backend/cpu/kernels/ns_kernels.h"
 
 namespace meshmuon::cpu {
 namespace {

@@ -1,12 +1,12 @@
 // The orthogonalization method table (ns_methods.h): the three built-in methods and registration.
-#include "kernels/cpu/ns_methods.h"
+#include "backend/cpu/kernels/ns_methods.h"
 
 #include <algorithm>
 #include <deque>
 #include <mutex>
 
 #include "meshmuon/error.h"
-#include "kernels/cpu/ns_kernels.h"
+#include "backend/cpu/kernels/ns_kernels.h"
 
 namespace meshmuon::cpu {
 namespace {

@@ -1,5 +1,5 @@
 // The choice between oneDNN's and meshmuon's widened bf16 products (bf16_products.h).
-#include "kernels/cpu/bf16_products.h"
+#include "backend/cpu/kernels/bf16_products.h"
 
 #include <time.h>
 
@@ -14,8 +14,8 @@
 #include "meshmuon/blas.h"
 #include "meshmuon/error.h"
 #include "meshmuon/orthogonalize.h"
-#include "kernels/cpu/bf16_matmul.h"
-#include "kernels/cpu/products.h"
+#include "backend/cpu/kernels/bf16_matmul.h"
+#include "backend/cpu/kernels/products.h"
 
 namespace meshmuon::cpu {
 namespace {

@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "meshmuon/bf16.h"
-#include "kernels/cpu/bf16_products.h"
-#include "kernels/cpu/ns_kernels.h"
-#include "kernels/cpu/products.h"
+#include "backend/cpu/kernels/bf16_products.h"
+#include "backend/cpu/kernels/ns_kernels.h"
+#include "backend/cpu/kernels/products.h"
 
 // The element-wise passes get an AVX-512 clone next to the generic one (picked at load time);
 // -ffp-contract=off (CMakeLists) keeps both clones' arithmetic identical.

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "meshmuon/update.h"
-#include "kernels/cpu/elementwise.h"
+#include "backend/cpu/kernels/elementwise.h"
 
 namespace meshmuon {
 namespace {

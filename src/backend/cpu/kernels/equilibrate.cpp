@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/cpu/ns_kernels.h"
-#include "kernels/cpu/products.h"
+#include "backend/cpu/kernels/ns_kernels.h"
+#include "backend/cpu/kernels/products.h"
 
 namespace meshmuon::cpu {
 namespace {

@@ -1,10 +1,10 @@
 // Internal: the update kernels' shared argument checks and scalars (update_args.h).
-#include "kernels/cpu/update_args.h"
+#include "backend/cpu/kernels/update_args.h"
 
 #include <cmath>
 #include <functional>
 
-#include "kernels/cpu/elementwise.h"
+#include "backend/cpu/kernels/elementwise.h"
 
 namespace meshmuon::cpu {
 namespace {

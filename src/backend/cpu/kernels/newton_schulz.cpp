@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/cpu/products.h"
-#include "kernels/cpu/ns_kernels.h"
+#include "backend/cpu/kernels/products.h"
+#include "backend/cpu/kernels/ns_kernels.h"
 
 namespace meshmuon::cpu {
 namespace {
