@@ -29,6 +29,7 @@
 #include "backend/cuda/batched_gemm.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cpu/kernels/update_steps.h"
 #include "meshmuon/bf16.h"
 #include "meshmuon/error.h"
 #include "meshmuon/inventory.h"

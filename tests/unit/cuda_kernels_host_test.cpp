@@ -29,6 +29,7 @@
 #include "backend/backend.h"
 #include "meshmuon/bf16.h"
 #include "meshmuon/update.h"
+#include "backend/cpu/kernels/update_steps.h"
 #include "backend/cpu/kernels/elementwise.h"
 #include "backend/cpu/kernels/ns_kernels.h"
 #include "backend/cpu/kernels/update_args.h"

@@ -15,6 +15,7 @@
 
 #include "meshmuon/bf16.h"
 #include "meshmuon/update.h"
+#include "backend/cpu/kernels/update_steps.h"
 #include "test_support.h"
 
 namespace {

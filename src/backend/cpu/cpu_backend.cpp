@@ -13,6 +13,7 @@
 #include "meshmuon/error.h"
 #include "backend/cpu/kernels/ns_methods.h"
 #include "backend/cpu/kernels/products.h"
+#include "backend/cpu/kernels/update_steps.h"
 
 namespace meshmuon::detail {
 namespace {

@@ -2,7 +2,7 @@
 // single-tensor CPU path does.
 #include <functional>
 
-#include "meshmuon/update.h"
+#include "backend/cpu/kernels/update_steps.h"
 #include "backend/cpu/kernels/elementwise.h"
 #include "backend/cpu/kernels/update_args.h"
 

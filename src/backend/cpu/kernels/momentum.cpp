@@ -1,7 +1,7 @@
 // Momentum kernels (EMA as torch.optim.Muon, heavy ball as Motif / Dion), fp32 or bf16 gradients.
 #include <functional>
 
-#include "meshmuon/update.h"
+#include "backend/cpu/kernels/update_steps.h"
 #include "backend/cpu/kernels/elementwise.h"
 #include "backend/cpu/kernels/update_args.h"
 

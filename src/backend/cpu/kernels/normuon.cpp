@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "meshmuon/update.h"
+#include "backend/cpu/kernels/update_steps.h"
 #include "backend/cpu/kernels/elementwise.h"
 
 namespace meshmuon {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <functional>
 
-#include "meshmuon/update.h"
+#include "backend/cpu/kernels/update_steps.h"
 #include "backend/cpu/kernels/elementwise.h"
 #include "backend/cpu/kernels/update_args.h"
 
