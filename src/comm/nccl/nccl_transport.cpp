@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backend/cuda/shared/device_guard.h"
+#include "comm/nccl/nccl_op.h"
 #include "meshmuon/error.h"
 
 namespace meshmuon {
@@ -29,89 +30,11 @@ using detail::NcclApi;
 using detail::NcclShared;
 using detail::throw_error;
 
-// The transport's CUDA errors: std::runtime_error "<what>: <runtime's text>" (the Communicator words
-// the operation's error around it); not the backend's detail::check_cuda.
-void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(concat(what, ": ", cudaGetErrorString(e)));
-}
-
-ncclDataType_t nccl_type(CommType t) {
-  switch (t) {
-    case CommType::F32: return ncclFloat32;
-    case CommType::BF16: return ncclBfloat16;
-    case CommType::I32: return ncclInt32;
-    case CommType::I64: return ncclInt64;
-    case CommType::U64: return ncclUint64;
-    case CommType::U8: return ncclUint8;
-  }
-  return ncclUint8;
-}
-
-ncclRedOp_t nccl_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Min: return ncclMin;
-  }
-  return ncclSum;
-}
-
-// Device memory and pinned memory of one operation.
-struct Scratch {
-  std::vector<void*> device, pinned;
-  ~Scratch() {
-    for (void* p : device) (void)cudaFree(p);
-    for (void* p : pinned) (void)cudaFreeHost(p);
-  }
-};
-
-class NcclOp final : public TransportOp {
- public:
-  NcclOp(std::shared_ptr<NcclShared> shared, ncclComm_t comm) : shared_(std::move(shared)), comm_(comm) {}
-  ~NcclOp() override {
-    if (event_ != nullptr) (void)cudaEventDestroy(event_);
-  }
-
-  bool test() override {
-    if (shared_->aborted) throw std::runtime_error("the NCCL communicator was aborted after a timeout");
-    ncclResult_t state = ncclSuccess;
-    shared_->check(comm_, shared_->api->comm_get_async_error(comm_, &state), "ncclCommGetAsyncError");
-    if (state != ncclSuccess && state != ncclInProgress)
-      throw std::runtime_error(concat("NCCL reported ", shared_->error_text(comm_, state)));
-    const cudaError_t e = cudaEventQuery(event_);
-    if (e == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // not an error: cleared where the runtime left it as the last error
-      return false;
-    }
-    check_cuda(e, "cudaEventQuery");
-    for (const CopyOut& c : copy_out_) std::memcpy(c.host, c.pinned, c.bytes);
-    copy_out_.clear();
-    return true;
-  }
-
-  struct CopyOut {
-    void* host;
-    const void* pinned;
-    size_t bytes;
-  };
-  Scratch scratch;
-  std::vector<CopyOut> copy_out_;
-  cudaEvent_t event_ = nullptr;
-
- private:
-  std::shared_ptr<NcclShared> shared_;
-  ncclComm_t comm_;
-};
-
-bool is_device_pointer(const void* p) {
-  if (p == nullptr) return false;
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-}
+using detail::nccl::check_cuda;
+using detail::nccl::is_device_pointer;
+using detail::nccl::nccl_op;
+using detail::nccl::nccl_type;
+using detail::nccl::NcclOp;
 
 class NcclTransport final : public Transport {
  public:
