@@ -96,7 +96,7 @@ BackendRegistry& backend_registry();
 
 // The registrations of the built-in backends: each defined by its backend's unit pair.
 void register_cpu_backend(BackendRegistry& r);   // cpu/cpu_backend.cpp (always built)
-void register_cuda_backend(BackendRegistry& r);  // cuda/cuda_backend.cpp, or no_cuda.cpp
+void register_cuda_backend(BackendRegistry& r);  // cuda/cuda_registration.cpp, or no_cuda.cpp
 
 // The cuda backend's factory (the registry's "cuda" entry; tests and `bench` call it directly):
 // meshmuon::Error "[cuda] ..." where it cannot run (no_cuda.cpp: the build has no CUDA).

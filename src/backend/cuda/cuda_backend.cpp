@@ -376,21 +376,6 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-bool cuda_device_available(std::string* why) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky-free error so later calls start clean
-    if (why) *why = cudaGetErrorString(e);
-    return false;
-  }
-  if (count == 0) {
-    if (why) *why = "cudaGetDeviceCount found 0 devices";
-    return false;
-  }
-  return true;
-}
-
 std::shared_ptr<Backend> make_cuda_backend(int device) {
   std::string why;
   if (!cuda_device_available(&why)) throw_error(concat("[cuda] no CUDA device: ", why));
@@ -400,11 +385,6 @@ std::shared_ptr<Backend> make_cuda_backend(int device) {
                       " CUDA device(s) are visible");
   const DeviceGuard guard(device);  // creates the device's context, leaves the caller's device current
   return std::make_shared<CudaBackend>(device);
-}
-
-void register_cuda_backend(BackendRegistry& r) {
-  r.add("cuda", [](int index) { return EngineDevice{make_cuda_backend(index), default_memory_space()}; },
-        /*indexed=*/true, [] { return cuda_memory_space(); }, "CUDA");
 }
 
 }  // namespace meshmuon::detail

@@ -1,5 +1,5 @@
 // Internal: the cuda backend (cuda_backend.cpp and the files it names): make_cuda_backend (registry.h),
-// a device probe and the switches of tests.
+// a device probe (cuda_registration.cpp, with the registry entry) and the switches of tests.
 #pragma once
 
 #include <cstddef>
