@@ -24,8 +24,12 @@
 namespace meshmuon {
 
 // Coefficient schedules (names as used in CLI, JSON, Python): "jordan", "you", "polar_express",
-// "custom".
-enum class Schedule { Jordan, You, PolarExpress, Custom };
+// "custom", and NVIDIA-NeMo/Emerging-Optimizers' fixed tables (their names and iteration rules):
+// "cans" (CANS, arXiv 2506.10935: 5 triples, the last repeated past them), "aol" (4 triples of
+// Turbo-Muon's, arXiv 2512.04632, cycled), "deepseekv4" (DeepSeek-V4: 8 x Jordan's then
+// 2 x (2, -1.5, 0.5), the last repeated), "cubic5" (arXiv 2606.00371: 5 cubic steps, c = 0;
+// exactly 5 steps). A shorter run takes a prefix of a table.
+enum class Schedule { Jordan, You, PolarExpress, Custom, Cans, Aol, DeepSeekV4, Cubic5 };
 MESHMUON_API std::string_view to_string(Schedule s);
 MESHMUON_API Schedule parse_schedule(std::string_view name);  // throws std::invalid_argument
 

@@ -125,8 +125,52 @@ TEST(Schedule, NamedSchedulesAndCustom) {
   EXPECT_EQ(c[0].a, 1.5);
 }
 
+// Emerging-Optimizers' tables (muon_utils.py, its _COEFFICIENT_SETS) and iteration rules: cans and
+// deepseekv4 repeat their last triple past the table, aol cycles, cubic5 has exactly 5 steps.
+TEST(Schedule, EmergingOptimizersTables) {
+  NsOptions o;
+  o.schedule = Schedule::Cans;
+  o.steps = 7;
+  auto t = meshmuon::make_schedule(o);
+  ASSERT_EQ(t.size(), 7u);
+  EXPECT_EQ(t[0].a, 8.4703);
+  EXPECT_EQ(t[0].b, -25.1081);
+  EXPECT_EQ(t[0].c, 18.6293);
+  EXPECT_EQ(t[4].a, 2.2737);
+  EXPECT_EQ(t[6].b, -1.6447);  // the last, repeated
+  o.schedule = Schedule::Aol;
+  o.steps = 6;
+  t = meshmuon::make_schedule(o);
+  EXPECT_EQ(t[0].a, 4.0098);
+  EXPECT_EQ(t[3].c, 1.3169);
+  EXPECT_EQ(t[4].a, 4.0098);  // cycled
+  EXPECT_EQ(t[5].b, -5.5479);
+  o.schedule = Schedule::DeepSeekV4;
+  o.steps = 12;
+  t = meshmuon::make_schedule(o);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(t[size_t(i)].a, 3.4445) << i;
+  EXPECT_EQ(t[7].b, -4.7750);
+  for (int i = 8; i < 12; ++i) {
+    EXPECT_EQ(t[size_t(i)].a, 2.0) << i;
+    EXPECT_EQ(t[size_t(i)].b, -1.5) << i;
+    EXPECT_EQ(t[size_t(i)].c, 0.5) << i;
+  }
+  o.steps = 5;  // a shorter run: a prefix (Emerging-Optimizers' default is 5 steps)
+  t = meshmuon::make_schedule(o);
+  ASSERT_EQ(t.size(), 5u);
+  EXPECT_EQ(t[4].a, 3.4445);
+  o.schedule = Schedule::Cubic5;
+  t = meshmuon::make_schedule(o);
+  EXPECT_EQ(t[0].a, 3.3656576);
+  EXPECT_EQ(t[4].b, -0.9630650);
+  for (const Coefficients& c : t) EXPECT_EQ(c.c, 0.0);
+  o.steps = 6;
+  expect_orth_invalid([o] { meshmuon::make_schedule(o); }, "fixed 5-step schedule, got steps=6");
+}
+
 TEST(Schedule, NamesRoundTrip) {
-  for (Schedule s : {Schedule::Jordan, Schedule::You, Schedule::PolarExpress, Schedule::Custom})
+  for (Schedule s : {Schedule::Jordan, Schedule::You, Schedule::PolarExpress, Schedule::Custom, Schedule::Cans,
+                     Schedule::Aol, Schedule::DeepSeekV4, Schedule::Cubic5})
     EXPECT_EQ(meshmuon::parse_schedule(meshmuon::to_string(s)), s);
   for (NsMethod m : {NsMethod::Plain, NsMethod::Symmetric, NsMethod::Gram})
     EXPECT_EQ(meshmuon::parse_ns_method(meshmuon::to_string(m)), m);

@@ -18,7 +18,7 @@ void add_plan_args(CLI::App& cmd, PlanArgs& a) {
   cmd.add_option("--comm-dtype", a.comm_dtype, "fp32 or bf16")->capture_default_str();
   cmd.add_option("--machine", a.machine, "h100, h200 (NVLink shard groups, InfiniBand replicas), h100-ib, h200-ib (shard groups across nodes), cpu, or a JSON file of measured constants (docs/plan.md; `meshmuon bench calibrate --out` writes one)")->capture_default_str();
   cmd.add_option("--replica", a.replica, "HSDP replicas: auto, duplicate or split")->capture_default_str();
-  cmd.add_option("--schedule", a.schedule, "jordan, you, polar_express")->capture_default_str();
+  cmd.add_option("--schedule", a.schedule, "jordan, you, polar_express, cans, aol, deepseekv4, cubic5")->capture_default_str();
   cmd.add_option("--method", a.method, "plain, symmetric, gram")->capture_default_str();
   cmd.add_option("--matmul-dtype", a.matmul_dtype, "Newton–Schulz product operands: fp32 or bf16 (the flop rate the cost model uses)")
       ->capture_default_str();

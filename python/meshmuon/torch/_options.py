@@ -29,7 +29,8 @@ MUON_DEFAULTS: dict[str, Any] = {
     "ns_steps": 5,
     "adjust_lr_fn": None,         # None / "original", "match_rms_adamw", "none"
     "ns_schedule": None,          # None: "jordan" for the default coefficients, else "custom";
-                                  # or "jordan", "you", "polar_express", "custom"
+                                  # or "jordan", "you", "polar_express", "custom", "cans", "aol",
+                                  # "deepseekv4", "cubic5" (Emerging-Optimizers' tables)
     "ns_method": "symmetric",     # "plain", "symmetric" (SYRK), "gram" (Gram Newton-Schulz)
     "ns_scale": 1.0,              # X0 = G / max(|G|_F * ns_scale, eps)
     "eps_mode": "clamp",          # "clamp" as torch.optim.Muon, or "add": / (|G| * s + eps)
