@@ -9,9 +9,9 @@ from ._plan import Plan
 from .options import Distribution, EngineConfig, Memory
 from ._precision import MeshmuonPerformanceWarning
 from .muon import Muon
-from .migrate import from_dion, from_motif, from_nanochat, from_torch_muon
+from .migrate import from_dion, from_emerging_optimizers, from_motif, from_nanochat, from_torch_muon
 
 __all__ = ["Distribution", "EngineConfig", "Memory", "MeshmuonPerformanceWarning", "Muon", "OwnerPlacement", "Plan",
            "classify", "clip_grad_norm_",
-           "from_dion", "from_motif", "from_nanochat", "from_torch_muon", "init_distributed", "own",
+           "from_dion", "from_emerging_optimizers", "from_motif", "from_nanochat", "from_torch_muon", "init_distributed", "own",
            "param_groups"]
