@@ -267,9 +267,11 @@ struct Bf16Matmul::Impl {
   dnnl_stream_t stream = nullptr;
   std::map<Key, Entry> cache;
   std::vector<BFloat16> plain_a;  // a transposed A, copied plain (above)
-  // bf16 results: oneDNN's bf16-out AMX kernels give other bits on 15 threads than on one (seen for
-  // 512x128x3000, where its fp32-out kernels do not): the products are formed in fp32 and rounded
-  // to nearest even here, so bf16 results are the fp32 path's bits rounded (tested on 1-32 threads).
+  // bf16 results on AMX: oneDNN's bf16-out AMX kernels give other bits on 15 threads than on one
+  // (seen for 512x128x3000, where its fp32-out kernels do not), so there the products are formed in
+  // fp32 and rounded to nearest even here: the fp32 path's bits, rounded (tested on 1-32 threads; it
+  // costs the extra fp32 pass, measured 824 vs 1275 GFLOP/s for 1024x4096x1024 NN on 2 threads).
+  // AVX512-BF16's bf16-out kernels keep their bits on 1-32 threads (tested) and run as they are.
   std::vector<float> acc;
 
   ~Impl() {
@@ -316,16 +318,17 @@ struct Bf16Matmul::Impl {
       copy_plain(m, k, a, plain_a.data());
       a = Bf16Operand{plain_a.data(), k, false};
     }
-    if (bf16_out) acc.resize(size_t(m * n));
-    Entry& e = entry(m, n, k, a, b, bf16_out ? n : ldc, false);
+    const bool round_here = bf16_out && api.amx;  // see acc
+    if (round_here) acc.resize(size_t(m * n));
+    Entry& e = entry(m, n, k, a, b, round_here ? n : ldc, bf16_out && !round_here);
     check(api.memory_set_data_handle(e.src, const_cast<BFloat16*>(a.data)), "set src");
     check(api.memory_set_data_handle(e.weights, const_cast<BFloat16*>(b.data)), "set weights");
-    check(api.memory_set_data_handle(e.dst, bf16_out ? acc.data() : c), "set dst");
+    check(api.memory_set_data_handle(e.dst, round_here ? acc.data() : c), "set dst");
     const dnnl_exec_arg_t args[3] = {
         {DNNL_ARG_SRC, e.src}, {DNNL_ARG_WEIGHTS, e.weights}, {DNNL_ARG_DST, e.dst}};
     check(api.primitive_execute(e.primitive, stream, 3, args), "matmul");
     check(api.stream_wait(stream), "stream wait");
-    if (bf16_out)  // the fp32 products rounded to nearest even here (see acc)
+    if (round_here)  // the fp32 products rounded to nearest even here (see acc)
       for (int64_t i = 0; i < m; ++i) float_to_bf16(acc.data() + i * n, static_cast<BFloat16*>(c) + i * ldc, size_t(n));
   }
 };
