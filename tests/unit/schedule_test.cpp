@@ -1,11 +1,16 @@
 // Newton–Schulz coefficient schedules: Polar Express against both published lists (REFERENCE.md
-// section 1) to 1e-12, other step counts through their composed polynomial, names, validation, flops.
+// section 1) to 1e-12, other step counts through their composed polynomial, Emerging-Optimizers'
+// tables and the iteration they give against float64, names, validation, flops.
 // Run: build/bin/schedule_test
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "meshmuon/orthogonalize.h"
@@ -199,6 +204,96 @@ TEST(Schedule, BadOptionsThrowClearly) {
   expect_orth_invalid(with([](NsOptions& o) { o.schedule = Schedule::PolarExpress; o.pe_l0 = 0; }), "l0");
   expect_orth_invalid([] { meshmuon::parse_schedule("muon"); }, "unknown schedule 'muon'");
   expect_orth_invalid([] { meshmuon::parse_ns_method("fast"); }, "unknown method 'fast'");
+}
+
+// A random fp32 m x n matrix (normal entries), the same for a seed.
+std::vector<float> random_matrix(int m, int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> out(size_t(m) * n);
+  for (float& v : out) v = normal(rng);
+  return out;
+}
+
+// The iteration in float64, written from the formula: X₀ = G / max(‖G‖_F·s, eps) (default eps_mode
+// add: / (‖G‖_F·s + eps)), then per step X ← a·X + (b·A + c·A²)·X with A = X·Xᵀ on the short side.
+std::vector<double> ns_reference(const std::vector<float>& in, int m, int n, const NsOptions& o,
+                                 const std::vector<Coefficients>& coefficients) {
+  const bool wide = m <= n;
+  const int s = wide ? m : n, l = wide ? n : m;  // X is s×l
+  std::vector<double> x(size_t(s) * l);
+  double norm = 0;
+  for (float v : in) norm += double(v) * v;
+  norm = std::sqrt(norm) * o.scale + o.eps;
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) x[wide ? size_t(i) * l + j : size_t(j) * l + i] = in[size_t(i) * n + j] / norm;
+  std::vector<double> a(size_t(s) * s), b(a.size()), next(x.size());
+  for (const Coefficients& c : coefficients) {
+    for (int i = 0; i < s; ++i)
+      for (int j = 0; j < s; ++j) {
+        double v = 0;
+        for (int k = 0; k < l; ++k) v += x[size_t(i) * l + k] * x[size_t(j) * l + k];
+        a[size_t(i) * s + j] = v;
+      }
+    for (int i = 0; i < s; ++i)
+      for (int j = 0; j < s; ++j) {
+        double v = 0;
+        for (int k = 0; k < s; ++k) v += a[size_t(i) * s + k] * a[size_t(k) * s + j];
+        b[size_t(i) * s + j] = c.b * a[size_t(i) * s + j] + c.c * v;
+      }
+    for (int i = 0; i < s; ++i)
+      for (int j = 0; j < l; ++j) {
+        double v = c.a * x[size_t(i) * l + j];
+        for (int k = 0; k < s; ++k) v += b[size_t(i) * s + k] * x[size_t(k) * l + j];
+        next[size_t(i) * l + j] = v;
+      }
+    x.swap(next);
+  }
+  std::vector<double> out(in.size());
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) out[size_t(i) * n + j] = x[wide ? size_t(i) * l + j : size_t(j) * l + i];
+  return out;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<double>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(double(a[i]) - b[i]));
+  return d;
+}
+
+// Emerging-Optimizers' schedules (cans, aol, deepseekv4, cubic5) run the iteration of their tables:
+// the fp32 result of every method within 2e-5 of the float64 iteration with the table's
+// coefficients (Gram Newton–Schulz 2e-4), and far from the iteration with Jordan's (a check that
+// can fail).
+TEST(Schedule, EmergingOptimizersSchedulesRunTheirTables) {
+  struct Run {
+    Schedule schedule;
+    int steps;
+  };
+  for (const Run run : {Run{Schedule::Cans, 5}, Run{Schedule::Aol, 6}, Run{Schedule::DeepSeekV4, 10},
+                        Run{Schedule::Cubic5, 5}}) {
+    for (NsMethod method : {NsMethod::Plain, NsMethod::Symmetric, NsMethod::Gram}) {
+      for (const auto [m, n] : {std::pair{24, 61}, std::pair{70, 20}}) {
+        NsOptions o;
+        o.schedule = run.schedule;
+        o.method = method;
+        o.steps = run.steps;
+        const std::vector<float> in = random_matrix(m, n, 31);
+        std::vector<float> got(in.size());
+        meshmuon::Orthogonalizer(o).run(in.data(), got.data(), m, n);
+        const double err = max_abs_diff(got, ns_reference(in, m, n, o, meshmuon::make_schedule(o)));
+        NsOptions jordan = o;
+        jordan.schedule = Schedule::Jordan;
+        const double other = max_abs_diff(got, ns_reference(in, m, n, o, meshmuon::make_schedule(jordan)));
+        // Gram Newton–Schulz iterates on the small Gram matrix in fp32: a larger error, documented
+        const double tolerance = method == NsMethod::Gram ? 2e-4 : 2e-5;
+        EXPECT_LT(err, tolerance) << meshmuon::to_string(run.schedule) << " " << meshmuon::to_string(method) << " " << m << "x" << n;
+        std::printf("%s %s %dx%d: vs float64 %.2e, vs jordan's %.2e\n", std::string(meshmuon::to_string(run.schedule)).c_str(),
+                    std::string(meshmuon::to_string(method)).c_str(), m, n, err, other);
+        EXPECT_GT(other, 100 * std::max(err, 1e-7)) << meshmuon::to_string(run.schedule) << " vs jordan";
+      }
+    }
+  }
 }
 
 TEST(Schedule, FlopCounts) {

@@ -10,6 +10,7 @@ import torch
 from . import _clip, _comms, _group_checks, _options, _plan, _precision, _qk_layout, _rebind, _state_dict
 from ._layout.owner.state_dict import drop_elsewhere_state
 from ._engine import Engine, EngineOptions
+from ._layout import copy_into
 from ._options import MUON_DEFAULTS, MUON_ONLY, STRUCTURAL, apply_group, check_group_keys
 from ._profile import StepPhases
 from .options import Distribution, EngineConfig, Memory, merge
@@ -190,7 +191,7 @@ class Muon(torch.optim.Optimizer):
             if j is not None:  # carry the state of parameters the old engine had
                 for key, value in old.state(j).items():
                     if key in state:
-                        _state_dict.copy_into(state[key], value)
+                        copy_into(state[key], value)
                 engine.set_step_count(i, old.step_count(j))
             step = counts[i]
             step.fill_(float(engine.step_count(i)))

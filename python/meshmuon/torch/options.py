@@ -92,13 +92,12 @@ def merge(engine: Any, distribution: Any, memory: Any, keywords: dict) -> dict:
             what = " or a kind string ('local', 'distributed')" if arg == "engine" else ""
             raise TypeError(f"[torch] Muon({arg}=...) takes a meshmuon.torch.{cls.__name__}{what} or "
                             f"None, got {type(obj).__name__}")
+        given = obj if obj is not None else cls()  # the object, or the defaults
         for f in fields(cls):
             if f.name in keywords and obj is not None:
                 raise TypeError(f"[torch] Muon(): {f.name!r} is given twice, as a keyword and in "
                                 f"{arg}={cls.__name__}(...); give it once")
-            out[f.name] = getattr(obj if obj is not None else cls(), f.name)
-            if f.name in keywords:
-                out[f.name] = keywords[f.name]
+            out[f.name] = keywords[f.name] if f.name in keywords else getattr(given, f.name)
     if objects["engine"] is None:
         out["kind"] = engine  # None or the kind string, checked with the other options
     return out

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ._common import (GroupTranslation, check_choice, muon_kwargs, plain_update, rate, source_groups,
-                      tensors)
+from ._common import GroupTranslation, muon_kwargs, plain_update, rate, source_groups, tensors
 
 PEER = "Emerging-Optimizers' Muon"
 

@@ -202,24 +202,25 @@ const DnnlApi& dnnl() {
 // sizes its blocking by the thread count current when a primitive is made (other bits for
 // 1x1x20000 and 8x8x16384 from 2 threads, 64x64x4096 and 256x256x1024 on 3, 300x700x300 on 8), so
 // its primitives are made and run on one thread: the contract holds on the forced onednn_emulated
-// path too. The native kernels (brg:*) split it only in the cases below (CreationThreads, copy_plain).
-class OneThreadIfEmulated {
+// path too. The native kernels (brg:*) split it only in the cases below (kAmxMaxThreads, copy_plain).
+// Caps oneDNN's OpenMP thread count at `cap` for the guard's life and restores it after; cap 0, or
+// a runtime without omp_set_num_threads, changes nothing. Emulated bf16: 1 for making and running
+// (above); AMX: kAmxMaxThreads for making (below).
+class ThreadCap {
  public:
-  explicit OneThreadIfEmulated(const DnnlApi& api)
-      : api_(api), active_(!api.info.native && api.omp_set_num_threads != nullptr),
-        threads_(active_ ? api.omp_get_max_threads() : 1) {
-    if (active_ && threads_ != 1) api_.omp_set_num_threads(1);
+  ThreadCap(const DnnlApi& api, int cap)
+      : api_(api), threads_(cap > 0 && api.omp_set_num_threads ? api.omp_get_max_threads() : 0), cap_(cap) {
+    if (threads_ > cap_) api_.omp_set_num_threads(cap_);
   }
-  ~OneThreadIfEmulated() {
-    if (active_ && threads_ != 1) api_.omp_set_num_threads(threads_);
+  ~ThreadCap() {
+    if (threads_ > cap_) api_.omp_set_num_threads(threads_);
   }
-  OneThreadIfEmulated(const OneThreadIfEmulated&) = delete;
-  OneThreadIfEmulated& operator=(const OneThreadIfEmulated&) = delete;
+  ThreadCap(const ThreadCap&) = delete;
+  ThreadCap& operator=(const ThreadCap&) = delete;
 
  private:
   const DnnlApi& api_;
-  bool active_;
-  int threads_;
+  int threads_, cap_;
 };
 
 // oneDNN 3.2's native bf16 kernels also split the reduction (K) across threads where their blocking
@@ -231,23 +232,6 @@ class OneThreadIfEmulated {
 //   15 threads there (a primitive runs on the thread count it was made with).
 // Tested bitwise on 1-32 threads (orthogonalize_test, BitwiseAcrossThreadCountsForManyShapes).
 constexpr int kAmxMaxThreads = 15;
-
-class CreationThreads {
- public:
-  explicit CreationThreads(const DnnlApi& api)
-      : api_(api), threads_(api.amx && api.omp_get_max_threads ? api.omp_get_max_threads() : 0) {
-    if (threads_ > kAmxMaxThreads) api_.omp_set_num_threads(kAmxMaxThreads);
-  }
-  ~CreationThreads() {
-    if (threads_ > kAmxMaxThreads) api_.omp_set_num_threads(threads_);
-  }
-  CreationThreads(const CreationThreads&) = delete;
-  CreationThreads& operator=(const CreationThreads&) = delete;
-
- private:
-  const DnnlApi& api_;
-  int threads_;
-};
 
 // Element (i, p) of the m x k transposed view `a` (stored k x m) into row-major `out`, in tiles.
 void copy_plain(int64_t m, int64_t k, Bf16Operand a, BFloat16* out) {
@@ -295,7 +279,7 @@ struct Bf16Matmul::Impl {
     const MatrixDesc wei(api, k, n, b.ld, b.trans, dnnl_bf16);
     const MatrixDesc dst(api, m, n, ldc, false, bf16_out ? dnnl_bf16 : dnnl_f32);
     dnnl_primitive_desc_t pd = nullptr;
-    const CreationThreads threads(api);
+    const ThreadCap creation(api, api.amx ? kAmxMaxThreads : 0);
     check(api.matmul_primitive_desc_create(&pd, api.engine, src.get(), wei.get(), nullptr, dst.get(), nullptr),
           "matmul primitive");
     Entry e;
@@ -312,7 +296,7 @@ struct Bf16Matmul::Impl {
            bool bf16_out) {
     if (m == 0 || n == 0) return;
     const DnnlApi& api = dnnl();
-    const OneThreadIfEmulated emulated(api);
+    const ThreadCap emulated(api, api.info.native ? 0 : 1);
     if (a.trans) {
       plain_a.resize(size_t(m * k));
       copy_plain(m, k, a, plain_a.data());
